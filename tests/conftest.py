@@ -1,0 +1,33 @@
+"""Shared fixtures: catalog root, published data folder (../shared/realdata, skipped when absent)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def realdata_root() -> Path:
+    return Path(os.environ.get("MEMX_REALDATA", REPO.parent / "shared" / "realdata"))
+
+
+@pytest.fixture(scope="session")
+def realdata() -> Path:
+    root = realdata_root()
+    if not root.is_dir():
+        pytest.skip(f"published measurements not present at {root}")
+    return root
+
+
+@pytest.fixture(scope="session")
+def conf_root() -> Path:
+    return REPO / "conf"
+
+
+@pytest.fixture(autouse=True)
+def _memx_home(tmp_path, monkeypatch):
+    """Every test gets its own $MEMX_HOME: nothing is written to the working tree."""
+    monkeypatch.setenv("MEMX_HOME", str(tmp_path / "memx-home"))
