@@ -95,6 +95,8 @@ class SearchYaml(_Strict):
     epsilon_mib2: PositiveFloat = 1.0e4
     seq_len: PositiveInt | None = None
     max_splits_per_layout: PositiveInt = 5_000_000
+    max_stage_slowdown: float = Field(default=2.0, ge=0)
+    max_time_ratio: float = Field(default=0.0, ge=0)
     notes: str | None = None
 
 
@@ -226,4 +228,6 @@ def load_search(name_or_path: str | Path, conf_root: Path | None = None) -> Sear
         epsilon_mib2=y.epsilon_mib2,
         seq_len=y.seq_len,
         max_splits_per_layout=y.max_splits_per_layout,
+        max_stage_slowdown=y.max_stage_slowdown,
+        max_time_ratio=y.max_time_ratio,
     )

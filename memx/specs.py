@@ -140,4 +140,6 @@ class SearchSpace:
     epsilon_mib2: float = 1.0e4  # ε added to V (MiB²) in Φ: a 100 MiB std-dev noise floor
     seq_len: int | None = None  # None: the model's
     max_splits_per_layout: int = 5_000_000
+    max_time_ratio: float = 0.0  # > 0: Φ picks only among plans within this × the fastest; 0 = Φ alone (paper)
+    max_stage_slowdown: float = 2.0  # prune splits with a stage slower than this × the layout's best bottleneck; 0 = off
     extra: dict[str, object] = field(default_factory=dict)

@@ -1,0 +1,301 @@
+"""First-principles costs of one transformer layer, the embedding and the output layer on one GPU.
+
+Everything is per GPU of a tensor-parallel group of `tp` GPUs, for one micro batch, in ms and bytes.
+Megatron-style tensor parallelism without sequence parallelism: norms, residuals and dropouts are
+replicated across the TP group (Korthikanti 2022 §4.2.2); GEMMs and attention are split by heads
+(Shoeybi 2019 §3, Narayanan 2021 §2.3). Effects a closed-form model leaves out are here on
+purpose: GEMM efficiency falling for small GEMMs, a roofline on bytes moved, eager attention that
+writes and stores the s² scores when the part has no fused attention kernel, memory-bound
+elementwise kernels, kernel launch cost and link efficiency.
+
+This module must not import the planner's cost model (memx.analytic / memx.pipeline / ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memx.simulator.traits import GpuTraits
+from memx.specs import GpuType
+
+BF16_BYTES = 2  # activations, weights and gradients exchanged in bf16 (simulator assumption)
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """A GPU type's spec sheet and traits in the units the cost functions use."""
+
+    peak_flop_per_ms: float
+    memory_bytes_per_ms: float  # achieved by memory-bound kernels
+    link_bytes_per_ms: float  # achieved GPU<->GPU inside a node
+    traits: GpuTraits
+
+    @classmethod
+    def of(cls, gpu: GpuType, traits: GpuTraits) -> Device:
+        return cls(
+            peak_flop_per_ms=gpu.peak_tflops_bf16 * 1e9,  # TFLOP/s -> FLOP/ms
+            memory_bytes_per_ms=gpu.memory_bandwidth_gbps * 1e6 * traits.memory_bound_efficiency,
+            link_bytes_per_ms=gpu.intra_node_bandwidth_gbps * 1e6 * traits.link_efficiency,
+            traits=traits,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dims:
+    """Shapes of one micro batch through one stage's TP group."""
+
+    micro_batch: int
+    seq_len: int
+    hidden: int
+    ffn_hidden: int
+    heads: int
+    query_groups: int
+    vocab: int
+    mlp: str
+    tp: int
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def kv_hidden(self) -> int:
+        return self.query_groups * (self.hidden // self.heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def dropout(self) -> bool:
+        # simulator assumption: GPT-style (gelu) models train with dropout, LLaMA-style (swiglu) without
+        return self.mlp == "gelu"
+
+    @property
+    def score_elements(self) -> float:
+        # attention score matrix b·(a/t)·s² per GPU (Korthikanti 2022 §4.1)
+        return self.micro_batch * (self.heads / self.tp) * self.seq_len**2
+
+    @property
+    def mlp_in_width(self) -> int:
+        # SwiGLU has gate and up projections (Shazeer 2020); GeLU one up projection
+        return (2 if self.mlp == "swiglu" else 1) * self.ffn_hidden
+
+
+# ---------------------------------------------------------------- kernels
+
+
+def gemm_ms(dev: Device, m: float, n: float, k: float, batch: float = 1.0) -> float:
+    """One (batched) GEMM of [m×k]·[k×n]: 2mnk FLOPs per matrix.
+
+    Efficiency saturates with size: eff = eff_large · F / (F + F_half) (simulator assumption: small
+    GEMMs fill fewer SMs and waves), and the kernel cannot beat the roofline on bytes moved
+    (Williams 2009): 2 bytes × (m·k + k·n + m·n) per matrix.
+    """
+    flops = 2.0 * m * n * k * batch
+    tr = dev.traits
+    eff = tr.gemm_efficiency_large * flops / (flops + tr.gemm_half_efficiency_gflop * 1e9)
+    compute_ms = flops / (dev.peak_flop_per_ms * eff)
+    memory_ms = BF16_BYTES * (m * k + k * n + m * n) * batch / dev.memory_bytes_per_ms
+    return max(compute_ms, memory_ms) + tr.kernel_launch_overhead_ms
+
+
+def membound_ms(dev: Device, nbytes: float, kernels: int) -> float:
+    """Elementwise kernels: bytes read + written at the achieved bandwidth, plus launches."""
+    return nbytes / dev.memory_bytes_per_ms + kernels * dev.traits.kernel_launch_overhead_ms
+
+
+def ring_allreduce_ms(nbytes: float, ranks: int, bytes_per_ms: float, step_latency_ms: float) -> float:
+    """Ring all-reduce: 2(r−1)/r · bytes over the slowest link, 2(r−1) latency steps
+    (Patarasuk & Yuan 2009; the T_dp term of DESIGN.md §4)."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * (ranks - 1) / ranks * nbytes / bytes_per_ms + 2 * (ranks - 1) * step_latency_ms
+
+
+def tp_allreduce_ms(dev: Device, d: Dims, nbytes: float) -> float:
+    return ring_allreduce_ms(nbytes, d.tp, dev.link_bytes_per_ms, dev.traits.collective_step_latency_ms)
+
+
+# ---------------------------------------------------------------- one transformer layer
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCost:
+    fwd_ms: float  # forward of one layer, device time
+    bwd_ms: float  # backward of one layer (no recomputation), device time
+    attn_core_fwd_ms: float  # the part selective recomputation reruns (QKᵀ, softmax, dropout, ·V)
+    comm_ms: float  # TP all-reduces inside fwd_ms (the same again inside bwd_ms)
+    fwd_kernels: int  # operations the host issues for the forward (for the host-bound floor)
+    bwd_kernels: int
+    attn_core_kernels: int
+    params: float  # parameters per GPU
+    act_none_bytes: float  # activations stored per micro batch, no recomputation
+    act_selective_bytes: float  # ... with selective recomputation
+    act_full_bytes: float  # ... with full recomputation (the layer input only)
+    workspace_bytes: float  # transient gradient/temporary tensors while this layer's backward runs
+
+
+def _attention_core(dev: Device, d: Dims) -> tuple[float, float, int]:
+    """Forward and backward ms of QKᵀ → softmax → (dropout) → ·V, and the forward's kernel count."""
+    t, s, dh = d.tp, d.seq_len, d.head_dim
+    if dev.traits.flash_attention:
+        # fused kernel; causal masking skips half the tiles; backward recomputes S and P:
+        # 2.5× the forward FLOPs (Dao 2023, FlashAttention-2 §3)
+        flops = 4.0 * d.micro_batch * (d.heads / t) * s * s * dh * 0.5
+        io = BF16_BYTES * d.tokens * (2 * d.hidden + 2 * d.kv_hidden) / t
+        fwd = max(flops / (dev.peak_flop_per_ms * dev.traits.attention_efficiency), io / dev.memory_bytes_per_ms)
+        launch = dev.traits.kernel_launch_overhead_ms
+        return fwd + launch, 2.5 * fwd + 2 * launch, 1
+    batch = d.micro_batch * d.heads / t
+    e = d.score_elements
+    qk = gemm_ms(dev, s, s, dh, batch)  # QKᵀ, Korthikanti 2022 §4.1
+    av = gemm_ms(dev, s, dh, s, batch)  # softmax(·)·V
+    # fused scale-mask-softmax: read 2 B + write 2 B per score; dropout: read 2, write 2, mask 1
+    drop = 5.0 * e if d.dropout else 0.0
+    kernels = 2 if d.dropout else 1
+    fwd = qk + av + membound_ms(dev, 4.0 * e + drop, kernels)
+    # backward: two GEMMs per forward GEMM; softmax grad reads y and dy, writes dx (6 B/score)
+    bwd = 2 * (qk + av) + membound_ms(dev, 6.0 * e + drop, kernels)
+    return fwd, bwd, 2 + kernels
+
+
+def _layer_elementwise_bytes(d: Dims) -> float:
+    """Forward bytes of the memory-bound kernels of one layer (per GPU)."""
+    th, tf = d.tokens * d.hidden, d.tokens * d.ffn_hidden / d.tp
+    norms = 2 * 4.0 * th  # two (RMS/Layer)Norms, read 2 B + write 2 B, replicated across TP
+    residual = 2 * (6.0 * th + (1.0 * th if d.dropout else 0.0))  # bias-dropout-add: read 2×2 B, write 2 B (+mask)
+    act = 6.0 * tf if d.mlp == "swiglu" else 4.0 * tf  # SwiGLU reads gate+up, writes one; GeLU read+write
+    rotary = 4.0 * d.tokens * (d.hidden + d.kv_hidden) / d.tp if d.mlp == "swiglu" else 0.0  # RoPE on q, k
+    return norms + residual + act + rotary
+
+
+def layer_cost(dev: Device, d: Dims) -> LayerCost:
+    t, th = d.tp, d.tokens * d.hidden
+    T = d.tokens
+    gemms = (
+        gemm_ms(dev, T, (d.hidden + 2 * d.kv_hidden) / t, d.hidden)  # QKV projection
+        + gemm_ms(dev, T, d.hidden, d.hidden / t)  # attention output projection
+        + gemm_ms(dev, T, d.mlp_in_width / t, d.hidden)  # MLP up (+gate)
+        + gemm_ms(dev, T, d.hidden, d.ffn_hidden / t)  # MLP down
+    )
+    core_fwd, core_bwd, core_kernels = _attention_core(dev, d)
+    ew_bytes = _layer_elementwise_bytes(d)
+    ew_kernels = 5 + (1 if d.mlp == "swiglu" else 0)
+    # two TP all-reduces of b·s·h in forward and two in backward (Shoeybi 2019 §3, f/g operators)
+    comm = 2 * tp_allreduce_ms(dev, d, BF16_BYTES * th)
+    fwd = gemms + core_fwd + membound_ms(dev, ew_bytes, ew_kernels) + comm
+    # backward: dgrad + wgrad GEMMs (2× forward FLOPs, Narayanan 2021 §5.1); elementwise kernels read the
+    # saved input and the incoming gradient and write a gradient: 2× forward bytes (simulator assumption)
+    bwd = 2 * gemms + core_bwd + membound_ms(dev, 2 * ew_bytes, 2 * ew_kernels) + comm
+    # host-issued ops: 4 GEMMs, attention core, elementwise, 2 all-reduces (tp > 1), 2 layout copies
+    fwd_kernels = 4 + core_kernels + ew_kernels + (2 if t > 1 else 0) + 2
+    return LayerCost(
+        fwd_ms=fwd,
+        bwd_ms=bwd,
+        attn_core_fwd_ms=0.0 if dev.traits.flash_attention else core_fwd,
+        comm_ms=comm,
+        fwd_kernels=fwd_kernels,
+        bwd_kernels=2 * fwd_kernels,
+        attn_core_kernels=0 if dev.traits.flash_attention else core_kernels,
+        params=layer_params(d),
+        **_layer_memory(dev, d),
+    )
+
+
+def layer_params(d: Dims) -> float:
+    """Parameters of one layer on one GPU: QKV + proj + MLP split by TP, two norms replicated."""
+    h = d.hidden
+    attn = h * (h + 2 * d.kv_hidden) + h * h
+    mlp = h * d.mlp_in_width + d.ffn_hidden * h
+    return (attn + mlp) / d.tp + 2 * h
+
+
+def _layer_memory(dev: Device, d: Dims) -> dict[str, float]:
+    """Activation bytes one layer keeps per micro batch (Korthikanti 2022 Eq. 1–2, §4.1, generalised to
+    GQA and SwiGLU): replicated 2sbh inputs of LN1, QKV, LN2, MLP (+1-byte dropout masks); per-TP-rank
+    Q, K, V, context, MLP intermediates; eager attention adds softmax output (+ mask + dropout output)."""
+    t, th = d.tp, d.tokens * d.hidden
+    replicated = 8.0 * th + (2.0 * th if d.dropout else 0.0)
+    qkv_ctx = BF16_BYTES * d.tokens * (2 * d.hidden + 2 * d.kv_hidden) / t
+    mlp_width = 3 if d.mlp == "swiglu" else 2  # swiglu: gate, up, product; gelu: gelu input, linear2 input
+    mlp = BF16_BYTES * mlp_width * d.tokens * d.ffn_hidden / t
+    e = d.score_elements
+    if dev.traits.flash_attention:
+        scores = FP32_BYTES * d.micro_batch * (d.heads / t) * d.seq_len  # log-sum-exp only (Dao 2022)
+    else:
+        scores = 2.0 * e + (3.0 * e if d.dropout else 0.0)  # 5as²b/t with dropout (Korthikanti 2022 §4.1)
+    none = replicated + qkv_ctx + mlp + scores
+    selective = none - (0.0 if dev.traits.flash_attention else scores)  # Korthikanti 2022 §5 (selective)
+    largest = max(BF16_BYTES * d.tokens * d.mlp_in_width / t, 0.0 if dev.traits.flash_attention else 2.0 * e, 2.0 * th)
+    return {
+        "act_none_bytes": none,
+        "act_selective_bytes": selective,
+        "act_full_bytes": BF16_BYTES * th,  # only the layer input is kept (Chen 2016; Korthikanti 2022 §4.3)
+        "workspace_bytes": 2.0 * largest,  # a gradient and a temporary of the largest tensor (simulator assumption)
+    }
+
+
+# ---------------------------------------------------------------- embedding and output layer
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndCost:
+    fwd_ms: float
+    bwd_ms: float
+    comm_ms: float  # TP collectives inside fwd_ms
+    fwd_kernels: int
+    bwd_kernels: int
+    params: float
+    act_bytes: float  # kept per micro batch until its backward
+    workspace_bytes: float  # transient during its backward
+
+
+def embedding_cost(dev: Device, d: Dims) -> EndCost:
+    """Vocab-parallel embedding (Shoeybi 2019 §3): gather rows, all-reduce b·s·h across TP; GPT-style
+    models add learned positions and dropout (simulator assumption)."""
+    th = d.tokens * d.hidden
+    positions = d.seq_len * d.hidden if d.mlp == "gelu" else 0
+    comm = tp_allreduce_ms(dev, d, BF16_BYTES * th)
+    fwd = membound_ms(dev, 8.0 * th, 2) + comm
+    bwd = membound_ms(dev, 10.0 * th, 2)  # scatter-add into fp32 gradient rows (read-modify-write)
+    return EndCost(
+        fwd_ms=fwd,
+        bwd_ms=bwd,
+        comm_ms=comm,
+        fwd_kernels=3,
+        bwd_kernels=3,
+        params=d.vocab * d.hidden / d.tp + positions,
+        act_bytes=1.0 * th if d.dropout else 0.0,  # dropout mask
+        workspace_bytes=FP32_BYTES * th,
+    )
+
+
+def output_cost(dev: Device, d: Dims) -> EndCost:
+    """Final norm, vocab-parallel logits GEMM, fp32 cross entropy with three small all-reduces
+    (max, sum-exp, target logit; Shoeybi 2019 §3). Untied output weights (simulator assumption)."""
+    th = d.tokens * d.hidden
+    logits = d.tokens * d.vocab / d.tp
+    gemm = gemm_ms(dev, d.tokens, d.vocab / d.tp, d.hidden)
+    small = 3 * tp_allreduce_ms(dev, d, FP32_BYTES * d.tokens)
+    # forward: norm 4 B/elt of b·s·h; CE reads bf16 logits, writes fp32, two fp32 passes
+    fwd = gemm + membound_ms(dev, 4.0 * th + 14.0 * logits, 4) + small
+    bwd = 2 * gemm + membound_ms(dev, 8.0 * th + 6.0 * logits, 3)
+    return EndCost(
+        fwd_ms=fwd,
+        bwd_ms=bwd,
+        comm_ms=small,
+        fwd_kernels=8,
+        bwd_kernels=6,
+        params=d.vocab * d.hidden / d.tp + d.hidden,
+        act_bytes=4.0 * th + FP32_BYTES * logits,  # norm + GEMM inputs, fp32 softmax kept for backward
+        workspace_bytes=(FP32_BYTES + BF16_BYTES) * logits,  # fp32 logit grads + bf16 copy for the GEMM
+    )
+
+
+def adam_step_ms(dev: Device, params: float) -> float:
+    """Fused Adam step: reads fp32 master, grad, m, v and writes master, m, v, bf16 weights
+    (30 B/param) at the optimizer's achieved bandwidth (simulator assumption)."""
+    bw = dev.memory_bytes_per_ms / dev.traits.memory_bound_efficiency * dev.traits.optimizer_efficiency
+    return 30.0 * params / bw + 4 * dev.traits.kernel_launch_overhead_ms

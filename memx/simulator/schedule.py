@@ -1,0 +1,218 @@
+"""A whole plan on the virtual cluster: event-driven 1F1B with noise, p2p, DP all-reduce, optimizer.
+
+Per DP replica, every stage runs its forwards and backwards in Megatron's 1F1B order (Narayanan 2021
+§2.2, Fig. 4): min(pp−s−1, m) warm-up forwards, then one forward / one backward until the forwards
+run out, then the cool-down backwards. An operation starts when its stage is free and its input has
+arrived: the previous stage's activation (forward) or the next stage's gradient (backward), each
+after a point-to-point transfer over the intra-node link when both stages sit on the same node
+(`place_plan`) and over the inter-node network otherwise. Every forward and backward of every micro
+batch gets its own noise draw. After its last backward each stage all-reduces its gradients over
+its DP replicas (ring), then runs the Adam step; the iteration ends when the last stage is done.
+
+Per-GPU peak memory: stage s holds min(pp−s, m) micro batches of activations at its peak (1F1B).
+GPU order in `peak_mem_mib`: replica-major, then stage, then TP rank.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from memx.plan import Plan, place_plan, validate_plan
+from memx.simulator.physics import BF16_BYTES, FP32_BYTES, ring_allreduce_ms
+from memx.simulator.stage import (
+    ADAM_STATIC_BYTES_PER_PARAM,
+    StageCost,
+    StageSignature,
+    noise_factor,
+    stage_cost,
+)
+from memx.simulator.traits import GpuTraits, load_traits
+from memx.specs import Cluster, ModelArch
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRun:
+    """What a measured iteration of a plan reports, plus the simulator's own breakdown."""
+
+    iteration_time_ms: float | None  # None when the run failed (OOM)
+    peak_mem_mib: tuple[float, ...] | None  # per GPU (replica-major, stage, TP rank); None on OOM
+    oom: bool
+    reason: str
+    oom_gpus: tuple[int, ...]  # indices (same order) of GPUs whose demand exceeds capacity
+    demand_mem_mib: tuple[float, ...]  # simulated per-GPU demand, given even on OOM (diagnostics)
+    stage_time_ms: tuple[float, ...]  # noise-free fwd+bwd of one micro batch per stage
+    stage_busy_fraction: tuple[float, ...]  # share of the iteration each stage computes (replica mean)
+    p2p_ms: tuple[float, ...]  # per stage boundary, one transfer, slowest replica
+    dp_allreduce_ms: tuple[float, ...]  # per stage
+    optimizer_ms: tuple[float, ...]  # per stage
+
+
+def stage_signatures(plan: Plan, model: ModelArch) -> list[StageSignature]:
+    """The signature of every stage of a plan, `inflight` = min(pp − s, m) (1F1B)."""
+    m = plan.micro_batches
+    return [
+        StageSignature(
+            gpu=st.gpu, tp=st.tp, layers=st.layers, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
+            recompute=st.recompute, recompute_layers=st.recompute_layers, first=s == 0, last=s == plan.pp - 1,
+            inflight=min(plan.pp - s, m), hidden=model.hidden, ffn_hidden=model.ffn_hidden, heads=model.heads,
+            query_groups=model.query_groups, vocab=model.vocab, mlp=model.mlp,
+        )
+        for s, st in enumerate(plan.stages)
+    ]
+
+
+def one_f1b_order(pp: int, m: int, s: int) -> list[tuple[int, int]]:
+    """(kind, micro batch) in the order stage s runs them; kind 0 = forward, 1 = backward."""
+    warm = min(pp - s - 1, m)
+    order = [(0, j) for j in range(warm)]
+    for i in range(m - warm):
+        order += [(0, warm + i), (1, i)]
+    return order + [(1, j) for j in range(m - warm, m)]
+
+
+def run_1f1b(fwd: list[list[float]], bwd: list[list[float]], p2p: list[float]) -> tuple[list[float], list[float]]:
+    """Event-driven 1F1B of one replica. fwd/bwd[s][j]: durations; p2p[s]: transfer s↔s+1.
+
+    Events are arrivals of activations / gradients (a heap by time). On an arrival the stage runs
+    as many of its next operations as have their inputs. Returns per stage its finish time and busy time.
+    """
+    pp, m = len(fwd), len(fwd[0])
+    inf = math.inf
+    ready = [([0.0] * m if s == 0 else [inf] * m, [inf] * m) for s in range(pp)]
+    orders = [one_f1b_order(pp, m, s) for s in range(pp)]
+    ptr, free, busy = [0] * pp, [0.0] * pp, [0.0] * pp
+    events = [(0.0, s) for s in range(pp)]
+    while events:
+        _, s = heapq.heappop(events)
+        order, ready_s, k = orders[s], ready[s], ptr[s]
+        while k < len(order):
+            kind, j = order[k]
+            arrive = ready_s[kind][j]
+            if arrive == inf:
+                break
+            start = free[s] if free[s] > arrive else arrive
+            dur = bwd[s][j] if kind else fwd[s][j]
+            end = start + dur
+            free[s], k = end, k + 1
+            busy[s] += dur
+            if kind == 0 and s + 1 < pp:
+                ready[s + 1][0][j] = end + p2p[s]
+                heapq.heappush(events, (end + p2p[s], s + 1))
+            elif kind == 0:
+                ready_s[1][j] = end  # last stage: its backward follows its own forward
+            elif s > 0:
+                ready[s - 1][1][j] = end + p2p[s - 1]
+                heapq.heappush(events, (end + p2p[s - 1], s - 1))
+        ptr[s] = k
+    if any(ptr[s] != len(orders[s]) for s in range(pp)):  # cannot happen for 1F1B; guards edits
+        raise RuntimeError("1F1B schedule deadlocked")
+    return free, busy
+
+
+def _traits_for(names: set[str], traits: Mapping[str, GpuTraits] | None, conf_root: Path | None) -> dict[str, GpuTraits]:
+    given = dict(traits or {})
+    return {n: given[n] if n in given else load_traits(n, conf_root) for n in names}
+
+
+def _link(cluster: Cluster, node_a: int, node_b: int) -> tuple[float, float]:
+    """(bytes per ms nominal, latency ms) between two nodes' GPUs."""
+    if node_a == node_b:
+        return cluster.nodes[node_a].gpu.intra_node_bandwidth_gbps * 1e6, 0.0
+    return cluster.inter_node_bandwidth_gbps * 1e6, cluster.inter_node_latency_ms
+
+
+def _p2p_ms(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]],
+            tr: dict[str, GpuTraits]) -> np.ndarray:
+    """[replica, boundary]: activation b·s·h bf16 over the link (DESIGN.md §4 p2p_s), at the sender's
+    link efficiency (simulator assumption: TP ranks split the tensor and share the link)."""
+    nbytes = BF16_BYTES * plan.micro_batch * plan.seq_len * model.hidden
+    out = np.zeros((plan.dp, max(plan.pp - 1, 0)))
+    for r in range(plan.dp):
+        for s in range(plan.pp - 1):
+            bw, lat = _link(cluster, where[r][s], where[r][s + 1])
+            t = tr[plan.stages[s].gpu]
+            out[r, s] = nbytes / (bw * t.link_efficiency) + lat + t.p2p_overhead_ms
+    return out
+
+
+def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs: list[StageCost],
+                     tr: dict[str, GpuTraits]) -> list[float]:
+    """Ring all-reduce of each stage's fp32 gradients over its dp replicas (DESIGN.md §4 T_dp). When the
+    replicas span nodes, the stage's tp concurrent rings share the node's network link (simulator
+    assumption)."""
+    out = []
+    for s, st in enumerate(plan.stages):
+        nodes = {where[r][s] for r in range(plan.dp)}
+        t = tr[st.gpu]
+        if len(nodes) == 1:
+            bw, lat = _link(cluster, where[0][s], where[0][s])
+            per_ring = bw * t.link_efficiency
+        else:
+            bw, lat = _link(cluster, -1, -2)
+            per_ring = bw * t.link_efficiency / st.tp
+        out.append(ring_allreduce_ms(FP32_BYTES * costs[s].params, plan.dp, per_ring, t.collective_step_latency_ms + lat))
+    return out
+
+
+def _memory(plan: Plan, sigs: list[StageSignature], costs: list[StageCost]) -> tuple[list[float], list[int]]:
+    demand, over = [], []
+    for _r in range(plan.dp):
+        for s, st in enumerate(plan.stages):
+            peak = costs[s].peak_mem_mib(sigs[s].inflight)
+            for _rank in range(st.tp):
+                if peak > costs[s].capacity_mib:
+                    over.append(len(demand))
+                demand.append(peak)
+    return demand, over
+
+
+def simulate_plan(plan: Plan, cluster: Cluster, model: ModelArch, *, seed: int = 0,
+                  conf_root: Path | None = None, traits: Mapping[str, GpuTraits] | None = None,
+                  static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM) -> PlanRun:
+    """Run one training iteration of `plan` (validated first: InputError on a bad plan)."""
+    validate_plan(plan, cluster, model)
+    where = place_plan(plan, cluster)
+    assert where is not None  # validate_plan checked placement
+    tr = _traits_for({s.gpu for s in plan.stages}, traits, conf_root)
+    sigs = stage_signatures(plan, model)
+    costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
+    demand, over = _memory(plan, sigs, costs)
+    p2p = _p2p_ms(plan, model, cluster, where, tr)
+    dp_ar = _dp_allreduce_ms(plan, cluster, where, costs, tr)
+    breakdown = dict(
+        demand_mem_mib=tuple(demand), stage_time_ms=tuple(c.time_ms for c in costs),
+        p2p_ms=tuple(float(x) for x in p2p.max(axis=0)), dp_allreduce_ms=tuple(dp_ar),
+        optimizer_ms=tuple(c.optimizer_ms for c in costs),
+    )
+    if over:
+        first = over[0]
+        reason = f"out of memory on GPU {first}: needs {demand[first]:.0f} MiB"
+        return PlanRun(iteration_time_ms=None, peak_mem_mib=None, oom=True, reason=reason, oom_gpus=tuple(over),
+                       stage_busy_fraction=(), **breakdown)
+    finish, busy = _replicas(plan, costs, p2p, tr, seed)
+    end = [finish[:, s].max() + dp_ar[s] + costs[s].optimizer_ms for s in range(plan.pp)]
+    iteration = float(max(end))
+    return PlanRun(iteration_time_ms=iteration, peak_mem_mib=tuple(demand), oom=False, reason="", oom_gpus=(),
+                   stage_busy_fraction=tuple(float(x) for x in busy.mean(axis=0) / iteration), **breakdown)
+
+
+def _replicas(plan: Plan, costs: list[StageCost], p2p: np.ndarray, tr: dict[str, GpuTraits],
+              seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Finish and busy time [replica, stage]; each forward/backward of each micro batch has its own noise."""
+    rng = np.random.default_rng(seed)
+    pp, m = plan.pp, plan.micro_batches
+    sigma = np.array([tr[st.gpu].noise_std_fraction for st in plan.stages])[None, :, None, None]
+    noise = noise_factor(rng, sigma, (plan.dp, pp, m, 2))  # broadcast: each stage its own σ
+    base = np.array([[c.fwd_ms, c.bwd_ms] for c in costs])[None, :, None, :]
+    dur = base * noise
+    finish, busy = np.zeros((plan.dp, pp)), np.zeros((plan.dp, pp))
+    for r in range(plan.dp):
+        f, b = run_1f1b(dur[r, :, :, 0].tolist(), dur[r, :, :, 1].tolist(), p2p[r].tolist())
+        finish[r], busy[r] = f, b
+    return finish, busy

@@ -1,0 +1,233 @@
+"""One pipeline stage alone on `tp` GPUs of one type: time of one micro batch and peak memory.
+
+Input is a stage signature (DESIGN.md §3 stage_runs input columns); output a `StageRun` with what a
+real single-stage run would report: forward+backward time of one micro batch (with measurement
+noise), static memory and the device peak with `inflight` micro batches' activations held. A peak
+above the GPU's capacity is an OOM: no numbers, like a crashed run.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+import numpy as np
+
+from memx.errors import InputError
+from memx.simulator.physics import Device, Dims, embedding_cost, layer_cost, output_cost, adam_step_ms
+from memx.simulator.traits import GpuTraits
+from memx.specs import GpuType
+
+MIB = 1024.0 * 1024.0
+STAGE_RECOMPUTE = ("none", "selective", "full")
+# fp32 master weights 4 + bf16 weights 2 + fp32 grads 4 + Adam m, v 8 (Korthikanti 2022 §4 / ZeRO §3.1: 16–18 B)
+ADAM_STATIC_BYTES_PER_PARAM = 18.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSignature:
+    """The stage_runs input columns (DESIGN.md §3)."""
+
+    gpu: str
+    tp: int
+    layers: int
+    micro_batch: int
+    seq_len: int
+    recompute: str
+    recompute_layers: int | None
+    first: bool
+    last: bool
+    inflight: int
+    hidden: int
+    ffn_hidden: int
+    heads: int
+    query_groups: int
+    vocab: int
+    mlp: str
+
+    @property
+    def recomputed_layers(self) -> int:
+        """Layers recomputed in full; with `recompute_layers` the first N (Megatron block method)."""
+        if self.recompute != "full":
+            return 0
+        return self.layers if self.recompute_layers is None else self.recompute_layers
+
+    def dims(self) -> Dims:
+        return Dims(micro_batch=self.micro_batch, seq_len=self.seq_len, hidden=self.hidden,
+                    ffn_hidden=self.ffn_hidden, heads=self.heads, query_groups=self.query_groups,
+                    vocab=self.vocab, mlp=self.mlp, tp=self.tp)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+SIGNATURE_FIELDS = tuple(f.name for f in fields(StageSignature))
+_INT_FIELDS = ("tp", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab")
+
+
+def _as_int(field: str, value: Any, minimum: int) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise InputError(f"stage signature: field '{field}' must be an integer ≥ {minimum}, got {value!r}")
+    return int(value)
+
+
+def _as_bool(field: str, value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise InputError(f"stage signature: field '{field}' must be true or false, got {value!r}")
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def signature_from_dict(data: Mapping[str, Any]) -> StageSignature:
+    """Parse and check a stage signature; InputError names the field."""
+    if not isinstance(data, Mapping):
+        raise InputError(f"stage signature: must be a JSON object, got {type(data).__name__}")
+    missing = [f for f in SIGNATURE_FIELDS if f not in data and f != "recompute_layers"]
+    if missing:
+        raise InputError(f"stage signature: missing field(s) {', '.join(missing)}")
+    values: dict[str, Any] = {name: _as_int(name, data[name], 1) for name in _INT_FIELDS}
+    values["layers"] = _as_int("layers", data["layers"], 0)
+    values["first"], values["last"] = _as_bool("first", data["first"]), _as_bool("last", data["last"])
+    values["gpu"] = str(data["gpu"])
+    values["recompute"] = str(data["recompute"])
+    values["mlp"] = str(data["mlp"])
+    rl = data.get("recompute_layers")
+    values["recompute_layers"] = None if _is_missing(rl) else _as_int("recompute_layers", rl, 0)
+    sig = StageSignature(**values)
+    _check(sig)
+    return sig
+
+
+def _check(sig: StageSignature) -> None:
+    problems = []
+    if sig.recompute not in STAGE_RECOMPUTE:
+        problems.append(f"field 'recompute' is {sig.recompute!r}; allowed: {', '.join(STAGE_RECOMPUTE)}")
+    if sig.recompute_layers is not None and (sig.recompute != "full" or sig.recompute_layers > sig.layers):
+        problems.append(f"field 'recompute_layers' ({sig.recompute_layers}) needs recompute 'full' and "
+                        f"at most 'layers' ({sig.layers})")
+    if sig.mlp not in ("swiglu", "gelu"):
+        problems.append(f"field 'mlp' is {sig.mlp!r}; allowed: swiglu, gelu")
+    if sig.hidden % sig.heads or sig.heads % sig.query_groups:
+        problems.append(f"field 'heads' ({sig.heads}) must divide 'hidden' ({sig.hidden}) and be a multiple "
+                        f"of 'query_groups' ({sig.query_groups})")
+    if sig.heads % sig.tp or sig.query_groups % sig.tp:
+        problems.append(f"field 'tp' ({sig.tp}) must divide heads ({sig.heads}) and query_groups ({sig.query_groups})")
+    if sig.layers == 0 and not (sig.first or sig.last):
+        problems.append("field 'layers' is 0: the stage must then hold the embedding ('first') or output ('last')")
+    if problems:
+        raise InputError("stage signature: " + "; ".join(problems))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCost:
+    """Noise-free cost of a stage (per GPU of its TP group); the schedule adds noise per micro batch."""
+
+    fwd_ms: float
+    bwd_ms: float  # includes recomputation
+    optimizer_ms: float
+    params: float  # per GPU
+    static_mem_mib: float
+    act_mem_mib: float  # activations kept per in-flight micro batch
+    workspace_mem_mib: float  # transient during backward
+    context_mem_mib: float
+    fragmentation_fraction: float
+    capacity_mib: float
+
+    @property
+    def time_ms(self) -> float:
+        return self.fwd_ms + self.bwd_ms
+
+    def peak_mem_mib(self, inflight: int) -> float:
+        """Device peak: context + (static + inflight·activations + workspace)·(1 + fragmentation)
+        (simulator assumption: the caching allocator's overhead grows with what it holds)."""
+        allocated = self.static_mem_mib + inflight * self.act_mem_mib + self.workspace_mem_mib
+        return self.context_mem_mib + allocated * (1.0 + self.fragmentation_fraction)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageRun:
+    """What one measured stage run reports; numbers are None when it failed (status 'oom')."""
+
+    time_ms: float | None
+    peak_mem_mib: float | None
+    static_mem_mib: float | None
+    status: str  # ok | oom
+    reason: str
+
+
+@functools.lru_cache(maxsize=65536)
+def stage_cost(sig: StageSignature, gpu: GpuType, traits: GpuTraits,
+               static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM) -> StageCost:
+    dev, d = Device.of(gpu, traits), sig.dims()
+    fwd = bwd = params = act = workspace = 0.0
+    fwd_ops = bwd_ops = 0
+    comm_fwd = comm_bwd = 0.0  # TP collectives: on the critical path, never hidden behind host dispatch
+    if sig.layers:
+        lc = layer_cost(dev, d)
+        n_full, pen = sig.recomputed_layers, traits.recompute_penalty_factor
+        n_sel = sig.layers if sig.recompute == "selective" else 0
+        kept = lc.act_selective_bytes if n_sel else lc.act_none_bytes
+        fwd += sig.layers * lc.fwd_ms
+        # recomputation reruns forward work inside backward at the part's recompute penalty (paper §3.1.1):
+        # full = the whole layer (Chen 2016), selective = the attention core only (Korthikanti 2022 §5)
+        bwd += sig.layers * lc.bwd_ms + pen * (n_full * lc.fwd_ms + n_sel * lc.attn_core_fwd_ms)
+        comm_fwd += sig.layers * lc.comm_ms
+        comm_bwd += (sig.layers + pen * n_full) * lc.comm_ms
+        fwd_ops += sig.layers * lc.fwd_kernels
+        bwd_ops += sig.layers * lc.bwd_kernels + n_full * lc.fwd_kernels + n_sel * lc.attn_core_kernels
+        params += sig.layers * lc.params
+        act += n_full * lc.act_full_bytes + (sig.layers - n_full) * kept
+        # while a recomputed layer runs its backward its full activations are alive again
+        workspace = lc.workspace_bytes + (lc.act_none_bytes if sig.recompute != "none" else 0.0)
+    for on, end in ((sig.first, embedding_cost), (sig.last, output_cost)):
+        if on:
+            ec = end(dev, d)
+            fwd, bwd, params, act = fwd + ec.fwd_ms, bwd + ec.bwd_ms, params + ec.params, act + ec.act_bytes
+            fwd_ops, bwd_ops = fwd_ops + ec.fwd_kernels, bwd_ops + ec.bwd_kernels
+            comm_fwd += ec.comm_ms
+            workspace = max(workspace, ec.workspace_bytes)
+    # the host issues operations asynchronously: a pass takes the longer of device compute and host
+    # dispatch, plus the blocking TP collectives, which wait for the slowest rank's host (simulator
+    # assumption; small layers are host-bound, e.g. vTrain's 1024-wide models)
+    host = traits.host_dispatch_ms_per_kernel
+    fwd = max(fwd - comm_fwd, fwd_ops * host) + comm_fwd
+    bwd = max(bwd - comm_bwd, bwd_ops * host) + comm_bwd
+    return StageCost(
+        fwd_ms=fwd,
+        bwd_ms=bwd,
+        optimizer_ms=adam_step_ms(dev, params),
+        params=params,
+        static_mem_mib=params * static_bytes_per_param / MIB,
+        act_mem_mib=act / MIB,
+        workspace_mem_mib=workspace / MIB,
+        context_mem_mib=traits.context_memory_mib,
+        fragmentation_fraction=traits.fragmentation_fraction,
+        capacity_mib=gpu.memory_mib,
+    )
+
+
+def noise_factor(rng: np.random.Generator, std_fraction: float, size: Any = None) -> Any:
+    """Multiplicative measurement noise 1 + N(0, σ), clipped at 0.5 (simulator assumption)."""
+    return np.maximum(0.5, 1.0 + std_fraction * rng.standard_normal(size))
+
+
+def measure_stage(sig: StageSignature, gpu: GpuType, traits: GpuTraits, *, rng: np.random.Generator,
+                  static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM) -> StageRun:
+    """Run one stage alone: time with noise, peak memory with `inflight` micro batches held."""
+    if sig.gpu != gpu.name:
+        raise InputError(f"stage signature: field 'gpu' is {sig.gpu!r} but the GPU given is {gpu.name!r}")
+    cost = stage_cost(sig, gpu, traits, static_bytes_per_param)
+    noise = float(noise_factor(rng, traits.noise_std_fraction))  # drawn even on OOM: same stream either way
+    peak = cost.peak_mem_mib(sig.inflight)
+    if peak > cost.capacity_mib:
+        return StageRun(time_ms=None, peak_mem_mib=None, static_mem_mib=None, status="oom",
+                        reason=f"out of memory: needs {peak:.0f} MiB of {cost.capacity_mib:.0f} MiB on {gpu.name}")
+    return StageRun(time_ms=cost.time_ms * noise, peak_mem_mib=peak, static_mem_mib=cost.static_mem_mib,
+                    status="ok", reason="")
