@@ -83,6 +83,14 @@ def attention_core_flops(micro_batch, seq_len, hidden):
     )
 
 
+def layer_activation_bytes_tp_only(micro_batch, seq_len, hidden, heads, tp):
+    """Tensor parallelism without sequence parallelism, GPT layer: s·b·h·(10 + 24/t + 5·a·s/(h·t))
+    (Korthikanti 2022 Eq. 2): norms, dropouts and the layer inputs are replicated on every rank."""
+    s, b, h = (np.asarray(x, dtype=np.float64) for x in (seq_len, micro_batch, hidden))
+    t = np.asarray(tp, dtype=np.float64)
+    return s * b * h * (10.0 + 24.0 / t + 5.0 * np.asarray(heads) * s / (h * t))
+
+
 def layer_activation_bytes(micro_batch, seq_len, hidden, ffn_hidden, heads, query_groups, mlp, tp):
     """Activation bytes one layer stores for backward, per TP rank, no recomputation.
 

@@ -46,7 +46,8 @@ def fit(tables: LayoutTables, base: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     """
     stage_ms = tables.fit_time_ms.take(base)
     stage_mib = tables.fit_peak_mib.take(base)
-    T, stats = tables.totals(base, stage_ms, stage_mib)
+    with np.errstate(invalid="ignore"):  # inf − inf in V for plans that are dropped below
+        T, stats = tables.totals(base, stage_ms, stage_mib)
     ok = np.isfinite(T)
     if not ok.all():
         base, stage_ms, stage_mib, T = base[:, ok], stage_ms[:, ok], stage_mib[:, ok], T[ok]

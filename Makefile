@@ -1,0 +1,32 @@
+# MemX — `make plan` runs the main job, `make test` the tests. Both create .venv and install first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.memx-installed
+
+.PHONY: install plan test test-all bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c 'import sys; assert sys.version_info >= (3, 11), "MemX needs Python >= 3.11"'
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+plan: install
+	$(BIN)/memx plan
+
+test: install
+	$(BIN)/python -m pytest
+
+test-all: install
+	$(BIN)/python -m pytest -m "slow or not slow"
+
+bench: install
+	$(BIN)/python bench/search_throughput.py
+	$(BIN)/python bench/simulator_speed.py
+
+clean:
+	rm -rf $(VENV) .memx .pytest_cache

@@ -1,0 +1,63 @@
+"""`memx plan`: output contracts, files written, and exit codes for bad input / no feasible plan."""
+
+import json
+
+from typer.testing import CliRunner
+
+from memx.cli import _mount, app
+
+_mount()
+runner = CliRunner()
+SMALL = ["--model", "llama-6l", "--search", "small"]
+
+
+def test_json_contract():
+    res = runner.invoke(app, ["plan", *SMALL, "--format", "json", "--top", "3"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert set(out) >= {"plan", "predicted", "weights", "space", "search_s", "top", "fastest"}
+    assert set(out["predicted"]) == {"iteration_time_ms", "peak_mem_mib", "max_mem_mib", "mem_variance_mib2",
+                                     "min_margin", "phi"}
+    assert len(out["predicted"]["peak_mem_mib"]) == 20
+    assert out["weights"]["profile"] in ("default", "safety", "throughput") and len(out["weights"]["w"]) == 3
+    assert out["space"]["total"] >= out["space"]["feasible"] > 0
+    assert len(out["top"]) == 3 and out["top"][0]["plan"] == out["plan"]
+    assert sum(s["layers"] for s in out["plan"]["stages"]) == 6
+
+
+def test_table_and_markdown_and_megatron(tmp_path):
+    res = runner.invoke(app, ["plan", *SMALL])
+    assert res.exit_code == 0 and "Top plans by Φ" in res.stdout and "capacity" in res.stdout
+    md = runner.invoke(app, ["plan", *SMALL, "--format", "markdown", "--out", str(tmp_path)])
+    assert md.exit_code == 0 and md.stdout.startswith("# MemX plan: llama-6l")
+    meg = runner.invoke(app, ["plan", *SMALL, "--format", "megatron"])
+    assert "--pipeline-model-parallel-size" in meg.stdout and "--global-batch-size 16" in meg.stdout
+    assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "plan.md", "megatron.sh"}
+    assert json.loads((tmp_path / "plan.json").read_text())["plan"]["model"] == "llama-6l"
+
+
+def test_unknown_model_exits_2_with_known_names():
+    res = runner.invoke(app, ["plan", "--model", "gpt5"])
+    assert res.exit_code == 2 and "gpt5" in res.stderr and "llama2-7b" in res.stderr
+
+
+def test_invalid_search_yaml_exits_2_naming_file_and_field(tmp_path):
+    bad = tmp_path / "s.yaml"
+    bad.write_text("name: s\nglobal_batch: 16\nrecompute_levels: [none, sometimes]\n")
+    res = runner.invoke(app, ["plan", *SMALL[:2], "--search", str(bad)])
+    assert res.exit_code == 2 and str(bad) in res.stderr and "recompute_levels" in res.stderr and "selective" in res.stderr
+
+
+def test_bad_weights_exit_2():
+    res = runner.invoke(app, ["plan", *SMALL, "--weights", "0.9,0.9,0.9"])
+    assert res.exit_code == 2 and "wT,wM,wV" in res.stderr
+
+
+def test_infeasible_exits_3_with_reason():
+    res = runner.invoke(app, ["plan", "--cluster", "v100-t4-6", "--model", "llama2-70b", "--search", "small"])
+    assert res.exit_code == 3 and "llama2-70b needs" in res.stderr and "v100-t4-6" in res.stderr
+
+
+def test_catalog_lists_names():
+    res = runner.invoke(app, ["catalog", "clusters"])
+    assert res.exit_code == 0 and "three-vendor-20" in res.stdout.split()

@@ -1,0 +1,99 @@
+"""The vectorised search against a per-plan Python loop over the same space, and its contracts."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from memx.analytic import AnalyticStageModel
+from memx.catalog import load_cluster, load_model, load_search
+from memx.errors import InfeasibleError, InputError
+from memx.estimate import estimate_plans
+from memx.naive import evaluate_split
+from memx.objective import parse_weights
+from memx.search import _chunks, _contexts, _prepare, search
+from memx.space import enumerate_layouts
+from memx.predictions import predict_tables
+
+
+@pytest.fixture(scope="module")
+def setup(conf_root):
+    conf = conf_root
+    cluster, model = load_cluster("three-vendor-20", conf), load_model("llama-6l", conf)
+    space = dataclasses.replace(load_search("small", conf), weights="default", max_stage_slowdown=0.0)
+    return cluster, model, space, AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+
+
+def test_vectorised_search_equals_naive_loop(setup):
+    cluster, model, space, pred = setup
+    r = search(cluster, model, space, pred, top_k=5, workers=2)
+    w = parse_weights("default")
+    layouts = enumerate_layouts(cluster, model, space)
+    pt = predict_tables(_contexts(layouts, model.layers), cluster, model, model.seq_len, space.recompute_levels,
+                        space.reserve_gib, pred)
+    best_score, best_t, n_feasible, n_eval = np.inf, np.inf, 0, 0
+    for lay in layouts:
+        prep = _prepare(lay, pt, cluster, model, model.seq_len, 0.0)
+        if prep is None:
+            continue
+        for S in _chunks(prep, model.layers, 1 << 20):
+            for split in S:
+                n_eval += 1
+                res = evaluate_split(prep.tables, tuple(int(x) for x in split), w, epsilon_mib2=space.epsilon_mib2,
+                                     target_margin=space.target_margin)
+                if res is not None:
+                    n_feasible += 1
+                    best_score = min(best_score, res.score)
+                    best_t = min(best_t, res.time_ms)
+    assert r.space.evaluated == n_eval and r.space.feasible == n_feasible
+    assert r.fastest.iteration_time_ms == pytest.approx(best_t, rel=1e-5)
+    got = w.w_time * np.log(r.best.iteration_time_ms) + w.w_mem * np.log(r.best.max_mem_mib) + w.w_var * np.log(
+        r.best.mem_variance_mib2 + space.epsilon_mib2)
+    assert got == pytest.approx(best_score, abs=1e-4)
+
+
+def test_pick_agrees_with_direct_estimate_and_is_feasible(setup):
+    cluster, model, space, pred = setup
+    r = search(cluster, model, space, pred, top_k=3)
+    for cand in (r.best, r.fastest):
+        est = estimate_plans([cand.plan], cluster, model, pred, reserve_gib=space.reserve_gib)[0]
+        assert est.feasible
+        assert est.iteration_time_ms == pytest.approx(cand.iteration_time_ms, rel=1e-4)
+        assert est.max_mem_mib == pytest.approx(cand.max_mem_mib, rel=1e-5)
+        assert len(est.peak_mem_mib) == cand.plan.gpus_used == cluster.total_gpus
+    assert r.best.phi <= min(c.phi for c in r.top)
+    assert [c.iteration_time_ms for c in r.top_time] == sorted(c.iteration_time_ms for c in r.top_time)
+    # Pareto front: nobody in it is dominated by the pick or the fastest.
+    for c in r.pareto:
+        for o in (r.best, r.fastest):
+            dominated = (o.iteration_time_ms <= c.iteration_time_ms and o.max_mem_mib <= c.max_mem_mib
+                         and o.mem_variance_mib2 <= c.mem_variance_mib2 and
+                         (o.iteration_time_ms, o.max_mem_mib, o.mem_variance_mib2) !=
+                         (c.iteration_time_ms, c.max_mem_mib, c.mem_variance_mib2))
+            assert not dominated
+
+
+def test_max_time_ratio_bounds_the_pick(setup):
+    cluster, model, space, pred = setup
+    r = search(cluster, model, dataclasses.replace(space, max_time_ratio=1.1), pred)
+    assert r.best.iteration_time_ms <= 1.1 * r.fastest.iteration_time_ms + 1e-6
+
+
+def test_space_counts_are_consistent(setup):
+    cluster, model, space, pred = setup
+    r = search(cluster, model, space, pred)
+    assert r.space.total >= r.space.splits_total >= r.space.evaluated >= r.space.feasible > 0
+
+
+def test_no_room_for_the_model_says_why(conf_root):
+    cluster, model = load_cluster("v100-t4-6", conf_root), load_model("llama2-70b", conf_root)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    with pytest.raises(InfeasibleError, match=r"llama2-70b needs ≥ 1,15\d GiB .* cluster v100-t4-6 has 90 GiB"):
+        search(cluster, model, load_search("small", conf_root), pred)
+
+
+def test_batch_not_divisible_is_bad_input(conf_root):
+    cluster, model = load_cluster("xy-2", conf_root), load_model("llama-6l", conf_root)
+    space = dataclasses.replace(load_search("small", conf_root), global_batch=7, micro_batch_options=(2, 4))
+    with pytest.raises(InputError, match="global_batch"):
+        search(cluster, model, space, AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}))
