@@ -85,7 +85,8 @@ class CandidatePool:
                 if not np.isfinite(key[i]):
                     continue
                 keyed.append((float(key[i]), layout, S[i], a.take(np.array([i]))))
-        keyed.sort(key=lambda x: x[0])
+        # Ties broken by layout and split, so the answer does not depend on how layouts were sharded.
+        keyed.sort(key=lambda x: (x[0], x[1], tuple(int(v) for v in x[2])))
         return [(layout, S, _squeeze(a)) for _, layout, S, a in keyed[:k]]
 
     def best_by_score(self):
@@ -96,11 +97,12 @@ class CandidatePool:
 
     def pareto_pool(self):
         """Rows not dominated in (T, M, V) among the kept rows."""
-        arrs = [np.stack([a.time_ms, a.stats.max_mib, a.stats.variance_mib2], axis=1) for _, _, a, _ in self._rows]
+        rows = sorted(self._rows, key=lambda r: r[0])  # layout order, whatever the shard order
+        arrs = [np.stack([a.time_ms, a.stats.max_mib, a.stats.variance_mib2], axis=1) for _, _, a, _ in rows]
         pts = np.concatenate(arrs)
         keep = _non_dominated(pts)
         out, offset = [], 0
-        for layout, S, a, _ in self._rows:
+        for layout, S, a, _ in rows:
             n = len(S)
             for i in np.nonzero(keep[offset:offset + n])[0]:
                 out.append((layout, S[i], _squeeze(a.take(np.array([i])))))

@@ -65,6 +65,9 @@ def plan(
     out: Annotated[Optional[Path], typer.Option(help="Also write plan.json, plan.md and megatron.sh here.")] = None,
     backend: Annotated[str, typer.Option(help="Stage predictor: analytic, or a profiling backend (simulated|command|torch|records) for the learned one.")] = "analytic",
     seed: Annotated[int, typer.Option(help="Seed for profiling and training.")] = 0,
+    check: Annotated[Optional[Path], typer.Option("--check", help="Baseline plan JSON: exit 4 if the new plan is worse or its margin is below --min-margin.")] = None,
+    min_margin: Annotated[float, typer.Option(help="With --check: the smallest acceptable memory margin.")] = 0.05,
+    summary: Annotated[Optional[Path], typer.Option(help="With --check: write the Markdown summary here (default $GITHUB_STEP_SUMMARY when set).")] = None,
 ) -> None:
     """Search the plan space and recommend a plan."""
     from memx.catalog import load_cluster, load_model, load_search
@@ -73,8 +76,34 @@ def plan(
     with errors():
         cl, mo, sp = load_cluster(cluster, conf), load_model(model, conf), load_search(search, conf)
         predictor, pname = _predictor(backend, cl, mo, sp, conf, seed)
+        baseline = None
+        if check is not None:
+            from memx.check import load_baseline
+
+            baseline = load_baseline(check)
         result = run_search(cl, mo, sp, predictor, weights=weights, top_k=top)
         _emit(result, pname, mo, fmt, out)
+        if baseline is not None:
+            _check(result, baseline, cl, mo, predictor, sp.reserve_gib, min_margin, summary)
+
+
+def _check(result, baseline, cl, mo, predictor, reserve_gib: float, min_margin: float, summary: Path | None) -> None:
+    import os
+
+    from memx.check import check as run_check
+    from memx.io import atomic_write_text
+
+    outcome = run_check(result, baseline, cl, mo, predictor, reserve_gib=reserve_gib, min_margin=min_margin)
+    typer.echo(outcome.markdown, err=True)
+    target = summary or (Path(os.environ["GITHUB_STEP_SUMMARY"]) if os.environ.get("GITHUB_STEP_SUMMARY") else None)
+    if target is not None:
+        if summary is None:  # GitHub's summary file is appended to
+            with open(target, "a", encoding="utf-8") as fh:
+                fh.write(outcome.markdown)
+        else:
+            atomic_write_text(target, outcome.markdown)
+    if outcome.exit_code:
+        raise typer.Exit(outcome.exit_code)
 
 
 def _emit(result, pname: str, model, fmt: Fmt, out: Path | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -182,9 +183,42 @@ def _evaluate_layout(prep: _Prepared, *, total: int, chunk: int, weights: Weight
     return out
 
 
+def shard_layouts(prepared: list[_Prepared], by: str = "layout") -> list[list[int]]:
+    """Indices of `prepared` grouped into shards: one per layout, or one per (pp, GPU-type order)."""
+    if by == "layout":
+        return [[i] for i in range(len(prepared))]
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(prepared):
+        order = tuple(dict.fromkeys(p.lay.stage_gpus))
+        groups.setdefault((p.lay.pp, order), []).append(i)
+    return list(groups.values())
+
+
+def _prepass_shard(preps: list[_Prepared], *, total: int, chunk: int) -> list[tuple[float, float | None]]:
+    return [_fastest_step1(p, total=total, chunk=chunk) for p in preps]
+
+
+def _evaluate_shard(preps: list[_Prepared], **kw) -> list[list]:
+    return [_evaluate_layout(p, **kw) for p in preps]
+
+
+def _thread_mapper(workers: int | None):
+    @contextmanager
+    def ctx():
+        with ThreadPoolExecutor(max_workers=workers or _default_workers()) as ex:  # numpy releases the GIL
+            yield ex.map
+    return ctx()
+
+
 def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor: StagePredictor, *,
-           weights: str | None = None, top_k: int = 10, chunk: int = 1 << 19, workers: int | None = None) -> SearchResult:
-    """Search the plan space; raises InfeasibleError (exit 3) with the reason when nothing fits."""
+           weights: str | None = None, top_k: int = 10, chunk: int = 1 << 19, workers: int | None = None,
+           mapper=None, shard_by: str = "layout") -> SearchResult:
+    """Search the plan space; raises InfeasibleError (exit 3) with the reason when nothing fits.
+
+    Layouts are evaluated in shards (`shard_by`: "layout" or "pp-order") through `mapper(fn, shards)`,
+    which must return results in order — a thread pool by default; the Prefect search flow passes
+    its task runner (threads or Dask). Merging in shard order makes the result independent of it.
+    """
     t0 = time.perf_counter()
     check_space_input(model, space)
     chosen = parse_weights(weights or space.weights)
@@ -198,20 +232,24 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor: St
                         space.reserve_gib, predictor)
     t_pred = time.perf_counter()
     prepared = [p for lay in layouts if (p := _prepare(lay, pt, cluster, model, seq, space.max_stage_slowdown))]
+    shards = shard_layouts(prepared, shard_by)
     pool = CandidatePool(top_k=top_k, max_time_ratio=space.max_time_ratio)
     evaluated = feasible = 0
-    with ThreadPoolExecutor(max_workers=workers or _default_workers()) as ex:  # numpy releases the GIL
+    with (nullcontext(mapper) if mapper is not None else _thread_mapper(workers)) as run_map:
+        parts_of = [[prepared[i] for i in sh] for sh in shards]
         if chosen is None:  # auto: a step-1 pre-pass finds the fastest plan and its smallest margin
-            firsts = list(ex.map(partial(_fastest_step1, total=model.layers, chunk=chunk), prepared))
+            firsts = [x for res in run_map(partial(_prepass_shard, total=model.layers, chunk=chunk), parts_of)
+                      for x in res]
             chosen = auto_profile(cluster, min(firsts, key=lambda x: x[0])[1] if firsts else None)
-        run = partial(_evaluate_layout, total=model.layers, chunk=chunk, weights=chosen, space=space,
+        run = partial(_evaluate_shard, total=model.layers, chunk=chunk, weights=chosen, space=space,
                       per_chunk=pool.per_chunk)
-        for li, parts in enumerate(ex.map(run, prepared)):  # in order: deterministic results
-            for n_eval, kept in parts:
-                evaluated += n_eval
-                if kept is not None:
-                    feasible += len(kept.time_ms)
-                    pool.add(li, kept)
+        for sh, results in zip(shards, run_map(run, parts_of)):  # in order: deterministic results
+            for li, parts in zip(sh, results):
+                for n_eval, kept in parts:
+                    evaluated += n_eval
+                    if kept is not None:
+                        feasible += len(kept.time_ms)
+                        pool.add(li, kept)
     if feasible == 0:
         raise InfeasibleError(_infeasible_reason(cluster, model, space, pt))
     total, splits_total = _space_total(layouts, model.layers, space.recompute_levels)

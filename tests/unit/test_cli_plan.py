@@ -61,3 +61,40 @@ def test_infeasible_exits_3_with_reason():
 def test_catalog_lists_names():
     res = runner.invoke(app, ["catalog", "clusters"])
     assert res.exit_code == 0 and "three-vendor-20" in res.stdout.split()
+
+
+def test_check_same_better_worse_and_margin(tmp_path):
+    res = runner.invoke(app, ["plan", *SMALL, "--format", "json"])
+    base = tmp_path / "base.json"
+    base.write_text(res.stdout)
+    same = runner.invoke(app, ["plan", *SMALL, "--format", "json", "--check", str(base), "--min-margin", "0",
+                               "--summary", str(tmp_path / "s.md")])
+    assert same.exit_code == 0 and "**same**" in (tmp_path / "s.md").read_text()
+    # A deliberately poor baseline (the fastest plan's layout with every stage fully recomputing)
+    # is beaten: exit 0, verdict better.
+    out = json.loads(res.stdout)
+    poor = out["fastest"]["plan"]
+    for st in poor["stages"]:
+        st["recompute"] = "full"
+        st.pop("recompute_layers", None)
+    (tmp_path / "poor.json").write_text(json.dumps(poor))
+    better = runner.invoke(app, ["plan", *SMALL, "--format", "json", "--check", str(tmp_path / "poor.json"),
+                                 "--min-margin", "0"])
+    assert better.exit_code == 0 and "**better**" in better.stderr
+    # Worse: the baseline is the Φ-best of the small space; a search that may not use the baseline's
+    # micro batch can only find a plan with a higher Φ → exit 4.
+    other_mb = 1 if out["plan"]["micro_batch"] != 1 else 2
+    narrow = tmp_path / "narrow.yaml"
+    narrow.write_text(f"name: narrow\nglobal_batch: 16\ntp_options: [1, 2, 4]\nmicro_batch_options: [{other_mb}]\n"
+                      f"recompute_levels: [none, full, block]\nmax_pp: 4\nweights: {out['weights']['profile']}\n")
+    worse = runner.invoke(app, ["plan", "--model", "llama-6l", "--search", str(narrow), "--format", "json",
+                                "--check", str(base), "--min-margin", "0"])
+    assert worse.exit_code == 4 and "**worse**" in worse.stderr
+    low = runner.invoke(app, ["plan", *SMALL, "--format", "json", "--check", str(base), "--min-margin", "0.99"])
+    assert low.exit_code == 4 and "low-margin" in low.stderr
+
+
+def test_check_bad_baseline_exits_2(tmp_path):
+    (tmp_path / "b.json").write_text("{not json")
+    res = runner.invoke(app, ["plan", *SMALL, "--check", str(tmp_path / "b.json")])
+    assert res.exit_code == 2 and "b.json" in res.stderr

@@ -97,3 +97,13 @@ def test_batch_not_divisible_is_bad_input(conf_root):
     space = dataclasses.replace(load_search("small", conf_root), global_batch=7, micro_batch_options=(2, 4))
     with pytest.raises(InputError, match="global_batch"):
         search(cluster, model, space, AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}))
+
+
+def test_sharding_and_mapper_do_not_change_the_result(setup):
+    cluster, model, space, pred = setup
+    ref = search(cluster, model, space, pred, top_k=5)
+    serial = search(cluster, model, space, pred, top_k=5, shard_by="pp-order", mapper=lambda f, xs: [f(x) for x in reversed(xs)][::-1])
+    assert [c.plan for c in serial.top] == [c.plan for c in ref.top]
+    assert [c.plan for c in serial.top_time] == [c.plan for c in ref.top_time]
+    assert [c.plan for c in serial.pareto] == [c.plan for c in ref.pareto]
+    assert serial.refs == ref.refs and serial.space == ref.space
