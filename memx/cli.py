@@ -144,6 +144,27 @@ def catalog_cmd(kind: Annotated[Kind, typer.Argument(help="Which catalog to list
         typer.echo(name)
 
 
+cluster_app = typer.Typer(no_args_is_help=True, help="Change a cluster catalog entry.")
+app.add_typer(cluster_app, name="cluster")
+
+
+@cluster_app.command("add-node")
+def add_node_cmd(
+    cluster: Annotated[str, typer.Argument(help="Cluster name or YAML path.")],
+    gpu: Annotated[str, typer.Option(help="GPU type of the new node (a catalog name).")],
+    count: Annotated[int, typer.Option(help="GPUs in the node.")] = 8,
+    conf: ConfOpt = None,
+) -> None:
+    """Add a node of one GPU type to a cluster and emit `memx.cluster.changed` to Prefect."""
+    from memx.events import add_node, emit_cluster_changed
+
+    with errors():
+        change = add_node(cluster, gpu, count, conf)
+        sent = emit_cluster_changed(change)
+    typer.echo(f"added {count} × {gpu} to {change.cluster} ({change.path}); "
+               + ("emitted memx.cluster.changed" if sent else "no PREFECT_API_URL: event not emitted"))
+
+
 def _mount() -> None:
     from memx.simulator.cli import app as simulate_app
 
