@@ -4,9 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
-from memx.cli import _mount, app
-
-_mount()
+from memx.cli import app
 runner = CliRunner()
 SMALL = ["--model", "llama-6l", "--search", "small"]
 
