@@ -1,0 +1,143 @@
+"""Predictor accuracy (issue 5 targets) on the simulated backend and on published measurements.
+
+1. three-vendor-20 + llama2-7b (conf/search/default.yaml): memx.workflow.plan_predictor (profile ≤ 243
+   runs per GPU type → augment → variants → Optuna → MLflow registry, in a temporary $MEMX_HOME), then
+   evaluated on plans from memx.simulator.sample_plans (a seed the profiler never used; ≥ 300 measured
+   plans that did not OOM). Also: every variant at plan level (information only — selection is by
+   held-out stage rows inside train_and_register) and leave-one-GPU-out.
+2. vTrain (../shared/realdata/vtrain/data/ground_truth_single.csv, A100, full recompute): per model, a
+   3-point design profiled on the simulator with the vTrain-calibrated A100 traits (eager attention),
+   predictor trained, every measured configuration predicted; MAPE and Spearman within groups of equal
+   GPU count and model.
+3. Sailor GH200 plans from per-layer time-only profiles: tests/validation/test_predictor_sailor.py.
+
+Usage: .venv/bin/python bench/accuracy.py [--plans 900] [--skip-real]
+Last line: time_mape=<x> mem_mape=<x> spearman=<x> top1_time=<0|1> top1_phi=<0|1> runs=<n>
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from memx.catalog import load_cluster, load_gpu, load_model, load_search  # noqa: E402
+from memx.evaluate import evaluate  # noqa: E402
+from memx.predictor import VARIANTS, fit_predictor  # noqa: E402
+from memx.augment import augment  # noqa: E402
+from memx.simulator import sample_plans  # noqa: E402
+
+
+def simulated(n_plans: int) -> tuple[dict, dict]:
+    from memx.workflow import plan_predictor
+
+    cl, mo, sp = load_cluster("three-vendor-20"), load_model("llama2-7b"), load_search("default")
+    t0 = time.perf_counter()
+    pred, info = plan_predictor(cl, mo, sp, backend="simulated", seed=0)
+    train_s = time.perf_counter() - t0
+    runs = pd.read_parquet(Path(os.environ["MEMX_HOME"]) / "profiles" / info["fingerprint"] / "stage_runs.parquet")
+    per_gpu = runs.groupby("gpu").size().to_dict()
+    print(f"profile: {len(runs)} runs {per_gpu}; augmented {info['rows_measured']} -> {info['rows_augmented']} "
+          f"(training split, x{info['growth']:.2f}); variant {info['variant']}; held-out {info['held_out']}; "
+          f"pipeline {train_s:.1f}s")
+    measured = sample_plans(cl, mo, sp, n=n_plans, seed=2024)
+    res = evaluate(cl, mo, measured, pred, "default")
+    _show("registered", res)
+    for name, b in res["baselines"].items():
+        _show(name, b)
+    gpus = {g.name: g for g in cl.gpu_types}
+    aug = augment(runs).stage_runs
+    for v in VARIANTS:
+        _show(f"variant {v}", evaluate(cl, mo, measured, fit_predictor(aug, gpus, variant=v, seed=0), "default"))
+    for g in gpus:  # leave one GPU type out: train without its rows, evaluate on all plans
+        rest = aug[aug["gpu"] != g]
+        for v in ("hybrid", "hybrid-calibrated"):
+            _show(f"without {g} ({v})", evaluate(cl, mo, measured, fit_predictor(rest, gpus, variant=v, seed=0), "default"))
+    from memx.signatures import SIGNATURE_COLUMNS
+
+    sigs = runs.loc[:, list(SIGNATURE_COLUMNS)]
+    big = sigs.iloc[np.resize(np.arange(len(sigs)), 500_000)].reset_index(drop=True)
+    t0 = time.perf_counter()
+    pred.inner.predict(big)
+    print(f"predict 500k signatures: {time.perf_counter() - t0:.2f}s")
+    return res, {"runs_per_gpu": max(per_gpu.values())}
+
+
+def _show(label: str, r: dict) -> None:
+    keys = ("n", "time_mape", "time_max_ape", "mem_mape", "spearman_time", "spearman_phi", "top1_time", "top1_phi",
+            "oom_accuracy")
+    print(f"{label:36s} " + " ".join(f"{k}={r[k]:.4f}" if isinstance(r[k], float) else f"{k}={r[k]}" for k in keys))
+
+
+def vtrain(realdata: Path) -> None:
+    from scipy.stats import spearmanr
+
+    from memx.estimate import estimate_plans
+    from memx.plan import Plan, Stage
+    from memx.profiling.design import dense_points, grid_points, gpu_axes, inflight_points
+    from memx.simulator import load_traits, measure_stages
+    from memx.specs import Cluster, ModelArch, Node, SearchSpace
+
+    df = pd.read_csv(realdata / "vtrain" / "data" / "ground_truth_single.csv", encoding="utf-8-sig")
+    df.columns = ["gpus", "gbs", "mbs", "hidden", "heads", "layers", "seq", "tp", "dp", "pp", "time_ms"]
+    a100 = load_gpu("a100-80g")
+    traits = {a100.name: dataclasses.replace(load_traits("a100-80g"), flash_attention=False)}
+    cluster = Cluster(name="vtrain-node", inter_node_bandwidth_gbps=25, nodes=(Node(gpu=a100, count=8),))
+    space = SearchSpace(name="vtrain", global_batch=128, tp_options=(1, 2, 4, 8), micro_batch_options=(1, 2, 4, 8),
+                        recompute_levels=("full",), max_pp=4)
+    pred_all, meas_all, groups = [], [], []
+    for (h, L), grp in df.groupby(["hidden", "layers"]):
+        model = ModelArch(name="gpt", layers=int(L), hidden=int(h), ffn_hidden=4 * int(h), heads=int(grp.heads.iloc[0]),
+                          query_groups=int(grp.heads.iloc[0]), vocab=51200, seq_len=int(grp.seq.iloc[0]), mlp="gelu")
+        ax = gpu_axes(cluster, model, space, a100)
+        sel = {"tp", "micro_batch", "layers"}
+        points = grid_points(ax, model, sel) + inflight_points(ax, model, sel) + dense_points(ax, model)
+        runs = measure_stages(pd.DataFrame(points), seed=int(h + L), gpus=cluster, traits=traits)
+        runs["source"] = [p["source"] for p in points]
+        pred = fit_predictor(augment(runs).stage_runs, {a100.name: a100}, variant="hybrid-calibrated", seed=0)
+        plans = [Plan(model="gpt", cluster=cluster.name, global_batch=int(r.gbs), micro_batch=int(r.mbs), seq_len=int(r.seq),
+                      dp=int(r.dp), stages=tuple(Stage(gpu=a100.name, tp=int(r.tp), layers=int(L) // int(r.pp),
+                                                       recompute="full") for _ in range(int(r.pp))))
+                 for r in grp.itertuples(index=False)]
+        est = estimate_plans(plans, cluster, model, pred)
+        pred_all += [e.iteration_time_ms for e in est]
+        meas_all += grp.time_ms.tolist()
+        groups += [f"{g}-{h}-{L}" for g in grp.gpus]
+    p, m = np.array(pred_all), np.array(meas_all)
+    ape = np.abs(p - m) / m
+    frame = pd.DataFrame({"g": groups, "p": p, "m": m})
+    rhos = [spearmanr(x.p, x.m).statistic for _, x in frame.groupby("g") if len(x) > 2]
+    top1 = [int(x.p.idxmin() == x.m.idxmin()) for _, x in frame.groupby("g")]
+    print(f"vTrain single-node A100: n={len(m)} MAPE={ape.mean():.4f} max={ape.max():.3f} "
+          f"Spearman overall={spearmanr(p, m).statistic:.4f} within {len(rhos)} groups median={np.median(rhos):.4f} "
+          f"min={np.min(rhos):.4f}; top-1 in {sum(top1)}/{len(top1)} groups")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--plans", type=int, default=900, help="plans sampled (about a third do not OOM)")
+    ap.add_argument("--skip-real", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as home:
+        os.environ["MEMX_HOME"] = home
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        res, extra = simulated(args.plans)
+    realdata = Path(os.environ.get("MEMX_REALDATA", REPO.parent / "shared" / "realdata"))
+    if not args.skip_real and realdata.is_dir():
+        vtrain(realdata)
+    print(f"time_mape={res['time_mape']:.4f} mem_mape={res['mem_mape']:.4f} spearman={res['spearman_time']:.4f} "
+          f"top1_time={res['top1_time']} top1_phi={res['top1_phi']} runs={extra['runs_per_gpu']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""evaluate(): keys and baselines on measured config_runs; `memx train` + `memx evaluate` end to end
+(Parquet and JSONL with plan objects); bad input exits 2 naming the problem."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from memx import registry
+from memx.analytic import AnalyticStageModel
+from memx.catalog import load_cluster, load_model, load_search
+from memx.evaluate import KEYS, evaluate, read_config_runs
+from memx.io import atomic_write_parquet
+from memx.predictor.cli import register
+from memx.profiling import profile
+from memx.simulator import sample_plans
+from memx.workflow import profile_path
+
+ARGS = ["--cluster", "xy-2", "--model", "llama-6l", "--search", "small"]
+
+
+@pytest.fixture(scope="module")
+def measured():
+    cl, mo, sp = load_cluster("xy-2"), load_model("llama-6l"), load_search("small")
+    return cl, mo, sp, sample_plans(cl, mo, sp, n=40, seed=3)
+
+
+@pytest.fixture()
+def cli():
+    app = typer.Typer()
+    register(app)
+    return app, CliRunner()
+
+
+def test_evaluate_returns_every_key_for_predictor_and_baselines(measured):
+    cl, mo, _, df = measured
+    res = evaluate(cl, mo, df, AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}), "default")
+    assert set(KEYS) <= set(res) and set(res["baselines"]) == {"analytic", "time_only_uniform"}
+    for b in res["baselines"].values():
+        assert set(KEYS) <= set(b)
+    assert res["n"] == int((~df["oom"]).sum()) and 0 <= res["oom_accuracy"] <= 1
+    assert res["time_mape"] == pytest.approx(res["baselines"]["analytic"]["time_mape"])  # same model
+    assert res["top1_time"] in (0, 1) and -1 <= res["spearman_phi"] <= 1
+
+
+def test_jsonl_with_plan_objects_reads_like_parquet(measured, tmp_path):
+    cl, mo, _, df = measured
+    path = tmp_path / "runs.jsonl"
+    with path.open("w") as fh:
+        for r in df.to_dict("records"):
+            fh.write(json.dumps({**r, "plan": json.loads(r["plan"])}, default=list) + "\n")
+    pq = tmp_path / "runs.parquet"
+    atomic_write_parquet(df, pq)
+    ana = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    a = evaluate(cl, mo, read_config_runs(path), ana, "default")
+    b = evaluate(cl, mo, read_config_runs(pq), ana, "default")
+    assert a["time_mape"] == pytest.approx(b["time_mape"]) and a["n"] == b["n"]
+
+
+def test_train_then_evaluate_cli(measured, cli, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cl, mo, sp, df = measured
+    app, runner = cli
+    missing = runner.invoke(app, ["train", *ARGS])
+    assert missing.exit_code == 2 and "memx profile" in missing.output
+    fp = registry.fingerprint(cl, mo, sp.global_batch).fingerprint
+    atomic_write_parquet(profile(cl, mo, sp, backend="simulated", seed=0).stage_runs, profile_path(fp))
+    out = runner.invoke(app, ["train", *ARGS, "--trials", "1", "--seconds", "5"])
+    assert out.exit_code == 0, out.output
+    assert "registered memx-stage-predictor version 1" in out.output and "champion moved" in out.output
+    runs = tmp_path / "runs.parquet"
+    atomic_write_parquet(df, runs)
+    res = runner.invoke(app, ["evaluate", *ARGS, "--measured", str(runs), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    print({k: data[k] for k in KEYS}, "analytic", data["baselines"]["analytic"]["time_mape"])
+    assert data["time_mape"] < 0.08 and data["mem_mape"] < 0.03
+    assert data["time_mape"] < data["baselines"]["analytic"]["time_mape"]
+    table = runner.invoke(app, ["evaluate", *ARGS, "--measured", str(runs)])
+    assert table.exit_code == 0 and "time_only_uniform" in table.output and "spearman_phi" in table.output
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--measured", "nope.parquet"], "no such file"),
+    (["--measured", "{bad}", "--format", "xml"], "allowed: table, json"),
+    (["--measured", "{bad}", "--predictor", "magic"], "allowed: registered, analytic"),
+    (["--measured", "{bad}", "--predictor", "analytic"], "missing column"),
+    (["--measured", "{runs}"], "no registered predictor"),
+])
+def test_bad_input_exits_2_with_a_clear_message(measured, cli, tmp_path, argv, needle):
+    _, _, _, df = measured
+    app, runner = cli
+    bad = tmp_path / "bad.parquet"
+    atomic_write_parquet(pd.DataFrame({"plan": ["{}"]}), bad)
+    runs = tmp_path / "runs.parquet"
+    atomic_write_parquet(df, runs)
+    argv = [a.replace("{bad}", str(bad)).replace("{runs}", str(runs)) for a in argv]
+    out = runner.invoke(app, ["evaluate", *ARGS, *argv])
+    assert out.exit_code == 2 and needle in out.output

@@ -1,0 +1,120 @@
+"""The learned stage predictor against the simulator (never against the analytic formulas it is built
+from): plan-level accuracy on sampled plans the profiler never measured, variants, time-only mode,
+a GPU type never profiled, prediction speed."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from memx.analytic import AnalyticStageModel
+from memx.catalog import load_cluster, load_model, load_search
+from memx.evaluate import evaluate
+from memx.predictor import VARIANTS, LearnedStagePredictor, fit_predictor, stage_errors
+from memx.profiling import profile
+from memx.signatures import SIGNATURE_COLUMNS, StagePredictor
+from memx.simulator import sample_plans
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    cl, mo, sp = load_cluster("v100-t4-6"), load_model("llama-6l"), load_search("small")
+    runs = profile(cl, mo, sp, backend="simulated", seed=0).stage_runs
+    measured = sample_plans(cl, mo, sp, n=80, seed=11)
+    return cl, mo, sp, runs, measured
+
+
+def gpus_of(cl):
+    return {g.name: g for g in cl.gpu_types}
+
+
+def test_hybrid_calibrated_beats_analytic_on_unseen_plans(scenario):
+    cl, mo, sp, runs, measured = scenario
+    pred = fit_predictor(runs, gpus_of(cl), variant="hybrid-calibrated", seed=0)
+    assert isinstance(pred, StagePredictor) and pred.memory_source == "learned"
+    res = evaluate(cl, mo, measured, pred, "default")
+    ana = res["baselines"]["analytic"]
+    print({k: res[k] for k in ("n", "time_mape", "mem_mape", "spearman_time")}, "analytic", ana["time_mape"])
+    assert res["n"] >= 20
+    assert res["time_mape"] < 0.08 and res["mem_mape"] < 0.03 and res["spearman_time"] > 0.9
+    assert res["time_mape"] < ana["time_mape"] and res["mem_mape"] < ana["mem_mape"]
+
+
+def test_every_variant_trains_and_predicts_positive_numbers(scenario):
+    cl, _, _, runs, _ = scenario
+    held = runs[runs["status"] == "ok"].sample(20, random_state=0)
+    for v in VARIANTS:
+        pred = fit_predictor(runs, gpus_of(cl), variant=v, seed=0)
+        out = pred.predict(held.loc[:, list(SIGNATURE_COLUMNS)])
+        assert list(out.columns) == ["time_ms", "peak_mem_mib", "static_mem_mib"] and out.index.equals(held.index)
+        assert (out.to_numpy() > 0).all()
+        assert stage_errors(pred, held)["time_mape"] < 0.25, v
+    with pytest.raises(ValueError, match="allowed"):
+        fit_predictor(runs, gpus_of(cl), variant="forest")
+
+
+def test_time_only_profiles_fall_back_to_analytic_memory_and_say_so(scenario):
+    cl, _, _, runs, _ = scenario
+    time_only = runs.assign(peak_mem_mib=np.nan, static_mem_mib=np.nan)
+    pred = fit_predictor(time_only, gpus_of(cl), variant="hybrid-calibrated", seed=0)
+    assert pred.memory_source == "analytic" and pred.time_only
+    sigs = runs[runs["status"] == "ok"].loc[:, list(SIGNATURE_COLUMNS)].head(30)
+    out = pred.predict(sigs)
+    ana = AnalyticStageModel(gpus=gpus_of(cl)).predict(sigs)
+    assert np.allclose(out["peak_mem_mib"], ana["peak_mem_mib"])
+    assert stage_errors(pred, runs)["time_mape"] < 0.1
+
+
+def test_multi_layer_stages_from_per_layer_time_only_rows(scenario):
+    """Per-layer profiles (layers = 1, memory null) predict multi-layer stages: time is additive in layers."""
+    cl, _, _, runs, _ = scenario
+    ok = runs[runs["status"] == "ok"]
+    per_layer = ok[(ok["layers"] == 1) & ~ok["first"] & ~ok["last"]].assign(peak_mem_mib=np.nan)
+    pred = fit_predictor(per_layer, gpus_of(cl), variant="hybrid-calibrated", seed=0)
+    multi = ok[(ok["layers"] > 1) & ~ok["first"] & ~ok["last"]]
+    err = stage_errors(pred, multi)["time_mape"]
+    print("per-layer → multi-layer time MAPE", err, "rows", len(per_layer), "→", len(multi))
+    assert pred.memory_source == "analytic" and err < 0.15
+
+
+def test_gpu_type_never_profiled_is_predicted_from_its_spec(scenario):
+    """Leave one GPU type out: train on V100 rows only, predict T4 stages (documented accuracy)."""
+    cl, _, _, runs, _ = scenario
+    ok = runs[runs["status"] == "ok"]
+    pred = fit_predictor(ok[ok["gpu"] == "v100-16g"], gpus_of(cl), variant="hybrid-calibrated", seed=0)
+    err = stage_errors(pred, ok[ok["gpu"] == "t4-16g"])
+    ana = stage_errors(AnalyticStageModel(gpus=gpus_of(cl)), ok[ok["gpu"] == "t4-16g"])
+    print("leave-one-GPU-out T4", err, "analytic", ana)
+    assert err["mem_mape"] < ana["mem_mape"] and err["time_mape"] < 0.6
+
+
+def test_predicts_two_hundred_thousand_signatures_in_seconds(scenario):
+    cl, _, _, runs, _ = scenario
+    pred = fit_predictor(runs, gpus_of(cl), variant="hybrid-calibrated", seed=0)
+    sigs = runs.loc[:, list(SIGNATURE_COLUMNS)]
+    big = sigs.iloc[np.resize(np.arange(len(sigs)), 200_000)].reset_index(drop=True)
+    t0 = time.perf_counter()
+    out = pred.predict(big)
+    dt = time.perf_counter() - t0
+    print(f"200k signatures in {dt:.2f}s")
+    assert len(out) == len(big) and np.isfinite(out.to_numpy()).all() and dt < 10.0
+
+
+def test_serialised_form_round_trips_and_version_tracks_content(scenario):
+    from memx.predictor.model import from_json
+
+    cl, _, _, runs, _ = scenario
+    pred = fit_predictor(runs, gpus_of(cl), variant="hybrid-calibrated", seed=0)
+    import xgboost as xgb
+
+    booster = xgb.Booster()
+    booster.load_model(bytearray(pred.booster_bytes()))
+    back = from_json(pred.to_json(), booster)
+    sigs = runs.loc[:, list(SIGNATURE_COLUMNS)].head(10)
+    assert np.allclose(back.predict(sigs).to_numpy(), pred.predict(sigs).to_numpy())
+    assert back.version == pred.version
+    other = fit_predictor(runs, gpus_of(cl), variant="hybrid-calibrated", seed=1)
+    assert isinstance(other, LearnedStagePredictor) and other.version != pred.version
