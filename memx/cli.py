@@ -169,11 +169,13 @@ def _mount() -> None:
     """Sub-commands that live beside their modules."""
     from memx.artifacts_cli import register as register_artifacts
     from memx.predictor.cli import register as register_predictor
+    from memx.profiling.cli import register as register_profiling
     from memx.simulator.cli import app as simulate_app
 
     app.add_typer(simulate_app, name="simulate", help="The virtual cluster: run stages and plans, sample measured plans.")
     register_artifacts(app)
     register_predictor(app)
+    register_profiling(app)
 
 
 _mount()

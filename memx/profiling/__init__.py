@@ -1,0 +1,157 @@
+"""Minimal-set profiler (paper, "How do tens of thousands of configurations become affordable").
+
+    result = profile(cluster, model, space, backend="simulated", out_dir=Path("profiles/x"))
+
+Per GPU type: single-parameter sweeps around a centre point → sensitivity table → a 3-point grid over
+the selected parameters plus embedding/output stages, block recompute, `inflight` coverage, and dense
+intervals on one representative GPU type for the interpolation gate. Every point becomes one
+`stage_runs` row (DESIGN.md §3), failed ones included. See docs/profiling.md.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from memx.errors import InputError
+from memx.io import atomic_write_parquet, atomic_write_text
+from memx.profiling.backends import BACKENDS, Backend, check_backend
+from memx.profiling.design import (dense_points, full_grid_size, gpu_axes, grid_points, inflight_points,
+                                   representative_gpu)
+from memx.profiling.records import RejectedRow, signature_key
+from memx.profiling.runner import load_existing, run_points
+from memx.profiling.sensitivity import (sensitivity_frame, sensitivity_markdown, sensitivity_rows, sweep_plan,
+                                        sweep_points)
+from memx.specs import Cluster, ModelArch, SearchSpace
+
+__all__ = ["BACKENDS", "ProfileResult", "profile"]
+
+STAGE_RUNS_FILE = "stage_runs.parquet"
+SENSITIVITY_FILE = "sensitivity.parquet"
+SENSITIVITY_MD = "sensitivity.md"
+SEARCHED = {"tp", "micro_batch", "recompute", "layers", "inflight", "position"}  # seq_len: one value per search
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileResult:
+    stage_runs: pd.DataFrame  # DESIGN.md stage_runs columns, failed rows included (status oom/failed + reason)
+    sensitivity: pd.DataFrame  # per gpu × parameter: time_change, mem_change (fractions), selected
+    runs: int  # points of the minimal-set design (sweeps, grid, dense, inflight), or rows imported
+    full_grid: int  # points of the full grid over the same parameters and values
+    failed: int  # rows with status 'failed' (no measurement); OOM rows are counted in `oom`
+    path: Path | None  # stage_runs Parquet written under out_dir
+    oom: int = 0
+    runs_by_gpu: dict[str, int] = field(default_factory=dict)
+    full_grid_by_gpu: dict[str, int] = field(default_factory=dict)
+    rejected: tuple[RejectedRow, ...] = ()  # records backend: rows that failed validation
+
+    def failures_by_reason(self) -> dict[str, int]:
+        bad = self.stage_runs[self.stage_runs["status"] != "ok"]
+        return dict(Counter(f"{s}: {_reason_class(r)}" for s, r in zip(bad["status"], bad["reason"])))
+
+    def summary(self) -> str:
+        ratio = self.full_grid / self.runs if self.runs else float("nan")
+        lines = [f"runs={self.runs} full_grid={self.full_grid} reduction={ratio:.1f}x "
+                 f"failed={self.failed} oom={self.oom}"]
+        for gpu, n in self.runs_by_gpu.items():
+            lines.append(f"  {gpu}: {n} runs vs full grid {self.full_grid_by_gpu.get(gpu, 0)}")
+        for reason, n in sorted(self.failures_by_reason().items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {n} × {reason}")
+        return "\n".join(lines)
+
+
+def _reason_class(reason: str) -> str:
+    """Group reasons for the summary: drop per-point details after the first ':' of known kinds."""
+    for prefix in ("timeout after", "command not found", "command not executable", "exit code", "unparseable output",
+                   "out of memory", "JSON output"):
+        if reason.startswith(prefix):
+            return prefix
+    return reason.split(";")[0][:60] or "(no reason)"
+
+
+def _make_backend(name: str, *, cluster: Cluster, model: ModelArch, seed: int, conf_root: Path | None,
+                  command: list[str] | None, timeout_s: float, retries: int) -> Backend:
+    if name == "simulated":
+        from memx.profiling.backends.simulated import SimulatedBackend
+        return SimulatedBackend(cluster=cluster, seed=seed, conf_root=conf_root)
+    if name == "command":
+        from memx.profiling.backends.command import CommandBackend, check_template
+        if not command:
+            raise InputError("backend 'command' needs --command (the program and its arguments)")
+        check_template(list(command))
+        if timeout_s <= 0 or retries < 0:
+            raise InputError(f"--timeout must be > 0 and retries ≥ 0; got {timeout_s}, {retries}")
+        return CommandBackend(argv=tuple(command), model_name=model.name, timeout_s=timeout_s, retries=retries)
+    from memx.profiling.backends.torch import TorchBackend
+    return TorchBackend(seed=seed)
+
+
+def _torch_model(model: ModelArch) -> ModelArch:
+    """The model the torch backend runs: scaled down on CPU (rows record the shapes run)."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise InputError("backend 'torch' needs PyTorch: pip install -e '.[torch]' (CPU build is enough)") from exc
+    from memx.profiling.backends.torch import auto_scale, scale_model
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return scale_model(model, auto_scale(model, device))
+
+
+def _import_records(records: Path | None, out_path: Path | None) -> tuple[pd.DataFrame, list]:
+    from memx.profiling.backends.records import read_records
+    if records is None:
+        raise InputError("backend 'records' needs --records PATH (CSV, Parquet or JSONL)")
+    df, rejects = read_records(Path(records))
+    if out_path is not None:
+        atomic_write_parquet(df, out_path)
+    return df, rejects
+
+
+def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: str = "simulated",
+            out_dir: Path | None = None, seed: int = 0, jobs: int = 1, command: list[str] | None = None,
+            records: Path | None = None, timeout_s: float = 600.0, retries: int = 1,
+            conf_root: Path | None = None, progress: bool = False) -> ProfileResult:
+    """Profile every GPU type of `cluster` for `model` over `space`; see the module docstring."""
+    check_backend(backend)
+    if jobs < 1:
+        raise InputError(f"--jobs must be ≥ 1, got {jobs}")
+    if backend == "torch":
+        model = _torch_model(model)
+    axes = {g.name: gpu_axes(cluster, model, space, g) for g in cluster.gpu_types}
+    full_by_gpu = {g: full_grid_size(a) for g, a in axes.items()}
+    out_path = Path(out_dir) / STAGE_RUNS_FILE if out_dir is not None else None
+    if backend == "records":
+        df, rejects = _import_records(records, out_path)
+        return _result(df, sensitivity_frame([]), runs_by_gpu=dict(Counter(df["gpu"])), full_by_gpu=full_by_gpu,
+                       path=out_path, rejected=rejects, out_dir=out_dir)
+    be = _make_backend(backend, cluster=cluster, model=model, seed=seed, conf_root=conf_root, command=command,
+                       timeout_s=timeout_s, retries=retries)
+    plans = {g: sweep_plan(a, model) for g, a in axes.items()}
+    phase1 = dense_points(axes[representative_gpu(cluster).name], model)
+    phase1 += [p for g in axes for p in sweep_points(plans[g])]
+    df = run_points(phase1, be, existing=load_existing(out_path), out_path=out_path, jobs=jobs, progress=progress,
+                    label="sensitivity sweeps")
+    sens, phase2 = [], []
+    for g, a in axes.items():
+        rows = sensitivity_rows(g, plans[g], df, SEARCHED)
+        selected = {r["parameter"] for r in rows if r["selected"]}
+        sens += rows
+        phase2 += grid_points(a, model, selected) + inflight_points(a, model, selected)
+    df = run_points(phase2, be, existing=df, out_path=out_path, jobs=jobs, progress=progress, label="3-point grid")
+    unique = {signature_key(p): p["gpu"] for p in phase1 + phase2}
+    return _result(df, sensitivity_frame(sens), runs_by_gpu=dict(Counter(unique.values())),
+                   full_by_gpu=full_by_gpu, path=out_path, rejected=[], out_dir=out_dir)
+
+
+def _result(df: pd.DataFrame, sens: pd.DataFrame, *, runs_by_gpu: dict[str, int], full_by_gpu: dict[str, int],
+            path: Path | None, rejected: list, out_dir: Path | None) -> ProfileResult:
+    if out_dir is not None:
+        atomic_write_parquet(sens, Path(out_dir) / SENSITIVITY_FILE)
+        atomic_write_text(Path(out_dir) / SENSITIVITY_MD, sensitivity_markdown(sens))
+    return ProfileResult(stage_runs=df, sensitivity=sens, runs=sum(runs_by_gpu.values()),
+                         full_grid=sum(full_by_gpu.values()), failed=int((df["status"] == "failed").sum()),
+                         oom=int((df["status"] == "oom").sum()), path=path, runs_by_gpu=runs_by_gpu,
+                         full_grid_by_gpu=full_by_gpu, rejected=tuple(rejected))

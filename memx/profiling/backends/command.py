@@ -1,0 +1,136 @@
+"""`command` backend: run a user command per point (DESIGN.md §3, "Command backend").
+
+The command is an argument list (never a shell). Each point is passed as JSON on stdin (the
+stage_runs input columns, `model` and `micro_batches`) and through `{placeholders}` in arguments:
+any point field ({tp} {layers} {micro_batch} {seq_len} {recompute} {recompute_layers} {first}
+{last} {inflight} {hidden} {ffn_hidden} {heads} {query_groups} {vocab} {mlp} {gpu}), plus {model},
+{micro_batches}, {global_batch} (= micro_batches × micro_batch), {nproc} (= tp) and {point_json}.
+An argument that is exactly `{recompute_args}` expands to Megatron's recompute flags (none: nothing;
+selective; full uniform over 1 layer; block: the first N layers).
+
+Per point: a timeout (the whole process group is killed), retries for transient failures (a
+non-zero exit without an OOM message), and output parsed by memx.profiling.megatron_logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import string
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from memx.errors import InputError
+from memx.profiling.megatron_logs import parse_output
+from memx.profiling.records import SIGNATURE_COLUMNS, failed_row, ok_row
+
+EXTRA_FIELDS = ("model", "micro_batches", "global_batch", "nproc", "point_json", "recompute_args")
+# micro batches per profiling iteration: enough to amortise the optimizer step over (our choice);
+# at least `inflight`, so a launcher can hold that many micro batches.
+MICRO_BATCHES = 8
+
+
+def recompute_args(point: Mapping[str, Any]) -> list[str]:
+    """Megatron-LM recompute flags for a point."""
+    rc, n = point["recompute"], point.get("recompute_layers")
+    if rc == "selective":
+        return ["--recompute-granularity", "selective"]
+    if rc == "full" and n is not None and n < point["layers"]:
+        return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(n)]
+    if rc == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    return []
+
+
+def check_template(argv: list[str]) -> None:
+    """Unknown {placeholders} are bad input: name them and the allowed ones."""
+    if not argv:
+        raise InputError("--command: empty command; give a program and its arguments")
+    allowed = set(SIGNATURE_COLUMNS) | set(EXTRA_FIELDS)
+    for arg in argv:
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(arg) if f is not None}
+        except ValueError as exc:
+            raise InputError(f"--command: argument {arg!r}: {exc} (write {{{{ and }}}} for literal braces)") from exc
+        unknown = names - allowed
+        if unknown:
+            raise InputError(f"--command: unknown placeholder(s) {sorted(unknown)} in {arg!r}; "
+                             f"allowed: {', '.join(sorted(allowed))}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandBackend:
+    argv: tuple[str, ...]
+    model_name: str
+    timeout_s: float = 600.0
+    retries: int = 1
+    name: str = "command"
+
+    def job(self, point: Mapping[str, Any]) -> dict[str, Any]:
+        job = {c: point.get(c) for c in SIGNATURE_COLUMNS}
+        job["model"] = self.model_name
+        job["micro_batches"] = max(MICRO_BATCHES, int(point["inflight"]))
+        return job
+
+    def expand(self, job: Mapping[str, Any]) -> list[str]:
+        fields = {**job, "global_batch": job["micro_batches"] * job["micro_batch"], "nproc": job["tp"],
+                  "point_json": json.dumps(job)}
+        out: list[str] = []
+        for arg in self.argv:
+            if arg == "{recompute_args}":
+                out.extend(recompute_args(job))
+            else:
+                out.append(arg.format_map({**fields, "recompute_args": " ".join(recompute_args(job))}))
+        return out
+
+    def _run_once(self, args: list[str], stdin: str) -> tuple[int | None, str, str, str]:
+        """(exit code or None, stdout, stderr, failure reason)."""
+        try:
+            proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, start_new_session=True)
+        except FileNotFoundError:
+            return None, "", "", f"command not found: {args[0]}"
+        except PermissionError:
+            return None, "", "", f"command not executable: {args[0]}"
+        except OSError as exc:
+            return None, "", "", f"command could not start: {args[0]}: {exc}"
+        try:
+            out, err = proc.communicate(stdin, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            out, err = proc.communicate()
+            return None, out, err, f"timeout after {self.timeout_s:g} s"
+        except BaseException:
+            _kill_group(proc)
+            raise
+        return proc.returncode, out, err, ""
+
+    def measure(self, point: Mapping[str, Any]) -> dict[str, Any]:
+        job = self.job(point)
+        args, stdin = self.expand(job), json.dumps(job) + "\n"
+        reason = ""
+        for _ in range(max(0, self.retries) + 1):
+            code, out, err, reason = self._run_once(args, stdin)
+            if code is None:  # not started or timed out: not transient, no retry
+                return failed_row(point, status="failed", reason=reason, backend=self.name)
+            parsed = parse_output(out, err, micro_batches=job["micro_batches"])
+            if parsed.status == "oom":
+                return failed_row(point, status="oom", reason=parsed.reason, backend=self.name)
+            if code == 0:
+                if parsed.status != "ok":
+                    return failed_row(point, status="failed", reason=parsed.reason, backend=self.name)
+                return ok_row(point, time_ms=parsed.time_ms, peak_mem_mib=parsed.peak_mem_mib,
+                              static_mem_mib=parsed.static_mem_mib, backend=self.name, reason=parsed.reason)
+            last = (err.strip().splitlines() or [""])[-1][:160]
+            reason = f"exit code {code}" + (f": {last}" if last else "")
+        return failed_row(point, status="failed", reason=f"{reason} (after {self.retries} retries)",
+                          backend=self.name)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()

@@ -1,0 +1,207 @@
+"""The minimal-set design (paper, "How do tens of thousands of configurations become affordable"):
+per GPU type, a 3-point grid (min, mid, max) over the parameters the sensitivity sweep selected,
+embedding/output-stage points, block-recompute points, `inflight` coverage for memory, and dense
+points on one representative interval per parameter for the interpolation gate.
+
+Points are dicts with the stage_runs signature columns plus `source`, which tags how the point was
+chosen: `design:grid`, `design:inflight`, `design:dense:<param>` (sweep points: `sweep:<param>`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from memx.analytic import AnalyticStageModel
+from memx.space import valid_tps
+from memx.specs import Cluster, GpuType, ModelArch, SearchSpace
+
+GRID_PARAMS = ("tp", "micro_batch", "recompute", "layers")
+DENSE_POINTS = 7  # the paper densely measures 5–7 points on one interval
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuAxes:
+    """The values the search can ask for on one GPU type, and the sweep's centre point."""
+
+    gpu: str
+    tps: tuple[int, ...]
+    micro_batches: tuple[int, ...]
+    recompute: tuple[str, ...]  # stage levels among none/selective/full
+    block: bool  # the search also asks for full recompute of the first N layers
+    max_layers_by_tp: dict[int, int]  # layers that fit with the leanest setting (analytic estimate)
+    fit: dict[tuple[int, int, str], int]  # (tp, micro batch, recompute) → layers that fit (≥ 1)
+    model_layers: int
+    max_inflight: int
+    seq_len: int
+    default_tp: int
+    default_micro_batch: int
+    default_layers: int
+
+
+def three(values: Iterable[Any]) -> tuple[Any, ...]:
+    """min, mid, max of sorted values (the paper's 3-point grid), duplicates dropped."""
+    v = list(values)
+    return tuple(dict.fromkeys((v[0], v[(len(v) - 1) // 2], v[-1]))) if v else ()
+
+
+def stage_levels(space: SearchSpace) -> tuple[tuple[str, ...], bool]:
+    levels = space.recompute_levels
+    stage = tuple(x for x in ("none", "selective", "full") if x in levels or (x == "full" and "block" in levels))
+    return stage, "block" in levels
+
+
+def point(gpu: str, model: ModelArch, *, tp: int, layers: int, micro_batch: int, seq_len: int,
+          recompute: str = "none", recompute_layers: int | None = None, first: bool = False,
+          last: bool = False, inflight: int = 1, source: str) -> dict[str, Any]:
+    return {"gpu": gpu, "tp": int(tp), "layers": int(layers), "micro_batch": int(micro_batch),
+            "seq_len": int(seq_len), "recompute": recompute, "recompute_layers": recompute_layers,
+            "first": bool(first), "last": bool(last), "inflight": int(inflight), "hidden": model.hidden,
+            "ffn_hidden": model.ffn_hidden, "heads": model.heads, "query_groups": model.query_groups,
+            "vocab": model.vocab, "mlp": model.mlp, "source": source}
+
+
+# The analytic model leaves out the allocator's context and fragmentation; grid points are placed
+# within this share of (capacity − reserve) so few of them OOM (our choice).
+FIT_SHARE = 0.9
+
+
+def fitting_layers(gpu: GpuType, model: ModelArch, space: SearchSpace, combos: list[tuple[int, int, str]],
+                   seq_len: int) -> dict[tuple[int, int, str], int]:
+    """Most layers a middle stage holds (analytic estimate, inflight 1) per (tp, micro batch, recompute);
+    0 when not even one fits. Only used to place points, never as a measurement."""
+    n = np.arange(1, model.layers + 1)
+    sigs = pd.DataFrame([point(gpu.name, model, tp=tp, layers=k, micro_batch=mb, seq_len=seq_len, recompute=rc,
+                               source="") for tp, mb, rc in combos for k in n])
+    peak = AnalyticStageModel(gpus={gpu.name: gpu}).predict(sigs)["peak_mem_mib"].to_numpy()
+    fits = peak.reshape(len(combos), len(n)) <= FIT_SHARE * (gpu.memory_mib - space.reserve_gib * 1024.0)
+    return {c: int(n[row].max()) if row.any() else 0 for c, row in zip(combos, fits)}
+
+
+def gpu_axes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: GpuType) -> GpuAxes:
+    tps = tuple(valid_tps(model, cluster, gpu.name, space.tp_options))
+    mbs = tuple(space.micro_batch_options)
+    recompute, block = stage_levels(space)
+    seq = space.seq_len or model.seq_len
+    leanest = recompute[-1] if recompute else "none"
+    combos = [(t, b, r) for t in tps for b in mbs for r in dict.fromkeys(recompute + ("none",))]
+    fit = fitting_layers(gpu, model, space, combos, seq)
+    tp_def, mb_def = three(tps)[len(three(tps)) // 2], three(mbs)[len(three(mbs)) // 2]
+    fit_none = fit[(tp_def, mb_def, "none")]
+    return GpuAxes(gpu=gpu.name, tps=tps, micro_batches=mbs, recompute=recompute, block=block,
+                   max_layers_by_tp={t: max(1, fit[(t, mbs[0], leanest)]) for t in tps},
+                   fit={c: max(1, v) for c, v in fit.items()}, model_layers=model.layers,
+                   max_inflight=max(1, space.max_pp),
+                   seq_len=seq, default_tp=tp_def, default_micro_batch=mb_def,
+                   default_layers=max(1, min(fit_none // 2, model.layers // 2)))
+
+
+def layer_levels(top: int) -> tuple[int, ...]:
+    """1, mid, max layers, max = what fits for that setting (the search prunes stages beyond it)."""
+    return tuple(dict.fromkeys((1, (1 + top + 1) // 2, top)))
+
+
+def _levels(ax: GpuAxes, selected: set[str]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
+    tps = three(ax.tps) if "tp" in selected else (ax.default_tp,)
+    mbs = three(ax.micro_batches) if "micro_batch" in selected else (ax.default_micro_batch,)
+    rcs = three(ax.recompute) if "recompute" in selected else ("none",)
+    return tps, mbs, rcs
+
+
+def grid_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[dict[str, Any]]:
+    """3-point grid over the selected parameters (middle stages, inflight 1), plus embedding/output
+    stages on a one-in-three fraction each (index sum mod 3, a 3^(k-1) fractional factorial: every
+    level of every parameter appears), whole-model stages (first and last: pp = 1), block recompute
+    at N = layers/2 and one point just past the fitting layer count (expected OOM: the boundary)."""
+    tps, mbs, rcs = _levels(ax, selected)
+    out: list[dict[str, Any]] = []
+    kw = dict(seq_len=ax.seq_len, source="design:grid")
+    for i, tp in enumerate(tps):
+        for j, mb in enumerate(mbs):
+            for k, rc in enumerate(rcs):
+                top = ax.fit[(tp, mb, rc)]
+                layers = layer_levels(top) if "layers" in selected else (min(ax.default_layers, top),)
+                for m, n in enumerate(layers):
+                    base = dict(tp=tp, layers=n, micro_batch=mb, recompute=rc, **kw)
+                    out.append(point(ax.gpu, model, **base))
+                    s = (i + j + k + m) % 3
+                    if s == 0:  # stage 0 of a pipeline holds up to max_pp micro batches
+                        out.append(point(ax.gpu, model, first=True, inflight=ax.max_inflight, **base))
+                    elif s == 1:
+                        out.append(point(ax.gpu, model, last=True, **base))
+                if top >= ax.model_layers:
+                    out.append(point(ax.gpu, model, tp=tp, layers=ax.model_layers, micro_batch=mb, recompute=rc,
+                                     first=True, last=True, **kw))
+            top = ax.fit[(tp, mb, "full")] if (tp, mb, "full") in ax.fit else 1
+            if ax.block and top >= 2 and "layers" in selected:
+                out.append(point(ax.gpu, model, tp=tp, layers=top, micro_batch=mb, recompute="full",
+                                 recompute_layers=top // 2, **kw))
+        if ax.max_layers_by_tp[tp] < ax.model_layers:
+            out.append(point(ax.gpu, model, tp=tp, layers=ax.max_layers_by_tp[tp] + 1, micro_batch=mbs[0],
+                             recompute=rcs[-1], **kw))
+    return out
+
+
+def inflight_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[dict[str, Any]]:
+    """Memory grows with the micro batches held: middle stages at inflight mid/max (alternating)
+    over tp × micro batch × {none, full} × {mid, max layers}."""
+    if ax.max_inflight < 2:
+        return []
+    tps, mbs, _ = _levels(ax, selected)
+    rcs = tuple(r for r in ("none", "full") if r in ax.recompute) or ("none",)
+    values = (max(2, math.ceil(ax.max_inflight / 2)), ax.max_inflight)
+    out = []
+    for i, tp in enumerate(tps):
+        for j, mb in enumerate(mbs):
+            for k, rc in enumerate(rcs):
+                for m, n in enumerate(layer_levels(ax.fit[(tp, mb, rc)])[-2:]):
+                    out.append(point(ax.gpu, model, tp=tp, layers=n, micro_batch=mb, recompute=rc, seq_len=ax.seq_len,
+                                     inflight=values[(i + j + k + m) % 2], source="design:inflight"))
+    return out
+
+
+def _spread(lo: int, hi: int, count: int, step: int = 1) -> list[int]:
+    vals = np.unique(np.round(np.linspace(lo, hi, count) / step).astype(int) * step)
+    return [int(v) for v in vals if v >= 1]
+
+
+def dense_points(ax: GpuAxes, model: ModelArch) -> list[dict[str, Any]]:
+    """5–7 points on one representative interval per parameter (paper: "densely measured at five to
+    seven points", R² > 0.95 gate): layers (vs memory), micro batch and seq_len (vs time)."""
+    base = dict(tp=ax.default_tp, micro_batch=ax.default_micro_batch, seq_len=ax.seq_len, layers=ax.default_layers)
+    top = ax.max_layers_by_tp[ax.default_tp]
+    lo_mb = ax.micro_batches[0]
+    series = {
+        "layers": _spread(1, top, DENSE_POINTS),
+        "micro_batch": _spread(lo_mb, max(ax.micro_batches[-1], lo_mb + 4), 5),
+        # seq_len: half to twice the searched length (our choice), multiples of 128
+        "seq_len": _spread(ax.seq_len // 2, ax.seq_len * 2, 5, step=128),
+    }
+    out = []
+    for param, values in series.items():
+        for v in values:
+            out.append(point(ax.gpu, model, **{**base, param: v}, source=f"design:dense:{param}"))
+    return out
+
+
+def representative_gpu(cluster: Cluster) -> GpuType:
+    """The dense intervals are measured on one GPU type: the one with the most memory (fewest OOMs;
+    our choice), ties broken by cluster order."""
+    return max(cluster.gpu_types, key=lambda g: g.memory_gib)
+
+
+def full_grid_size(ax: GpuAxes) -> int:
+    """Points of the full grid over every value the search can ask for on this GPU type:
+    tp × micro batch × inflight (1..max_pp) × Σ_{n=1..L} positions(n) × recompute options(n), with
+    positions = middle/first/last (+ first-and-last at n = L) and options = levels (+ N = 1..n−1 when
+    block recompute is searched)."""
+    total = 0
+    for n in range(1, ax.model_layers + 1):
+        positions = 3 + (1 if n == ax.model_layers else 0)
+        options = len(ax.recompute) + ((n - 1) if ax.block else 0)
+        total += positions * options
+    return len(ax.tps) * len(ax.micro_batches) * ax.max_inflight * total
