@@ -15,7 +15,7 @@ from memx.errors import InputError
 from memx.estimate import estimate_plans
 from memx.objective import phi
 from memx.plan import Plan, plan_from_dict
-from memx.search import SearchResult
+from memx.specs import Weights
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,35 +38,39 @@ def load_baseline(path: Path) -> Plan:
     return plan_from_dict(data, source=str(path))
 
 
-def check(result: SearchResult, baseline: Plan, cluster, model, predictor, *, reserve_gib: float,
-          min_margin: float) -> CheckOutcome:
-    new = result.best
+def check(obj: dict, baseline: Plan, cluster, model, predictor, *, reserve_gib: float, min_margin: float) -> CheckOutcome:
+    """obj: the `memx plan --format json` answer of this run."""
+    new, refs = obj["predicted"], obj["references"]
+    new_plan = plan_from_dict(obj["plan"])
+    weights = Weights(profile=obj["weights"]["profile"], w_time=obj["weights"]["w"][0], w_mem=obj["weights"]["w"][1],
+                      w_var=obj["weights"]["w"][2])
     if baseline.model != model.name or baseline.cluster != cluster.name:
         raise InputError(f"baseline is for {baseline.model} on {baseline.cluster}, this run is {model.name} on {cluster.name}")
+    reason = ""
     try:
         est = estimate_plans([baseline], cluster, model, predictor, reserve_gib=reserve_gib)[0]
     except InputError as exc:  # the baseline no longer fits the catalog: any feasible plan beats it
-        est = None
-        reason = str(exc)
-    base_phi = None if est is None else float(phi(est.iteration_time_ms, est.max_mem_mib, est.mem_variance_mib2,
-                                                    refs=result.refs, weights=result.weights,
-                                                    epsilon_mib2=result.epsilon_mib2))
-    if new.min_margin < min_margin:
+        est, reason = None, str(exc)
+    base_phi = None if est is None else float(phi(
+        est.iteration_time_ms, est.max_mem_mib, est.mem_variance_mib2,
+        refs=(refs["time_ms"], refs["max_mem_mib"], refs["mem_variance_mib2"]), weights=weights,
+        epsilon_mib2=refs["epsilon_mib2"]))
+    if new["min_margin"] < min_margin:
         verdict, code = "low-margin", 4
-    elif new.plan == baseline:
+    elif new_plan == baseline:
         verdict, code = "same", 0
     elif est is None or not est.feasible:
         verdict, code = "baseline-infeasible", 0
-    elif new.phi <= base_phi * (1 + 1e-9):
+    elif new["phi"] <= base_phi * (1 + 1e-4):  # Φ is reported to 5 digits
         verdict, code = "better", 0
     else:
         verdict, code = "worse", 4
-    rows = [("iteration time ms", new.iteration_time_ms, est and est.iteration_time_ms),
-            ("max memory GiB", new.max_mem_mib / 1024, est and est.max_mem_mib / 1024),
-            ("memory std-dev GiB", new.mem_variance_mib2 ** 0.5 / 1024, est and est.mem_variance_mib2 ** 0.5 / 1024),
-            ("smallest margin", new.min_margin, est and est.min_margin), ("Φ", new.phi, base_phi)]
+    rows = [("iteration time ms", new["iteration_time_ms"], est and est.iteration_time_ms),
+            ("max memory GiB", new["max_mem_mib"] / 1024, est and est.max_mem_mib / 1024),
+            ("memory std-dev GiB", new["mem_variance_mib2"] ** 0.5 / 1024, est and est.mem_variance_mib2 ** 0.5 / 1024),
+            ("smallest margin", new["min_margin"], est and est.min_margin), ("Φ", new["phi"], base_phi)]
     md = [f"## MemX plan check: **{verdict}** (exit {code})", "",
-          f"{model.name} on {cluster.name}, weights `{result.weights.profile}`, margin threshold {min_margin:.0%}.", "",
+          f"{model.name} on {cluster.name}, weights `{weights.profile}`, margin threshold {min_margin:.0%}.", "",
           "| | new plan | baseline |", "|---|---|---|"]
     md += [f"| {name} | {a:,.4g} | {'n/a' if b is None else f'{b:,.4g}'} |" for name, a, b in rows]
     if est is None:

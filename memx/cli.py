@@ -38,21 +38,6 @@ def errors():
         raise typer.Exit(exc.exit_code) from None
 
 
-def _predictor(backend: str, cluster, model, space, conf: Path | None, seed: int):
-    """The stage predictor for a backend: `analytic` is the closed-form model; the others run the
-    profile → augment → train pipeline (memx.workflow) and reuse what is stored."""
-    if backend == "analytic":
-        from memx.analytic import AnalyticStageModel
-
-        return AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}), "analytic"
-    try:
-        from memx.workflow import plan_predictor
-    except ImportError as exc:  # pragma: no cover - only before the learned predictor exists
-        raise InputError(f"--backend {backend}: the learned-predictor pipeline is not available ({exc})") from exc
-    pred, info = plan_predictor(cluster, model, space, backend=backend, conf_root=conf, seed=seed)
-    return pred, f"{pred.name} ({info.get('model_version', '?')})"
-
-
 @app.command()
 def plan(
     cluster: Annotated[str, typer.Option(help="Cluster name or YAML path.")] = DEFAULT_CLUSTER,
@@ -63,37 +48,84 @@ def plan(
     weights: Annotated[Optional[str], typer.Option(help="auto | default | safety | throughput | 'wT,wM,wV' (default: the search YAML's).")] = None,
     fmt: Annotated[Fmt, typer.Option("--format", help="Output format.")] = Fmt.table,
     out: Annotated[Optional[Path], typer.Option(help="Also write plan.json, plan.md and megatron.sh here.")] = None,
-    backend: Annotated[str, typer.Option(help="Stage predictor: analytic, or a profiling backend (simulated|command|torch|records) for the learned one.")] = "analytic",
+    backend: Annotated[str, typer.Option(help="Stage predictor: analytic (closed form), or a profiling backend — simulated|command|torch|records — for the learned predictor via the Prefect pipeline.")] = "analytic",
     seed: Annotated[int, typer.Option(help="Seed for profiling and training.")] = 0,
     check: Annotated[Optional[Path], typer.Option("--check", help="Baseline plan JSON: exit 4 if the new plan is worse or its margin is below --min-margin.")] = None,
     min_margin: Annotated[float, typer.Option(help="With --check: the smallest acceptable memory margin.")] = 0.05,
     summary: Annotated[Optional[Path], typer.Option(help="With --check: write the Markdown summary here (default $GITHUB_STEP_SUMMARY when set).")] = None,
+    store: Annotated[Optional[str], typer.Option(help="Artifact store for the pipeline: a folder or s3://bucket/prefix (default $MEMX_STORE, else $MEMX_HOME/artifacts).")] = None,
+    dask: Annotated[Optional[str], typer.Option(help="Shard the search on Dask: 'local' (2 workers) or a scheduler address.")] = None,
 ) -> None:
     """Search the plan space and recommend a plan."""
     from memx.catalog import load_cluster, load_model, load_search
-    from memx.search import search as run_search
 
     with errors():
         cl, mo, sp = load_cluster(cluster, conf), load_model(model, conf), load_search(search, conf)
-        predictor, pname = _predictor(backend, cl, mo, sp, conf, seed)
         baseline = None
         if check is not None:
             from memx.check import load_baseline
 
             baseline = load_baseline(check)
-        result = run_search(cl, mo, sp, predictor, weights=weights, top_k=top)
-        _emit(result, pname, mo, fmt, out)
+        if backend == "analytic":
+            obj, predictor = _plan_analytic(cl, mo, sp, weights, top)
+        else:
+            obj, predictor = _plan_pipeline(cluster, model, search, conf, backend, seed, store, weights, top, dask)
+        _emit(obj, mo, fmt, out)
         if baseline is not None:
-            _check(result, baseline, cl, mo, predictor, sp.reserve_gib, min_margin, summary)
+            _check(obj, baseline, cl, mo, predictor, sp.reserve_gib, min_margin, summary)
 
 
-def _check(result, baseline, cl, mo, predictor, reserve_gib: float, min_margin: float, summary: Path | None) -> None:
+BACKENDS = ("analytic", "simulated", "command", "torch", "records")
+
+
+def prefect_env() -> None:
+    """Prefect without a server keeps its state under $MEMX_HOME (set before prefect is imported)."""
+    import os
+
+    home = Path(os.environ.get("MEMX_HOME", ".memx")).resolve()
+    os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # its SQLite DB needs the folder
+    os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(home / "prefect" / "storage"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # The temporary server needs ~15 s on 2 busy cores; Prefect waits 20 s by default.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def _plan_analytic(cl, mo, sp, weights, top):
+    from memx.analytic import AnalyticStageModel
+    from memx.report import to_json_obj
+    from memx.search import search as run_search
+
+    predictor = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    return to_json_obj(run_search(cl, mo, sp, predictor, weights=weights, top_k=top), "analytic"), predictor
+
+
+def _plan_pipeline(cluster, model, search, conf, backend, seed, store, weights, top, dask):
+    """The learned predictor: the Prefect pipeline (profile → augment → train → search), every stage a
+    versioned artifact reused when its inputs are unchanged."""
+    if backend not in BACKENDS:
+        raise InputError(f"--backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    prefect_env()
+    from flows.pipeline import pipeline_flow
+    from memx.stages import load_trained
+    from memx.store import store_from_uri
+
+    res = pipeline_flow(cluster=cluster, model=model, search=search, conf=str(conf) if conf else None, backend=backend,
+                        seed=seed, store=store, weights=weights, top_k=top, dask=dask)
+    obj = {k: v for k, v in res.items() if k not in ("profiles", "augment", "train", "version")}
+    obj["artifacts"] = {k: res[k] for k in ("profiles", "augment", "train")} | {"search": res["version"]}
+    manifest = store_from_uri(store).manifest("train", res["train"])
+    return obj, load_trained(manifest, None)
+
+
+def _check(obj, baseline, cl, mo, predictor, reserve_gib: float, min_margin: float, summary: Path | None) -> None:
     import os
 
     from memx.check import check as run_check
     from memx.io import atomic_write_text
 
-    outcome = run_check(result, baseline, cl, mo, predictor, reserve_gib=reserve_gib, min_margin=min_margin)
+    outcome = run_check(obj, baseline, cl, mo, predictor, reserve_gib=reserve_gib, min_margin=min_margin)
     typer.echo(outcome.markdown, err=True)
     target = summary or (Path(os.environ["GITHUB_STEP_SUMMARY"]) if os.environ.get("GITHUB_STEP_SUMMARY") else None)
     if target is not None:
@@ -106,25 +138,27 @@ def _check(result, baseline, cl, mo, predictor, reserve_gib: float, min_margin: 
         raise typer.Exit(outcome.exit_code)
 
 
-def _emit(result, pname: str, model, fmt: Fmt, out: Path | None) -> None:
+def _emit(obj: dict, model, fmt: Fmt, out: Path | None) -> None:
     from memx.io import atomic_write_text
     from memx.megatron import render_megatron
-    from memx.report import print_table, to_json_obj, to_markdown
+    from memx.plan import plan_from_dict
+    from memx.report import print_table, to_markdown
 
+    plan_obj = plan_from_dict(obj["plan"])
     if fmt is Fmt.json:
-        typer.echo(json.dumps(to_json_obj(result, pname)))
+        typer.echo(json.dumps(obj))
     elif fmt is Fmt.markdown:
-        typer.echo(to_markdown(result, pname))
+        typer.echo(to_markdown(obj))
     elif fmt is Fmt.megatron:
-        typer.echo(render_megatron(result.best.plan, model))
+        typer.echo(render_megatron(plan_obj, model))
     else:
         from rich.console import Console
 
-        print_table(result, pname, Console(width=160))
+        print_table(obj, Console(width=160))
     if out is not None:
-        atomic_write_text(out / "plan.json", json.dumps(to_json_obj(result, pname), indent=2) + "\n")
-        atomic_write_text(out / "plan.md", to_markdown(result, pname))
-        atomic_write_text(out / "megatron.sh", render_megatron(result.best.plan, model))
+        atomic_write_text(out / "plan.json", json.dumps(obj, indent=2) + "\n")
+        atomic_write_text(out / "plan.md", to_markdown(obj))
+        atomic_write_text(out / "megatron.sh", render_megatron(plan_obj, model))
         typer.echo(f"wrote {out / 'plan.json'}, {out / 'plan.md'}, {out / 'megatron.sh'}", err=True)
 
 

@@ -1,4 +1,5 @@
-"""Render a search result: the `memx plan` JSON contract, Markdown, and rich tables."""
+"""Render a plan answer. The `memx plan --format json` object is the single source: Markdown and the
+rich tables are drawn from it, whether the search ran in-process or in the Prefect pipeline."""
 
 from __future__ import annotations
 
@@ -23,14 +24,17 @@ def predicted(c: Candidate) -> dict[str, Any]:
 
 
 def _entry(c: Candidate) -> dict[str, Any]:
-    return {"plan": plan_to_dict(c.plan), "predicted": predicted(c)}
+    return {"plan": plan_to_dict(c.plan), "predicted": predicted(c),
+            "stages": [{"time_ms": round(t, 3), "peak_mib": round(m, 1), "capacity_mib": cap}
+                       for t, m, cap in zip(c.stage_time_ms, c.stage_peak_mib, c.capacity_mib)]}
 
 
 def to_json_obj(r: SearchResult, predictor: str) -> dict[str, Any]:
     """The `memx plan --format json` object (README: output contract)."""
+    best = _entry(r.best)
     return {
-        "plan": plan_to_dict(r.best.plan),
-        "predicted": predicted(r.best),
+        "plan": best["plan"],
+        "predicted": best["predicted"],
         "weights": {"profile": r.weights.profile, "w": list(r.weights.as_tuple())},
         "space": {"total": r.space.total, "feasible": r.space.feasible, "layouts": r.space.layouts,
                   "splits": r.space.splits_total, "evaluated": r.space.evaluated},
@@ -38,80 +42,86 @@ def to_json_obj(r: SearchResult, predictor: str) -> dict[str, Any]:
         "predictor": predictor,
         "references": {"time_ms": r.refs[0], "max_mem_mib": r.refs[1], "mem_variance_mib2": r.refs[2],
                        "epsilon_mib2": r.epsilon_mib2},
+        "stages": best["stages"],
         "top": [_entry(c) for c in r.top],
         "fastest": _entry(r.fastest),
         "pareto": [_entry(c) for c in r.pareto],
     }
 
 
-def stages_text(c: Candidate) -> str:
+def stages_text(plan: dict[str, Any]) -> str:
     out = []
-    for st in c.plan.stages:
-        rc = st.recompute if st.recompute != "full" or st.recompute_layers is None else f"full:{st.recompute_layers}"
-        out.append(f"{st.gpu}×{st.tp} {st.layers}L {rc}")
+    for st in plan["stages"]:
+        rc = st["recompute"] if st.get("recompute_layers") is None else f"full:{st['recompute_layers']}"
+        out.append(f"{st['gpu']}×{st['tp']} {st['layers']}L {rc}")
     return " | ".join(out)
 
 
-def to_markdown(r: SearchResult, predictor: str) -> str:
-    b, f = r.best, r.fastest
-    slower = b.iteration_time_ms / f.iteration_time_ms - 1.0
-    lines = [
-        f"# MemX plan: {b.plan.model} on {b.plan.cluster}",
-        "",
-        f"Predictor `{predictor}`, weights `{r.weights.profile}` (wT, wM, wV) = {r.weights.as_tuple()}. "
-        f"Searched {r.space.evaluated:,} layer splits over {r.space.layouts} layouts "
-        f"({r.space.total:,} plans counting per-stage recompute) in {r.search_s:.1f} s; {r.space.feasible:,} feasible.",
-        "",
-        f"**Pick**: dp={b.plan.dp}, pp={b.plan.pp}, micro batch {b.plan.micro_batch} "
-        f"({b.plan.micro_batches} per iteration): {stages_text(b)}",
-        "",
-        f"Predicted iteration {b.iteration_time_ms:,.0f} ms ({slower:+.1%} vs the fastest plan, "
-        f"{f.iteration_time_ms:,.0f} ms), max memory {b.max_mem_mib / GIB:.1f} GiB, memory std-dev "
-        f"{b.mem_variance_mib2 ** 0.5 / GIB:.2f} GiB, smallest margin {b.min_margin:.1%}, Φ = {b.phi:.3f}.",
-        "",
-        "| stage | GPU | tp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | margin |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s, st in enumerate(b.plan.stages):
-        rc = st.recompute if st.recompute_layers is None else f"full (first {st.recompute_layers})"
-        cap = b.capacity_mib[s]
-        lines.append(f"| {s} | {st.gpu} | {st.tp} | {st.layers} | {rc} | {b.stage_time_ms[s]:.1f} | "
-                     f"{b.stage_peak_mib[s] / GIB:.1f} | {cap / GIB:.0f} | {(cap - b.stage_peak_mib[s]) / cap:.1%} |")
+def _m(plan: dict[str, Any]) -> int:
+    return plan["global_batch"] // (plan["dp"] * plan["micro_batch"])
+
+
+def _headline(obj: dict[str, Any]) -> str:
+    sp, w = obj["space"], obj["weights"]
+    return (f"Predictor `{obj['predictor']}`, weights `{w['profile']}` (wT, wM, wV) = {tuple(w['w'])}. "
+            f"Searched {sp['evaluated']:,} layer splits over {sp['layouts']} layouts ({sp['total']:,} plans counting "
+            f"per-stage recompute) in {obj['search_s']:.1f} s; {sp['feasible']:,} feasible.")
+
+
+def _summary(obj: dict[str, Any]) -> str:
+    b, f = obj["predicted"], obj["fastest"]["predicted"]
+    return (f"Predicted iteration {b['iteration_time_ms']:,.0f} ms ({b['iteration_time_ms'] / f['iteration_time_ms'] - 1:+.1%} "
+            f"vs the fastest plan, {f['iteration_time_ms']:,.0f} ms), max memory {b['max_mem_mib'] / GIB:.1f} GiB, memory "
+            f"std-dev {b['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, smallest margin {b['min_margin']:.1%}, Φ = {b['phi']:.3f}.")
+
+
+def to_markdown(obj: dict[str, Any]) -> str:
+    p = obj["plan"]
+    lines = [f"# MemX plan: {p['model']} on {p['cluster']}", "", _headline(obj), "",
+             f"**Pick**: dp={p['dp']}, pp={len(p['stages'])}, micro batch {p['micro_batch']} ({_m(p)} per iteration): "
+             f"{stages_text(p)}", "", _summary(obj), "",
+             "| stage | GPU | tp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | margin |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s, (st, d) in enumerate(zip(p["stages"], obj["stages"])):
+        rc = st["recompute"] if st.get("recompute_layers") is None else f"full (first {st['recompute_layers']})"
+        cap = d["capacity_mib"]
+        lines.append(f"| {s} | {st['gpu']} | {st['tp']} | {st['layers']} | {rc} | {d['time_ms']:.1f} | "
+                     f"{d['peak_mib'] / GIB:.1f} | {cap / GIB:.0f} | {(cap - d['peak_mib']) / cap:.1%} |")
     lines += ["", "## Top plans by Φ", "", "| # | Φ | T ms | M GiB | std GiB | margin | dp | µb | stages |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for i, c in enumerate(r.top, 1):
-        lines.append(f"| {i} | {c.phi:.3f} | {c.iteration_time_ms:,.0f} | {c.max_mem_mib / GIB:.1f} | "
-                     f"{c.mem_variance_mib2 ** 0.5 / GIB:.2f} | {c.min_margin:.1%} | {c.plan.dp} | {c.plan.micro_batch} | "
-                     f"{stages_text(c)} |")
+    for i, e in enumerate(obj["top"], 1):
+        q = e["predicted"]
+        lines.append(f"| {i} | {q['phi']:.3f} | {q['iteration_time_ms']:,.0f} | {q['max_mem_mib'] / GIB:.1f} | "
+                     f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} | {q['min_margin']:.1%} | {e['plan']['dp']} | "
+                     f"{e['plan']['micro_batch']} | {stages_text(e['plan'])} |")
     return "\n".join(lines) + "\n"
 
 
-def print_table(r: SearchResult, predictor: str, console) -> None:
+def print_table(obj: dict[str, Any], console) -> None:
     from rich.table import Table
 
-    b, f = r.best, r.fastest
-    console.print(f"[bold]MemX[/] {b.plan.model} on {b.plan.cluster} — predictor {predictor}, weights "
-                  f"{r.weights.profile} {r.weights.as_tuple()}; {r.space.evaluated:,} splits / {r.space.layouts} "
-                  f"layouts ({r.space.total:,} plans with per-stage recompute), {r.space.feasible:,} feasible, "
-                  f"{r.search_s:.1f} s")
+    p, f = obj["plan"], obj["fastest"]
+    console.print(f"[bold]MemX[/] {p['model']} on {p['cluster']} — {_headline(obj)}")
     top = Table(title="Top plans by Φ (lower is better)")
     for col in ("#", "Φ", "T ms", "vs fastest", "M GiB", "std GiB", "margin", "dp", "µb", "stages"):
-        top.add_column(col, justify="right" if col not in ("stages",) else "left")
-    for i, c in enumerate(r.top, 1):
-        top.add_row(str(i), f"{c.phi:.3f}", f"{c.iteration_time_ms:,.0f}",
-                    f"{c.iteration_time_ms / f.iteration_time_ms - 1:+.1%}", f"{c.max_mem_mib / GIB:.1f}",
-                    f"{c.mem_variance_mib2 ** 0.5 / GIB:.2f}", f"{c.min_margin:.1%}", str(c.plan.dp),
-                    str(c.plan.micro_batch), stages_text(c))
+        top.add_column(col, justify="left" if col == "stages" else "right")
+    t_fast = f["predicted"]["iteration_time_ms"]
+    for i, e in enumerate(obj["top"], 1):
+        q = e["predicted"]
+        top.add_row(str(i), f"{q['phi']:.3f}", f"{q['iteration_time_ms']:,.0f}", f"{q['iteration_time_ms'] / t_fast - 1:+.1%}",
+                    f"{q['max_mem_mib'] / GIB:.1f}", f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f}", f"{q['min_margin']:.1%}",
+                    str(e["plan"]["dp"]), str(e["plan"]["micro_batch"]), stages_text(e["plan"]))
     console.print(top)
-    mem = Table(title=f"Pick: per-GPU memory against capacity (each row = tp × dp = the stage's GPUs)")
+    mem = Table(title="Pick: per-GPU memory against capacity (each row = tp × dp = the stage's GPUs)")
     for col in ("stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "capacity GiB", "margin", ""):
         mem.add_column(col)
-    for s, st in enumerate(b.plan.stages):
-        cap, peak = b.capacity_mib[s], b.stage_peak_mib[s]
-        bar = "█" * round(20 * peak / cap) + "░" * (20 - round(20 * peak / cap))
-        rc = st.recompute if st.recompute_layers is None else f"full:{st.recompute_layers}"
-        mem.add_row(str(s), st.gpu, f"{st.tp}×{b.plan.dp}", str(st.layers), rc, f"{peak / GIB:.1f}",
-                    f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}", bar)
+    for s, (st, d) in enumerate(zip(p["stages"], obj["stages"])):
+        cap, peak = d["capacity_mib"], d["peak_mib"]
+        fill = round(20 * peak / cap)
+        rc = st["recompute"] if st.get("recompute_layers") is None else f"full:{st['recompute_layers']}"
+        mem.add_row(str(s), st["gpu"], f"{st['tp']}×{p['dp']}", str(st["layers"]), rc, f"{peak / GIB:.1f}",
+                    f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}", "█" * fill + "░" * (20 - fill))
     console.print(mem)
-    console.print(f"Fastest plan: {f.iteration_time_ms:,.0f} ms, M {f.max_mem_mib / GIB:.1f} GiB, std "
-                  f"{f.mem_variance_mib2 ** 0.5 / GIB:.2f} GiB, margin {f.min_margin:.1%}: {stages_text(f)}")
+    q = f["predicted"]
+    console.print(f"Fastest plan: {q['iteration_time_ms']:,.0f} ms, M {q['max_mem_mib'] / GIB:.1f} GiB, std "
+                  f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, margin {q['min_margin']:.1%}: {stages_text(f['plan'])}")

@@ -1,0 +1,37 @@
+"""The whole pipeline: profile → augment → train → search, each stage reused when its inputs are
+unchanged; a crash leaves no partial artifact and a re-run resumes after the last complete stage."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.augment import augment_flow
+from flows.profile import profile_flow
+from flows.search import search_flow
+from flows.train import train_flow
+
+
+def dask_runner(spec: str, workers: int = 2):
+    """DaskTaskRunner on a local cluster of `workers` single-threaded processes, or an existing
+    scheduler (`tcp://127.0.0.1:8786`)."""
+    from prefect_dask import DaskTaskRunner
+
+    if spec == "local":
+        return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
+                                              "host": "127.0.0.1", "dashboard_address": None})
+    return DaskTaskRunner(address=spec)
+
+
+@flow(name="memx-pipeline", log_prints=True)
+def pipeline_flow(cluster: str = "three-vendor-20", model: str = "llama2-7b", search: str = "default",
+                  conf: str | None = None, backend: str = "simulated", seed: int = 0, store: str | None = None,
+                  tracking_uri: str | None = None, weights: str | None = None, top_k: int = 10,
+                  sharded: bool = False, dask: str | None = None, refresh: list[str] | None = None,
+                  refresh_token: str = "") -> dict:
+    """`dask`: "local" (a 2-worker LocalCluster) or a scheduler address; implies a sharded search."""
+    profiles = profile_flow(cluster, model, search, conf, backend, seed, store, refresh, refresh_token)
+    augmented = augment_flow(sorted(profiles.values()), seed=seed, store=store)
+    trained = train_flow(augmented, cluster, model, search, conf, seed, store, tracking_uri)
+    runner = search_flow if dask is None else search_flow.with_options(task_runner=dask_runner(dask))
+    result = runner(trained, cluster, model, search, conf, weights, top_k, store, tracking_uri, sharded or dask is not None)
+    return {"profiles": profiles, "augment": augmented, "train": trained, **result}

@@ -1,0 +1,39 @@
+"""The sharded search on Prefect's Dask task runner (a LocalCluster of 2 processes on 127.0.0.1)
+returns exactly what the single-process search returns."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from memx.analytic import AnalyticStageModel
+from memx.catalog import load_cluster, load_model, load_search
+from memx.search import search
+
+
+def test_dask_sharded_search_equals_single_process(prefect_api, conf_root):
+    from prefect import flow
+
+    from flows.pipeline import dask_runner
+    from flows.search import task_mapper
+    from memx.stages import compute_search
+
+    cl, mo = load_cluster("three-vendor-20", conf_root), load_model("llama-6l", conf_root)
+    sp = dataclasses.replace(load_search("small", conf_root), weights="default")
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+
+    @flow(task_runner=dask_runner("local", workers=2))
+    def sharded():
+        return compute_search(pred, cl, mo, sp, weights=None, top_k=5, mapper=task_mapper, shard_by="pp-order",
+                              predictor_name="analytic")
+
+    out = sharded()
+    ref = search(cl, mo, sp, pred, top_k=5)
+    import json
+
+    plan = json.loads(out.files["plan.json"])
+    from memx.plan import plan_to_dict
+
+    assert plan["plan"] == plan_to_dict(ref.best.plan)
+    assert [e["plan"] for e in plan["top"]] == [plan_to_dict(c.plan) for c in ref.top]
+    assert plan["fastest"]["plan"] == plan_to_dict(ref.fastest.plan)
+    assert out.manifest["evaluated"] == ref.space.evaluated and out.manifest["feasible"] == ref.space.feasible

@@ -1,0 +1,96 @@
+"""The Prefect pipeline for real: versioned stages, reuse, crash + resume, S3 + MLflow server."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from memx.services import FAKE_AWS_ENV, mlflow_server, s3_server
+from memx.store import store_from_uri
+
+SMALL = dict(cluster="three-vendor-20", model="llama-6l", search="small")
+
+
+@pytest.fixture
+def local_store(tmp_path):
+    return str(tmp_path / "artifacts")
+
+
+def _versions(store_uri):
+    st = store_from_uri(store_uri)
+    return {(r.stage, r.version): r.created_at for r in st.list_versions()}
+
+
+def test_pipeline_runs_then_reuses_every_stage(prefect_api, local_store, tmp_path):
+    from flows.pipeline import pipeline_flow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = pipeline_flow(**SMALL, store=local_store, tracking_uri=uri)
+    stored = _versions(local_store)
+    assert {s for s, _ in stored} == {"profile", "augment", "train", "search"}
+    assert len([1 for s, _ in stored if s == "profile"]) == 3  # one profile per GPU type
+    assert sum(st["layers"] for st in first["plan"]["stages"]) == 6
+    again = pipeline_flow(**SMALL, store=local_store, tracking_uri=uri)
+    assert _versions(local_store) == stored  # nothing new written: every stage reused
+    assert again["plan"] == first["plan"] and again["version"] == first["version"]
+    # A new node of a known GPU type re-plans only: profiles, augment and train are reused.
+    from memx.catalog import default_conf_root
+    import shutil, yaml
+
+    conf = tmp_path / "conf"
+    shutil.copytree(default_conf_root(), conf)
+    data = yaml.safe_load((conf / "clusters" / "three-vendor-20.yaml").read_text())
+    data["nodes"].append({"gpu": "a100-80g", "count": 4})
+    (conf / "clusters" / "three-vendor-20.yaml").write_text(yaml.safe_dump(data))
+    grown = pipeline_flow(**SMALL, conf=str(conf), store=local_store, tracking_uri=uri)
+    assert grown["profiles"] == first["profiles"] and grown["train"] == first["train"]
+    assert grown["version"] != first["version"]
+
+
+def test_crash_mid_pipeline_leaves_no_partial_stage_and_resumes(prefect_api, local_store, tmp_path, monkeypatch):
+    from flows.pipeline import pipeline_flow
+    from memx.services import free_port
+
+    # The tracking server is down when the train stage starts: training crashes.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+    with pytest.raises(Exception):
+        pipeline_flow(**SMALL, store=local_store, tracking_uri=f"http://127.0.0.1:{free_port()}")
+    after_crash = _versions(local_store)
+    assert {s for s, _ in after_crash} == {"profile", "augment"}  # complete stages only, no train/search
+    good_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = pipeline_flow(**SMALL, store=local_store, tracking_uri=good_uri)
+    resumed = _versions(local_store)
+    for key, created in after_crash.items():  # profile and augment were reused, not redone
+        assert resumed[key] == created
+    assert {s for s, _ in resumed} == {"profile", "augment", "train", "search"}
+    assert res["plan"]["model"] == "llama-6l"
+
+
+def test_pipeline_on_s3_and_mlflow_server_survives_s3_restart(prefect_api, tmp_path, monkeypatch):
+    from flows.augment import augment_flow
+    from flows.profile import profile_flow
+    from flows.search import search_flow
+    from flows.train import train_flow
+
+    for k, v in FAKE_AWS_ENV.items():
+        monkeypatch.setenv(k, v)
+    bucket, prefix = "memx", f"p-{uuid.uuid4().hex[:8]}"
+    store = f"s3://{bucket}/{prefix}"
+    with s3_server(buckets=(bucket,)) as s3:
+        port = int(s3.endpoint.rsplit(":", 1)[1])
+        monkeypatch.setenv("MEMX_S3_ENDPOINT_URL", s3.endpoint)
+        monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", s3.endpoint)
+        with mlflow_server(workdir=tmp_path / "mlflow", s3=s3, artifacts_destination=f"s3://{bucket}/mlflow",
+                           env=FAKE_AWS_ENV) as ml:
+            profiles = profile_flow(**SMALL, store=store)
+            s3.stop()  # the S3 server goes away between stages …
+            with s3_server(port=port, buckets=(bucket,)):  # … and comes back on the same address
+                aug = augment_flow(sorted(profiles.values()), store=store)
+                trained = train_flow(aug, **SMALL, store=store, tracking_uri=ml.url)
+                res = search_flow(trained, **SMALL, store=store, tracking_uri=ml.url)
+                st = store_from_uri(store)
+                assert {r.stage for r in st.list_versions()} == {"profile", "augment", "train", "search"}
+                assert st.manifest("train", trained)["tracking_uri"] == ml.url
+                assert res["plan"]["model"] == "llama-6l"
