@@ -51,12 +51,13 @@ def event_payload(change: NodeAdded) -> dict[str, Any]:
 
 
 def emit_cluster_changed(change: NodeAdded) -> bool:
-    """Emit the event to the Prefect API in use; False when no server is configured to receive it."""
-    import os
-
-    if not os.environ.get("PREFECT_API_URL"):
-        return False
+    """Emit the event to the Prefect API in use; False when no Prefect server is configured
+    (PREFECT_API_URL unset: a temporary server would vanish with the event)."""
     from prefect.events import emit_event
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        return False
 
     ev = emit_event(event=EVENT, resource={"prefect.resource.id": f"memx.cluster.{change.cluster}"},
                     payload=event_payload(change))
