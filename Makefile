@@ -1,4 +1,5 @@
-# MemX — `make plan` runs the main job, `make test` the tests. Both create .venv and install first.
+# MemX — `make plan` runs the main job (the whole pipeline on the embedded defaults), `make test` the
+# tests. Both create .venv and install first.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -16,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 plan: install
-	$(BIN)/memx plan
+	$(BIN)/memx plan --backend simulated
 
 test: install
 	$(BIN)/python -m pytest
@@ -27,6 +28,10 @@ test-all: install
 bench: install
 	$(BIN)/python bench/search_throughput.py
 	$(BIN)/python bench/simulator_speed.py
+	$(BIN)/python bench/profile_cost.py
+	$(BIN)/python bench/accuracy.py
+	$(BIN)/python bench/cache_growth.py
+	$(BIN)/python bench/dask_search.py
 
 clean:
 	rm -rf $(VENV) .memx .pytest_cache

@@ -7,6 +7,7 @@ Last line: workers1_s=<s> workers2_s=<s> speedup=<x>
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -37,7 +38,8 @@ def main() -> None:
         t0 = time.perf_counter()
         out = sharded()
         timings[workers] = time.perf_counter() - t0
-        plans[workers] = out.files["plan.json"]
+        obj = json.loads(out.files["plan.json"])
+        plans[workers] = (obj["plan"], [e["plan"] for e in obj["top"]], obj["fastest"]["plan"], obj["space"])
         print(f"{workers} worker(s): {timings[workers]:.1f} s (search {out.manifest['search_s']} s, "
               f"{out.manifest['evaluated']:,} plans)")
     assert plans[1] == plans[2], "sharded results differ between 1 and 2 workers"

@@ -25,14 +25,29 @@ from memx.specs import Cluster, ModelArch, SearchSpace
 STAGES = ("profile", "augment", "train", "search")
 
 
-@lru_cache(maxsize=1)
-def code_version() -> str:
-    """Hash of the library's source: a code change makes new stage versions."""
+# What each stage's code version covers: a change there re-versions the stage (and, through the
+# upstream versions, everything after it); unrelated modules (reports, experiments) do not.
+STAGE_CODE = {
+    "profile": ("profiling", "simulator", "specs.py", "analytic.py", "signatures.py", "../conf/simulator"),
+    "augment": ("augment.py",),
+    "train": ("predictor", "workflow.py", "registry.py", "augment.py", "analytic.py"),
+    "search": ("search.py", "space.py", "tables.py", "recompute.py", "objective.py", "pipeline.py", "candidates.py",
+               "predictions.py", "signatures.py", "report.py", "cache.py", "plan.py"),
+}
+
+
+@lru_cache(maxsize=None)
+def code_version(stage: str) -> str:
+    """Hash of the source files (and, for profiles, the simulator's trait catalog) a stage runs."""
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for p in sorted(root.rglob("*.py")):
-        h.update(str(p.relative_to(root)).encode())
-        h.update(p.read_bytes())
+    for part in STAGE_CODE[stage]:
+        target = (root / part).resolve()
+        files = sorted(target.rglob("*")) if target.is_dir() else [target]
+        for p in files:
+            if p.is_file() and p.suffix in (".py", ".yaml"):
+                h.update(p.name.encode())
+                h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -77,7 +92,8 @@ def profile_key(cluster: Cluster, gpu: str, model: ModelArch, space: SearchSpace
     """What a GPU type's profile depends on: its spec and node size, the model, the search ranges."""
     sub = single_type(cluster, gpu)
     return content_version("profile", dataclasses.asdict(sub.gpu(gpu)), max(sub.node_sizes(gpu)),
-                           dataclasses.asdict(model), dataclasses.asdict(space), backend, seed, options, code_version())
+                           dataclasses.asdict(model), dataclasses.asdict(space), backend, seed, options,
+                           code_version("profile"))
 
 
 def version_profile(key: str, refresh: str = "") -> str:
@@ -101,7 +117,7 @@ def compute_profile(cluster: Cluster, gpu: str, model: ModelArch, space: SearchS
 # --- augment -------------------------------------------------------------------------------------
 
 def version_augment(profile_versions: list[str], *, seed: int, r2_threshold: float, valid_fraction: float) -> str:
-    return content_version("augment", sorted(profile_versions), seed, r2_threshold, valid_fraction, code_version())
+    return content_version("augment", sorted(profile_versions), seed, r2_threshold, valid_fraction, code_version("augment"))
 
 
 def compute_augment(stage_runs: pd.DataFrame, *, seed: int, r2_threshold: float, valid_fraction: float) -> StageResult:
@@ -120,7 +136,7 @@ def compute_augment(stage_runs: pd.DataFrame, *, seed: int, r2_threshold: float,
 # --- train ---------------------------------------------------------------------------------------
 
 def version_train(augment_version: str, fingerprint: str, *, seed: int, budget: dict[str, Any]) -> str:
-    return content_version("train", augment_version, fingerprint, seed, budget, code_version())
+    return content_version("train", augment_version, fingerprint, seed, budget, code_version("train"))
 
 
 def compute_train(augmented: dict[str, pd.DataFrame], augment_manifest: dict[str, Any], cluster: Cluster,
@@ -158,7 +174,7 @@ def load_trained(manifest: dict[str, Any], tracking_uri: str | None):
 def version_search(train_version: str, cluster: Cluster, model: ModelArch, space: SearchSpace, *,
                    weights: str | None, top_k: int) -> str:
     return content_version("search", train_version, dataclasses.asdict(cluster), dataclasses.asdict(model),
-                           dataclasses.asdict(space), weights, top_k, code_version())
+                           dataclasses.asdict(space), weights, top_k, code_version("search"))
 
 
 def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchSpace, *, weights: str | None,
