@@ -17,9 +17,12 @@ def _conf(tmp_path, conf_root):
 
 
 def test_add_node_appends_and_reports(tmp_path, conf_root, monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     conf = _conf(tmp_path, conf_root)
-    res = runner.invoke(app, ["cluster", "add-node", "xy-2", "--gpu", "a100-80g", "--count", "4", "--conf", str(conf)])
+    with temporary_settings(updates={PREFECT_API_URL: None}):  # no Prefect server to tell
+        res = runner.invoke(app, ["cluster", "add-node", "xy-2", "--gpu", "a100-80g", "--count", "4", "--conf", str(conf)])
     assert res.exit_code == 0, res.output
     c = load_cluster("xy-2", conf)
     assert c.total_gpus == 6 and c.gpu_count("a100-80g") == 4
