@@ -40,7 +40,8 @@ def publish(plan_obj: dict, markdown: str, train_manifest: dict) -> None:
     create_table_artifact(key="memx-top-plans", table=rows, description="Top plans by Φ")
     uri = train_manifest.get("tracking_uri", "")
     if uri.startswith("http"):
-        create_link_artifact(key="memx-mlflow-run", link=f"{uri}/#/experiments/0/runs/{train_manifest['run_id']}",
+        run = f"{uri}/#/experiments/{train_manifest['experiment_id']}/runs/{train_manifest['run_id']}"
+        create_link_artifact(key="memx-mlflow-run", link=run,
                              description="MLflow run of the stage predictor")
 
 

@@ -14,7 +14,7 @@ from memx.analytic import stage_params_per_rank
 from memx.pipeline import dp_allreduce_ms, iteration_time_ms, memory_stats, optimizer_ms, p2p_ms
 from memx.plan import Plan, validate_plan
 from memx.signatures import SIGNATURE_COLUMNS, StagePredictor, signature_frame
-from memx.space import _links
+from memx.space import plan_links
 from memx.specs import Cluster, ModelArch
 from memx.tables import NONE, SELECTIVE, StageContext
 
@@ -71,7 +71,7 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
 def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: np.ndarray, static: np.ndarray,
               reserve_gib: float) -> Estimate:
     gpus = [cluster.gpu(st.gpu) for st in p.stages]
-    p2p_gbps, dp_gbps = _links(cluster, p)
+    p2p_gbps, dp_gbps = plan_links(cluster, p)
     p2p_total = float(2.0 * p2p_ms(p.micro_batch, p.seq_len, model.hidden, np.asarray(p2p_gbps),
                                    cluster.inter_node_latency_ms).sum())
     params = np.array([stage_params_per_rank(st.layers, st.tp, s == 0, s == p.pp - 1, model.hidden, model.ffn_hidden,

@@ -65,7 +65,9 @@ def _stage_counts(count: int, dp: int, tp: int, use_all: bool) -> list[int]:
     return list(range(1, count // (dp * tp) + 1))
 
 
-def _links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+def plan_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """(bandwidth between consecutive stages, bandwidth of each stage's DP ring) in GB/s, from the
+    first-fit placement: intra-node when both ends share a node, else the inter-node links."""
     where = place_plan(plan, cluster)
     if where is None:
         return None
@@ -110,7 +112,7 @@ def enumerate_layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) ->
 def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq) -> list[Layout]:
     probe = Plan(model=model.name, cluster=cluster.name, global_batch=space.global_batch, micro_batch=1,
                  seq_len=seq, dp=dp, stages=tuple(Stage(gpu=g, tp=t, layers=1) for g, t in zip(gpus, tps)))
-    links = _links(cluster, probe)
+    links = plan_links(cluster, probe)
     if links is None:
         return []
     return [

@@ -155,8 +155,15 @@ def compute_train(augmented: dict[str, pd.DataFrame], augment_manifest: dict[str
         tables={"variants": out.variant_errors},
         manifest={"stage": "train", "model_version": int(out.version), "run_id": out.run_id, "promoted": out.promoted,
                   "variant": out.predictor.variant, "fingerprint": fp.fingerprint,
+                  "experiment_id": _experiment_of(out.run_id),
                   "held_out": {k: float(v) for k, v in out.errors.items()},
                   "tracking_uri": registry.tracking_uri(tracking_uri)})
+
+
+def _experiment_of(run_id: str) -> str:
+    import mlflow
+
+    return mlflow.get_run(run_id).info.experiment_id
 
 
 def load_trained(manifest: dict[str, Any], tracking_uri: str | None):
