@@ -202,6 +202,7 @@ def add_node_cmd(
 def _mount() -> None:
     """Sub-commands that live beside their modules."""
     from memx.artifacts_cli import register as register_artifacts
+    from memx.experiments.cli import register as register_experiments
     from memx.predictor.cli import register as register_predictor
     from memx.profiling.cli import register as register_profiling
     from memx.simulator.cli import app as simulate_app
@@ -210,6 +211,7 @@ def _mount() -> None:
     register_artifacts(app)
     register_predictor(app)
     register_profiling(app)
+    register_experiments(app)
 
 
 _mount()

@@ -1,0 +1,58 @@
+"""vTrain (MICRO 2024) ground_truth_single.csv: measured Megatron-DeepSpeed iterations on 2–8 A100s, full
+recompute. Per model, a 3-point design (memx.profiling.design) is profiled on the simulator with the
+vTrain-calibrated A100 traits (eager attention, docs/simulator.md), the predictor is trained on it, and
+every measured configuration of that model is predicted: MAPE, and ranking within groups of equal GPU
+count and model (bench/accuracy.py runs all 8 models; here the two 24-layer ones keep the test short).
+Bounds are regression guards around the measured figures (docs/predictor.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+from scipy.stats import spearmanr
+
+from memx.augment import augment
+from memx.catalog import load_gpu
+from memx.estimate import estimate_plans
+from memx.plan import Plan, Stage
+from memx.predictor import fit_predictor
+from memx.profiling.design import dense_points, gpu_axes, grid_points, inflight_points
+from memx.simulator import load_traits, measure_stages
+from memx.specs import Cluster, ModelArch, Node, SearchSpace
+
+COLUMNS = ["gpus", "gbs", "mbs", "hidden", "heads", "layers", "seq", "tp", "dp", "pp", "time_ms"]
+
+
+def test_vtrain_a100_groups_ranked_and_predicted(realdata):
+    df = pd.read_csv(realdata / "vtrain" / "data" / "ground_truth_single.csv", encoding="utf-8-sig")
+    df.columns = COLUMNS
+    df = df[df["layers"] == 24]
+    a100 = load_gpu("a100-80g")
+    traits = {a100.name: dataclasses.replace(load_traits("a100-80g"), flash_attention=False)}
+    cluster = Cluster(name="vtrain-node", inter_node_bandwidth_gbps=25, nodes=(Node(gpu=a100, count=8),))
+    space = SearchSpace(name="vtrain", global_batch=128, tp_options=(1, 2, 4, 8), micro_batch_options=(1, 2, 4, 8),
+                        recompute_levels=("full",), max_pp=4)
+    frames = []
+    for h, grp in df.groupby("hidden"):
+        model = ModelArch(name="gpt", layers=24, hidden=int(h), ffn_hidden=4 * int(h), heads=16, query_groups=16,
+                          vocab=51200, seq_len=1024, mlp="gelu")
+        ax = gpu_axes(cluster, model, space, a100)
+        points = grid_points(ax, model, {"tp", "micro_batch", "layers"}) + dense_points(ax, model)
+        points += inflight_points(ax, model, {"tp", "micro_batch", "layers"})
+        runs = measure_stages(pd.DataFrame(points), seed=int(h), gpus=cluster, traits=traits)
+        runs["source"] = [p["source"] for p in points]
+        pred = fit_predictor(augment(runs).stage_runs, {a100.name: a100}, variant="hybrid-calibrated", seed=0)
+        plans = [Plan(model="gpt", cluster=cluster.name, global_batch=int(r.gbs), micro_batch=int(r.mbs), seq_len=1024,
+                      dp=int(r.dp), stages=tuple(Stage(gpu=a100.name, tp=int(r.tp), layers=24 // int(r.pp),
+                                                       recompute="full") for _ in range(int(r.pp))))
+                 for r in grp.itertuples(index=False)]
+        est = estimate_plans(plans, cluster, model, pred)
+        frames.append(grp.assign(pred=[e.iteration_time_ms for e in est]))
+    out = pd.concat(frames)
+    ape = np.abs(out["pred"] - out["time_ms"]) / out["time_ms"]
+    rhos = [spearmanr(g["pred"], g["time_ms"]).statistic for _, g in out.groupby(["gpus", "hidden"])]
+    print(f"vTrain 24-layer models: n={len(out)} MAPE={ape.mean():.4f} within-group Spearman {np.round(rhos, 3)}")
+    assert len(out) > 300
+    assert ape.mean() < 0.15 and min(rhos) > 0.9
