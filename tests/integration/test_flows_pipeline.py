@@ -94,3 +94,18 @@ def test_pipeline_on_s3_and_mlflow_server_survives_s3_restart(prefect_api, tmp_p
                 assert {r.stage for r in st.list_versions()} == {"profile", "augment", "train", "search"}
                 assert st.manifest("train", trained)["tracking_uri"] == ml.url
                 assert res["plan"]["model"] == "llama-6l"
+
+
+def test_nightly_reprofiles_only_stale_gpu_types(prefect_api, local_store, tmp_path):
+    from flows.pipeline import pipeline_flow
+    from flows.reprofile import reprofile_stale_flow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = pipeline_flow(**SMALL, store=local_store, tracking_uri=uri)
+    fresh = reprofile_stale_flow(**SMALL, store=local_store, max_age_days=1.0)  # nothing is a day old
+    assert fresh["profiles"] == first["profiles"]
+    stale = reprofile_stale_flow(**SMALL, store=local_store, max_age_days=0.0)  # everything is stale
+    assert set(stale["profiles"]) == set(first["profiles"])
+    assert all(stale["profiles"][g] != first["profiles"][g] for g in first["profiles"])  # new versions
+    profiles = [r for r in store_from_uri(local_store).list_versions("profile")]
+    assert len(profiles) == 6  # the old ones stay; lookups take the newest
