@@ -142,7 +142,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _parse(model: type[BaseModel], path: Path) -> Any:
+def parse_yaml(model: type[BaseModel], path: Path) -> Any:
+    """Read a YAML mapping and validate it with a pydantic model; InputError names file and fields."""
     try:
         return model.model_validate(_read_yaml(path))
     except ValidationError as exc:
@@ -150,7 +151,7 @@ def _parse(model: type[BaseModel], path: Path) -> Any:
 
 
 def load_gpu(name_or_path: str | Path, conf_root: Path | None = None) -> GpuType:
-    y = _parse(GpuYaml, resolve("gpus", name_or_path, conf_root))
+    y = parse_yaml(GpuYaml, resolve("gpus", name_or_path, conf_root))
     return GpuType(
         name=y.name,
         vendor=y.vendor,
@@ -163,7 +164,7 @@ def load_gpu(name_or_path: str | Path, conf_root: Path | None = None) -> GpuType
 
 def load_cluster(name_or_path: str | Path, conf_root: Path | None = None) -> Cluster:
     path = resolve("clusters", name_or_path, conf_root)
-    y = _parse(ClusterYaml, path)
+    y = parse_yaml(ClusterYaml, path)
     gpus: dict[str, GpuType] = {}
     for i, node in enumerate(y.nodes):
         if node.gpu not in gpus:
@@ -182,7 +183,7 @@ def load_cluster(name_or_path: str | Path, conf_root: Path | None = None) -> Clu
 
 def load_model(name_or_path: str | Path, conf_root: Path | None = None) -> ModelArch:
     path = resolve("models", name_or_path, conf_root)
-    y = _parse(ModelYaml, path)
+    y = parse_yaml(ModelYaml, path)
     problems = []
     if y.hidden % y.heads:
         problems.append(f"field 'hidden' ({y.hidden}) must be divisible by 'heads' ({y.heads})")
@@ -207,7 +208,7 @@ def load_model(name_or_path: str | Path, conf_root: Path | None = None) -> Model
 
 def load_search(name_or_path: str | Path, conf_root: Path | None = None) -> SearchSpace:
     path = resolve("search", name_or_path, conf_root)
-    y = _parse(SearchYaml, path)
+    y = parse_yaml(SearchYaml, path)
     if y.min_pp > y.max_pp:
         raise InputError(f"{path}: field 'min_pp' ({y.min_pp}) exceeds field 'max_pp' ({y.max_pp})")
     assert all(level in RECOMPUTE_LEVELS for level in y.recompute_levels)

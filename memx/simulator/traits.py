@@ -15,10 +15,9 @@ import functools
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from memx.catalog import default_conf_root
+from memx.catalog import default_conf_root, parse_yaml
 from memx.errors import InputError
 
 DEFAULT_TRAITS = "default"
@@ -74,19 +73,8 @@ def traits_folder(conf_root: Path | None = None) -> Path:
 
 
 def _parse(path: Path) -> GpuTraits:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a mapping at the top level")
-    try:
-        y = _TraitsYaml.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"field '{'.'.join(map(str, e['loc']))}': {e['msg']}" for e in exc.errors())
-        raise InputError(f"{path}: invalid simulator traits: {problems}") from exc
-    values = y.model_dump(exclude={"notes"})
-    return GpuTraits(**values)
+    y = parse_yaml(_TraitsYaml, path)
+    return GpuTraits(**y.model_dump(exclude={"notes"}))
 
 
 @functools.lru_cache(maxsize=256)
