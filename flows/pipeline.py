@@ -27,9 +27,9 @@ def pipeline_flow(cluster: str = "three-vendor-20", model: str = "llama2-7b", se
                   conf: str | None = None, backend: str = "simulated", seed: int = 0, store: str | None = None,
                   tracking_uri: str | None = None, weights: str | None = None, top_k: int = 10,
                   sharded: bool = False, dask: str | None = None, refresh: list[str] | None = None,
-                  refresh_token: str = "") -> dict:
+                  refresh_token: str = "", profile_options: dict | None = None) -> dict:
     """`dask`: "local" (a 2-worker LocalCluster) or a scheduler address; implies a sharded search."""
-    profiles = profile_flow(cluster, model, search, conf, backend, seed, store, refresh, refresh_token)
+    profiles = profile_flow(cluster, model, search, conf, backend, seed, store, refresh, refresh_token, profile_options)
     augmented = augment_flow(sorted(profiles.values()), seed=seed, store=store)
     trained = train_flow(augmented, cluster, model, search, conf, seed, store, tracking_uri)
     runner = search_flow if dask is None else search_flow.with_options(task_runner=dask_runner(dask))

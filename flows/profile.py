@@ -19,10 +19,12 @@ def measure(cluster, gpu, model, space, backend, seed, conf, options, key):
 @flow(name="memx-profile", log_prints=True)
 def profile_flow(cluster: str = "three-vendor-20", model: str = "llama2-7b", search: str = "default",
                  conf: str | None = None, backend: str = "simulated", seed: int = 0, store: str | None = None,
-                 refresh: list[str] | None = None, refresh_token: str = "") -> dict[str, str]:
-    """{gpu: profile version}. GPU types in `refresh` are re-profiled under `refresh_token`."""
+                 refresh: list[str] | None = None, refresh_token: str = "",
+                 options: dict | None = None) -> dict[str, str]:
+    """{gpu: profile version}. GPU types in `refresh` are re-profiled under `refresh_token`.
+    `options`: backend options passed to memx.profiling.profile (command, records, jobs, timeout_s …)."""
     cl, mo, sp = load_specs(cluster, model, search, conf)
-    options: dict = {}
+    options = dict(options or {})
     out = {}
     for g in cl.gpu_types:
         key = stages.profile_key(cl, g.name, mo, sp, backend=backend, seed=seed, options=options)

@@ -20,12 +20,12 @@ from memx import stages
 
 @task(persist_result=False)
 def stale_types(cluster: str, model: str, search: str, conf: str | None, backend: str, seed: int, store: str | None,
-                max_age_days: float) -> list[str]:
+                max_age_days: float, options: dict | None = None) -> list[str]:
     cl, mo, sp = load_specs(cluster, model, search, conf)
     now = datetime.now(timezone.utc)
     out = []
     for g in cl.gpu_types:
-        key = stages.profile_key(cl, g.name, mo, sp, backend=backend, seed=seed, options={})
+        key = stages.profile_key(cl, g.name, mo, sp, backend=backend, seed=seed, options=dict(options or {}))
         found = newest_with.fn(store, "profile", key)
         if found is None:
             continue  # never profiled: the pipeline profiles it anyway
@@ -38,16 +38,18 @@ def stale_types(cluster: str, model: str, search: str, conf: str | None, backend
 @flow(name="memx-reprofile-stale", log_prints=True)
 def reprofile_stale_flow(cluster: str = "three-vendor-20", model: str = "llama2-7b", search: str = "default",
                          conf: str | None = None, backend: str = "simulated", seed: int = 0, store: str | None = None,
-                         max_age_days: float = 7.0) -> dict:
-    stale = stale_types(cluster, model, search, conf, backend, seed, store, max_age_days)
+                         max_age_days: float = 7.0, profile_options: dict | None = None) -> dict:
+    stale = stale_types(cluster, model, search, conf, backend, seed, store, max_age_days, profile_options)
     token = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M%S")
     print(f"stale GPU types: {stale or 'none'}")
-    return pipeline_flow(cluster, model, search, conf, backend, seed, store, refresh=stale, refresh_token=token)
+    return pipeline_flow(cluster, model, search, conf, backend, seed, store, refresh=stale, refresh_token=token,
+                         profile_options=profile_options)
 
 
 @flow(name="memx-reprofile-on-hardware", log_prints=True)
 def reprofile_on_hardware_flow(cluster: str = "three-vendor-20", model: str = "llama2-7b", search: str = "default",
                                conf: str | None = None, backend: str = "simulated", seed: int = 0,
-                               store: str | None = None, gpu: str | None = None) -> dict:
+                               store: str | None = None, gpu: str | None = None,
+                               profile_options: dict | None = None) -> dict:
     print(f"cluster {cluster} changed (gpu {gpu}): profiling new GPU types, then retrain and re-plan")
-    return pipeline_flow(cluster, model, search, conf, backend, seed, store)
+    return pipeline_flow(cluster, model, search, conf, backend, seed, store, profile_options=profile_options)

@@ -55,6 +55,9 @@ def plan(
     summary: Annotated[Optional[Path], typer.Option(help="With --check: write the Markdown summary here (default $GITHUB_STEP_SUMMARY when set).")] = None,
     store: Annotated[Optional[str], typer.Option(help="Artifact store for the pipeline: a folder or s3://bucket/prefix (default $MEMX_STORE, else $MEMX_HOME/artifacts).")] = None,
     dask: Annotated[Optional[str], typer.Option(help="Shard the search on Dask: 'local' (2 workers) or a scheduler address.")] = None,
+    command: Annotated[Optional[str], typer.Option(help="--backend command: the launcher per profile point, with {placeholders} (docs/profiling.md).")] = None,
+    records: Annotated[Optional[Path], typer.Option(help="--backend records: measurements to import (CSV, Parquet, JSONL).")] = None,
+    jobs: Annotated[int, typer.Option(min=1, help="--backend command: points measured in parallel.")] = 1,
 ) -> None:
     """Search the plan space and recommend a plan."""
     from memx.catalog import load_cluster, load_model, load_search
@@ -69,7 +72,8 @@ def plan(
         if backend == "analytic":
             obj, predictor = _plan_analytic(cl, mo, sp, weights, top)
         else:
-            obj, predictor = _plan_pipeline(cluster, model, search, conf, backend, seed, store, weights, top, dask)
+            options = _profile_options(backend, command, records, jobs)
+            obj, predictor = _plan_pipeline(cluster, model, search, conf, backend, seed, store, weights, top, dask, options)
         _emit(obj, mo, fmt, out)
         if baseline is not None:
             _check(obj, baseline, cl, mo, predictor, sp.reserve_gib, min_margin, summary)
@@ -101,7 +105,22 @@ def _plan_analytic(cl, mo, sp, weights, top):
     return to_json_obj(run_search(cl, mo, sp, predictor, weights=weights, top_k=top), "analytic"), predictor
 
 
-def _plan_pipeline(cluster, model, search, conf, backend, seed, store, weights, top, dask):
+def _profile_options(backend: str, command: str | None, records: Path | None, jobs: int) -> dict:
+    import shlex
+
+    if backend == "command" and not command:
+        raise InputError("--backend command needs --command 'PROGRAM ARGS {tp} {layers} ...'")
+    if backend == "records" and records is None:
+        raise InputError("--backend records needs --records PATH (CSV, Parquet or JSONL)")
+    options: dict = {}
+    if command:
+        options.update(command=shlex.split(command), jobs=jobs)
+    if records is not None:
+        options["records"] = str(records.resolve())
+    return options
+
+
+def _plan_pipeline(cluster, model, search, conf, backend, seed, store, weights, top, dask, options):
     """The learned predictor: the Prefect pipeline (profile → augment → train → search), every stage a
     versioned artifact reused when its inputs are unchanged."""
     if backend not in BACKENDS:
@@ -112,7 +131,7 @@ def _plan_pipeline(cluster, model, search, conf, backend, seed, store, weights, 
     from memx.store import store_from_uri
 
     res = pipeline_flow(cluster=cluster, model=model, search=search, conf=str(conf) if conf else None, backend=backend,
-                        seed=seed, store=store, weights=weights, top_k=top, dask=dask)
+                        seed=seed, store=store, weights=weights, top_k=top, dask=dask, profile_options=options)
     obj = {k: v for k, v in res.items() if k not in ("profiles", "augment", "train", "version")}
     obj["artifacts"] = {k: res[k] for k in ("profiles", "augment", "train")} | {"search": res["version"]}
     manifest = store_from_uri(store).manifest("train", res["train"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,28 @@ def test_nightly_reprofiles_only_stale_gpu_types(prefect_api, local_store, tmp_p
     assert all(stale["profiles"][g] != first["profiles"][g] for g in first["profiles"])  # new versions
     profiles = [r for r in store_from_uri(local_store).list_versions("profile")]
     assert len(profiles) == 6  # the old ones stay; lookups take the newest
+
+
+def test_memx_plan_with_the_command_backend(prefect_api, tmp_path, monkeypatch):
+    """`memx plan --backend command`: a real launcher per profile point (a small script standing in
+    for Megatron-LM), then augment, train and search through the pipeline."""
+    import json
+    import sys
+
+    from typer.testing import CliRunner
+
+    from memx.cli import app
+
+    script = Path(__file__).resolve().parents[1] / "fixtures" / "profiling" / "json_ok.py"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    res = CliRunner().invoke(app, ["plan", "--cluster", "xy-2", "--model", "llama-6l", "--search", "small",
+                                   "--backend", "command", "--command", f"{sys.executable} {script} {{tp}}",
+                                   "--jobs", "2", "--store", str(tmp_path / "artifacts"), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["plan"]["cluster"] == "xy-2" and set(out["artifacts"]) == {"profiles", "augment", "train", "search"}
+    runs = store_from_uri(str(tmp_path / "artifacts")).get_table("profile", next(iter(out["artifacts"]["profiles"].values())),
+                                                                 "stage_runs")
+    assert (runs["backend"] == "command").all() and (runs["status"] == "ok").any()
+    missing = CliRunner().invoke(app, ["plan", "--model", "llama-6l", "--search", "small", "--backend", "command"])
+    assert missing.exit_code == 2 and "--command" in missing.stderr
