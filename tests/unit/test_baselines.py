@@ -15,7 +15,6 @@ from memx.baselines import (
 from memx.catalog import load_cluster, load_model, load_search
 from memx.estimate import estimate_plans
 from memx.plan import Plan, Stage
-from memx.signatures import SIGNATURE_COLUMNS
 
 
 @pytest.fixture(scope="module")

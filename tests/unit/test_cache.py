@@ -9,7 +9,7 @@ import pytest
 from memx.analytic import AnalyticStageModel
 from memx.cache import CachedPredictor, signature_keys
 from memx.catalog import load_gpu
-from memx.signatures import SIGNATURE_COLUMNS, StagePredictor
+from memx.signatures import StagePredictor
 
 GPUS = {"a100-80g": load_gpu("a100-80g")}
 

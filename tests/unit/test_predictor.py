@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from memx.analytic import AnalyticStageModel

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from memx.analytic import AnalyticStageModel
 from memx.estimate import estimate_plans

@@ -54,7 +54,7 @@ def auto_scale(model: ModelArch, device: str) -> int:
 
 def _modules(torch, p: Mapping[str, Any], dtype):
     nn, F = torch.nn, torch.nn.functional
-    tp, h, heads, groups = p["tp"], p["hidden"], p["heads"] // p["tp"], p["query_groups"] // p["tp"]
+    h, heads, groups = p["hidden"], p["heads"] // p["tp"], p["query_groups"] // p["tp"]
     hd, ffn, swiglu = p["hidden"] // p["heads"], p["ffn_hidden"] // p["tp"], p["mlp"] == "swiglu"
 
     class Norm(nn.Module):
