@@ -135,3 +135,15 @@ def test_cli(tmp_path):
     assert (tmp_path / "table1.md").exists()
     bad = CliRunner().invoke(app, ["experiments", "nope", "--out", str(tmp_path)])
     assert bad.exit_code == 2
+
+
+def test_full_scale_bounds_are_declared():
+    """The full-scale runs bound the large spaces (documented in docs/results.md); no search runs here."""
+    from memx.experiments import robustness, scaling
+
+    full = {cl.total_gpus: (gb, bound, proxy.total_gpus) for cl, gb, bound, proxy in scaling.clusters("full")}
+    assert {20, 40, 60, 128, 512, 1024} == set(full)
+    assert full[1024][1] == scaling.LARGE and full[1024][2] == 32  # 4 types: trained on a 32-GPU proxy
+    assert full[60][1] == {} and full[128][2] == 20  # Table 11 sizes keep the default space
+    assert [s[4] for s in robustness.SCENARIOS["small"]] == [{}, {}]
+    assert all(s[4] == robustness.BOUND for s in robustness.SCENARIOS["full"][1:])
