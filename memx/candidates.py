@@ -73,7 +73,8 @@ class CandidatePool:
             return score
         return np.where(a.time_ms <= self.max_time_ratio * self.fastest_ms, score, np.inf)
 
-    def medians(self, epsilon_mib2: float) -> tuple[float, float, float]:
+    def medians(self) -> tuple[float, float, float]:
+        """Medians of T, M and V over every feasible plan: Φ's reference values."""
         med = [float(np.median(np.concatenate(store))) for store in self._stats]
         return med[0], med[1], med[2]
 

@@ -253,7 +253,7 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor: St
     if feasible == 0:
         raise InfeasibleError(_infeasible_reason(cluster, model, space, pt))
     total, splits_total = _space_total(layouts, model.layers, space.recompute_levels)
-    refs = pool.medians(space.epsilon_mib2)
+    refs = pool.medians()
 
     def build(items):
         return [_candidate(prepared[li], S, a, model, cluster, space, seq, refs, chosen) for li, S, a in items]
