@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from memx.plan import plan_to_dict
+from memx.store import content_version
 from memx.specs import Cluster, ModelArch, SearchSpace
 
 STAGES = ("profile", "augment", "train", "search")
@@ -49,21 +50,6 @@ def code_version(stage: str) -> str:
                 h.update(p.name.encode())
                 h.update(p.read_bytes())
     return h.hexdigest()[:16]
-
-
-def content_version(*parts: Any) -> str:
-    blob = json.dumps(parts, sort_keys=True, default=_jsonable, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _jsonable(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    raise TypeError(f"cannot hash {type(obj).__name__}")
 
 
 def gpu_specs(cluster: Cluster) -> list[dict[str, Any]]:
