@@ -1,6 +1,6 @@
 """Predictor accuracy (issue 5 targets) on the simulated backend and on published measurements.
 
-1. three-vendor-20 + llama2-7b (conf/search/default.yaml): memx.workflow.plan_predictor (profile ≤ 243
+1. three-vendor-20 + llama2-7b (conf/search/default.yaml): memx.pipeline.local.plan_predictor (profile ≤ 243
    runs per GPU type → augment → variants → Optuna → MLflow registry, in a temporary $MEMX_HOME), then
    evaluated on plans from memx.simulator.sample_plans (a seed the profiler never used; ≥ 300 measured
    plans that did not OOM). Also: every variant at plan level (information only — selection is by
@@ -31,15 +31,15 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from memx.catalog import load_cluster, load_gpu, load_model, load_search  # noqa: E402
-from memx.evaluate import evaluate  # noqa: E402
-from memx.predictor import VARIANTS, fit_predictor  # noqa: E402
-from memx.augment import augment  # noqa: E402
+from memx.domain.catalog import load_cluster, load_gpu, load_model, load_search  # noqa: E402
+from memx.report.evaluate import evaluate  # noqa: E402
+from memx.learn import VARIANTS, fit_predictor  # noqa: E402
+from memx.learn.augment import augment  # noqa: E402
 from memx.simulator import sample_plans  # noqa: E402
 
 
 def simulated(n_plans: int) -> tuple[dict, dict]:
-    from memx.workflow import plan_predictor
+    from memx.pipeline.local import plan_predictor
 
     cl, mo, sp = load_cluster("three-vendor-20"), load_model("llama2-7b"), load_search("default")
     t0 = time.perf_counter()
@@ -63,7 +63,7 @@ def simulated(n_plans: int) -> tuple[dict, dict]:
         rest = aug[aug["gpu"] != g]
         for v in ("hybrid", "hybrid-calibrated"):
             _show(f"without {g} ({v})", evaluate(cl, mo, measured, fit_predictor(rest, gpus, variant=v, seed=0), "default"))
-    from memx.signatures import SIGNATURE_COLUMNS
+    from memx.planner.signatures import SIGNATURE_COLUMNS
 
     sigs = runs.loc[:, list(SIGNATURE_COLUMNS)]
     big = sigs.iloc[np.resize(np.arange(len(sigs)), 500_000)].reset_index(drop=True)
@@ -82,11 +82,11 @@ def _show(label: str, r: dict) -> None:
 def vtrain(realdata: Path) -> None:
     from scipy.stats import spearmanr
 
-    from memx.estimate import estimate_plans
-    from memx.plan import Plan, Stage
+    from memx.planner.estimate import estimate_plans
+    from memx.domain.plan import Plan, Stage
     from memx.profiling.design import dense_points, grid_points, gpu_axes, inflight_points
     from memx.simulator import load_traits, measure_stages
-    from memx.specs import Cluster, ModelArch, Node, SearchSpace
+    from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace
 
     df = pd.read_csv(realdata / "vtrain" / "data" / "ground_truth_single.csv", encoding="utf-8-sig")
     df.columns = ["gpus", "gbs", "mbs", "hidden", "heads", "layers", "seq", "tp", "dp", "pp", "time_ms"]

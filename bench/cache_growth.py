@@ -19,13 +19,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from memx.augment import augment  # noqa: E402
-from memx.cache import CachedPredictor  # noqa: E402
-from memx.catalog import load_cluster, load_model, load_search  # noqa: E402
-from memx.predictor import fit_predictor  # noqa: E402
+from memx.learn.augment import augment  # noqa: E402
+from memx.learn.cache import CachedPredictor  # noqa: E402
+from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
+from memx.learn import fit_predictor  # noqa: E402
 from memx.profiling import profile  # noqa: E402
-from memx.search import search  # noqa: E402
-from memx.specs import Cluster  # noqa: E402
+from memx.planner.search import search  # noqa: E402
+from memx.domain.specs import Cluster  # noqa: E402
 
 
 def timed_search(cluster, model, space, predictor):

@@ -23,9 +23,9 @@ def main() -> None:
 
     from flows.pipeline import dask_runner
     from flows.search import task_mapper
-    from memx.analytic import AnalyticStageModel
-    from memx.catalog import load_cluster, load_model, load_search
-    from memx.stages import compute_search
+    from memx.planner.cost import AnalyticStageModel
+    from memx.domain.catalog import load_cluster, load_model, load_search
+    from memx.pipeline.steps import compute_search
 
     cl, mo, sp = load_cluster("three-vendor-20"), load_model("llama2-7b"), load_search("default")
     pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})

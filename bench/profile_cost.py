@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from memx.catalog import load_cluster, load_model, load_search
+from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.profiling import profile
 
 

@@ -1,7 +1,7 @@
 """Search throughput: the vectorised engine vs a per-plan Python loop, in one process.
 
 Scenario: three-vendor-20 + llama2-7b + conf/search/default.yaml, analytic stage model.
-The vectorised engine searches the whole space. The naive loop (memx.naive.evaluate_split: the
+The vectorised engine searches the whole space. The naive loop (memx.planner.naive.evaluate_split: the
 same tables and rules, one plan at a time) runs on a deterministic sample — the first
 `--naive-per-layout` splits of every layout — because the whole space would take hours.
 Last line: plans_per_s=<n> naive_plans_per_s=<n> ratio=<x> space=<n> search_s=<s>
@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from memx.analytic import AnalyticStageModel
-from memx.catalog import load_cluster, load_model, load_search
-from memx.naive import evaluate_split
-from memx.predictions import predict_tables
-from memx.search import _chunks, _contexts, _prepare, search
-from memx.space import enumerate_layouts
+from memx.planner.cost import AnalyticStageModel
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.planner.naive import evaluate_split
+from memx.planner.predictions import predict_tables
+from memx.planner.search import _chunks, _contexts, _prepare, search
+from memx.planner.space import enumerate_layouts
 
 
 def naive_rate(cluster, model, space, predictor, weights, per_layout: int) -> tuple[int, float]:

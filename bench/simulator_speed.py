@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from memx.catalog import load_cluster, load_model, load_search
+from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.simulator import measure_stages
 from memx.simulator.stage import stage_cost
 

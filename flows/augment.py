@@ -1,4 +1,4 @@
-"""augment flow: hold out measured rows, R²-gated interpolation of the rest (memx.augment)."""
+"""augment flow: hold out measured rows, R²-gated interpolation of the rest (memx.learn.augment)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pandas as pd
 from prefect import flow, task
 
 from flows.common import load_table, save_stage, stored_manifest
-from memx import stages
+from memx.pipeline import steps as stages
 
 
 @task(persist_result=False)

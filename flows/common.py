@@ -8,13 +8,13 @@ from typing import Any
 import pandas as pd
 from prefect import task
 
-from memx.stages import StageResult
+from memx.pipeline.steps import StageResult
 
 IO_RETRIES = dict(retries=3, retry_delay_seconds=[1, 2, 4], persist_result=False)
 
 
 def _store(uri: str | None):
-    from memx.store import store_from_uri
+    from memx.pipeline.store import store_from_uri
 
     return store_from_uri(uri)
 
@@ -54,7 +54,7 @@ def load_file(store_uri: str | None, stage: str, version: str, name: str) -> byt
 
 
 def load_specs(cluster: str, model: str, search: str, conf: str | None):
-    from memx.catalog import load_cluster, load_model, load_search
+    from memx.domain.catalog import load_cluster, load_model, load_search
 
     root = Path(conf) if conf else None
     return load_cluster(cluster, root), load_model(model, root), load_search(search, root)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow, task
 
 from flows.common import load_specs, newest_with, save_stage
-from memx import stages
+from memx.pipeline import steps as stages
 
 
 @task(persist_result=False)

@@ -15,7 +15,7 @@ from prefect import flow, task
 
 from flows.common import load_specs, newest_with
 from flows.pipeline import pipeline_flow
-from memx import stages
+from memx.pipeline import steps as stages
 
 
 @task(persist_result=False)

@@ -8,7 +8,7 @@ import json
 from prefect import flow, task, unmapped
 
 from flows.common import load_file, load_specs, save_stage, stored_manifest
-from memx import stages
+from memx.pipeline import steps as stages
 
 
 @task(persist_result=False)
@@ -17,7 +17,7 @@ def search_shard(fn, shard):
 
 
 def task_mapper(fn, shards):
-    """memx.search mapper: one Prefect task per shard, results in shard order."""
+    """memx.planner.search mapper: one Prefect task per shard, results in shard order."""
     return [f.result() for f in search_shard.map(unmapped(fn), shards)]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow, task
 
 from flows.common import load_specs, load_table, newest_with, save_stage, stored_manifest
-from memx import stages
+from memx.pipeline import steps as stages
 
 
 @task(persist_result=False)
@@ -15,7 +15,7 @@ def fit(augmented, augment_manifest, cl, mo, sp, seed, tracking_uri):
 
 def _registered(manifest: dict, tracking_uri: str | None) -> bool:
     """A stored train stage is reusable only if its model version is in this registry."""
-    from memx import registry
+    from memx.pipeline import registry
 
     try:
         registry.setup(tracking_uri)
@@ -29,7 +29,7 @@ def _registered(manifest: dict, tracking_uri: str | None) -> bool:
 def train_flow(augment_version: str, cluster: str = "three-vendor-20", model: str = "llama2-7b",
                search: str = "default", conf: str | None = None, seed: int = 0, store: str | None = None,
                tracking_uri: str | None = None) -> str:
-    from memx import registry
+    from memx.pipeline import registry
 
     cl, mo, sp = load_specs(cluster, model, search, conf)
     fp = registry.fingerprint(cl, mo, sp.global_batch)

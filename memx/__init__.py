@@ -1,6 +1,6 @@
 """MemX: memory-aware automatic parallelism for heterogeneous GPU clusters.
 
-The library has no import-time side effects; `memx.cli` is the command line, `flows/` wraps the
+The library has no import-time side effects; `memx.cli.app` is the command line, `flows/` wraps the
 pipeline stages in Prefect.
 """
 

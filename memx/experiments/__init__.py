@@ -1,5 +1,5 @@
 """The paper's experiments (and the ones it could not run) on the virtual cluster, against the
-re-implemented baselines (memx.baselines). Each experiment is `run(out, scale=, seed=, predictor=)`
+re-implemented baselines (memx.planner.baselines). Each experiment is `run(out, scale=, seed=, predictor=)`
 returning a `Result` (tables as DataFrames, files written, headline numbers). See docs/results.md.
 
     from memx.experiments import run_all, EXPERIMENTS

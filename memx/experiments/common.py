@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memx.analytic import AnalyticStageModel
-from memx.cache import CachedPredictor
-from memx.catalog import load_search
-from memx.objective import phi
-from memx.plan import Plan, plan_to_json
+from memx.planner.cost import AnalyticStageModel
+from memx.learn.cache import CachedPredictor
+from memx.domain.catalog import load_search
+from memx.planner.objective import phi
+from memx.domain.plan import Plan, plan_to_json
 from memx.simulator import simulate_plan
-from memx.specs import Cluster, ModelArch, Node, SearchSpace, Weights
+from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace, Weights
 
 SCALES = ("small", "full")
 EPSILON_MIB2 = 1.0e4
@@ -53,7 +53,7 @@ _PREDICTORS: dict[tuple, object] = {}
 
 def predictor_kind(scale: str, kind: str | None) -> str:
     """analytic: the closed form; quick: profile on the simulator + one hybrid-calibrated fit (seconds, no
-    Optuna/MLflow); registered: memx.workflow.plan_predictor (profile → augment → Optuna → MLflow)."""
+    Optuna/MLflow); registered: memx.pipeline.local.plan_predictor (profile → augment → Optuna → MLflow)."""
     kind = kind or ("quick" if scale == "small" else "registered")
     if kind not in ("analytic", "quick", "registered"):
         raise ValueError(f"predictor {kind!r}: allowed values are analytic, quick, registered")
@@ -69,14 +69,14 @@ def get_predictor(cluster: Cluster, model: ModelArch, sp: SearchSpace, kind: str
     if kind == "analytic":
         pred = AnalyticStageModel(gpus=gpus)
     elif kind == "quick":
-        from memx.augment import augment
-        from memx.predictor import fit_predictor
+        from memx.learn.augment import augment
+        from memx.learn import fit_predictor
         from memx.profiling import profile
 
         runs = profile(cluster, model, sp, backend="simulated", seed=seed).stage_runs
         pred = fit_predictor(augment(runs).stage_runs, gpus, seed=seed)
     else:
-        from memx.workflow import plan_predictor
+        from memx.pipeline.local import plan_predictor
 
         pred = plan_predictor(cluster, model, sp, backend="simulated", seed=seed)[0].inner
     _PREDICTORS[key] = pred

@@ -18,15 +18,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memx.analytic import AnalyticStageModel
-from memx.baselines import methods, ours
-from memx.catalog import load_cluster, load_model
-from memx.evaluate import _plans
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.baselines import methods, ours
+from memx.domain.catalog import load_cluster, load_model
+from memx.report.evaluate import _plans
 from memx.experiments import figures
 from memx.experiments.common import (
     Result, check_scale, get_predictor, measured_phi, predictor_kind, space, spearman, timer, write_tables,
 )
-from memx.objective import parse_weights
+from memx.planner.objective import parse_weights
 from memx.simulator import sample_plans
 
 SCENARIOS = {"small": [("three-vendor-20", "llama2-7b", "small", 150)],

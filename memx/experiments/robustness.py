@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memx.catalog import load_cluster, load_model
+from memx.domain.catalog import load_cluster, load_model
 from memx.experiments.common import (
     Result, check_scale, describe, get_predictor, predictor_kind, space, timer, write_tables,
 )

@@ -19,17 +19,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memx.baselines import ours
-from memx.catalog import load_cluster, load_gpu, load_model
-from memx.errors import InfeasibleError
-from memx.evaluate import _plans
+from memx.planner.baselines import ours
+from memx.domain.catalog import load_cluster, load_gpu, load_model
+from memx.domain.errors import InfeasibleError
+from memx.report.evaluate import _plans
 from memx.experiments import figures
 from memx.experiments.common import (
     Result, build_cluster, cached, check_scale, describe, get_predictor, grow, measured_phi, predictor_kind, space,
     spearman, timer, write_tables,
 )
-from memx.objective import parse_weights
-from memx.search import search
+from memx.planner.objective import parse_weights
+from memx.planner.search import search
 from memx.simulator import sample_plans
 
 PAPER = {20: (0.1217, 0.90), 40: (0.1422, 0.87), 60: (0.1619, None)}

@@ -1,6 +1,6 @@
 """Experiment 2 — search cost (paper §4.3: 31,240 configurations in 26.5 s; AMP ≈ 17 days).
 
-MemX: the vectorised search (memx.search) with a prediction cache (memx.cache.CachedPredictor, in
+MemX: the vectorised search (memx.planner.search) with a prediction cache (memx.learn.cache.CachedPredictor, in
 memory, fresh) in front of the stage predictor, in this order: base cluster (cold cache), base again
 (warm), the cluster grown by repeating its nodes (same GPU types → same fingerprint, answers from the
 cache), and the base space with an extra micro-batch option (new signatures: cache misses).
@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memx.catalog import load_cluster, load_model
-from memx.errors import InfeasibleError
+from memx.domain.catalog import load_cluster, load_model
+from memx.domain.errors import InfeasibleError
 from memx.experiments import figures
 from memx.experiments.common import (
     Result, cached, check_scale, get_predictor, grow, predictor_kind, space, timer, write_tables,
 )
-from memx.search import search
+from memx.planner.search import search
 from memx.simulator import sample_plans
 
 LAUNCH_S = 30.0

@@ -11,8 +11,8 @@ cluster. Model TFLOPS = model FLOPs of the iteration (no recompute) / measured t
 ASSUMPTION (as tests/validation/test_simulator_table1.py): 7B with Adam at 18 B/param is 126 GB, more
 than the pair's 96 GB, so the paper's runs must have kept optimizer state off the GPUs; we simulate
 `static_bytes_per_param = 4` (bf16 weights + grads) and scale the predictor's static memory by 4/18
-(`StaticScaled`). memx.search cannot be used here: its static-memory pruning bound hard-codes
-18 B/param, so this experiment evaluates the (small) space exhaustively with memx.estimate.
+(`StaticScaled`). memx.planner.search cannot be used here: its static-memory pruning bound hard-codes
+18 B/param, so this experiment evaluates the (small) space exhaustively with memx.planner.estimate.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memx.analytic import layer_forward_flops
-from memx.baselines import StaticScaled
-from memx.catalog import load_cluster, load_model
-from memx.estimate import estimate_plans
+from memx.planner.cost import layer_forward_flops
+from memx.planner.baselines import StaticScaled
+from memx.domain.catalog import load_cluster, load_model
+from memx.planner.estimate import estimate_plans
 from memx.experiments.common import (
     Result, check_scale, describe, get_predictor, predictor_kind, timer, write_tables,
 )
-from memx.objective import log_score, parse_weights
-from memx.plan import Plan, Stage
+from memx.planner.objective import log_score, parse_weights
+from memx.domain.plan import Plan, Stage
 from memx.simulator import load_traits, simulate_plan, stage_cost, stage_signatures
-from memx.specs import SearchSpace
+from memx.domain.specs import SearchSpace
 
 OFFLOADED = 4.0
 SPACE = SearchSpace(name="table1", global_batch=16, tp_options=(1,), micro_batch_options=(2,),

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from memx.errors import InputError
-from memx.io import atomic_write_parquet, atomic_write_text
+from memx.domain.errors import InputError
+from memx.domain.io import atomic_write_parquet, atomic_write_text
 from memx.profiling.backends import BACKENDS, Backend, check_backend
 from memx.profiling.design import (dense_points, full_grid_size, gpu_axes, grid_points, inflight_points,
                                    representative_gpu)
@@ -25,7 +25,7 @@ from memx.profiling.records import RejectedRow, signature_key
 from memx.profiling.runner import load_existing, run_points
 from memx.profiling.sensitivity import (sensitivity_frame, sensitivity_markdown, sensitivity_rows, sweep_plan,
                                         sweep_points)
-from memx.specs import Cluster, ModelArch, SearchSpace
+from memx.domain.specs import Cluster, ModelArch, SearchSpace
 
 __all__ = ["BACKENDS", "ProfileResult", "profile"]
 

@@ -16,9 +16,9 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from memx.analytic import AnalyticStageModel
-from memx.space import valid_tps
-from memx.specs import Cluster, GpuType, ModelArch, SearchSpace
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.space import valid_tps
+from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
 
 GRID_PARAMS = ("tp", "micro_batch", "recompute", "layers")
 DENSE_POINTS = 7  # the paper densely measures 5–7 points on one interval

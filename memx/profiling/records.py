@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from memx.signatures import SIGNATURE_COLUMNS
+from memx.planner.signatures import SIGNATURE_COLUMNS
 from memx.simulator import STAGE_RUN_COLUMNS, stage_runs_frame
 
 STATUSES = ("ok", "oom", "failed")

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
-from memx.io import atomic_write_parquet
+from memx.domain.io import atomic_write_parquet
 from memx.profiling.backends import Backend
 from memx.profiling.records import empty_stage_runs, failed_row, signature_key, to_stage_runs
 

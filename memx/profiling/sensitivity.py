@@ -15,7 +15,7 @@ import pandas as pd
 
 from memx.profiling.design import GRID_PARAMS, GpuAxes, point
 from memx.profiling.records import signature_key
-from memx.specs import ModelArch
+from memx.domain.specs import ModelArch
 
 # Our choice: a parameter is selected when it moves stage time by ≥ 10 % (above the 2–4 % run-to-run
 # noise of a single measurement, doubled for a max−min spread) or peak memory by ≥ 5 % (memory is

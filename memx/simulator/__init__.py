@@ -2,11 +2,11 @@
 
 Ground truth for the `simulated` profiling backend and for accuracy tests. It has its own physics
 (memx/simulator/physics.py) and its own per-GPU traits (conf/simulator/*.yaml) and must not import the
-planner's cost model (memx.analytic, memx.pipeline, memx.recompute, memx.search, memx.objective).
+planner's cost model (memx.planner.cost, memx.planner.schedule, memx.planner.recompute, memx.planner.search, memx.planner.objective).
 See docs/simulator.md.
 """
 
-from memx.simulator.records import (
+from memx.simulator.runs import (
     CONFIG_RUN_COLUMNS,
     STAGE_RUN_COLUMNS,
     config_runs_frame,

@@ -8,7 +8,7 @@ purpose: GEMM efficiency falling for small GEMMs, a roofline on bytes moved, eag
 writes and stores the s² scores when the part has no fused attention kernel, memory-bound
 elementwise kernels, kernel launch cost and link efficiency.
 
-This module must not import the planner's cost model (memx.analytic / memx.pipeline / ...).
+This module must not import the planner's cost model (memx.planner.cost / memx.planner.schedule / ...).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memx.simulator.traits import GpuTraits
-from memx.specs import GpuType
+from memx.domain.specs import GpuType
 
 BF16_BYTES = 2  # activations, weights and gradients exchanged in bf16 (simulator assumption)
 FP32_BYTES = 4

@@ -16,12 +16,12 @@ from typing import Mapping
 
 import pandas as pd
 
-from memx.errors import InputError
-from memx.plan import Plan, Stage, plan_to_json, validate_plan
-from memx.simulator.records import config_run_row, config_runs_frame, now_iso
+from memx.domain.errors import InputError
+from memx.domain.plan import Plan, Stage, plan_to_json, validate_plan
+from memx.simulator.runs import config_run_row, config_runs_frame, now_iso
 from memx.simulator.schedule import simulate_plan
 from memx.simulator.traits import GpuTraits
-from memx.specs import Cluster, ModelArch, SearchSpace
+from memx.domain.specs import Cluster, ModelArch, SearchSpace
 
 MAX_TRIES_PER_PLAN = 2000
 

@@ -23,7 +23,7 @@ from typing import Mapping
 
 import numpy as np
 
-from memx.plan import Plan, place_plan, validate_plan
+from memx.domain.plan import Plan, place_plan, validate_plan
 from memx.simulator.physics import BF16_BYTES, FP32_BYTES, ring_allreduce_ms
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
@@ -33,7 +33,7 @@ from memx.simulator.stage import (
     stage_cost,
 )
 from memx.simulator.traits import GpuTraits, load_traits
-from memx.specs import Cluster, ModelArch
+from memx.domain.specs import Cluster, ModelArch
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,10 +15,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from memx.errors import InputError
+from memx.domain.errors import InputError
 from memx.simulator.physics import Device, Dims, embedding_cost, layer_cost, output_cost, adam_step_ms
 from memx.simulator.traits import GpuTraits
-from memx.specs import GpuType
+from memx.domain.specs import GpuType
 
 MIB = 1024.0 * 1024.0
 STAGE_RECOMPUTE = ("none", "selective", "full")

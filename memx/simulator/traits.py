@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from memx.catalog import default_conf_root, parse_yaml
-from memx.errors import InputError
+from memx.domain.catalog import default_conf_root, parse_yaml
+from memx.domain.errors import InputError
 
 DEFAULT_TRAITS = "default"
 

@@ -10,15 +10,15 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from memx import registry
-from memx.analytic import AnalyticStageModel
-from memx.catalog import load_cluster, load_model, load_search
-from memx.evaluate import KEYS, evaluate, read_config_runs
-from memx.io import atomic_write_parquet
-from memx.predictor.cli import register
+from memx.pipeline import registry
+from memx.planner.cost import AnalyticStageModel
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.report.evaluate import KEYS, evaluate, read_config_runs
+from memx.domain.io import atomic_write_parquet
+from memx.cli.learn import register
 from memx.profiling import profile
 from memx.simulator import sample_plans
-from memx.workflow import profile_path
+from memx.pipeline.local import profile_path
 
 ARGS = ["--cluster", "xy-2", "--model", "llama-6l", "--search", "small"]
 

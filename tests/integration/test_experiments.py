@@ -41,9 +41,9 @@ def test_prediction(out, results):
     assert df.loc["ours", "time_mape"] < df.loc["amp", "time_mape"]
     assert df.loc["ours", "spearman_phi"] > df.loc["amp", "spearman_phi"]
     assert df.loc["ours", "mem_mape"] < 0.2
-    # consistent with memx.evaluate on the same plans and predictor
-    from memx.catalog import load_cluster, load_model
-    from memx.evaluate import evaluate
+    # consistent with memx.report.evaluate on the same plans and predictor
+    from memx.domain.catalog import load_cluster, load_model
+    from memx.report.evaluate import evaluate
     from memx.experiments.common import get_predictor, space
     from memx.simulator import sample_plans
 
@@ -121,7 +121,7 @@ def test_cli(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from memx.experiments.cli import register
+    from memx.cli.experiments import register
 
     app = typer.Typer()
     register(app)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from memx.analytic import AnalyticStageModel
-from memx.catalog import load_cluster, load_model, load_search
-from memx.search import search
+from memx.planner.cost import AnalyticStageModel
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.planner.search import search
 
 
 def test_dask_sharded_search_equals_single_process(prefect_api, conf_root):
@@ -15,7 +15,7 @@ def test_dask_sharded_search_equals_single_process(prefect_api, conf_root):
 
     from flows.pipeline import dask_runner
     from flows.search import task_mapper
-    from memx.stages import compute_search
+    from memx.pipeline.steps import compute_search
 
     cl, mo = load_cluster("three-vendor-20", conf_root), load_model("llama-6l", conf_root)
     sp = dataclasses.replace(load_search("small", conf_root), weights="default")
@@ -31,7 +31,7 @@ def test_dask_sharded_search_equals_single_process(prefect_api, conf_root):
     import json
 
     plan = json.loads(out.files["plan.json"])
-    from memx.plan import plan_to_dict
+    from memx.domain.plan import plan_to_dict
 
     assert plan["plan"] == plan_to_dict(ref.best.plan)
     assert [e["plan"] for e in plan["top"]] == [plan_to_dict(c.plan) for c in ref.top]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from memx.store import store_from_uri
+from memx.pipeline.store import store_from_uri
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def test_add_node_event_triggers_replanning(prefect_api, conf_root, tmp_path):
     from prefect.settings import PREFECT_API_URL
     from typer.testing import CliRunner
 
-    from memx.cli import app
+    from memx.cli.app import app
 
     conf, store = tmp_path / "conf", str(tmp_path / "artifacts")
     shutil.copytree(conf_root, conf)

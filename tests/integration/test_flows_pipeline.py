@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from memx.services import FAKE_AWS_ENV, mlflow_server, s3_server
-from memx.store import store_from_uri
+from support.services import FAKE_AWS_ENV, mlflow_server, s3_server
+from memx.pipeline.store import store_from_uri
 
 SMALL = dict(cluster="three-vendor-20", model="llama-6l", search="small")
 
@@ -36,7 +36,7 @@ def test_pipeline_runs_then_reuses_every_stage(prefect_api, local_store, tmp_pat
     assert _versions(local_store) == stored  # nothing new written: every stage reused
     assert again["plan"] == first["plan"] and again["version"] == first["version"]
     # A new node of a known GPU type re-plans only: profiles, augment and train are reused.
-    from memx.catalog import default_conf_root
+    from memx.domain.catalog import default_conf_root
     import shutil, yaml
 
     conf = tmp_path / "conf"
@@ -51,7 +51,7 @@ def test_pipeline_runs_then_reuses_every_stage(prefect_api, local_store, tmp_pat
 
 def test_crash_mid_pipeline_leaves_no_partial_stage_and_resumes(prefect_api, local_store, tmp_path, monkeypatch):
     from flows.pipeline import pipeline_flow
-    from memx.services import free_port
+    from support.services import free_port
 
     # The tracking server is down when the train stage starts: training crashes.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -120,7 +120,7 @@ def test_memx_plan_with_the_command_backend(prefect_api, tmp_path, monkeypatch):
 
     from typer.testing import CliRunner
 
-    from memx.cli import app
+    from memx.cli.app import app
 
     script = Path(__file__).resolve().parents[1] / "fixtures" / "profiling" / "json_ok.py"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

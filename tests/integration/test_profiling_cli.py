@@ -9,7 +9,7 @@ import pandas as pd
 import typer
 from typer.testing import CliRunner
 
-from memx.profiling.cli import register
+from memx.cli.profile import register
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "profiling"
 

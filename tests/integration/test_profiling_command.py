@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from memx.catalog import load_cluster, load_model, load_search
-from memx.errors import InputError
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.domain.errors import InputError
 from memx.profiling import profile
 from memx.profiling.backends.command import CommandBackend, check_template
 from memx.profiling.design import point

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pytest
 
-from memx.catalog import load_cluster, load_model, load_search
+from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.profiling import profile
 from memx.profiling.backends.simulated import SimulatedBackend
 from memx.profiling.design import point

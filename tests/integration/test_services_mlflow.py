@@ -1,5 +1,5 @@
 """A real `mlflow server` (SQLite backend, artifacts proxied to the moto S3 bucket) started by
-memx.services on 127.0.0.1: log a run with a metric and an artifact, read both back, and find the
+support.services on 127.0.0.1: log a run with a metric and an artifact, read both back, and find the
 artifact in the bucket."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import boto3
 import pytest
 from mlflow import MlflowClient
 
-from memx.services import FAKE_AWS_ENV, local_services
+from support.services import FAKE_AWS_ENV, local_services
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
-"""memx.services' moto S3 server: loopback only, real HTTP, restart on the same port."""
+"""support.services' moto S3 server: loopback only, real HTTP, restart on the same port."""
 
 from __future__ import annotations
 
 import boto3
 import pytest
 
-from memx.services import FAKE_AWS_ENV, free_port, s3_server, start_mlflow, start_s3
+from support.services import FAKE_AWS_ENV, free_port, s3_server, start_mlflow, start_s3
 
 
 @pytest.fixture(autouse=True)

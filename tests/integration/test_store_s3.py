@@ -17,10 +17,10 @@ import typer
 from botocore.exceptions import ClientError, EndpointConnectionError
 from typer.testing import CliRunner
 
-from memx.artifacts_cli import register
-from memx.services import FAKE_AWS_ENV, S3Server, free_port, s3_server, start_s3
-from memx.store import store_from_uri
-from memx.store_s3 import Retry, S3Store, is_transient, s3_client, s3_filesystem
+from memx.cli.artifacts import register
+from support.services import FAKE_AWS_ENV, S3Server, free_port, s3_server, start_s3
+from memx.pipeline.store import store_from_uri
+from memx.pipeline.store.s3 import Retry, S3Store, is_transient, s3_client, s3_filesystem
 
 BUCKET = "memx-store"
 

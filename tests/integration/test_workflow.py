@@ -8,12 +8,12 @@ import dataclasses
 
 import pytest
 
-from memx import registry
-from memx.catalog import load_cluster, load_gpu, load_model, load_search
-from memx.predictor.tuning import TuneBudget
-from memx.search import search
-from memx.specs import Cluster, Node
-from memx.workflow import TrainConfig, plan_predictor, profile_path
+from memx.pipeline import registry
+from memx.domain.catalog import load_cluster, load_gpu, load_model, load_search
+from memx.learn.tuning import TuneBudget
+from memx.planner.search import search
+from memx.domain.specs import Cluster, Node
+from memx.pipeline.local import TrainConfig, plan_predictor, profile_path
 
 CFG = TrainConfig(budget=TuneBudget(trials=1, seconds=5))
 

@@ -5,14 +5,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from memx.analytic import (
+from memx.planner.cost import (
     AnalyticStageModel,
     layer_activation_bytes,
     layer_forward_flops,
     layer_params,
     model_static_bytes,
 )
-from memx.catalog import load_cluster, load_model
+from memx.domain.catalog import load_cluster, load_model
 
 
 def test_llama2_7b_has_6_74b_parameters(conf_root):

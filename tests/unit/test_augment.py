@@ -1,4 +1,4 @@
-"""R²-gated interpolation (memx.augment): gate table, narrowing, rows strictly inside measured intervals."""
+"""R²-gated interpolation (memx.learn.augment): gate table, narrowing, rows strictly inside measured intervals."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from memx.augment import INTERPOLATED, augment, interpolation_gates, r_squared
+from memx.learn.augment import INTERPOLATED, augment, interpolation_gates, r_squared
 
 BASE = dict(gpu="g", tp=1, micro_batch=2, seq_len=1024, recompute="none", recompute_layers=None, first=False,
             last=False, inflight=1, hidden=1024, ffn_hidden=4096, heads=16, query_groups=16, vocab=32000, mlp="gelu",

@@ -7,14 +7,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from memx.analytic import AnalyticStageModel
-from memx.baselines import (
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.baselines import (
     AMP, BASELINES, FASOP, HEXISCALE, METIS, OwnMemory, StaticScaled, methods, no_recompute_view, ours,
     ours_uniform, uniform_view,
 )
-from memx.catalog import load_cluster, load_model, load_search
-from memx.estimate import estimate_plans
-from memx.plan import Plan, Stage
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.planner.estimate import estimate_plans
+from memx.domain.plan import Plan, Stage
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_fasop_uses_one_recompute_setting(setup):
 
 def test_ours_uniform_is_never_better_than_per_stage(setup):
     cl, mo, sp, pred = setup
-    from memx.objective import log_score, parse_weights
+    from memx.planner.objective import log_score, parse_weights
 
     w = parse_weights("safety")
     a, b = ours("safety").plan(cl, mo, sp, pred), ours_uniform("safety").plan(cl, mo, sp, pred)

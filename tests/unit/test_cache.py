@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from memx.analytic import AnalyticStageModel
-from memx.cache import CachedPredictor, signature_keys
-from memx.catalog import load_gpu
-from memx.signatures import StagePredictor
+from memx.planner.cost import AnalyticStageModel
+from memx.learn.cache import CachedPredictor, signature_keys
+from memx.domain.catalog import load_gpu
+from memx.planner.signatures import StagePredictor
 
 GPUS = {"a100-80g": load_gpu("a100-80g")}
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from memx.catalog import known_names, load_cluster, load_gpu, load_model, load_search
-from memx.errors import InputError
+from memx.domain.catalog import known_names, load_cluster, load_gpu, load_model, load_search
+from memx.domain.errors import InputError
 
 REQUIRED_GPUS = {
     "a100-40g", "a100-80g", "v100-16g", "v100-32g", "t4-16g", "h100-80g", "h20-96g", "h800-80g", "l40s-48g",
@@ -96,7 +96,7 @@ def test_missing_path(tmp_path):
 
 
 def test_default_conf_root_is_the_packaged_one():
-    from memx.catalog import default_conf_root
+    from memx.domain.catalog import default_conf_root
 
     assert (default_conf_root() / "gpus" / "a100-80g.yaml").is_file()
     assert Path(default_conf_root()).name == "conf"

@@ -4,7 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
-from memx.cli import app
+from memx.cli.app import app
 runner = CliRunner()
 SMALL = ["--model", "llama-6l", "--search", "small"]
 

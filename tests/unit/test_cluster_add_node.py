@@ -4,8 +4,8 @@ import shutil
 
 from typer.testing import CliRunner
 
-from memx.catalog import load_cluster
-from memx.cli import app
+from memx.domain.catalog import load_cluster
+from memx.cli.app import app
 
 runner = CliRunner()
 

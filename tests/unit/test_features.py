@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from memx.analytic import AnalyticStageModel
-from memx.catalog import load_gpu
-from memx.predictor.features import (
+from memx.planner.cost import AnalyticStageModel
+from memx.domain.catalog import load_gpu
+from memx.learn.features import (
     FEATURE_NAMES,
     feature_matrix,
     gpu_arrays,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from memx.catalog import load_cluster, load_gpu, load_model
-from memx.registry import fingerprint
-from memx.specs import Cluster, Node
+from memx.domain.catalog import load_cluster, load_gpu, load_model
+from memx.pipeline.registry import fingerprint
+from memx.domain.specs import Cluster, Node
 
 
 def test_each_trigger_changes_the_fingerprint_and_growth_does_not():

@@ -2,9 +2,9 @@
 
 import pytest
 
-from memx.catalog import load_cluster
-from memx.errors import InputError
-from memx.objective import PROFILES, auto_profile, heterogeneity, parse_weights, phi
+from memx.domain.catalog import load_cluster
+from memx.domain.errors import InputError
+from memx.planner.objective import PROFILES, auto_profile, heterogeneity, parse_weights, phi
 
 
 def test_paper_worked_example():

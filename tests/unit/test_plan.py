@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memx.catalog import load_cluster, load_model
-from memx.errors import InputError
-from memx.plan import Plan, Stage, place_plan, plan_from_dict, plan_from_json, plan_to_dict, plan_to_json, validate_plan
+from memx.domain.catalog import load_cluster, load_model
+from memx.domain.errors import InputError
+from memx.domain.plan import Plan, Stage, place_plan, plan_from_dict, plan_from_json, plan_to_dict, plan_to_json, validate_plan
 
 DESIGN_EXAMPLE = {"model": "llama2-7b", "cluster": "three-vendor-20", "global_batch": 128, "micro_batch": 2,
                   "seq_len": 4096, "dp": 2,

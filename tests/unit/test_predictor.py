@@ -9,12 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from memx.analytic import AnalyticStageModel
-from memx.catalog import load_cluster, load_model, load_search
-from memx.evaluate import evaluate
-from memx.predictor import VARIANTS, LearnedStagePredictor, fit_predictor, stage_errors
+from memx.planner.cost import AnalyticStageModel
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.report.evaluate import evaluate
+from memx.learn import VARIANTS, LearnedStagePredictor, fit_predictor, stage_errors
 from memx.profiling import profile
-from memx.signatures import SIGNATURE_COLUMNS, StagePredictor
+from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor
 from memx.simulator import sample_plans
 
 
@@ -103,7 +103,7 @@ def test_predicts_two_hundred_thousand_signatures_in_seconds(scenario):
 
 
 def test_serialised_form_round_trips_and_version_tracks_content(scenario):
-    from memx.predictor.model import from_json
+    from memx.learn.model import from_json
 
     cl, _, _, runs, _ = scenario
     pred = fit_predictor(runs, gpus_of(cl), variant="hybrid-calibrated", seed=0)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from memx.catalog import load_cluster, load_model, load_search
+from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.profiling import BACKENDS, profile
 from memx.profiling.design import full_grid_size, gpu_axes, three
-from memx.errors import InputError
+from memx.domain.errors import InputError
 from memx.profiling.records import signature_key
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from memx.catalog import load_cluster, load_model, load_search
+from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.profiling.backends.torch import TorchBackend, auto_scale, scale_model
 from memx.profiling.design import point
 

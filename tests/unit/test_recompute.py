@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from memx.naive import evaluate_split
-from memx.objective import parse_weights
-from memx.recompute import fit, refine
-from memx.tables import NONE, LayoutTables, decode_option, stage_options, stage_table
+from memx.planner.naive import evaluate_split
+from memx.planner.objective import parse_weights
+from memx.planner.recompute import fit, refine
+from memx.planner.tables import NONE, LayoutTables, decode_option, stage_options, stage_table
 
 LEVELS = ("none", "full", "block")
 N_MAX = 4

@@ -5,15 +5,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from memx.analytic import AnalyticStageModel
-from memx.catalog import load_cluster, load_model, load_search
-from memx.errors import InfeasibleError, InputError
-from memx.estimate import estimate_plans
-from memx.naive import evaluate_split
-from memx.objective import parse_weights
-from memx.search import _chunks, _contexts, _prepare, search
-from memx.space import enumerate_layouts
-from memx.predictions import predict_tables
+from memx.planner.cost import AnalyticStageModel
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.domain.errors import InfeasibleError, InputError
+from memx.planner.estimate import estimate_plans
+from memx.planner.naive import evaluate_split
+from memx.planner.objective import parse_weights
+from memx.planner.search import _chunks, _contexts, _prepare, search
+from memx.planner.space import enumerate_layouts
+from memx.planner.predictions import predict_tables
 
 
 @pytest.fixture(scope="module")

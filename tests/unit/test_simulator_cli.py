@@ -7,7 +7,7 @@ import json
 import pandas as pd
 from typer.testing import CliRunner
 
-from memx.simulator.cli import app
+from memx.cli.simulate import app
 
 runner = CliRunner()
 STAGE = {"gpu": "a100-80g", "tp": 2, "layers": 4, "micro_batch": 1, "seq_len": 4096, "recompute": "full",

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from memx.catalog import load_cluster, load_model, load_search
-from memx.plan import plan_from_json, validate_plan
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.domain.plan import plan_from_json, validate_plan
 from memx.simulator import CONFIG_RUN_COLUMNS, draw_plans, sample_plans
 
 

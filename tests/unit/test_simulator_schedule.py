@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memx.catalog import load_cluster, load_model, load_search
-from memx.errors import InputError
-from memx.plan import Plan, Stage, plan_from_json
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.domain.errors import InputError
+from memx.domain.plan import Plan, Stage, plan_from_json
 from memx.simulator import run_1f1b, sample_plans, simulate_plan
 from memx.simulator.schedule import one_f1b_order
 

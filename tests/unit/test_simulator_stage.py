@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from memx.catalog import load_gpu
-from memx.errors import InputError
+from memx.domain.catalog import load_gpu
+from memx.domain.errors import InputError
 from memx.simulator import (
     STAGE_RUN_COLUMNS,
     load_traits,
@@ -37,8 +37,8 @@ def cost(gpu="a100-80g", traits=None, **over):
 
 
 def test_simulator_does_not_import_the_planner_cost_model():
-    banned = ["memx.analytic", "memx.pipeline", "memx.recompute", "memx.search", "memx.objective"]
-    code = ("import sys, memx.simulator, memx.simulator.cli; "
+    banned = ["memx.planner.cost", "memx.planner.schedule", "memx.planner.recompute", "memx.planner.search", "memx.planner.objective"]
+    code = ("import sys, memx.simulator, memx.cli.simulate; "
             f"bad = [m for m in {banned!r} if m in sys.modules]; assert not bad, bad; print('clean')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr

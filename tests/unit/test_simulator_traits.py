@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from memx.catalog import known_names
-from memx.errors import InputError
+from memx.domain.catalog import known_names
+from memx.domain.errors import InputError
 from memx.simulator import load_traits
 
 

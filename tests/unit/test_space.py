@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memx.catalog import load_cluster, load_model, load_search
-from memx.plan import Plan, Stage, validate_plan
-from memx.space import count_compositions, count_with_options, enumerate_layouts, splits
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.domain.plan import Plan, Stage, validate_plan
+from memx.planner.space import count_compositions, count_with_options, enumerate_layouts, splits
 
 
 def _brute(total, lo, hi):

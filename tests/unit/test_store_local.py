@@ -12,9 +12,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from memx.artifacts_cli import register
-from memx.errors import InputError
-from memx.store import ArtifactNotFound, LocalStore, content_version, s3_endpoint, s3_env, store_from_uri
+from memx.cli.artifacts import register
+from memx.domain.errors import InputError
+from memx.pipeline.store import ArtifactNotFound, LocalStore, content_version, s3_endpoint, s3_env, store_from_uri
 
 
 class Unwritable:

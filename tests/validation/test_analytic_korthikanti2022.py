@@ -4,7 +4,7 @@
 import pandas as pd
 import pytest
 
-from memx.analytic import (
+from memx.planner.cost import (
     AnalyticStageModel,
     BYTES_PER_PARAM_STATIC,
     layer_activation_bytes,
@@ -12,7 +12,7 @@ from memx.analytic import (
     layer_input_bytes,
     layer_params,
 )
-from memx.specs import GpuType
+from memx.domain.specs import GpuType
 
 A100 = GpuType(name="a100-80g", vendor="nvidia", memory_gib=80, peak_tflops_bf16=312, memory_bandwidth_gbps=2039,
                intra_node_bandwidth_gbps=300)

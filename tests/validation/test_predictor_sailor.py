@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memx.analytic import AnalyticStageModel
-from memx.estimate import estimate_plans
-from memx.plan import Plan, Stage
-from memx.predictor import fit_predictor
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.estimate import estimate_plans
+from memx.domain.plan import Plan, Stage
+from memx.learn import fit_predictor
 from memx.profiling.backends.records import read_sailor_profiles
-from memx.specs import Cluster, GpuType, ModelArch, Node
+from memx.domain.specs import Cluster, GpuType, ModelArch, Node
 
 GH200 = GpuType(name="gh200-96g", vendor="nvidia", memory_gib=96, peak_tflops_bf16=989,
                 memory_bandwidth_gbps=4000, intra_node_bandwidth_gbps=150)

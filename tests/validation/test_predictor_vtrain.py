@@ -13,14 +13,14 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from memx.augment import augment
-from memx.catalog import load_gpu
-from memx.estimate import estimate_plans
-from memx.plan import Plan, Stage
-from memx.predictor import fit_predictor
+from memx.learn.augment import augment
+from memx.domain.catalog import load_gpu
+from memx.planner.estimate import estimate_plans
+from memx.domain.plan import Plan, Stage
+from memx.learn import fit_predictor
 from memx.profiling.design import dense_points, gpu_axes, grid_points, inflight_points
 from memx.simulator import load_traits, measure_stages
-from memx.specs import Cluster, ModelArch, Node, SearchSpace
+from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace
 
 COLUMNS = ["gpus", "gbs", "mbs", "hidden", "heads", "layers", "seq", "tp", "dp", "pp", "time_ms"]
 

@@ -17,9 +17,9 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from memx.plan import Plan, Stage
+from memx.domain.plan import Plan, Stage
 from memx.simulator import load_traits, simulate_plan
-from memx.specs import Cluster, GpuType, ModelArch, Node
+from memx.domain.specs import Cluster, GpuType, ModelArch, Node
 
 GH200 = GpuType(name="gh200-96g", vendor="nvidia", memory_gib=96, peak_tflops_bf16=989,
                 memory_bandwidth_gbps=4000, intra_node_bandwidth_gbps=150)

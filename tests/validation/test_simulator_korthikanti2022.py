@@ -14,7 +14,7 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from memx.catalog import load_gpu
+from memx.domain.catalog import load_gpu
 from memx.simulator import load_traits, signature_from_dict, stage_cost
 from memx.simulator.stage import MIB
 

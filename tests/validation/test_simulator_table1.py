@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from memx.catalog import load_cluster, load_model
-from memx.plan import Plan, Stage
+from memx.domain.catalog import load_cluster, load_model
+from memx.domain.plan import Plan, Stage
 from memx.simulator import simulate_plan
-from memx.specs import Cluster, Node
+from memx.domain.specs import Cluster, Node
 
 OFFLOADED = 4.0
 

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from memx.catalog import load_gpu
-from memx.plan import Plan, Stage
+from memx.domain.catalog import load_gpu
+from memx.domain.plan import Plan, Stage
 from memx.simulator import load_traits, simulate_plan
-from memx.specs import Cluster, ModelArch, Node
+from memx.domain.specs import Cluster, ModelArch, Node
 
 COLUMNS = ["gpus", "gbs", "mbs", "hidden", "heads", "layers", "seq", "tp", "dp", "pp", "time_ms"]
 

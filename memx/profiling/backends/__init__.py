@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
-from memx.errors import InputError
+from memx.domain.errors import InputError
 
 BACKENDS = ("simulated", "command", "torch", "records")
 

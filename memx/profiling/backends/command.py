@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from memx.errors import InputError
+from memx.domain.errors import InputError
 from memx.profiling.megatron_logs import parse_output
 from memx.profiling.records import SIGNATURE_COLUMNS, failed_row, ok_row
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from memx.errors import InputError
+from memx.domain.errors import InputError
 from memx.profiling.megatron_logs import megatron_args, parse_output, point_from_args, point_from_header
 from memx.profiling.records import (RejectedRow, empty_stage_runs, failed_row, ok_row,
                                     to_stage_runs, validate_stage_runs)
-from memx.specs import ModelArch
+from memx.domain.specs import ModelArch
 
 FORMATS = (".csv", ".parquet", ".jsonl", ".json")
 LOG_SUFFIXES = (".log", ".txt", ".out")

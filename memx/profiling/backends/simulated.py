@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from memx.profiling.records import signature_key
 from memx.simulator import load_traits, measure_stages
-from memx.specs import Cluster
+from memx.domain.specs import Cluster
 
 
 @dataclass(frozen=True, kw_only=True)

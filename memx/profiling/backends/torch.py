@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from memx.profiling.records import failed_row, ok_row
-from memx.specs import ModelArch
+from memx.domain.specs import ModelArch
 
 MIB = 1024.0 * 1024.0
 CPU_MAX_HIDDEN = 128  # our choice: keeps a scaled-down model's whole profile under 2 minutes on 2 CPU cores

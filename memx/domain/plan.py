@@ -1,0 +1,203 @@
+"""Stage and Plan: the unit the search ranks and the output users launch (DESIGN.md §3).
+
+Plan JSON round-trips exactly through `plan_to_dict` / `plan_from_dict`; `validate_plan` checks a
+plan against its cluster and model and names every offending field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from memx.domain.errors import InputError
+from memx.domain.specs import Cluster, ModelArch
+
+PLAN_RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    gpu: str
+    tp: int
+    layers: int
+    recompute: str = "none"  # none | selective | full
+    recompute_layers: int | None = None  # with full: Megatron's block method, first N layers
+
+    @property
+    def recomputed_layers(self) -> int:
+        """Layers recomputed in full (0 for none/selective)."""
+        if self.recompute != "full":
+            return 0
+        return self.layers if self.recompute_layers is None else self.recompute_layers
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    model: str
+    cluster: str
+    global_batch: int
+    micro_batch: int
+    seq_len: int
+    dp: int
+    stages: tuple[Stage, ...]
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    @property
+    def micro_batches(self) -> int:
+        """m = global_batch / (dp · micro_batch) (DESIGN.md §3)."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def gpus_used(self) -> int:
+        return self.dp * sum(s.tp for s in self.stages)
+
+    def gpus_per_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.stages:
+            out[s.gpu] = out.get(s.gpu, 0) + self.dp * s.tp
+        return out
+
+
+def stage_to_dict(stage: Stage) -> dict[str, Any]:
+    d: dict[str, Any] = {"gpu": stage.gpu, "tp": stage.tp, "layers": stage.layers, "recompute": stage.recompute}
+    if stage.recompute_layers is not None:
+        d["recompute_layers"] = stage.recompute_layers
+    return d
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    return {
+        "model": plan.model,
+        "cluster": plan.cluster,
+        "global_batch": plan.global_batch,
+        "micro_batch": plan.micro_batch,
+        "seq_len": plan.seq_len,
+        "dp": plan.dp,
+        "stages": [stage_to_dict(s) for s in plan.stages],
+    }
+
+
+def plan_to_json(plan: Plan) -> str:
+    return json.dumps(plan_to_dict(plan), separators=(", ", ": "))
+
+
+_PLAN_KEYS = ("model", "cluster", "global_batch", "micro_batch", "seq_len", "dp", "stages")
+_STAGE_KEYS = ("gpu", "tp", "layers")
+
+
+def _need_int(where: str, field: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(f"{where}: field '{field}' must be an integer ≥ {minimum}, got {value!r}")
+    return value
+
+
+def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
+    """Parse plan JSON; structural errors name the field (InputError, exit 2)."""
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: a plan must be a JSON object, got {type(data).__name__}")
+    missing = [k for k in _PLAN_KEYS if k not in data]
+    if missing:
+        raise InputError(f"{source}: missing field(s) {', '.join(missing)}; a plan has {', '.join(_PLAN_KEYS)}")
+    if not isinstance(data["stages"], list) or not data["stages"]:
+        raise InputError(f"{source}: field 'stages' must be a non-empty list")
+    stages = []
+    for i, raw in enumerate(data["stages"]):
+        where = f"{source}: stages[{i}]"
+        if not isinstance(raw, dict):
+            raise InputError(f"{where}: must be an object")
+        miss = [k for k in _STAGE_KEYS if k not in raw]
+        if miss:
+            raise InputError(f"{where}: missing field(s) {', '.join(miss)}")
+        extra = set(raw) - {"gpu", "tp", "layers", "recompute", "recompute_layers"}
+        if extra:
+            raise InputError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
+        recompute = raw.get("recompute", "none")
+        if recompute not in PLAN_RECOMPUTE:
+            raise InputError(f"{where}: field 'recompute' is {recompute!r}; allowed: {', '.join(PLAN_RECOMPUTE)}")
+        layers = _need_int(where, "layers", raw["layers"])
+        rl = raw.get("recompute_layers")
+        if rl is not None:
+            rl = _need_int(where, "recompute_layers", rl, 0)
+            if recompute != "full" or rl > layers:
+                raise InputError(
+                    f"{where}: field 'recompute_layers' ({rl}) needs recompute 'full' and at most 'layers' ({layers})"
+                )
+        stages.append(
+            Stage(gpu=str(raw["gpu"]), tp=_need_int(where, "tp", raw["tp"]), layers=layers, recompute=recompute,
+                  recompute_layers=rl)
+        )
+    return Plan(
+        model=str(data["model"]),
+        cluster=str(data["cluster"]),
+        global_batch=_need_int(source, "global_batch", data["global_batch"]),
+        micro_batch=_need_int(source, "micro_batch", data["micro_batch"]),
+        seq_len=_need_int(source, "seq_len", data["seq_len"]),
+        dp=_need_int(source, "dp", data["dp"]),
+        stages=tuple(stages),
+    )
+
+
+def plan_from_json(text: str, source: str = "plan") -> Plan:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{source}: not valid JSON: {exc}") from exc
+    return plan_from_dict(data, source)
+
+
+def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = "plan") -> None:
+    """Check a plan against its cluster and model; one InputError naming every problem."""
+    problems: list[str] = []
+    if plan.model != model.name:
+        problems.append(f"field 'model' is {plan.model!r} but the model given is {model.name!r}")
+    if plan.cluster != cluster.name:
+        problems.append(f"field 'cluster' is {plan.cluster!r} but the cluster given is {cluster.name!r}")
+    total = sum(s.layers for s in plan.stages)
+    if total != model.layers:
+        problems.append(f"stage 'layers' sum to {total}, model {model.name} has {model.layers}")
+    if plan.global_batch % (plan.dp * plan.micro_batch):
+        problems.append(
+            f"field 'global_batch' ({plan.global_batch}) is not divisible by dp × micro_batch "
+            f"({plan.dp} × {plan.micro_batch})"
+        )
+    known = {g.name for g in cluster.gpu_types}
+    for i, s in enumerate(plan.stages):
+        if s.gpu not in known:
+            problems.append(f"stages[{i}].gpu {s.gpu!r} is not in cluster {cluster.name}; allowed: {', '.join(sorted(known))}")
+            continue
+        if model.heads % s.tp or model.query_groups % s.tp:
+            problems.append(
+                f"stages[{i}].tp ({s.tp}) must divide heads ({model.heads}) and query_groups ({model.query_groups})"
+            )
+        if s.tp > max(cluster.node_sizes(s.gpu)):
+            problems.append(f"stages[{i}].tp ({s.tp}) exceeds the largest {s.gpu} node ({max(cluster.node_sizes(s.gpu))} GPUs)")
+    for gpu, used in plan.gpus_per_type().items():
+        if gpu in known and used > cluster.gpu_count(gpu):
+            problems.append(f"plan uses {used} × {gpu} (dp × Σ tp), cluster {cluster.name} has {cluster.gpu_count(gpu)}")
+    if not problems and place_plan(plan, cluster) is None:
+        problems.append("the stages' TP groups cannot be placed on the cluster's nodes (a TP group must fit in one node)")
+    if problems:
+        raise InputError(f"{source}: invalid plan: " + "; ".join(problems))
+
+
+def place_plan(plan: Plan, cluster: Cluster) -> list[list[int]] | None:
+    """Node index of every (replica, stage) TP group, packed first-fit, or None if it does not fit.
+
+    Replicas are placed stage by stage so a stage's DP replicas share a node when they can.
+    """
+    free = [n.count for n in cluster.nodes]
+    where = [[-1] * plan.pp for _ in range(plan.dp)]
+    for s, stage in enumerate(plan.stages):
+        for r in range(plan.dp):
+            for i, node in enumerate(cluster.nodes):
+                if node.gpu.name == stage.gpu and free[i] >= stage.tp:
+                    free[i] -= stage.tp
+                    where[r][s] = i
+                    break
+            else:
+                return None
+    return where

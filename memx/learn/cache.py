@@ -1,0 +1,118 @@
+"""Stage-prediction cache (DESIGN.md §4 "Cache").
+
+A prediction is stored under a 64-bit hash of its *full* signature (every SIGNATURE_COLUMNS field:
+layer count, recompute layers, inflight, first/last included — the paper leaves the fields open, we
+don't) keyed with the predictor version, so two predictor versions never share entries. The cache is
+persisted as Parquet beside the registered model version (see memx.pipeline.registry.cache_path); the
+fingerprint of GPU types, model structure and global batch selects that version, so a change of any of
+the three uses a different version and a different cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from memx.domain.io import atomic_write_parquet
+from memx.planner.signatures import PREDICTION_COLUMNS, SIGNATURE_COLUMNS, StagePredictor
+
+_INT = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab")
+
+
+def canonical_signatures(sigs: pd.DataFrame) -> pd.DataFrame:
+    """Signature columns in fixed dtypes, so equal signatures hash equally whatever their source."""
+    out = {c: sigs[c].to_numpy(dtype=np.int64) for c in _INT}
+    out["recompute_layers"] = pd.to_numeric(sigs["recompute_layers"], errors="coerce").fillna(-1).to_numpy(np.int64)
+    for c in ("first", "last"):
+        out[c] = sigs[c].to_numpy(dtype=bool).astype(np.int64)
+    for c in ("gpu", "recompute", "mlp"):
+        out[c] = sigs[c].astype(str).to_numpy(dtype=object)
+    return pd.DataFrame({c: out[c] for c in SIGNATURE_COLUMNS})
+
+
+def signature_keys(sigs: pd.DataFrame, version: str) -> np.ndarray:
+    """uint64 key per row: hash of the full signature, with the predictor version as the hash key."""
+    hash_key = (version + "0" * 16)[:16]
+    return pd.util.hash_pandas_object(canonical_signatures(sigs), index=False, hash_key=hash_key).to_numpy(np.uint64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheStats:
+    queries: int
+    hits: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class CachedPredictor:
+    """StagePredictor wrapper: answers known signatures from the cache, asks `inner` for the rest.
+
+    `version` must change whenever `inner`'s predictions can change (memx.learn.model's
+    LearnedStagePredictor.version is a content hash). With `path`, the cache is loaded from and saved
+    to Parquet (atomically) after every call that added entries.
+    """
+
+    def __init__(self, inner: StagePredictor, *, version: str, path: str | Path | None = None):
+        self.inner, self.version = inner, version
+        self.path = Path(path) if path is not None else None
+        self.name = f"cached-{inner.name}"
+        self._keys = pd.Index(np.empty(0, dtype=np.uint64))
+        self._values = np.empty((0, len(PREDICTION_COLUMNS)))
+        self.history: list[CacheStats] = []
+        if self.path is not None and self.path.exists():
+            self._load()
+
+    def __getattr__(self, attr):  # memory_source, time_only, variant ... of the wrapped predictor
+        if attr in ("inner", "_keys", "_values"):
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)
+
+    def _load(self) -> None:
+        df = pd.read_parquet(self.path)
+        df = df[df["version"].astype(str) == self.version]
+        self._keys = pd.Index(df["key"].to_numpy(np.uint64))
+        self._values = df.loc[:, list(PREDICTION_COLUMNS)].to_numpy(np.float64)
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        df = pd.DataFrame(self._values, columns=list(PREDICTION_COLUMNS))
+        df.insert(0, "key", self._keys.to_numpy(np.uint64))
+        df.insert(1, "version", self.version)
+        atomic_write_parquet(df, self.path)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        keys = signature_keys(sigs, self.version)
+        pos = self._keys.get_indexer(keys) if len(self._keys) else np.full(len(keys), -1)
+        hit = pos >= 0
+        out = np.empty((len(sigs), len(PREDICTION_COLUMNS)))
+        out[hit] = self._values[pos[hit]]
+        if (~hit).any():
+            miss_keys, first = np.unique(keys[~hit], return_index=True)
+            rows = np.flatnonzero(~hit)[first]
+            pred = self.inner.predict(sigs.iloc[rows].loc[:, list(SIGNATURE_COLUMNS)])
+            vals = pred.loc[:, list(PREDICTION_COLUMNS)].to_numpy(np.float64)
+            self._keys = self._keys.append(pd.Index(miss_keys))
+            self._values = np.vstack([self._values, vals])
+            out[~hit] = vals[np.searchsorted(miss_keys, keys[~hit])]
+            self.save()
+        self.history.append(CacheStats(queries=len(sigs), hits=int(hit.sum())))
+        return pd.DataFrame(out, columns=list(PREDICTION_COLUMNS), index=sigs.index)
+
+    @property
+    def last_hit_rate(self) -> float:
+        return self.history[-1].hit_rate if self.history else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """Over every call so far."""
+        q = sum(s.queries for s in self.history)
+        return sum(s.hits for s in self.history) / q if q else 0.0

@@ -1,0 +1,134 @@
+"""Features of a stage signature for the learned stage predictor.
+
+Three groups, all numbers (no one-hot GPU names), so a GPU type of known spec can be predicted
+before it is profiled:
+- the signature itself (tp, layers, micro batch, recompute code and fraction, first/last, ...);
+- the GPU's spec sheet (peak bf16 TFLOPS, memory GiB, memory and intra-node bandwidth);
+- the analytic stage model's answer for the same signature (log time, log memory, log static).
+
+`time_bases` / `memory_bases` are the physically motivated terms (per rank, one micro batch) the
+calibrated prior is a non-negative linear combination of: each is linear in layers, recomputed
+layers and in-flight micro batches, so the prior extrapolates along those axes where trees cannot.
+Sources: Narayanan et al. 2021 §5.1 (GEMM FLOPs), Korthikanti et al. 2022 §4–5 (activation bytes,
+recomputation), Patarasuk & Yuan 2009 (ring all-reduce); the split into bases is our choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from memx.planner.cost import (
+    BYTES_PER_PARAM_STATIC,
+    MIB,
+    attention_core_flops,
+    layer_forward_flops,
+    recomputed_layers,
+    stage_params_per_rank,
+)
+from memx.domain.specs import GpuType
+
+RECOMPUTE_CODE = {"none": 0.0, "selective": 1.0, "full": 2.0}
+GPU_FEATURES = ("peak_tflops_bf16", "memory_gib", "memory_bandwidth_gbps", "intra_node_bandwidth_gbps")
+SIGNATURE_FEATURES = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads",
+                      "query_groups", "vocab")
+FEATURE_NAMES = SIGNATURE_FEATURES + (
+    "recompute_code", "recompute_fraction", "recomputed_layers", "first", "last", "gelu",
+) + GPU_FEATURES + ("log_analytic_time_ms", "log_analytic_mem_mib", "log_analytic_static_mib",
+                    "log_prior_time_ms", "log_prior_mem_mib")
+
+
+def signature_arrays(sigs: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The signature columns as float64 arrays, plus n_rec (layers recomputed in full) and flags."""
+    a = {k: sigs[k].to_numpy(dtype=np.float64) for k in SIGNATURE_FEATURES}
+    rec = sigs["recompute"].astype(str).to_numpy()
+    a["n_rec"] = recomputed_layers(rec, sigs["recompute_layers"].to_numpy(), a["layers"])
+    a["sel"] = (rec == "selective").astype(np.float64)
+    a["any_rec"] = (rec != "none").astype(np.float64)
+    a["recompute_code"] = np.array([RECOMPUTE_CODE.get(r, 2.0) for r in rec], dtype=np.float64)
+    a["first"] = sigs["first"].to_numpy(dtype=bool).astype(np.float64)
+    a["last"] = sigs["last"].to_numpy(dtype=bool).astype(np.float64)
+    a["gelu"] = (sigs["mlp"].astype(str).to_numpy() == "gelu").astype(np.float64)
+    a["mlp"] = sigs["mlp"].astype(str).to_numpy()
+    return a
+
+
+def gpu_arrays(names: np.ndarray, gpus: Mapping[str, GpuType]) -> dict[str, np.ndarray]:
+    """Spec-sheet numbers per row; KeyError names GPUs without a spec."""
+    uniq, inv = np.unique(np.asarray(names).astype(str), return_inverse=True)
+    missing = [u for u in uniq if u not in gpus]
+    if missing:
+        raise KeyError(f"no GPU spec for {missing}")
+    return {f: np.array([float(getattr(gpus[u], f)) for u in uniq])[inv] for f in GPU_FEATURES}
+
+
+def _allreduce_bytes_factor(tp: np.ndarray) -> np.ndarray:
+    """Ring all-reduce volume factor 2(n−1)/n (Patarasuk & Yuan 2009); 0 for one rank."""
+    return np.where(tp > 1, 2.0 * (tp - 1.0) / np.maximum(tp, 1.0), 0.0)
+
+
+def time_bases(a: Mapping[str, np.ndarray], g: Mapping[str, np.ndarray]) -> np.ndarray:
+    """(n, 16) time terms in ms (or counts for per-op constants) whose weights the prior learns."""
+    L, n_rec, sel = a["layers"], a["n_rec"], a["sel"]
+    b, s, h, f, tp, v = (a[k] for k in ("micro_batch", "seq_len", "hidden", "ffn_hidden", "tp", "vocab"))
+    peak = g["peak_tflops_bf16"] * 1e9  # FLOP per ms
+    bw = g["memory_bandwidth_gbps"] * 1e6  # bytes per ms
+    link = g["intra_node_bandwidth_gbps"] * 1e6
+    core = attention_core_flops(b, s, h) / tp
+    gemm = layer_forward_flops(b, s, h, f, a["heads"], a["query_groups"], a["mlp"]) / tp - core
+    bsh, bsf = b * s * h, b * s * f / tp
+    passes = 3.0 * L  # forward 1× + backward 2× (Narayanan 2021 §5.1)
+    ar = _allreduce_bytes_factor(tp) * 2.0 * bsh / link  # one bf16 b·s·h all-reduce
+    n_ar = 4.0 * L + 2.0 * n_rec  # 2 fwd + 2 bwd per layer, 2 per recomputed forward (Narayanan 2021 §3.3)
+    cols = [
+        passes * gemm / peak, n_rec * gemm / peak,  # layer GEMMs; recomputed forwards
+        passes * core / peak, (n_rec + sel * L) * core / peak,  # attention core; recomputed core
+        passes * 2.0 * bsh / bw, passes * 2.0 * bsf / bw, n_rec * 2.0 * (bsh + bsf) / bw,  # elementwise
+        n_ar * ar, n_ar * (tp > 1),  # TP all-reduce volume and per-collective latency
+        passes, n_rec,  # per-layer constant costs (kernel launches, host dispatch)
+        a["last"] * 6.0 * b * s * h * v / tp / peak, a["last"] * b * s * v / tp / bw,  # output GEMM, loss
+        (a["first"] + a["last"]) * bsh / bw, a["first"] + a["last"], np.ones_like(L),
+    ]
+    return np.column_stack(cols)
+
+
+def memory_bases(a: Mapping[str, np.ndarray]) -> np.ndarray:
+    """(n, 13) memory terms in MiB (Korthikanti 2022 §4: per-layer activations by tensor)."""
+    L, n_rec, sel, k = a["layers"], a["n_rec"], a["sel"], a["inflight"]
+    b, s, h, f, tp, v = (a[x] for x in ("micro_batch", "seq_len", "hidden", "ffn_hidden", "tp", "vocab"))
+    kv = h * a["query_groups"] / a["heads"]
+    kept = k * (L - n_rec)
+    bsh = b * s * h / MIB
+    has = (L > 0).astype(np.float64)
+    static = stage_params_per_rank(L, tp, a["first"], a["last"], h, f, a["heads"], a["query_groups"], v,
+                                   a["mlp"]) * BYTES_PER_PARAM_STATIC / MIB
+    cols = [
+        np.ones_like(L), static,
+        kept * bsh, kept * b * s * (h + kv) / tp / MIB, kept * b * s * f / tp / MIB,  # replicated, QKV, MLP
+        k * (L - n_rec - sel * L) * a["heads"] * s * s * b / tp / MIB,  # attention scores (selective drops)
+        k * n_rec * bsh, k * a["first"] * bsh, k * a["last"] * (bsh + b * s * v / tp / MIB),  # inputs, ends
+        a["last"] * b * s * v / tp / MIB,  # logit-gradient workspace
+        has * b * s * f / tp / MIB, has * bsh,  # gradient temporaries of the largest tensors
+        a["any_rec"] * has * (bsh + b * s * (h + kv + f) / tp / MIB),  # a recomputed layer re-materialised
+    ]
+    return np.column_stack(cols)
+
+
+def static_basis(a: Mapping[str, np.ndarray]) -> np.ndarray:
+    return memory_bases(a)[:, 1]
+
+
+def feature_matrix(a: Mapping[str, np.ndarray], g: Mapping[str, np.ndarray], analytic: pd.DataFrame,
+                   prior_time_ms: np.ndarray, prior_mem_mib: np.ndarray) -> np.ndarray:
+    """(n, len(FEATURE_NAMES)) float32, C-contiguous (what Booster.inplace_predict wants)."""
+    L = a["layers"]
+    frac = np.divide(a["n_rec"], L, out=np.zeros_like(L), where=L > 0)
+    cols = [a[k] for k in SIGNATURE_FEATURES] + [a["recompute_code"], frac, a["n_rec"], a["first"], a["last"],
+                                                  a["gelu"]]
+    cols += [g[k] for k in GPU_FEATURES]
+    cols += [np.log(np.maximum(analytic[c].to_numpy(dtype=np.float64), 1e-6))
+             for c in ("time_ms", "peak_mem_mib", "static_mem_mib")]
+    cols += [np.log(np.maximum(prior_time_ms, 1e-6)), np.log(np.maximum(prior_mem_mib, 1e-6))]
+    return np.ascontiguousarray(np.column_stack(cols), dtype=np.float32)

@@ -1,0 +1,280 @@
+"""The learned stage predictor: a calibrated analytic prior × a dual-output XGBoost correction.
+
+Variants (all implement `memx.planner.signatures.StagePredictor`; `fit_variants` trains them on the same rows
+and `select` keeps the one with the lowest held-out error):
+- ``xgb``: trees on log(time), log(memory) directly (features include the analytic answer);
+- ``hybrid``: trees on log(measured / analytic) — analytic prior × learned correction;
+- ``calibrated``: the prior alone — per GPU type, non-negative weights of the physical time and memory
+  bases (memx.learn.features), fitted by NNLS on relative error; linear in layers, recomputed layers
+  and in-flight micro batches, so it extrapolates where trees cannot;
+- ``hybrid-calibrated``: trees on log(measured / calibrated prior).
+One booster, two outputs (`multi_strategy` one_output_per_tree or multi_output_tree, tree_method hist).
+
+Time-only data (every peak_mem_mib null, e.g. per-layer published profiles): the booster has one output
+and memory comes from the analytic model; `memory_source == "analytic"` says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from memx.planner.cost import AnalyticStageModel
+from memx.learn.features import feature_matrix, gpu_arrays, memory_bases, signature_arrays, time_bases
+from memx.planner.signatures import SIGNATURE_COLUMNS
+from memx.domain.specs import GpuType
+
+VARIANTS = ("xgb", "hybrid", "calibrated", "hybrid-calibrated")
+GLOBAL = "*"  # calibration used for GPU types that were not profiled
+MIN_ROWS_PER_GPU = 12  # our choice: fewer rows than this → the GPU type uses the global calibration
+
+
+@dataclass(frozen=True, kw_only=True)
+class XgbParams:
+    max_depth: int = 6
+    learning_rate: float = 0.1
+    n_rounds: int = 300
+    min_child_weight: float = 1.0
+    subsample: float = 0.9
+    colsample_bytree: float = 0.9
+    reg_lambda: float = 1.0
+    multi_strategy: str = "one_output_per_tree"
+
+    def booster_params(self, seed: int, outputs: int) -> dict[str, Any]:
+        p = {"tree_method": "hist", "objective": "reg:squarederror", "max_depth": self.max_depth,
+             "eta": self.learning_rate, "min_child_weight": self.min_child_weight, "subsample": self.subsample,
+             "colsample_bytree": self.colsample_bytree, "lambda": self.reg_lambda, "seed": seed, "nthread": 1}
+        if outputs > 1:
+            p["multi_strategy"] = self.multi_strategy
+        return p
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Per-GPU (and GLOBAL) non-negative weights of the time and memory bases; static memory ratio."""
+
+    time_coef: dict[str, list[float]]
+    mem_coef: dict[str, list[float]] = field(default_factory=dict)
+    static_ratio: dict[str, float] = field(default_factory=dict)
+
+
+def _nnls_relative(A: np.ndarray, y: np.ndarray) -> list[float]:
+    """min Σ((A·θ − y)/y)² with θ ≥ 0 (relative error: stages span three orders of magnitude)."""
+    from scipy.optimize import nnls
+
+    Ar = A / y[:, None]
+    scale = np.linalg.norm(Ar, axis=0)
+    scale[scale == 0] = 1.0
+    theta, _ = nnls(Ar / scale, np.ones_like(y), maxiter=50 * A.shape[1])
+    return (theta / scale).tolist()
+
+
+def _groups(names: np.ndarray) -> dict[str, np.ndarray]:
+    out = {GLOBAL: np.ones(len(names), dtype=bool)}
+    for u in np.unique(names):
+        sel = names == u
+        if sel.sum() >= MIN_ROWS_PER_GPU:
+            out[str(u)] = sel
+    return out
+
+
+def fit_calibration(a, g, names: np.ndarray, y_time: np.ndarray, y_mem: np.ndarray, y_static: np.ndarray,
+                    analytic_static: np.ndarray) -> Calibration:
+    Tb, Mb = time_bases(a, g), memory_bases(a)
+    if a["layers"].max() <= 1:  # per-layer profiles: a constant is not identifiable from a per-layer term
+        Tb[:, -1] = 0.0
+    tc, mc, sr = {}, {}, {}
+    for key, sel in _groups(names).items():
+        tc[key] = _nnls_relative(Tb[sel], y_time[sel])
+        ok = sel & np.isfinite(y_mem)
+        if ok.sum() >= min(MIN_ROWS_PER_GPU, sel.sum()) and ok.any():
+            mc[key] = _nnls_relative(Mb[ok], y_mem[ok])
+        oks = sel & np.isfinite(y_static) & (analytic_static > 0)
+        if oks.any():
+            sr[key] = float(np.median(y_static[oks] / analytic_static[oks]))
+    return Calibration(time_coef=tc, mem_coef=mc, static_ratio=sr)
+
+
+def _per_row(coef: Mapping[str, list[float]], names: np.ndarray, bases: np.ndarray) -> np.ndarray:
+    out = np.empty(len(names))
+    uniq, inv = np.unique(names, return_inverse=True)
+    for i, u in enumerate(uniq):
+        theta = np.asarray(coef.get(str(u), coef[GLOBAL]))
+        sel = inv == i
+        out[sel] = bases[sel] @ theta
+    return out
+
+
+def apply_calibration(cal: Calibration, a, g, names: np.ndarray, analytic: pd.DataFrame):
+    """(time_ms, peak_mem_mib, static_mem_mib) of the calibrated prior; analytic memory without data."""
+    t = np.maximum(_per_row(cal.time_coef, names, time_bases(a, g)), 1e-3)
+    if cal.mem_coef:
+        m = np.maximum(_per_row(cal.mem_coef, names, memory_bases(a)), 1.0)
+    else:
+        m = analytic["peak_mem_mib"].to_numpy(dtype=np.float64)
+    ratio = np.array([cal.static_ratio.get(str(n), cal.static_ratio.get(GLOBAL, 1.0)) for n in np.unique(names)])
+    _, inv = np.unique(names, return_inverse=True)
+    s = analytic["static_mem_mib"].to_numpy(dtype=np.float64) * (ratio[inv] if len(ratio) else 1.0)
+    return t, m, s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """Everything computed from signatures before the trees: features and the variant's prior."""
+
+    X: np.ndarray
+    prior_time_ms: np.ndarray
+    prior_mem_mib: np.ndarray
+    static_mem_mib: np.ndarray
+    analytic_mem_mib: np.ndarray
+
+
+def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: Calibration | None) -> Prepared:
+    a = signature_arrays(sigs)
+    names = sigs["gpu"].astype(str).to_numpy()
+    g = gpu_arrays(names, gpus)
+    an = AnalyticStageModel(gpus=gpus).predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
+    if cal is not None:
+        ct, cm, cs = apply_calibration(cal, a, g, names, an)
+    else:
+        ct, cm, cs = (an[c].to_numpy(dtype=np.float64) for c in ("time_ms", "peak_mem_mib", "static_mem_mib"))
+    an_t, an_m = an["time_ms"].to_numpy(np.float64), an["peak_mem_mib"].to_numpy(np.float64)
+    if variant == "xgb":
+        pt, pm = np.ones(len(sigs)), np.ones(len(sigs))
+    elif variant == "hybrid":
+        pt, pm = an_t, an_m
+    else:
+        pt, pm = ct, cm
+    X = feature_matrix(a, g, an, ct, cm)
+    return Prepared(X=X, prior_time_ms=pt, prior_mem_mib=pm, static_mem_mib=cs, analytic_mem_mib=an_m)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnedStagePredictor:
+    """A trained stage predictor (StagePredictor protocol). `memory_source` is "learned" when memory was
+    measured, "analytic" when the training data carried time only."""
+
+    variant: str
+    gpus: Mapping[str, GpuType]
+    calibration: Calibration | None
+    booster: Any | None  # xgboost.Booster; None for the calibrated prior alone
+    memory_source: str = "learned"
+    params: XgbParams = field(default_factory=XgbParams)
+    name: str = ""
+
+    def __post_init__(self):
+        if not self.name:
+            object.__setattr__(self, "name", f"memx-{self.variant}")
+
+    def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        p = prepare(sigs, self.gpus, self.variant, self.calibration)
+        t, m = p.prior_time_ms, p.prior_mem_mib
+        if self.booster is not None and len(sigs):
+            r = np.asarray(self.booster.inplace_predict(p.X), dtype=np.float64).reshape(len(sigs), -1)
+            t = t * np.exp(r[:, 0])
+            if r.shape[1] > 1:
+                m = m * np.exp(r[:, 1])
+        if self.memory_source == "analytic":
+            m = p.analytic_mem_mib
+        return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib}, index=sigs.index)
+
+    @property
+    def time_only(self) -> bool:
+        return self.memory_source == "analytic"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"variant": self.variant, "memory_source": self.memory_source, "params": asdict(self.params),
+                "calibration": None if self.calibration is None else asdict(self.calibration),
+                "gpus": {k: asdict(v) for k, v in sorted(self.gpus.items())}}
+
+    def booster_bytes(self) -> bytes:
+        return b"" if self.booster is None else bytes(self.booster.save_raw("ubj"))
+
+    @property
+    def version(self) -> str:
+        """Content hash of everything that determines predictions (keys the prediction cache)."""
+        h = hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode())
+        h.update(self.booster_bytes())
+        return h.hexdigest()[:16]
+
+
+def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredictor:
+    cal = meta.get("calibration")
+    return LearnedStagePredictor(
+        variant=meta["variant"], memory_source=meta["memory_source"], params=XgbParams(**meta["params"]),
+        calibration=None if cal is None else Calibration(**cal), booster=booster,
+        gpus={k: GpuType(**v) for k, v in meta["gpus"].items()})
+
+
+def training_rows(stage_runs: pd.DataFrame) -> pd.DataFrame:
+    """Rows usable for training: status ok (or missing) with a positive time."""
+    df = stage_runs
+    if "status" in df.columns:
+        df = df[df["status"].fillna("ok").astype(str) == "ok"]
+    df = df[pd.to_numeric(df["time_ms"], errors="coerce") > 0]
+    return df.reset_index(drop=True)
+
+
+def _targets(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    col = lambda c: pd.to_numeric(df[c], errors="coerce").to_numpy(np.float64) if c in df else np.full(len(df), np.nan)
+    return col("time_ms"), col("peak_mem_mib"), col("static_mem_mib")
+
+
+def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, variant: str = "hybrid-calibrated",
+                  params: XgbParams | None = None, seed: int = 0) -> LearnedStagePredictor:
+    """Train one variant on stage_runs (failed / OOM rows dropped; time-only rows kept)."""
+    import xgboost as xgb
+
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}; allowed: {', '.join(VARIANTS)}")
+    params = params or XgbParams()
+    df = training_rows(stage_runs)
+    if df.empty:
+        raise ValueError("no usable stage_runs rows (all failed or without time)")
+    yt, ym, ys = _targets(df)
+    has_mem = np.isfinite(ym)
+    memory_source = "learned" if has_mem.mean() >= 0.5 else "analytic"  # our choice: half the rows
+    cal = None
+    if variant in ("calibrated", "hybrid-calibrated") or variant == "xgb":
+        a = signature_arrays(df)
+        names = df["gpu"].astype(str).to_numpy()
+        an = AnalyticStageModel(gpus=gpus).predict(df.loc[:, list(SIGNATURE_COLUMNS)])
+        cal = fit_calibration(a, gpu_arrays(names, gpus), names, yt, ym if memory_source == "learned" else
+                              np.full(len(df), np.nan), ys, an["static_mem_mib"].to_numpy(np.float64))
+    pred = LearnedStagePredictor(variant=variant, gpus=dict(gpus), calibration=cal, booster=None,
+                                 memory_source=memory_source, params=params)
+    if variant == "calibrated":
+        return pred
+    p = prepare(df, gpus, variant, cal)
+    rows = has_mem if memory_source == "learned" else np.ones(len(df), dtype=bool)
+    Y = [np.log(yt / p.prior_time_ms)]
+    if memory_source == "learned":
+        Y.append(np.log(ym / p.prior_mem_mib))
+    Y = np.column_stack(Y)[rows]
+    dm = xgb.DMatrix(p.X[rows], label=Y)
+    booster = xgb.train(params.booster_params(seed, Y.shape[1]), dm, num_boost_round=params.n_rounds)
+    return LearnedStagePredictor(variant=variant, gpus=dict(gpus), calibration=cal, booster=booster,
+                                 memory_source=memory_source, params=params)
+
+
+def stage_errors(predictor, rows: pd.DataFrame) -> dict[str, float]:
+    """Held-out stage errors (fractions): time MAPE and, where measured, memory MAPE."""
+    df = training_rows(rows)
+    yt, ym, _ = _targets(df)
+    pr = predictor.predict(df.loc[:, list(SIGNATURE_COLUMNS)])
+    out = {"time_mape": float(np.mean(np.abs(pr["time_ms"].to_numpy() - yt) / yt))}
+    ok = np.isfinite(ym)
+    out["mem_mape"] = float(np.mean(np.abs(pr["peak_mem_mib"].to_numpy()[ok] - ym[ok]) / ym[ok])) if ok.any() else float("nan")
+    return out
+
+
+def held_out_score(err: Mapping[str, float]) -> float:
+    """Selection score: time MAPE + memory MAPE (our choice; memory dropped when not measured)."""
+    m = err.get("mem_mape", float("nan"))
+    return float(err["time_mape"] + (0.0 if np.isnan(m) else m))

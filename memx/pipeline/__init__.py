@@ -1,0 +1,1 @@
+"""pipeline (docs/architecture.md)."""

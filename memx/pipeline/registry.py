@@ -1,0 +1,212 @@
+"""MLflow tracking and model registry for stage predictors; fingerprints (DESIGN.md §4 "Cache").
+
+- Tracking URI: the argument, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///$MEMX_HOME/mlflow.db``
+  (``MEMX_HOME`` defaults to ``.memx``). SQLite, not the file store (ECOSYSTEM.md: MLflow 3).
+- One registered model, ``memx-stage-predictor``; each version is tagged ``gpu_types``,
+  ``model_fingerprint``, ``global_batch``, ``fingerprint`` (hash of the three), ``data_version``,
+  ``held_out`` (hash of the held-out rows), ``variant``, ``predictor_version`` and its metrics.
+- Aliases: ``champion-<fingerprint[:12]>`` per fingerprint and ``champion`` (the latest promotion). A new
+  version is promoted only when it beats the current champion of its fingerprint on the new version's
+  held-out set (the champion is re-scored on those very rows).
+mlflow and xgboost are imported inside functions: ``import memx`` stays light.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from memx.domain.specs import Cluster, GpuType, ModelArch
+
+MODEL_NAME = "memx-stage-predictor"
+EXPERIMENT = "memx"
+PREDICTOR_FILE = "predictor.json"
+
+
+def memx_home() -> Path:
+    return Path(os.environ.get("MEMX_HOME", ".memx"))
+
+
+def tracking_uri(uri: str | None = None) -> str:
+    if uri:
+        return uri
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    home = memx_home().resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'mlflow.db'}"
+
+
+def setup(uri: str | None = None):
+    """Point MLflow at the tracking store and the memx experiment; returns an MlflowClient."""
+    import mlflow
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keeps CLI stdout clean
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    resolved = tracking_uri(uri)
+    mlflow.set_tracking_uri(resolved)
+    mlflow.set_registry_uri(resolved)
+    # mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI; undo that so a later MEMX_HOME is honoured
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+    if mlflow.get_experiment_by_name(EXPERIMENT) is None:
+        art = (memx_home().resolve() / "mlartifacts").as_uri() if not (uri or os.environ.get("MLFLOW_TRACKING_URI")) else None
+        mlflow.create_experiment(EXPERIMENT, artifact_location=art)
+    mlflow.set_experiment(EXPERIMENT)
+    return mlflow.MlflowClient()
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fingerprint:
+    gpu_types: str  # comma-separated sorted names
+    gpu_specs: str  # hash of the spec sheets
+    model_fingerprint: str
+    global_batch: int
+    fingerprint: str
+
+    def tags(self) -> dict[str, str]:
+        return {"gpu_types": self.gpu_types, "model_fingerprint": self.model_fingerprint,
+                "global_batch": str(self.global_batch), "fingerprint": self.fingerprint}
+
+
+def fingerprint(gpus: Cluster | Mapping[str, GpuType], model: ModelArch, global_batch: int) -> Fingerprint:
+    """Hash of GPU types (names and specs, not counts: adding nodes of known types keeps it), model
+    structure (ModelArch.structure) and global batch size."""
+    table = {g.name: g for g in gpus.gpu_types} if isinstance(gpus, Cluster) else dict(gpus)
+    specs = {n: vars(g) for n, g in sorted(table.items())}
+    model_fp = _digest(model.structure())
+    gpu_fp = _digest(specs)
+    return Fingerprint(gpu_types=",".join(sorted(table)), gpu_specs=gpu_fp, model_fingerprint=model_fp,
+                       global_batch=int(global_batch), fingerprint=_digest([gpu_fp, model_fp, int(global_batch)]))
+
+
+def frame_version(df: pd.DataFrame) -> str:
+    """Content hash of a table (the data_version tag)."""
+    h = pd.util.hash_pandas_object(df.astype(str), index=False).to_numpy()
+    return hashlib.sha256(h.tobytes() + ",".join(map(str, df.columns)).encode()).hexdigest()[:16]
+
+
+def cache_path(fp: str, version: int | str) -> Path:
+    """Where the prediction cache of a registered version lives: beside its other local artifacts."""
+    return memx_home() / "models" / fp / f"v{version}" / "predictions.parquet"
+
+
+def champion_alias(fp: str) -> str:
+    return f"champion-{fp[:12]}"
+
+
+def log_predictor(predictor, example: pd.DataFrame) -> Any:
+    """Inside an active run: the booster via mlflow.xgboost.log_model (signature and input example of the
+    feature matrix) and predictor.json (variant, calibration, GPU specs). Returns the ModelInfo."""
+    import mlflow
+    from mlflow.models import infer_signature
+
+    from memx.learn.features import FEATURE_NAMES
+    from memx.learn.model import prepare
+
+    X = prepare(example, predictor.gpus, predictor.variant, predictor.calibration).X
+    frame = pd.DataFrame(X, columns=list(FEATURE_NAMES))
+    out = predictor.booster.inplace_predict(X)
+    import xgboost
+
+    # explicit requirements: mlflow's requirement inference costs seconds per model
+    info = mlflow.xgboost.log_model(predictor.booster, name="model", input_example=frame.head(5),
+                                    signature=infer_signature(frame, out), model_format="ubj",
+                                    pip_requirements=[f"xgboost=={xgboost.__version__}"])
+    mlflow.log_dict(predictor.to_json(), PREDICTOR_FILE)
+    return info
+
+
+def register(info: Any, *, run_id: str, fp: Fingerprint, data_version: str, held_out: str,
+             predictor_version: str, variant: str, metrics: Mapping[str, float]) -> int:
+    """Register a logged model as a new version of MODEL_NAME with its tags; returns the version number."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    mv = mlflow.register_model(info.model_uri, MODEL_NAME, tags={
+        **fp.tags(), "data_version": data_version, "held_out": held_out, "variant": variant,
+        "predictor_version": predictor_version, "run_id": run_id,
+        **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()}})
+    client.set_model_version_tag(MODEL_NAME, mv.version, "gpu_specs", fp.gpu_specs)
+    return int(mv.version)
+
+
+def champion(fp: str) -> Any | None:
+    """The champion ModelVersion of a fingerprint, or None."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return mlflow.MlflowClient().get_model_version_by_alias(MODEL_NAME, champion_alias(fp))
+    except MlflowException:
+        return None
+
+
+def promote(version: int, fp: str) -> None:
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    client.set_registered_model_alias(MODEL_NAME, champion_alias(fp), str(version))
+    client.set_registered_model_alias(MODEL_NAME, "champion", str(version))
+
+
+def load_version(version: int | str):
+    """The LearnedStagePredictor of a registered version (booster from the registry, predictor.json
+    from its run)."""
+    import mlflow
+
+    from memx.learn.model import from_json
+
+    client = mlflow.MlflowClient()
+    mv = client.get_model_version(MODEL_NAME, str(version))
+    booster = mlflow.xgboost.load_model(f"models:/{MODEL_NAME}/{version}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path=PREDICTOR_FILE, dst_path=tmp)
+        meta = json.loads(Path(path).read_text())
+    return from_json(meta, booster)
+
+
+def list_versions() -> pd.DataFrame:
+    """One row per registered version: number, aliases, tags and metrics side by side."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.MlflowClient()
+    try:
+        aliases = client.get_registered_model(MODEL_NAME).aliases
+    except MlflowException:
+        return pd.DataFrame(columns=["version", "aliases", "fingerprint", "variant"])
+    by_version: dict[str, list[str]] = {}
+    for alias, v in aliases.items():
+        by_version.setdefault(str(v), []).append(alias)
+    rows = []
+    for mv in client.search_model_versions(f"name='{MODEL_NAME}'"):
+        t = mv.tags
+        row = {"version": int(mv.version), "aliases": ",".join(sorted(by_version.get(str(mv.version), []))),
+               "fingerprint": t.get("fingerprint", ""), "gpu_types": t.get("gpu_types", ""),
+               "global_batch": t.get("global_batch", ""), "data_version": t.get("data_version", ""),
+               "variant": t.get("variant", "")}
+        row.update({k.removeprefix("metric."): float(v) for k, v in t.items() if k.startswith("metric.")})
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values("version").reset_index(drop=True)
+
+
+def versions_for(fp: str) -> list[int]:
+    import mlflow
+
+    found = mlflow.MlflowClient().search_model_versions(f"name='{MODEL_NAME}' and tags.fingerprint='{fp}'")
+    return sorted(int(mv.version) for mv in found)

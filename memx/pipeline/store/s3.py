@@ -1,0 +1,185 @@
+"""S3 backend of the artifact store (boto3 for objects and listing, pyarrow's S3 filesystem for
+reading Parquet), plus the shared client factories that take their endpoint from
+``memx.pipeline.store.s3_endpoint()``.
+
+Atomicity: every object is one PUT of its whole body (a table is serialised to Parquet in memory
+first), and S3 makes an object visible only once its PUT completes; the manifest goes last.
+Transient errors (connection refused/reset, timeouts, 5xx, throttling) are retried with bounded
+exponential backoff; the clients' own retries are switched off so the bound is this module's.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+from memx.domain.errors import InputError
+from memx.pipeline.store import MANIFEST, _PART, ArtifactNotFound, ArtifactStore, s3_endpoint
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+T = TypeVar("T")
+
+_TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling", "ThrottlingException", "RequestTimeTooSkewed"}
+_TRANSIENT_ARROW = re.compile(r"NETWORK_CONNECTION|curlCode|SERVICE_UNAVAILABLE|SLOW_DOWN|INTERNAL_FAILURE|REQUEST_TIMEOUT|THROTTLING|HTTP status 5\d\d")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors worth retrying: connection problems, timeouts, 5xx and throttling."""
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return status >= 500 or exc.response.get("Error", {}).get("Code") in _TRANSIENT_CODES
+    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+        return bool(_TRANSIENT_ARROW.search(str(exc)))  # pyarrow reports S3 errors as OSError
+    return False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retry:
+    """Bounded exponential backoff: `attempts` tries, sleeping base_s·2^i (at most max_s) between."""
+
+    attempts: int = 7
+    base_s: float = 0.1
+    max_s: float = 2.0
+
+    def call(self, fn: Callable[[], T]) -> T:
+        for i in range(self.attempts):
+            try:
+                return fn()
+            except Exception as exc:
+                if i + 1 >= self.attempts or not is_transient(exc):
+                    raise
+                time.sleep(min(self.max_s, self.base_s * 2**i))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _region() -> str | None:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
+def s3_client(endpoint: str | None = None, *, max_attempts: int = 3) -> Any:
+    """A boto3 S3 client on :func:`memx.pipeline.store.s3_endpoint` (or `endpoint`)."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"total_max_attempts": max_attempts, "mode": "standard"}, connect_timeout=5, read_timeout=60)
+    return boto3.client("s3", endpoint_url=endpoint or s3_endpoint(), region_name=_region(), config=config)
+
+
+def s3_filesystem(endpoint: str | None = None, *, max_attempts: int = 3) -> Any:
+    """A ``pyarrow.fs.S3FileSystem`` on the same endpoint (pyarrow ignores AWS_ENDPOINT_URL_S3)."""
+    from pyarrow import fs as pafs
+
+    kwargs: dict[str, Any] = {"retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=max_attempts), "connect_timeout": 5, "request_timeout": 60}
+    endpoint = endpoint or s3_endpoint()
+    if endpoint:
+        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        kwargs.update(endpoint_override=parts.netloc, scheme=parts.scheme or "https")
+    if _region():
+        kwargs["region"] = _region()
+    return pafs.S3FileSystem(**kwargs)
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b/`` → ("bucket", "a/b")."""
+    parts = urlsplit(uri)
+    if parts.scheme != "s3" or not parts.netloc:
+        raise InputError(f"not an S3 URI: {uri!r} (expected s3://bucket/prefix)")
+    return parts.netloc, parts.path.strip("/")
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Store(ArtifactStore):
+    """Stage versions under ``s3://bucket/prefix``."""
+
+    bucket: str
+    prefix: str = ""
+    endpoint: str | None = field(default_factory=s3_endpoint)
+    retry: Retry = field(default_factory=Retry)
+
+    @classmethod
+    def from_uri(cls, uri: str, **kwargs: Any) -> S3Store:
+        bucket, prefix = split_s3_uri(uri)
+        return cls(bucket=bucket, prefix=prefix, **kwargs)
+
+    @property
+    def root_uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+    @cached_property
+    def _client(self) -> Any:
+        return s3_client(self.endpoint, max_attempts=1)
+
+    @cached_property
+    def _fs(self) -> Any:
+        return s3_filesystem(self.endpoint, max_attempts=1)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    def _write_bytes(self, key: str, data: bytes) -> None:
+        self.retry.call(lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
+
+    def _write_table(self, key: str, df: pd.DataFrame) -> None:
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)  # serialise fully first: a failure here writes nothing
+        self._write_bytes(key, buf.getvalue())
+
+    def _read_bytes(self, key: str) -> bytes:
+        def get() -> bytes:
+            return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+
+        try:
+            return self.retry.call(get)
+        except self._client.exceptions.NoSuchKey:
+            raise ArtifactNotFound(f"{self._uri(key)} not found") from None
+
+    def _read_table(self, key: str) -> pd.DataFrame:
+        import pandas as pd
+
+        path = f"{self.bucket}/{self._key(key)}"
+        try:
+            return self.retry.call(lambda: pd.read_parquet(path, filesystem=self._fs))
+        except FileNotFoundError:
+            raise ArtifactNotFound(f"{self._uri(key)} not found") from None
+
+    def _exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.retry.call(lambda: self._client.head_object(Bucket=self.bucket, Key=self._key(key)))
+        except ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                return False
+            raise
+        return True
+
+    def _list_keys(self, prefix: str) -> list[str]:
+        def listing() -> list[str]:
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+            return [obj["Key"] for page in pages for obj in page.get("Contents", ())]
+
+        return self.retry.call(listing)
+
+    def _manifest_keys(self, stage: str | None) -> Iterator[tuple[str, str]]:
+        base = self._key("")
+        for key in self._list_keys(base + (f"{stage}/" if stage else "")):
+            parts = key[len(base):].split("/")
+            if len(parts) == 3 and parts[2] == MANIFEST and _PART.fullmatch(parts[0]) and _PART.fullmatch(parts[1]):
+                yield parts[0], parts[1]

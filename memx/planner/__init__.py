@@ -1,0 +1,1 @@
+"""planner (docs/architecture.md)."""

@@ -1,0 +1,21 @@
+"""AMP-like planner.
+
+Source: D. Li et al., "AMP: Automatically Finding Model Parallel Strategies with Heterogeneity
+Awareness", NeurIPS 2022 (public code: github.com/DachengLi1/AMP — read, not copied). AMP enumerates
+(tp, pp, dp, micro batch) and the layer placement over heterogeneous devices and ranks the candidates
+by a cost model of iteration time (per-layer compute + communication of the pipeline). It has no
+memory model and does not search activation recomputation (MemX paper §4: "memory only as a
+fits-or-not constraint, or not at all").
+
+Here: the MemX plan space with recompute off everywhere (`recompute_levels = ("none",)`), the shared
+stage predictor's times, objective = predicted iteration time (weights 1,0,0) and no memory check at
+all (`OwnMemory(memory=None)`), so its pick may run out of memory. (The engine's static-memory bound —
+weights, gradients and Adam state at 18 B/param must fit a GPU — still prunes: such a plan cannot
+even be launched, which any planner notices.) When predicting a given plan it
+ignores that plan's recomputation (it has no recompute model).
+"""
+
+from memx.planner.baselines.base import TIME_ONLY, Planner, no_recompute_view
+
+AMP = Planner(name="amp", label="AMP-like", level_sets=(("none",),), memory=None, weights=TIME_ONLY,
+              view=no_recompute_view, doc=__doc__)

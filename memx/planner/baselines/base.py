@@ -1,0 +1,226 @@
+"""What every planner in this package shares: predictor wrappers, the `Pick` result and the
+`TimeOnlyPlanner` that AMP-, Metis-, HexiScale- and FaSOP-like planners are configurations of.
+
+Every planner searches the SAME plan space (memx.planner.space) with the SAME stage predictions (one
+`StagePredictor`, usually the learned MemX predictor) through the same vectorised engine
+(memx.planner.search). They differ only in decision logic:
+
+* which recompute levels they search (and whether per stage or one level for the whole plan),
+* which memory estimate decides fits-or-not (none, a formula, a formula × a safety factor, or the
+  shared predictor), and
+* the objective (time only — weights 1,0,0 — or MemX's Φ).
+
+A baseline's memory estimate replaces the predictor's `peak_mem_mib` / `static_mem_mib` columns via
+`OwnMemory`; the search then prunes with that estimate exactly as MemX prunes with its own. Time
+always comes from the shared predictor, so time differences between methods come from the plans
+they choose (and, in prediction experiments, from the plan the method *thinks* it is running — a
+method without a recompute model predicts a recomputing plan as if it did not recompute).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from memx.domain.errors import InfeasibleError
+from memx.planner.estimate import estimate_plans
+from memx.planner.objective import log_score, parse_weights
+from memx.domain.plan import Plan
+from memx.planner.search import SearchResult, search
+from memx.planner.signatures import StagePredictor
+from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
+
+MemoryModel = Callable[[pd.DataFrame], pd.DataFrame]  # sigs → DataFrame(peak_mem_mib, static_mem_mib)
+TIME_ONLY = "1,0,0"
+ORDER = {"none": 0, "selective": 1, "full": 2}
+
+
+class OwnMemory:
+    """StagePredictor: time (and static memory, which only sets the optimizer-step time) from `inner`,
+    peak memory from the planner's own `memory` estimate.
+
+    `memory=None` means the planner has no memory model at all (AMP): every stage "fits" (1 MiB;
+    not 0 so that log M stays finite; with w_M = 0 it has no effect on the ranking)."""
+
+    def __init__(self, inner: StagePredictor, memory: MemoryModel | None, name: str = "own-memory"):
+        self.inner, self.memory = inner, memory
+        self.name = f"{name}({getattr(inner, 'name', type(inner).__name__)})"
+
+    def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        out = self.inner.predict(sigs).copy()
+        if self.memory is None:
+            out["peak_mem_mib"] = 1.0
+        else:
+            out["peak_mem_mib"] = self.memory(sigs)["peak_mem_mib"].to_numpy(float)
+        return out  # static_mem_mib stays the shared predictor's: it only feeds the optimizer-step time
+
+
+class StaticScaled:
+    """StagePredictor: `inner` with the static part (weights, grads, optimizer) scaled by `factor`:
+    peak' = peak − static + factor·static. Used for Table 1, where the optimizer state is offloaded
+    (4 instead of 18 B/param on the GPU, as tests/validation/test_simulator_table1.py simulates)."""
+
+    def __init__(self, inner: StagePredictor, factor: float):
+        self.inner, self.factor = inner, factor
+        self.name = f"static×{factor:.3g}({getattr(inner, 'name', type(inner).__name__)})"
+
+    def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        out = self.inner.predict(sigs).copy()
+        static = out["static_mem_mib"].to_numpy(float)
+        out["peak_mem_mib"] = out["peak_mem_mib"].to_numpy(float) - (1.0 - self.factor) * static
+        out["static_mem_mib"] = self.factor * static
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pick:
+    """One planner's recommendation and what the planner itself believes about it."""
+
+    method: str
+    plan: Plan | None  # None: the planner found nothing that fits by its own estimate
+    predicted_time_ms: float | None
+    predicted_peak_mib: tuple[float, ...] | None  # per GPU, the planner's own estimate; None = no memory model
+    search_s: float
+    configurations: int  # plans the planner scored (after its pruning bounds)
+    space_total: int  # plan space it searched, counting its recompute choices
+    note: str = ""
+    candidates: list = field(default_factory=list, repr=False)  # memx.planner.candidates.Candidate, best first
+
+
+def uniform_view(plan: Plan) -> Plan:
+    """The plan with one recompute setting for every stage: the most memory-saving level any stage
+    uses (stock Megatron-LM has one --recompute-* setting for all stages)."""
+    level = max((s.recompute for s in plan.stages), key=ORDER.__getitem__)
+    stages = tuple(dataclasses.replace(s, recompute=level, recompute_layers=None) for s in plan.stages)
+    return dataclasses.replace(plan, stages=stages)
+
+
+def no_recompute_view(plan: Plan) -> Plan:
+    """The plan as a planner without a recompute model sees it: no recomputation anywhere."""
+    stages = tuple(dataclasses.replace(s, recompute="none", recompute_layers=None) for s in plan.stages)
+    return dataclasses.replace(plan, stages=stages)
+
+
+def same_view(plan: Plan) -> Plan:
+    return plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodEstimate:
+    """A method's prediction for one given plan (prediction/ranking experiments)."""
+
+    time_ms: float
+    peak_mem_mib: tuple[float, ...] | None  # None: no memory model
+    feasible: bool  # by the method's own memory estimate (always True without one)
+    score: float  # the method's ranking key (lower is better), before the feasibility rule
+
+
+def _run_search(cluster, model, space, predictor, weights, top_k):
+    try:
+        return search(cluster, model, space, predictor, weights=weights, top_k=top_k), ""
+    except InfeasibleError as exc:
+        return None, str(exc)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Planner:
+    """A planner = recompute level sets searched × memory estimate × objective.
+
+    `level_sets`: each tuple is searched separately with `space.recompute_levels` set to it, and the
+    best pick over the sets wins. (("none",),) = no recompute; (("none",), ("full",)) = one uniform
+    level for the whole plan; None = MemX's own per-stage levels (`space.recompute_levels`).
+    `memory`: a factory gpus → MemoryModel (None: no memory model; "shared": the predictor's).
+    `weights`: TIME_ONLY for the baselines, a profile for MemX ("space": the search YAML's).
+    `view`: how the method sees a given plan when predicting it (prediction experiments).
+    """
+
+    name: str
+    label: str
+    level_sets: tuple[tuple[str, ...], ...] | None
+    memory: Callable[[dict], MemoryModel] | str | None
+    weights: str
+    view: Callable[[Plan], Plan] = same_view
+    doc: str = ""
+
+    def predictor_for(self, cluster: Cluster, predictor: StagePredictor) -> StagePredictor:
+        if self.memory == "shared":
+            return predictor
+        gpus = {g.name: g for g in cluster.gpu_types}
+        return OwnMemory(predictor, None if self.memory is None else self.memory(gpus), name=self.name)
+
+    def resolved_weights(self, space: SearchSpace) -> str:
+        return space.weights if self.weights == "space" else self.weights
+
+    def plan(self, cluster: Cluster, model: ModelArch, space: SearchSpace, predictor: StagePredictor, *,
+             top_k: int = 10) -> Pick:
+        """Run the planner; the pick is the lowest objective over all searched level sets."""
+        t0 = time.perf_counter()
+        pred = self.predictor_for(cluster, predictor)
+        w_spec = self.resolved_weights(space)
+        sets = self.level_sets or (space.recompute_levels,)
+        results: list[SearchResult] = []
+        notes = []
+        for levels in sets:
+            sp = dataclasses.replace(space, recompute_levels=tuple(levels), weights=w_spec,
+                                     max_time_ratio=0.0 if w_spec == TIME_ONLY else space.max_time_ratio)
+            res, note = _run_search(cluster, model, sp, pred, w_spec, top_k)
+            if res is not None:
+                results.append(res)
+            elif note:
+                notes.append(f"{'/'.join(levels)}: {note}")
+        configs = sum(r.space.evaluated for r in results)
+        total = sum(r.space.total for r in results)
+        if not results:
+            return Pick(method=self.name, plan=None, predicted_time_ms=None, predicted_peak_mib=None,
+                        search_s=time.perf_counter() - t0, configurations=configs, space_total=total,
+                        note="; ".join(notes) or "no feasible plan")
+        cands = _select(results, space)
+        best = cands[0]
+        return Pick(method=self.name, plan=best.plan, predicted_time_ms=best.iteration_time_ms,
+                    predicted_peak_mib=None if self.memory is None else tuple(best.peak_mem_mib),
+                    search_s=time.perf_counter() - t0, configurations=configs, space_total=total,
+                    note="; ".join(notes), candidates=cands)
+
+    def estimate(self, plans: Sequence[Plan], cluster: Cluster, model: ModelArch, predictor: StagePredictor,
+                 *, reserve_gib: float = 1.0, weights: Weights | None = None) -> list[MethodEstimate]:
+        """The method's predictions for given plans and its ranking key (time, or Φ's log score)."""
+        viewed = [self.view(p) for p in plans]
+        est = estimate_plans(viewed, cluster, model, self.predictor_for(cluster, predictor), reserve_gib=reserve_gib)
+        w = weights or parse_weights(self.weights if self.weights not in ("space", "auto", TIME_ONLY) else "default")
+        out = []
+        for e in est:
+            score = (float(np.log(e.iteration_time_ms)) if self.weights == TIME_ONLY else
+                     float(log_score(e.iteration_time_ms, e.max_mem_mib, e.mem_variance_mib2, w, 1.0e4)))
+            out.append(MethodEstimate(time_ms=e.iteration_time_ms,
+                                      peak_mem_mib=None if self.memory is None else tuple(e.peak_mem_mib),
+                                      feasible=True if self.memory is None else e.feasible, score=score))
+        return out
+
+
+def _select(results: list[SearchResult], space: SearchSpace) -> list:
+    """Candidates of all searches, best first by the (median-free) log score of the searches' weights,
+    within max_time_ratio of the overall fastest when the objective is Φ."""
+    w = results[0].weights
+    pool = {}
+    for r in results:
+        for c in (*r.top, *r.top_time, *r.pareto):
+            pool[id(c)] = c
+    cands = list(pool.values())
+    if (w.w_mem, w.w_var) != (0.0, 0.0) and space.max_time_ratio > 0:
+        fastest = min(c.iteration_time_ms for r in results for c in r.top_time)
+        cands = [c for c in cands if c.iteration_time_ms <= space.max_time_ratio * fastest] or cands
+    eps = results[0].epsilon_mib2
+    key = [float(log_score(c.iteration_time_ms, c.max_mem_mib, c.mem_variance_mib2, w, eps)) for c in cands]
+    order = np.argsort(key, kind="stable")
+    seen, out = set(), []
+    for i in order:
+        k = cands[i].plan
+        if k not in seen:
+            seen.add(k)
+            out.append(cands[i])
+    return out

@@ -1,0 +1,19 @@
+"""HexiScale-like planner.
+
+Source: R. Yan et al., "HexiScale: Accommodating Large Language Model Training over Heterogeneous
+Environment", arXiv 2409.01143 (2024). HexiScale partitions the model asymmetrically over
+heterogeneous GPUs (different tp / layer counts per group), minimising iteration time subject to a
+per-device memory constraint from its own estimate; it does not search activation recomputation
+(MemX paper §4.4: its pick runs out of memory without recomputation).
+
+Here: recompute off (`("none",)`), objective = predicted time (weights 1,0,0), memory-constrained by
+its own estimate — the closed-form model (memx.planner.cost) without any multiplier, which misses the
+runtime context, allocator fragmentation and workspaces — so its pick can OOM on the virtual cluster.
+"""
+
+from memx.planner.baselines.base import TIME_ONLY, Planner, no_recompute_view
+from memx.planner.baselines.memory import analytic_memory
+
+HEXISCALE = Planner(name="hexiscale", label="HexiScale-like", level_sets=(("none",),),
+                    memory=lambda gpus: analytic_memory(gpus, 1.0), weights=TIME_ONLY,
+                    view=no_recompute_view, doc=__doc__)

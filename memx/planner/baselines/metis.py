@@ -1,0 +1,22 @@
+"""Metis-like planner.
+
+Source: T. Um et al., "Metis: Fast Automatic Distributed Training on Heterogeneous GPUs", USENIX ATC
+2024 (public code: github.com/SamsungLabs/Metis — read, not copied). Metis searches data, pipeline and
+tensor parallelism with uneven layer partitioning over heterogeneous GPUs, ranks plans by estimated
+iteration time from profiled per-layer costs, and discards plans whose estimated memory exceeds a
+device's capacity. It does not search recomputation.
+
+Here: recompute off (`("none",)`), objective = predicted time (weights 1,0,0), memory as fits-or-not
+with a fixed safety multiplier `MEMORY_FACTOR` on a simple closed-form estimate (memx.planner.cost's
+static + in-flight activations; the factor 1.15 is our choice, standing in for the headroom such
+planners leave for runtime overheads they do not model).
+"""
+
+from memx.planner.baselines.base import TIME_ONLY, Planner, no_recompute_view
+from memx.planner.baselines.memory import analytic_memory
+
+MEMORY_FACTOR = 1.15
+
+METIS = Planner(name="metis", label="Metis-like", level_sets=(("none",),),
+                memory=lambda gpus: analytic_memory(gpus, MEMORY_FACTOR), weights=TIME_ONLY,
+                view=no_recompute_view, doc=__doc__)

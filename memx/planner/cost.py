@@ -1,0 +1,233 @@
+"""Analytic stage model: FLOPs, parameter and activation memory, TP communication.
+
+This is the baseline stage predictor and the prior of the learned one. All functions are
+vectorised over numpy arrays of stage-signature columns. Units: bytes, FLOPs, ms, MiB.
+
+Sources:
+- Narayanan et al. 2021 (Megatron-LM PTD-P, arXiv:2104.04473) §5.1 / Appendix: FLOPs per layer.
+- Korthikanti et al. 2022 (arXiv:2205.05198) §4: activation memory per layer, Eq. 1–2 (TP + SP),
+  §5 selective recomputation, §4.3 embedding / output-layer activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from memx.domain.specs import GpuType, ModelArch
+
+MIB = 1024.0 * 1024.0
+# Megatron-LM bf16 training with fp32 gradient accumulation and Adam: bf16 weights (2) + fp32 grads
+# (4) + fp32 master weights, momentum, variance (12) = 18 bytes/param (ZeRO paper §3.1 accounting,
+# with Megatron's fp32 main grads).
+BYTES_PER_PARAM_STATIC = 18.0
+GRAD_BYTES_PER_PARAM = 4.0  # fp32 main grads are what DP all-reduces (Megatron DDP default for bf16)
+ACT_BYTES = 2.0  # bf16 activations
+
+
+def layer_params(hidden, ffn_hidden, heads, query_groups, mlp):
+    """Parameters of one transformer layer (whole layer, all TP ranks).
+
+    Attention: Q and output projections h·h each, K and V h·(g·h/a) each under GQA.
+    MLP: SwiGLU has three h×f matrices, GELU two (plus biases). Norms: 2 vectors (RMSNorm) or
+    2×(weight, bias) (LayerNorm). (Narayanan 2021 §5.1 counts 12h² for the GPT layer: 4h² + 8h².)
+    """
+    h = np.asarray(hidden, dtype=np.float64)
+    f = np.asarray(ffn_hidden, dtype=np.float64)
+    kv = h * np.asarray(query_groups, dtype=np.float64) / np.asarray(heads, dtype=np.float64)
+    gelu = np.asarray(mlp) == "gelu"
+    attn = 2 * h * h + 2 * h * kv + np.where(gelu, h + 2 * kv + h, 0.0)
+    mlp_p = np.where(gelu, 2 * h * f + f + h, 3 * h * f)
+    norms = np.where(gelu, 4 * h, 2 * h)
+    return attn + mlp_p + norms
+
+
+def embedding_params(hidden, vocab):
+    """Input embedding (first stage) or output layer (last stage): vocab × hidden."""
+    return np.asarray(vocab, dtype=np.float64) * np.asarray(hidden, dtype=np.float64)
+
+
+def stage_params_per_rank(layers, tp, first, last, hidden, ffn_hidden, heads, query_groups, vocab, mlp):
+    """Parameters held by one TP rank of a stage. The last stage holds the output layer (a copy of
+    the embedding when tied, as Megatron does across pipeline stages) and the final norm."""
+    per_layer = layer_params(hidden, ffn_hidden, heads, query_groups, mlp)
+    emb = embedding_params(hidden, vocab)
+    total = np.asarray(layers) * per_layer + np.asarray(first) * emb + np.asarray(last) * (emb + hidden)
+    return total / np.asarray(tp, dtype=np.float64)
+
+
+def layer_forward_flops(micro_batch, seq_len, hidden, ffn_hidden, heads, query_groups, mlp):
+    """Forward FLOPs of one layer for one micro batch (all TP ranks together).
+
+    Narayanan 2021 §5.1: a GEMM of (m×k)·(k×n) costs 2mkn. Per token: QKV 2h(h+2·kv), scores QK^T
+    and attention over V 2·2·s·h, output projection 2h², MLP 2·h·f per matrix (3 for SwiGLU, 2 GELU).
+    """
+    b = np.asarray(micro_batch, dtype=np.float64)
+    s = np.asarray(seq_len, dtype=np.float64)
+    h = np.asarray(hidden, dtype=np.float64)
+    f = np.asarray(ffn_hidden, dtype=np.float64)
+    kv = h * np.asarray(query_groups, dtype=np.float64) / np.asarray(heads, dtype=np.float64)
+    n_mats = np.where(np.asarray(mlp) == "gelu", 2.0, 3.0)
+    per_token = 2 * h * (h + 2 * kv) + 2 * h * h + n_mats * 2 * h * f
+    return b * s * per_token + attention_core_flops(b, s, h)
+
+
+def attention_core_flops(micro_batch, seq_len, hidden):
+    """QK^T and attention-over-V: 2·2·b·s²·h (Narayanan 2021 §5.1); what selective recompute redoes
+    (Korthikanti 2022 §5)."""
+    return 4.0 * np.asarray(micro_batch, dtype=np.float64) * np.asarray(seq_len, dtype=np.float64) ** 2 * np.asarray(
+        hidden, dtype=np.float64
+    )
+
+
+def layer_activation_bytes_tp_only(micro_batch, seq_len, hidden, heads, tp):
+    """Tensor parallelism without sequence parallelism, GPT layer: s·b·h·(10 + 24/t + 5·a·s/(h·t))
+    (Korthikanti 2022 Eq. 2): norms, dropouts and the layer inputs are replicated on every rank."""
+    s, b, h = (np.asarray(x, dtype=np.float64) for x in (seq_len, micro_batch, hidden))
+    t = np.asarray(tp, dtype=np.float64)
+    return s * b * h * (10.0 + 24.0 / t + 5.0 * np.asarray(heads) * s / (h * t))
+
+
+def layer_activation_bytes(micro_batch, seq_len, hidden, ffn_hidden, heads, query_groups, mlp, tp):
+    """Activation bytes one layer stores for backward, per TP rank, no recomputation.
+
+    Korthikanti 2022 §4.1–4.2 with tensor + sequence parallelism (Eq. 4: sbh(34 + 5as/h)/t for
+    the GPT layer), generalised to GQA and SwiGLU: attention 7sbh + 4sbh·(g/a) + 5as²b, MLP
+    sbh(3) + 4sbf (GELU) or 6sbf (SwiGLU), two norms 4sbh.
+    """
+    b = np.asarray(micro_batch, dtype=np.float64)
+    s = np.asarray(seq_len, dtype=np.float64)
+    h = np.asarray(hidden, dtype=np.float64)
+    f = np.asarray(ffn_hidden, dtype=np.float64)
+    a = np.asarray(heads, dtype=np.float64)
+    ratio = np.asarray(query_groups, dtype=np.float64) / a
+    gelu = np.asarray(mlp) == "gelu"
+    sbh = s * b * h
+    attn = 7 * sbh + 4 * sbh * ratio
+    mlp_b = 3 * sbh + np.where(gelu, 4.0, 6.0) * s * b * f
+    return (attn + mlp_b + 4 * sbh + attention_scores_bytes(b, s, a)) / np.asarray(tp, dtype=np.float64)
+
+
+def attention_scores_bytes(micro_batch, seq_len, heads):
+    """Softmax input/output and dropout mask: 5·a·s²·b bytes (Korthikanti 2022 §4.1); selective
+    recomputation drops exactly this term (§5)."""
+    return 5.0 * np.asarray(heads, dtype=np.float64) * np.asarray(seq_len, dtype=np.float64) ** 2 * np.asarray(
+        micro_batch, dtype=np.float64
+    )
+
+
+def layer_input_bytes(micro_batch, seq_len, hidden, tp):
+    """Full recomputation keeps only each layer's input: 2sbh bytes, sharded by sequence parallelism
+    (Korthikanti 2022 §4.2, 'full activation recomputation')."""
+    return 2.0 * np.asarray(micro_batch) * np.asarray(seq_len) * np.asarray(hidden) / np.asarray(tp, dtype=np.float64)
+
+
+def output_layer_bytes(micro_batch, seq_len, hidden, vocab, tp):
+    """Last stage: the output layer's input (2sbh) and fp32 logits for the cross-entropy (4sbv),
+    per TP rank (Korthikanti 2022 §4.3)."""
+    b, s = np.asarray(micro_batch, dtype=np.float64), np.asarray(seq_len, dtype=np.float64)
+    return (2.0 * s * b * np.asarray(hidden) + 4.0 * s * b * np.asarray(vocab)) / np.asarray(tp, dtype=np.float64)
+
+
+def embedding_output_bytes(micro_batch, seq_len, hidden, tp):
+    """First stage: the embedding dropout mask, sbh/t (Korthikanti 2022 §4.3)."""
+    return np.asarray(micro_batch) * np.asarray(seq_len) * np.asarray(hidden) / np.asarray(tp, dtype=np.float64)
+
+
+def ring_allreduce_ms(nbytes, ranks, bandwidth_gbps):
+    """Ring all-reduce: 2·(n−1)/n · bytes / bandwidth (Patarasuk & Yuan 2009; DESIGN.md §4)."""
+    n = np.asarray(ranks, dtype=np.float64)
+    return np.where(n > 1, 2.0 * (n - 1) / np.maximum(n, 1) * nbytes / (np.asarray(bandwidth_gbps) * 1e9) * 1e3, 0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyticStageModel:
+    """Closed-form stage predictor (baseline and prior).
+
+    `mfu`: achieved fraction of bf16 peak for the GEMMs. Narayanan 2021 Table 1 reports 44–52% of
+    peak on A100 for end-to-end Megatron training; we take 0.5 for the layer GEMMs.
+    `elementwise_passes`: memory-bound kernels (norms, activations, dropout, residuals) read and write
+    each stored activation byte about this many times per forward (our assumption; it is what makes
+    recomputation cost depend on memory bandwidth, the paper's §3.1.1 observation).
+    """
+
+    gpus: Mapping[str, GpuType]
+    mfu: float = 0.5
+    elementwise_passes: float = 2.0
+    name: str = "analytic"
+
+    def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        return predict_stage_frame(sigs, self.gpus, mfu=self.mfu, elementwise_passes=self.elementwise_passes)
+
+
+def _gpu_columns(names: np.ndarray, gpus: Mapping[str, GpuType]) -> dict[str, np.ndarray]:
+    uniq, inv = np.unique(names.astype(str), return_inverse=True)
+    missing = [u for u in uniq if u not in gpus]
+    if missing:
+        raise KeyError(f"no GPU spec for {missing}")
+    cols = {
+        "peak": np.array([gpus[u].peak_tflops_bf16 for u in uniq]) * 1e12,
+        "membw": np.array([gpus[u].memory_bandwidth_gbps for u in uniq]) * 1e9,
+        "intra": np.array([gpus[u].intra_node_bandwidth_gbps for u in uniq]),
+    }
+    return {k: v[inv] for k, v in cols.items()}
+
+
+def recomputed_layers(recompute: np.ndarray, recompute_layers: np.ndarray, layers: np.ndarray) -> np.ndarray:
+    """Layers recomputed in full: all for `full` without a count, N for the block method."""
+    rl = np.asarray(pd.to_numeric(pd.Series(recompute_layers), errors="coerce"), dtype=np.float64)
+    full = np.asarray(recompute) == "full"
+    return np.where(full, np.where(np.isnan(rl), layers, np.minimum(rl, layers)), 0.0)
+
+
+def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu: float, elementwise_passes: float) -> pd.DataFrame:
+    """time_ms, peak_mem_mib, static_mem_mib for each stage signature row."""
+    c = {k: sigs[k].to_numpy() for k in sigs.columns}
+    g = _gpu_columns(c["gpu"], gpus)
+    L = c["layers"].astype(np.float64)
+    tp = c["tp"].astype(np.float64)
+    first = c["first"].astype(bool)
+    last = c["last"].astype(bool)
+    shape = (c["hidden"], c["ffn_hidden"], c["heads"], c["query_groups"], c["mlp"])
+    b, s, h, v = c["micro_batch"], c["seq_len"], c["hidden"], c["vocab"]
+    n_rec = recomputed_layers(c["recompute"], c["recompute_layers"], L)
+    selective = c["recompute"] == "selective"
+
+    # --- time: forward 1×, backward 2× the forward FLOPs (Narayanan 2021 §5.1); recomputation adds
+    # one forward per recomputed layer, selective adds the attention core (Korthikanti 2022 §5).
+    f_layer = layer_forward_flops(b, s, *shape) / tp
+    f_core = attention_core_flops(b, s, h) / tp
+    f_out = 2.0 * b * s * h * v / tp * last  # output layer GEMM, forward
+    flops = 3.0 * (L * f_layer + f_out) + n_rec * f_layer + selective * L * f_core
+    compute_ms = flops / (g["peak"] * mfu) * 1e3
+    act_none = layer_activation_bytes(b, s, *shape, tp)
+    passes = elementwise_passes * (3.0 * L + n_rec + selective * L * 0.5)
+    membound_ms = passes * act_none / g["membw"] * 1e3
+    # TP: 2 all-reduces of the b·s·h bf16 activation forward, 2 backward, per layer; a recomputed
+    # forward repeats its 2 (Narayanan 2021 §3.3, Fig. 4).
+    n_ar = 4.0 * L + 2.0 * n_rec
+    tp_ms = n_ar * ring_allreduce_ms(ACT_BYTES * b * s * h, tp, g["intra"])
+    time_ms = compute_ms + membound_ms + tp_ms
+
+    # --- memory
+    params = stage_params_per_rank(L, tp, first, last, *shape[:4], v, shape[4])
+    static = params * BYTES_PER_PARAM_STATIC
+    keep = act_none - selective * attention_scores_bytes(b, s, c["heads"]) / tp
+    act_mb = (L - n_rec) * keep + n_rec * layer_input_bytes(b, s, h, tp)
+    act_mb = act_mb + first * embedding_output_bytes(b, s, h, tp) + last * output_layer_bytes(b, s, h, v, tp)
+    # Backward of a recomputed layer re-materialises that layer's activations: one layer's worth.
+    work = np.where(n_rec > 0, act_none, 0.0)
+    peak = static + c["inflight"].astype(np.float64) * act_mb + work
+    return pd.DataFrame(
+        {"time_ms": time_ms, "peak_mem_mib": peak / MIB, "static_mem_mib": static / MIB}, index=sigs.index
+    )
+
+
+def model_static_bytes(model: ModelArch) -> float:
+    """Weights + grads + optimizer state of the whole model (18 B/param)."""
+    total = model.layers * layer_params(model.hidden, model.ffn_hidden, model.heads, model.query_groups, model.mlp)
+    total = total + embedding_params(model.hidden, model.vocab) * (1 if model.tied_embeddings else 2)
+    return float(total) * BYTES_PER_PARAM_STATIC

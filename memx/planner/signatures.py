@@ -1,0 +1,53 @@
+"""Stage signatures: the predictor's input (DESIGN.md §3 stage_runs input columns) and the
+`StagePredictor` protocol every stage model implements (analytic, learned, hybrid)."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import pandas as pd
+
+from memx.domain.specs import ModelArch
+from memx.planner.tables import NONE, SELECTIVE, StageContext
+
+SIGNATURE_COLUMNS = (
+    "gpu", "tp", "layers", "micro_batch", "seq_len", "recompute", "recompute_layers", "first", "last",
+    "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab", "mlp",
+)
+PREDICTION_COLUMNS = ("time_ms", "peak_mem_mib", "static_mem_mib")
+
+
+@runtime_checkable
+class StagePredictor(Protocol):
+    """Maps a batch of stage signatures to predictions.
+
+    `predict` takes a DataFrame with SIGNATURE_COLUMNS and returns one with PREDICTION_COLUMNS on the
+    same index: time_ms (forward + backward of one micro batch), peak_mem_mib (per-GPU peak with
+    `inflight` micro batches held), static_mem_mib (weights, gradients, optimizer state).
+    """
+
+    name: str
+
+    def predict(self, sigs: pd.DataFrame) -> pd.DataFrame: ...
+
+
+def signature_frame(contexts: list[StageContext], layers: np.ndarray, codes: np.ndarray, ctx_index: np.ndarray,
+                    model: ModelArch, seq_len: int) -> pd.DataFrame:
+    """One signature row per (context, layers, option code); ctx_index points into `contexts`."""
+    gpu = np.array([c.gpu for c in contexts], dtype=object)[ctx_index]
+    attr = {f: np.array([getattr(c, f) for c in contexts])[ctx_index] for f in ("tp", "micro_batch", "first", "last", "inflight")}
+    recompute = np.where(codes == NONE, "none", np.where(codes == SELECTIVE, "selective", "full"))
+    block = (codes >= 1) & (codes < layers)
+    rl = pd.array(np.where(block, codes, 0), dtype="Int64")
+    rl[~block] = pd.NA
+    n = len(layers)
+    return pd.DataFrame({
+        "gpu": gpu, "tp": attr["tp"].astype(np.int64), "layers": layers.astype(np.int64),
+        "micro_batch": attr["micro_batch"].astype(np.int64), "seq_len": np.full(n, seq_len, dtype=np.int64),
+        "recompute": recompute, "recompute_layers": rl, "first": attr["first"].astype(bool),
+        "last": attr["last"].astype(bool), "inflight": attr["inflight"].astype(np.int64),
+        "hidden": np.full(n, model.hidden, dtype=np.int64), "ffn_hidden": np.full(n, model.ffn_hidden, dtype=np.int64),
+        "heads": np.full(n, model.heads, dtype=np.int64), "query_groups": np.full(n, model.query_groups, dtype=np.int64),
+        "vocab": np.full(n, model.vocab, dtype=np.int64), "mlp": np.full(n, model.mlp, dtype=object),
+    })

@@ -1,0 +1,1 @@
+"""report (docs/architecture.md)."""

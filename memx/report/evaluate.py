@@ -1,0 +1,155 @@
+"""Predicted vs measured whole plans (config_runs): MAPE, Spearman, top-1 under T and Φ, OOM accuracy.
+
+Errors are fractions (0.08 = 8 %). Per plan the prediction is memx.planner.estimate.estimate_plans — the same
+signatures, stage predictor and 1F1B assembly the search uses. Baselines on the same plans:
+- ``analytic``: the closed-form stage model (memx.planner.cost) in the same assembly;
+- ``time_only_uniform``: what AMP/Metis-style planners optimise — the analytic model with one uniform
+  recompute level per plan (the most memory-saving level any of its stages uses) and ranking by
+  predicted time alone, also under Φ (it has no memory objective).
+Φ of measured plans uses medians of the measured plans, Φ of predicted plans medians of the predictions
+(paper §3.1.2: each term divided by its median over feasible candidates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from memx.planner.cost import AnalyticStageModel
+from memx.domain.errors import InputError
+from memx.planner.estimate import estimate_plans
+from memx.planner.objective import auto_profile, parse_weights, phi
+from memx.domain.plan import Plan, plan_from_dict, plan_from_json, validate_plan
+from memx.planner.signatures import StagePredictor
+from memx.domain.specs import Cluster, ModelArch, Weights
+
+KEYS = ("n", "time_mape", "time_max_ape", "mem_mape", "spearman_time", "spearman_phi", "top1_time", "top1_phi",
+        "oom_accuracy")
+EPSILON_MIB2 = 1.0e4  # conf/search default.yaml epsilon_mib2
+
+
+def read_config_runs(path: str | Path) -> pd.DataFrame:
+    """config_runs from Parquet or JSONL (plan as a JSON string or an object); InputError names the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"--measured {path}: no such file")
+    try:
+        if path.suffix in (".jsonl", ".json", ".ndjson"):
+            df = pd.read_json(path, lines=True)
+        else:
+            df = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow / json errors: bad input, not a crash
+        raise InputError(f"{path}: not readable as Parquet or JSONL ({exc.__class__.__name__}: {exc})") from exc
+    missing = [c for c in ("plan", "iteration_time_ms", "peak_mem_mib", "oom") if c not in df.columns]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}; config_runs needs plan, "
+                         "iteration_time_ms, peak_mem_mib, oom (DESIGN.md §3)")
+    return df
+
+
+def _plans(df: pd.DataFrame, cluster: Cluster, model: ModelArch) -> list[Plan]:
+    plans = []
+    for i, raw in enumerate(df["plan"]):
+        src = f"config_runs row {i}: field 'plan'"
+        plan = plan_from_dict(raw, source=src) if isinstance(raw, dict) else plan_from_json(str(raw), source=src)
+        validate_plan(plan, cluster, model, source=src)
+        plans.append(plan)
+    return plans
+
+
+def _uniform(plan: Plan) -> Plan:
+    order = {"none": 0, "selective": 1, "full": 2}
+    level = max((s.recompute for s in plan.stages), key=order.__getitem__)
+    stages = tuple(dataclasses.replace(s, recompute=level, recompute_layers=None) for s in plan.stages)
+    return dataclasses.replace(plan, stages=stages)
+
+
+def _phi(t, m, v, w: Weights) -> np.ndarray:
+    refs = (float(np.median(t)), float(np.median(m)), float(np.median(v)))
+    return np.asarray(phi(t, m, v, refs=refs, weights=w, epsilon_mib2=EPSILON_MIB2))
+
+
+def _spearman(a, b) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic) if len(a) > 2 else float("nan")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Measured:
+    time_ms: np.ndarray  # non-OOM plans
+    peaks: list[np.ndarray]
+    oom: np.ndarray  # all plans
+    ok: np.ndarray  # index of non-OOM plans with a time
+
+
+def _measured(df: pd.DataFrame) -> Measured:
+    oom = df["oom"].to_numpy(dtype=bool)
+    t = pd.to_numeric(df["iteration_time_ms"], errors="coerce").to_numpy(np.float64)
+    ok = np.flatnonzero(~oom & np.isfinite(t))
+    peaks = [np.asarray(df["peak_mem_mib"].iloc[i], dtype=np.float64) for i in ok]
+    return Measured(time_ms=t[ok], peaks=peaks, oom=oom, ok=ok)
+
+
+def _metrics(est, meas: Measured, w: Weights, *, rank_by_time_only: bool = False) -> dict[str, Any]:
+    e_ok = [est[i] for i in meas.ok]
+    pt = np.array([e.iteration_time_ms for e in e_ok])
+    mt = meas.time_ms
+    ape = np.abs(pt - mt) / mt
+    mem_ape = np.concatenate([np.abs(np.asarray(e.peak_mem_mib) - p) / p for e, p in zip(e_ok, meas.peaks)])
+    m_max = np.array([p.max() for p in meas.peaks])
+    m_var = np.array([p.var() for p in meas.peaks])
+    phi_meas = _phi(mt, m_max, m_var, w)
+    phi_pred = pt if rank_by_time_only else _phi(pt, np.array([e.max_mem_mib for e in e_ok]),
+                                                  np.array([e.mem_variance_mib2 for e in e_ok]), w)
+    feasible = np.array([e.feasible for e in est])
+    return {
+        "n": int(len(mt)), "time_mape": float(ape.mean()), "time_max_ape": float(ape.max()),
+        "mem_mape": float(mem_ape.mean()), "spearman_time": _spearman(pt, mt), "spearman_phi": _spearman(phi_pred, phi_meas),
+        "top1_time": int(np.argmin(pt) == np.argmin(mt)), "top1_phi": int(np.argmin(phi_pred) == np.argmin(phi_meas)),
+        "oom_accuracy": float(np.mean(feasible == ~meas.oom)),
+    }
+
+
+def evaluate(cluster: Cluster, model: ModelArch, measured: pd.DataFrame, predictor: StagePredictor,
+             weights: str | Weights | None = None, *, reserve_gib: float = 1.0) -> dict[str, Any]:
+    """Metrics of `predictor` and of the baselines on the measured plans (see module doc)."""
+    plans = _plans(measured, cluster, model)
+    meas = _measured(measured)
+    if len(meas.ok) < 2:
+        raise InputError(f"config_runs: {len(meas.ok)} plan(s) with a measured time; need at least 2 to evaluate")
+    est = estimate_plans(plans, cluster, model, predictor, reserve_gib=reserve_gib)
+    w = weights if isinstance(weights, Weights) else parse_weights(weights or "auto")
+    if w is None:  # auto: from the fastest predicted feasible plan's margin (paper §3.1.2)
+        feas = [e for e in est if e.feasible] or est
+        w = auto_profile(cluster, min(feas, key=lambda e: e.iteration_time_ms).min_margin)
+    out = _metrics(est, meas, w)
+    analytic = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    out["baselines"] = {
+        "analytic": _metrics(estimate_plans(plans, cluster, model, analytic, reserve_gib=reserve_gib), meas, w),
+        "time_only_uniform": _metrics(estimate_plans([_uniform(p) for p in plans], cluster, model, analytic,
+                                                     reserve_gib=reserve_gib), meas, w, rank_by_time_only=True),
+    }
+    out["weights"] = {"profile": w.profile, "w_time": w.w_time, "w_mem": w.w_mem, "w_var": w.w_var}
+    out["predictor"] = getattr(predictor, "name", type(predictor).__name__)
+    out["memory_source"] = getattr(predictor, "memory_source", "learned")
+    return out
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """A plain-text table: one column per method."""
+    cols = {"predictor": result, **result.get("baselines", {})}
+    lines = [f"{'metric':<14}" + "".join(f"{k:>20}" for k in cols)]
+    for key in KEYS:
+        vals = [c.get(key) for c in cols.values()]
+        lines.append(f"{key:<14}" + "".join(f"{v:>20.4f}" if isinstance(v, float) else f"{v!s:>20}" for v in vals))
+    return "\n".join(lines)
+
+
+def to_json(result: dict[str, Any]) -> str:
+    return json.dumps(result, indent=2, sort_keys=False, default=float)

@@ -1,0 +1,127 @@
+"""Render a plan answer. The `memx plan --format json` object is the single source: Markdown and the
+rich tables are drawn from it, whether the search ran in-process or in the Prefect pipeline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memx.planner.candidates import Candidate
+from memx.domain.plan import plan_to_dict
+from memx.planner.search import SearchResult
+
+GIB = 1024.0
+
+
+def predicted(c: Candidate) -> dict[str, Any]:
+    return {
+        "iteration_time_ms": round(c.iteration_time_ms, 3),
+        "peak_mem_mib": [round(x, 1) for x in c.peak_mem_mib],
+        "max_mem_mib": round(c.max_mem_mib, 1),
+        "mem_variance_mib2": round(c.mem_variance_mib2, 1),
+        "min_margin": round(c.min_margin, 4),
+        "phi": round(c.phi, 5),
+    }
+
+
+def _entry(c: Candidate) -> dict[str, Any]:
+    return {"plan": plan_to_dict(c.plan), "predicted": predicted(c),
+            "stages": [{"time_ms": round(t, 3), "peak_mib": round(m, 1), "capacity_mib": cap}
+                       for t, m, cap in zip(c.stage_time_ms, c.stage_peak_mib, c.capacity_mib)]}
+
+
+def to_json_obj(r: SearchResult, predictor: str) -> dict[str, Any]:
+    """The `memx plan --format json` object (README: output contract)."""
+    best = _entry(r.best)
+    return {
+        "plan": best["plan"],
+        "predicted": best["predicted"],
+        "weights": {"profile": r.weights.profile, "w": list(r.weights.as_tuple())},
+        "space": {"total": r.space.total, "feasible": r.space.feasible, "layouts": r.space.layouts,
+                  "splits": r.space.splits_total, "evaluated": r.space.evaluated},
+        "search_s": round(r.search_s, 3),
+        "predictor": predictor,
+        "references": {"time_ms": r.refs[0], "max_mem_mib": r.refs[1], "mem_variance_mib2": r.refs[2],
+                       "epsilon_mib2": r.epsilon_mib2},
+        "stages": best["stages"],
+        "top": [_entry(c) for c in r.top],
+        "fastest": _entry(r.fastest),
+        "pareto": [_entry(c) for c in r.pareto],
+    }
+
+
+def stages_text(plan: dict[str, Any]) -> str:
+    out = []
+    for st in plan["stages"]:
+        rc = st["recompute"] if st.get("recompute_layers") is None else f"full:{st['recompute_layers']}"
+        out.append(f"{st['gpu']}×{st['tp']} {st['layers']}L {rc}")
+    return " | ".join(out)
+
+
+def _m(plan: dict[str, Any]) -> int:
+    return plan["global_batch"] // (plan["dp"] * plan["micro_batch"])
+
+
+def _headline(obj: dict[str, Any]) -> str:
+    sp, w = obj["space"], obj["weights"]
+    return (f"Predictor `{obj['predictor']}`, weights `{w['profile']}` (wT, wM, wV) = {tuple(w['w'])}. "
+            f"Searched {sp['evaluated']:,} layer splits over {sp['layouts']} layouts ({sp['total']:,} plans counting "
+            f"per-stage recompute) in {obj['search_s']:.1f} s; {sp['feasible']:,} feasible.")
+
+
+def _summary(obj: dict[str, Any]) -> str:
+    b, f = obj["predicted"], obj["fastest"]["predicted"]
+    return (f"Predicted iteration {b['iteration_time_ms']:,.0f} ms ({b['iteration_time_ms'] / f['iteration_time_ms'] - 1:+.1%} "
+            f"vs the fastest plan, {f['iteration_time_ms']:,.0f} ms), max memory {b['max_mem_mib'] / GIB:.1f} GiB, memory "
+            f"std-dev {b['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, smallest margin {b['min_margin']:.1%}, Φ = {b['phi']:.3f}.")
+
+
+def to_markdown(obj: dict[str, Any]) -> str:
+    p = obj["plan"]
+    lines = [f"# MemX plan: {p['model']} on {p['cluster']}", "", _headline(obj), "",
+             f"**Pick**: dp={p['dp']}, pp={len(p['stages'])}, micro batch {p['micro_batch']} ({_m(p)} per iteration): "
+             f"{stages_text(p)}", "", _summary(obj), "",
+             "| stage | GPU | tp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | margin |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for s, (st, d) in enumerate(zip(p["stages"], obj["stages"])):
+        rc = st["recompute"] if st.get("recompute_layers") is None else f"full (first {st['recompute_layers']})"
+        cap = d["capacity_mib"]
+        lines.append(f"| {s} | {st['gpu']} | {st['tp']} | {st['layers']} | {rc} | {d['time_ms']:.1f} | "
+                     f"{d['peak_mib'] / GIB:.1f} | {cap / GIB:.0f} | {(cap - d['peak_mib']) / cap:.1%} |")
+    lines += ["", "## Top plans by Φ", "", "| # | Φ | T ms | M GiB | std GiB | margin | dp | µb | stages |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for i, e in enumerate(obj["top"], 1):
+        q = e["predicted"]
+        lines.append(f"| {i} | {q['phi']:.3f} | {q['iteration_time_ms']:,.0f} | {q['max_mem_mib'] / GIB:.1f} | "
+                     f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} | {q['min_margin']:.1%} | {e['plan']['dp']} | "
+                     f"{e['plan']['micro_batch']} | {stages_text(e['plan'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def print_table(obj: dict[str, Any], console) -> None:
+    from rich.table import Table
+
+    p, f = obj["plan"], obj["fastest"]
+    console.print(f"[bold]MemX[/] {p['model']} on {p['cluster']} — {_headline(obj)}")
+    top = Table(title="Top plans by Φ (lower is better)")
+    for col in ("#", "Φ", "T ms", "vs fastest", "M GiB", "std GiB", "margin", "dp", "µb", "stages"):
+        top.add_column(col, justify="left" if col == "stages" else "right")
+    t_fast = f["predicted"]["iteration_time_ms"]
+    for i, e in enumerate(obj["top"], 1):
+        q = e["predicted"]
+        top.add_row(str(i), f"{q['phi']:.3f}", f"{q['iteration_time_ms']:,.0f}", f"{q['iteration_time_ms'] / t_fast - 1:+.1%}",
+                    f"{q['max_mem_mib'] / GIB:.1f}", f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f}", f"{q['min_margin']:.1%}",
+                    str(e["plan"]["dp"]), str(e["plan"]["micro_batch"]), stages_text(e["plan"]))
+    console.print(top)
+    mem = Table(title="Pick: per-GPU memory against capacity (each row = tp × dp = the stage's GPUs)")
+    for col in ("stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "capacity GiB", "margin", ""):
+        mem.add_column(col)
+    for s, (st, d) in enumerate(zip(p["stages"], obj["stages"])):
+        cap, peak = d["capacity_mib"], d["peak_mib"]
+        fill = round(20 * peak / cap)
+        rc = st["recompute"] if st.get("recompute_layers") is None else f"full:{st['recompute_layers']}"
+        mem.add_row(str(s), st["gpu"], f"{st['tp']}×{p['dp']}", str(st["layers"]), rc, f"{peak / GIB:.1f}",
+                    f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}", "█" * fill + "░" * (20 - fill))
+    console.print(mem)
+    q = f["predicted"]
+    console.print(f"Fastest plan: {q['iteration_time_ms']:,.0f} ms, M {q['max_mem_mib'] / GIB:.1f} GiB, std "
+                  f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, margin {q['min_margin']:.1%}: {stages_text(f['plan'])}")

@@ -1,0 +1,127 @@
+"""stage_runs / config_runs tables (DESIGN.md §3) and the `simulated` profiling backend entry point."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from memx.domain.catalog import load_gpu
+from memx.domain.errors import InputError
+from memx.domain.plan import Plan, plan_to_json
+from memx.simulator.schedule import PlanRun
+from memx.simulator.stage import (
+    ADAM_STATIC_BYTES_PER_PARAM,
+    SIGNATURE_FIELDS,
+    StageRun,
+    StageSignature,
+    measure_stage,
+    signature_from_dict,
+)
+from memx.simulator.traits import GpuTraits, load_traits
+from memx.domain.specs import Cluster, GpuType
+
+STAGE_RUN_COLUMNS = SIGNATURE_FIELDS + (
+    "time_ms", "peak_mem_mib", "static_mem_mib", "status", "reason", "backend", "measured_at", "source",
+)
+CONFIG_RUN_COLUMNS = ("plan", "iteration_time_ms", "peak_mem_mib", "oom", "source", "seed", "reason", "measured_at")
+BACKEND = "simulated"
+SOURCE = "memx.simulator"
+
+GpuCatalog = Cluster | Mapping[str, GpuType] | Iterable[GpuType] | None
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _gpu_lookup(gpus: GpuCatalog, conf_root: Path | None):
+    if isinstance(gpus, Cluster):
+        table = {g.name: g for g in gpus.gpu_types}
+    elif isinstance(gpus, Mapping):
+        table = dict(gpus)
+    elif gpus is not None:
+        table = {g.name: g for g in gpus}
+    else:
+        table = {}
+
+    def get(name: str) -> GpuType:
+        if name not in table:
+            if gpus is not None:
+                raise InputError(f"stage signature: field 'gpu' {name!r} is not among the GPUs given: "
+                                 f"{', '.join(sorted(table)) or '(none)'}")
+            table[name] = load_gpu(name, conf_root)
+        return table[name]
+
+    return get
+
+
+def stage_run_row(sig: StageSignature, run: StageRun, *, measured_at: str, source: str = SOURCE) -> dict[str, Any]:
+    row = sig.to_dict()
+    row.update(time_ms=run.time_ms, peak_mem_mib=run.peak_mem_mib, static_mem_mib=run.static_mem_mib,
+               status=run.status, reason=run.reason, backend=BACKEND, measured_at=measured_at, source=source)
+    return row
+
+
+def stage_runs_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """A stage_runs table with exactly STAGE_RUN_COLUMNS, nullable numbers as float (NaN = null)."""
+    df = pd.DataFrame(list(rows), columns=list(STAGE_RUN_COLUMNS))
+    for col in ("time_ms", "peak_mem_mib", "static_mem_mib"):
+        df[col] = df[col].astype("float64")
+    df["recompute_layers"] = df["recompute_layers"].astype("Int64")
+    for col in ("first", "last"):
+        df[col] = df[col].astype(bool)
+    return df
+
+
+def measure_stages(signatures: pd.DataFrame | Sequence[Mapping[str, Any]], *, seed: int,
+                   gpus: GpuCatalog = None, conf_root: Path | None = None,
+                   traits: Mapping[str, GpuTraits] | None = None, repeats: int = 1,
+                   static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM,
+                   source: str = SOURCE) -> pd.DataFrame:
+    """The `simulated` profiling backend: measure every stage signature (rows with the stage_runs input
+    columns; extra columns are ignored) `repeats` times; returns a stage_runs DataFrame.
+
+    GPUs come from `gpus` (a Cluster, a name→GpuType mapping or GpuTypes) or, when None, from the
+    catalog under `conf_root`. Deterministic for a seed; each measurement gets its own noise draw.
+    """
+    records = signatures.to_dict("records") if isinstance(signatures, pd.DataFrame) else list(signatures)
+    get_gpu, given = _gpu_lookup(gpus, conf_root), dict(traits or {})
+    rng = np.random.default_rng(seed)
+    stamp, rows = now_iso(), []
+    for i, raw in enumerate(records):
+        try:
+            sig = signature_from_dict(raw)
+        except InputError as exc:
+            raise InputError(f"row {i}: {exc}") from exc
+        gpu = get_gpu(sig.gpu)
+        tr = given.get(sig.gpu) or load_traits(sig.gpu, conf_root)
+        for _ in range(repeats):
+            run = measure_stage(sig, gpu, tr, rng=rng, static_bytes_per_param=static_bytes_per_param)
+            rows.append(stage_run_row(sig, run, measured_at=stamp, source=source))
+    return stage_runs_frame(rows)
+
+
+def config_run_row(plan: Plan, run: PlanRun, *, seed: int, measured_at: str, source: str = SOURCE) -> dict[str, Any]:
+    return {
+        "plan": plan_to_json(plan),
+        "iteration_time_ms": run.iteration_time_ms,
+        "peak_mem_mib": None if run.peak_mem_mib is None else list(run.peak_mem_mib),
+        "oom": run.oom,
+        "source": source,
+        "seed": seed,
+        "reason": run.reason,
+        "measured_at": measured_at,
+    }
+
+
+def config_runs_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """A config_runs table: plan JSON string, time (NaN = failed), per-GPU peak list (None on OOM), oom."""
+    df = pd.DataFrame(list(rows), columns=list(CONFIG_RUN_COLUMNS))
+    df["iteration_time_ms"] = df["iteration_time_ms"].astype("float64")
+    df["oom"] = df["oom"].astype(bool)
+    df["seed"] = df["seed"].astype("int64")
+    return df
