@@ -8,12 +8,26 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from memx.domain.errors import InputError
 from memx.domain.specs import Cluster, ModelArch
 
-PLAN_RECOMPUTE = ("none", "selective", "full")
+
+
+class Recompute(StrEnum):
+    """Activation recomputation of a stage (docs/architecture.md §Plan JSON; Korthikanti et al. 2022).
+
+    A `StrEnum`: members compare equal to their JSON strings. `full` with `recompute_layers = N` is
+    Megatron-LM's block method (the first N layers of the stage recompute)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+PLAN_RECOMPUTE = tuple(r.value for r in Recompute)
 
 
 @dataclass(frozen=True, kw_only=True)
