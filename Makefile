@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.memx-installed
 
-.PHONY: install plan test test-all bench clean
+.PHONY: install plan test test-all browser bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,15 @@ plan: install
 test: install
 	$(BIN)/python -m pytest
 
-test-all: install
+test-all: install browser
 	$(BIN)/python -m pytest -m "slow or not slow"
+
+# Headless Chromium for the report's browser test (Debian's package; skipped quietly where apt is absent).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "chromium not installed: the browser test will be skipped"
 
 bench: install
 	$(BIN)/python bench/search_throughput.py
