@@ -51,7 +51,7 @@ def profile_cmd(
 ) -> None:
     """Profile every GPU type of a cluster: sweeps → sensitivity → 3-point grid → stage_runs Parquet."""
     from memx.profiling import profile
-    from memx.profiling.records import format_rejects
+    from memx.domain.records import format_rejects
 
     try:
         c, m, s = load_cluster(cluster, conf), load_model(model, conf), load_search(search, conf)
@@ -87,8 +87,8 @@ def ingest_megatron_cmd(
 ) -> None:
     """Megatron-LM logs → stage_runs rows (point from a `memx-point:` header or Megatron's argument dump)."""
     from memx.domain.io import atomic_write_parquet
-    from memx.profiling.backends.records import ingest_megatron
-    from memx.profiling.records import format_rejects
+    from memx.profiling.backends.imported import ingest_megatron
+    from memx.domain.records import format_rejects
 
     try:
         df, rejects = ingest_megatron(logdir, model=load_model(model, conf), gpu=gpu)

@@ -1,28 +1,25 @@
 """Load catalogs (conf/gpus, clusters, models, search) by name or path into specs.
 
-Pydantic validates the YAML at this edge; every error names the file, the field and the allowed
-values, and is raised as `InputError` (exit code 2).
+The YAML is validated at this edge by pydantic against the spec types themselves
+(`memx.domain.specs`: their annotations carry the constraints, their `__post_init__` the cross-field
+checks); every error names the file, every offending field and the allowed values, and is raised as
+one `InputError` (exit code 2). See docs/architecture.md §Catalogs.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
-from memx.domain.errors import InputError
-from memx.domain.specs import (
-    MLP_KINDS,
-    RECOMPUTE_LEVELS,
-    Cluster,
-    GpuType,
-    ModelArch,
-    Node,
-    SearchSpace,
-)
+from memx.domain.errors import InputError, SpecError
+from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
+
+T = TypeVar("T")
 
 KINDS = ("gpus", "clusters", "models", "search")
 
@@ -35,81 +32,35 @@ def default_conf_root() -> Path:
     return Path(__file__).resolve().parents[2] / "conf"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_NOT_GIVEN = object()
 
 
-class GpuYaml(_Strict):
-    name: str
-    vendor: str
-    memory_gib: PositiveFloat
-    peak_tflops_bf16: PositiveFloat
-    memory_bandwidth_gbps: PositiveFloat
-    intra_node_bandwidth_gbps: PositiveFloat
-    notes: str | None = None
+def _line(loc: str, msg: str, got: Any = _NOT_GIVEN) -> str:
+    return f"  field '{loc}': {msg}" + ("" if got is _NOT_GIVEN else f"; got {got!r}")
 
 
-class NodeYaml(_Strict):
-    gpu: str
-    count: PositiveInt
+def _message(error: dict[str, Any]) -> str:
+    ctx = error.get("ctx") or {}
+    return error["msg"] + (f" (allowed: {ctx['expected']})" if "expected" in ctx else "")
 
 
-class ClusterYaml(_Strict):
-    name: str
-    inter_node_bandwidth_gbps: PositiveFloat
-    inter_node_latency_ms: float = Field(default=0.01, ge=0)
-    nodes: list[NodeYaml] = Field(min_length=1)
-    notes: str | None = None
-
-
-class ModelYaml(_Strict):
-    name: str
-    layers: PositiveInt
-    hidden: PositiveInt
-    ffn_hidden: PositiveInt
-    heads: PositiveInt
-    query_groups: PositiveInt
-    vocab: PositiveInt
-    seq_len: PositiveInt
-    mlp: Literal["swiglu", "gelu"] = "swiglu"
-    tied_embeddings: bool = False
-    notes: str | None = None
-
-
-class SearchYaml(_Strict):
-    name: str
-    global_batch: PositiveInt
-    tp_options: list[PositiveInt] = Field(default=[1, 2, 4, 8], min_length=1)
-    micro_batch_options: list[PositiveInt] = Field(default=[1, 2, 4], min_length=1)
-    recompute_levels: list[Literal["none", "selective", "full", "block"]] = Field(
-        default=["none", "selective", "full", "block"], min_length=1
-    )
-    max_pp: PositiveInt = 8
-    min_pp: PositiveInt = 1
-    use_all_gpus: bool = True
-    weights: str = "auto"
-    dtype: Literal["bf16"] = "bf16"
-    optimizer: Literal["adam"] = "adam"
-    reserve_gib: float = Field(default=1.0, ge=0)
-    target_margin: float = Field(default=0.10, ge=0, lt=1)
-    epsilon_mib2: PositiveFloat = 1.0e4
-    seq_len: PositiveInt | None = None
-    max_splits_per_layout: PositiveInt = 5_000_000
-    max_stage_slowdown: float = Field(default=2.0, ge=0)
-    max_time_ratio: float = Field(default=0.0, ge=0)
-    notes: str | None = None
-
-
-def _format_validation(path: Path, err: ValidationError) -> str:
-    lines = [f"{path}: invalid catalog entry"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"]
-        ctx = e.get("ctx") or {}
-        if "expected" in ctx:
-            msg += f" (allowed: {ctx['expected']})"
-        lines.append(f"  field '{loc}': {msg}; got {e.get('input')!r}")
-    return "\n".join(lines)
+def _error_lines(err: ValidationError) -> dict[str, str]:
+    """One line per offending field: pydantic's field errors and the spec's own SpecError problems."""
+    errors = err.errors()
+    lines: dict[str, str] = {}
+    for e in errors:
+        loc = ".".join(str(p) for p in e["loc"])
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecError):  # the spec's own checks, raised while it was built
+            for field, what, value in cause.problems:
+                where = f"{loc}.{field}" if loc else field
+                lines[where] = _line(where, what, value)
+        elif e["type"] == "too_short" and any(len(x["loc"]) > len(e["loc"]) and x["loc"][:len(e["loc"])] == e["loc"]
+                                              for x in errors):
+            continue  # its items were rejected, each on its own line: the list itself is not short
+        else:
+            lines.setdefault(loc or "(top level)", _line(loc or "(top level)", _message(e), e.get("input")))
+    return lines
 
 
 def known_names(kind: str, conf_root: Path | None = None) -> list[str]:
@@ -142,93 +93,70 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def parse_yaml(model: type[BaseModel], path: Path) -> Any:
-    """Read a YAML mapping and validate it with a pydantic model; InputError names file and fields."""
+@functools.cache
+def _adapter(spec_type: type[T]) -> TypeAdapter[T]:
+    return TypeAdapter(spec_type)
+
+
+def validate_entry(spec_type: type[T], data: dict[str, Any], path: Path, *,
+                   problems: dict[str, str] | None = None) -> T:
+    """Validate a YAML mapping against a spec type; one InputError naming the file and every bad field.
+
+    The `notes:` key is allowed everywhere (free text, not part of the spec). `problems` (field →
+    message) are found by the caller (e.g. unknown GPU names) and reported with pydantic's."""
+    data = dict(data)
+    notes = data.pop("notes", None)
+    lines = {k: _line(k, v) for k, v in (problems or {}).items()}
+    if notes is not None and not isinstance(notes, str):
+        lines["notes"] = _line("notes", "must be text", notes)
     try:
-        return model.model_validate(_read_yaml(path))
+        spec = _adapter(spec_type).validate_python(data)
     except ValidationError as exc:
-        raise InputError(_format_validation(path, exc)) from exc
+        for loc, line in _error_lines(exc).items():
+            lines.setdefault(loc, line)
+    if lines:
+        raise InputError("\n".join([f"{path}: invalid catalog entry", *lines.values()]))
+    return spec
+
+
+def parse_yaml(spec_type: type[T], path: Path) -> T:
+    """Read a YAML mapping and validate it against a spec type (`validate_entry`)."""
+    return validate_entry(spec_type, _read_yaml(path), path)
 
 
 def load_gpu(name_or_path: str | Path, conf_root: Path | None = None) -> GpuType:
-    y = parse_yaml(GpuYaml, resolve("gpus", name_or_path, conf_root))
-    return GpuType(
-        name=y.name,
-        vendor=y.vendor,
-        memory_gib=y.memory_gib,
-        peak_tflops_bf16=y.peak_tflops_bf16,
-        memory_bandwidth_gbps=y.memory_bandwidth_gbps,
-        intra_node_bandwidth_gbps=y.intra_node_bandwidth_gbps,
-    )
+    return parse_yaml(GpuType, resolve("gpus", name_or_path, conf_root))
+
+
+def _resolve_gpus(data: dict[str, Any], conf_root: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """`nodes[i].gpu` names → GpuType (loaded once each); problems keyed `nodes.i.gpu`."""
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        return data, {}
+    gpus: dict[str, GpuType] = {}
+    problems: dict[str, str] = {}
+    resolved = []
+    for i, node in enumerate(nodes):
+        name = node.get("gpu") if isinstance(node, dict) else None
+        if isinstance(name, str):
+            try:
+                gpus[name] = gpus[name] if name in gpus else load_gpu(name, conf_root)
+                node = {**node, "gpu": gpus[name]}
+            except InputError as exc:
+                problems[f"nodes.{i}.gpu"] = str(exc)
+        resolved.append(node)
+    return {**data, "nodes": resolved}, problems
 
 
 def load_cluster(name_or_path: str | Path, conf_root: Path | None = None) -> Cluster:
     path = resolve("clusters", name_or_path, conf_root)
-    y = parse_yaml(ClusterYaml, path)
-    gpus: dict[str, GpuType] = {}
-    for i, node in enumerate(y.nodes):
-        if node.gpu not in gpus:
-            try:
-                gpus[node.gpu] = load_gpu(node.gpu, conf_root)
-            except InputError as exc:
-                raise InputError(f"{path}: field 'nodes.{i}.gpu': {exc}") from exc
-    nodes = tuple(Node(gpu=gpus[n.gpu], count=n.count) for n in y.nodes)
-    return Cluster(
-        name=y.name,
-        inter_node_bandwidth_gbps=y.inter_node_bandwidth_gbps,
-        inter_node_latency_ms=y.inter_node_latency_ms,
-        nodes=nodes,
-    )
+    data, problems = _resolve_gpus(_read_yaml(path), conf_root)
+    return validate_entry(Cluster, data, path, problems=problems)
 
 
 def load_model(name_or_path: str | Path, conf_root: Path | None = None) -> ModelArch:
-    path = resolve("models", name_or_path, conf_root)
-    y = parse_yaml(ModelYaml, path)
-    problems = []
-    if y.hidden % y.heads:
-        problems.append(f"field 'hidden' ({y.hidden}) must be divisible by 'heads' ({y.heads})")
-    if y.heads % y.query_groups:
-        problems.append(f"field 'heads' ({y.heads}) must be divisible by 'query_groups' ({y.query_groups})")
-    if problems:
-        raise InputError(f"{path}: " + "; ".join(problems))
-    assert y.mlp in MLP_KINDS
-    return ModelArch(
-        name=y.name,
-        layers=y.layers,
-        hidden=y.hidden,
-        ffn_hidden=y.ffn_hidden,
-        heads=y.heads,
-        query_groups=y.query_groups,
-        vocab=y.vocab,
-        seq_len=y.seq_len,
-        mlp=y.mlp,
-        tied_embeddings=y.tied_embeddings,
-    )
+    return parse_yaml(ModelArch, resolve("models", name_or_path, conf_root))
 
 
 def load_search(name_or_path: str | Path, conf_root: Path | None = None) -> SearchSpace:
-    path = resolve("search", name_or_path, conf_root)
-    y = parse_yaml(SearchYaml, path)
-    if y.min_pp > y.max_pp:
-        raise InputError(f"{path}: field 'min_pp' ({y.min_pp}) exceeds field 'max_pp' ({y.max_pp})")
-    assert all(level in RECOMPUTE_LEVELS for level in y.recompute_levels)
-    return SearchSpace(
-        name=y.name,
-        global_batch=y.global_batch,
-        tp_options=tuple(sorted(set(y.tp_options))),
-        micro_batch_options=tuple(sorted(set(y.micro_batch_options))),
-        recompute_levels=tuple(dict.fromkeys(y.recompute_levels)),
-        max_pp=y.max_pp,
-        min_pp=y.min_pp,
-        use_all_gpus=y.use_all_gpus,
-        weights=y.weights,
-        dtype=y.dtype,
-        optimizer=y.optimizer,
-        reserve_gib=y.reserve_gib,
-        target_margin=y.target_margin,
-        epsilon_mib2=y.epsilon_mib2,
-        seq_len=y.seq_len,
-        max_splits_per_layout=y.max_splits_per_layout,
-        max_stage_slowdown=y.max_stage_slowdown,
-        max_time_ratio=y.max_time_ratio,
-    )
+    return parse_yaml(SearchSpace, resolve("search", name_or_path, conf_root))

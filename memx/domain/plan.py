@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memx.domain.errors import InputError
-from memx.domain.specs import Cluster, ModelArch
+
+if TYPE_CHECKING:  # annotations only: memx.domain.specs imports Recompute from here
+    from memx.domain.specs import Cluster, ModelArch
 
 
 

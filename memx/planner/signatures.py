@@ -8,13 +8,12 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pandas as pd
 
+from memx.domain.records import SIGNATURE_COLUMNS
 from memx.domain.specs import ModelArch
 from memx.planner.tables import NONE, SELECTIVE, StageContext
 
-SIGNATURE_COLUMNS = (
-    "gpu", "tp", "layers", "micro_batch", "seq_len", "recompute", "recompute_layers", "first", "last",
-    "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab", "mlp",
-)
+__all__ = ["PREDICTION_COLUMNS", "SIGNATURE_COLUMNS", "StagePredictor", "signature_frame"]
+
 PREDICTION_COLUMNS = ("time_ms", "peak_mem_mib", "static_mem_mib")
 
 

@@ -5,7 +5,7 @@
 Per GPU type: single-parameter sweeps around a centre point → sensitivity table → a 3-point grid over
 the selected parameters plus embedding/output stages, block recompute, `inflight` coverage, and dense
 intervals on one representative GPU type for the interpolation gate. Every point becomes one
-`stage_runs` row (DESIGN.md §3), failed ones included. See docs/profiling.md.
+`stage_runs` row (docs/architecture.md §Measurement records), failed ones included. See docs/profiling.md.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import pandas as pd
 
 from memx.domain.errors import InputError
 from memx.domain.io import atomic_write_parquet, atomic_write_text
+from memx.domain.records import RejectedRow, signature_key
+from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.profiling.backends import BACKENDS, Backend, check_backend
 from memx.profiling.design import (dense_points, full_grid_size, gpu_axes, grid_points, inflight_points,
                                    representative_gpu)
-from memx.profiling.records import RejectedRow, signature_key
 from memx.profiling.runner import load_existing, run_points
 from memx.profiling.sensitivity import (sensitivity_frame, sensitivity_markdown, sensitivity_rows, sweep_plan,
                                         sweep_points)
-from memx.domain.specs import Cluster, ModelArch, SearchSpace
 
 __all__ = ["BACKENDS", "ProfileResult", "profile"]
 
@@ -37,7 +37,7 @@ SEARCHED = {"tp", "micro_batch", "recompute", "layers", "inflight", "position"} 
 
 @dataclass(frozen=True, kw_only=True)
 class ProfileResult:
-    stage_runs: pd.DataFrame  # DESIGN.md stage_runs columns, failed rows included (status oom/failed + reason)
+    stage_runs: pd.DataFrame  # STAGE_RUN_COLUMNS (memx.domain.records), failed rows included (status oom/failed + reason)
     sensitivity: pd.DataFrame  # per gpu × parameter: time_change, mem_change (fractions), selected
     runs: int  # points of the minimal-set design (sweeps, grid, dense, inflight), or rows imported
     full_grid: int  # points of the full grid over the same parameters and values
@@ -101,7 +101,7 @@ def _torch_model(model: ModelArch) -> ModelArch:
 
 
 def _import_records(records: Path | None, out_path: Path | None) -> tuple[pd.DataFrame, list]:
-    from memx.profiling.backends.records import read_records
+    from memx.profiling.backends.imported import read_records
     if records is None:
         raise InputError("backend 'records' needs --records PATH (CSV, Parquet or JSONL)")
     df, rejects = read_records(Path(records))

@@ -16,9 +16,10 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from memx.domain.plan import Recompute
+from memx.domain.specs import BLOCK_RECOMPUTE, Cluster, GpuType, ModelArch, SearchSpace
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.space import valid_tps
-from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
 
 GRID_PARAMS = ("tp", "micro_batch", "recompute", "layers")
 DENSE_POINTS = 7  # the paper densely measures 5–7 points on one interval
@@ -50,16 +51,18 @@ def three(values: Iterable[Any]) -> tuple[Any, ...]:
 
 
 def stage_levels(space: SearchSpace) -> tuple[tuple[str, ...], bool]:
-    levels = space.recompute_levels
-    stage = tuple(x for x in ("none", "selective", "full") if x in levels or (x == "full" and "block" in levels))
-    return stage, "block" in levels
+    """The stage levels to measure (block recompute is measured as `full` with recompute_layers) and
+    whether the search asks for block recompute."""
+    block = BLOCK_RECOMPUTE in space.recompute_levels
+    stage = tuple(r.value for r in Recompute if r in space.recompute_levels or (r is Recompute.FULL and block))
+    return stage, block
 
 
 def point(gpu: str, model: ModelArch, *, tp: int, layers: int, micro_batch: int, seq_len: int,
-          recompute: str = "none", recompute_layers: int | None = None, first: bool = False,
+          recompute: str = Recompute.NONE, recompute_layers: int | None = None, first: bool = False,
           last: bool = False, inflight: int = 1, source: str) -> dict[str, Any]:
     return {"gpu": gpu, "tp": int(tp), "layers": int(layers), "micro_batch": int(micro_batch),
-            "seq_len": int(seq_len), "recompute": recompute, "recompute_layers": recompute_layers,
+            "seq_len": int(seq_len), "recompute": str(recompute), "recompute_layers": recompute_layers,
             "first": bool(first), "last": bool(last), "inflight": int(inflight), "hidden": model.hidden,
             "ffn_hidden": model.ffn_hidden, "heads": model.heads, "query_groups": model.query_groups,
             "vocab": model.vocab, "mlp": model.mlp, "source": source}
@@ -87,11 +90,11 @@ def gpu_axes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: GpuTyp
     mbs = tuple(space.micro_batch_options)
     recompute, block = stage_levels(space)
     seq = space.seq_len or model.seq_len
-    leanest = recompute[-1] if recompute else "none"
-    combos = [(t, b, r) for t in tps for b in mbs for r in dict.fromkeys(recompute + ("none",))]
+    leanest = recompute[-1] if recompute else Recompute.NONE.value
+    combos = [(t, b, r) for t in tps for b in mbs for r in dict.fromkeys(recompute + (Recompute.NONE.value,))]
     fit = fitting_layers(gpu, model, space, combos, seq)
     tp_def, mb_def = three(tps)[len(three(tps)) // 2], three(mbs)[len(three(mbs)) // 2]
-    fit_none = fit[(tp_def, mb_def, "none")]
+    fit_none = fit[(tp_def, mb_def, Recompute.NONE)]
     return GpuAxes(gpu=gpu.name, tps=tps, micro_batches=mbs, recompute=recompute, block=block,
                    max_layers_by_tp={t: max(1, fit[(t, mbs[0], leanest)]) for t in tps},
                    fit={c: max(1, v) for c, v in fit.items()}, model_layers=model.layers,
@@ -108,7 +111,7 @@ def layer_levels(top: int) -> tuple[int, ...]:
 def _levels(ax: GpuAxes, selected: set[str]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
     tps = three(ax.tps) if "tp" in selected else (ax.default_tp,)
     mbs = three(ax.micro_batches) if "micro_batch" in selected else (ax.default_micro_batch,)
-    rcs = three(ax.recompute) if "recompute" in selected else ("none",)
+    rcs = three(ax.recompute) if "recompute" in selected else (Recompute.NONE.value,)
     return tps, mbs, rcs
 
 
@@ -136,9 +139,9 @@ def grid_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[dict[
                 if top >= ax.model_layers:
                     out.append(point(ax.gpu, model, tp=tp, layers=ax.model_layers, micro_batch=mb, recompute=rc,
                                      first=True, last=True, **kw))
-            top = ax.fit[(tp, mb, "full")] if (tp, mb, "full") in ax.fit else 1
+            top = ax.fit.get((tp, mb, Recompute.FULL), 1)
             if ax.block and top >= 2 and "layers" in selected:
-                out.append(point(ax.gpu, model, tp=tp, layers=top, micro_batch=mb, recompute="full",
+                out.append(point(ax.gpu, model, tp=tp, layers=top, micro_batch=mb, recompute=Recompute.FULL,
                                  recompute_layers=top // 2, **kw))
         if ax.max_layers_by_tp[tp] < ax.model_layers:
             out.append(point(ax.gpu, model, tp=tp, layers=ax.max_layers_by_tp[tp] + 1, micro_batch=mbs[0],
@@ -152,7 +155,7 @@ def inflight_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[d
     if ax.max_inflight < 2:
         return []
     tps, mbs, _ = _levels(ax, selected)
-    rcs = tuple(r for r in ("none", "full") if r in ax.recompute) or ("none",)
+    rcs = tuple(r.value for r in (Recompute.NONE, Recompute.FULL) if r in ax.recompute) or (Recompute.NONE.value,)
     values = (max(2, math.ceil(ax.max_inflight / 2)), ax.max_inflight)
     out = []
     for i, tp in enumerate(tps):

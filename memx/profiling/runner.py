@@ -16,22 +16,21 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import pandas as pd
 
 from memx.domain.io import atomic_write_parquet
+from memx.domain.records import DONE_STATUSES, empty_stage_runs, failed_row, signature_key, stage_runs_frame
 from memx.profiling.backends import Backend
-from memx.profiling.records import empty_stage_runs, failed_row, signature_key, to_stage_runs
 
-DONE = ("ok", "oom")
 CHECKPOINT_S = 10.0  # our choice: at most 10 s of measurements lost to a hard kill
 
 
 def load_existing(path: Path | None) -> pd.DataFrame:
     if path is None or not path.is_file():
         return empty_stage_runs()
-    return to_stage_runs(pd.read_parquet(path))
+    return stage_runs_frame(pd.read_parquet(path))
 
 
 def pending_points(points: Sequence[Mapping[str, Any]], existing: pd.DataFrame) -> list[Mapping[str, Any]]:
     """Points not yet measured (ok/oom) in `existing`, first occurrence of each signature only."""
-    done = {signature_key(r) for r in existing[existing["status"].isin(DONE)].to_dict("records")}
+    done = {signature_key(r) for r in existing[existing["status"].isin(DONE_STATUSES)].to_dict("records")}
     out, seen = [], set(done)
     for p in points:
         k = signature_key(p)
@@ -104,8 +103,8 @@ def merge(existing: pd.DataFrame, rows: list[dict[str, Any]]) -> pd.DataFrame:
     if not rows:
         return existing
     new_keys = {signature_key(r) for r in rows}
-    keep = [r for r in existing.to_dict("records") if r["status"] in DONE or signature_key(r) not in new_keys]
-    return to_stage_runs(keep + rows)
+    keep = [r for r in existing.to_dict("records") if r["status"] in DONE_STATUSES or signature_key(r) not in new_keys]
+    return stage_runs_frame(keep + rows)
 
 
 def run_points(points: Sequence[Mapping[str, Any]], backend: Backend, *, existing: pd.DataFrame | None = None,

@@ -1,8 +1,11 @@
-"""stage_runs / config_runs tables (DESIGN.md §3) and the `simulated` profiling backend entry point."""
+"""Simulated stage_runs / config_runs rows and the `simulated` profiling backend entry point.
+
+The tables' schema (columns, statuses, dtypes) is memx.domain.records (docs/architecture.md
+§Measurement records); this module fills it with what the virtual cluster measures.
+"""
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -12,30 +15,24 @@ import pandas as pd
 from memx.domain.catalog import load_gpu
 from memx.domain.errors import InputError
 from memx.domain.plan import Plan, plan_to_json
+from memx.domain.records import (CONFIG_RUN_COLUMNS, STAGE_RUN_COLUMNS, config_runs_frame, now_iso, stage_run_row,
+                                 stage_runs_frame)
+from memx.domain.specs import Cluster, GpuType
 from memx.simulator.schedule import PlanRun
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
-    SIGNATURE_FIELDS,
-    StageRun,
-    StageSignature,
     measure_stage,
     signature_from_dict,
 )
 from memx.simulator.traits import GpuTraits, load_traits
-from memx.domain.specs import Cluster, GpuType
 
-STAGE_RUN_COLUMNS = SIGNATURE_FIELDS + (
-    "time_ms", "peak_mem_mib", "static_mem_mib", "status", "reason", "backend", "measured_at", "source",
-)
-CONFIG_RUN_COLUMNS = ("plan", "iteration_time_ms", "peak_mem_mib", "oom", "source", "seed", "reason", "measured_at")
+__all__ = ["CONFIG_RUN_COLUMNS", "STAGE_RUN_COLUMNS", "config_run_row", "config_runs_frame", "measure_stages",
+           "now_iso", "stage_runs_frame"]
+
 BACKEND = "simulated"
 SOURCE = "memx.simulator"
 
 GpuCatalog = Cluster | Mapping[str, GpuType] | Iterable[GpuType] | None
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _gpu_lookup(gpus: GpuCatalog, conf_root: Path | None):
@@ -57,24 +54,6 @@ def _gpu_lookup(gpus: GpuCatalog, conf_root: Path | None):
         return table[name]
 
     return get
-
-
-def stage_run_row(sig: StageSignature, run: StageRun, *, measured_at: str, source: str = SOURCE) -> dict[str, Any]:
-    row = sig.to_dict()
-    row.update(time_ms=run.time_ms, peak_mem_mib=run.peak_mem_mib, static_mem_mib=run.static_mem_mib,
-               status=run.status, reason=run.reason, backend=BACKEND, measured_at=measured_at, source=source)
-    return row
-
-
-def stage_runs_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """A stage_runs table with exactly STAGE_RUN_COLUMNS, nullable numbers as float (NaN = null)."""
-    df = pd.DataFrame(list(rows), columns=list(STAGE_RUN_COLUMNS))
-    for col in ("time_ms", "peak_mem_mib", "static_mem_mib"):
-        df[col] = df[col].astype("float64")
-    df["recompute_layers"] = df["recompute_layers"].astype("Int64")
-    for col in ("first", "last"):
-        df[col] = df[col].astype(bool)
-    return df
 
 
 def measure_stages(signatures: pd.DataFrame | Sequence[Mapping[str, Any]], *, seed: int,
@@ -101,7 +80,9 @@ def measure_stages(signatures: pd.DataFrame | Sequence[Mapping[str, Any]], *, se
         tr = given.get(sig.gpu) or load_traits(sig.gpu, conf_root)
         for _ in range(repeats):
             run = measure_stage(sig, gpu, tr, rng=rng, static_bytes_per_param=static_bytes_per_param)
-            rows.append(stage_run_row(sig, run, measured_at=stamp, source=source))
+            rows.append(stage_run_row(sig.to_dict(), status=run.status, backend=BACKEND, time_ms=run.time_ms,
+                                      peak_mem_mib=run.peak_mem_mib, static_mem_mib=run.static_mem_mib,
+                                      reason=run.reason, measured_at=stamp, source=source))
     return stage_runs_frame(rows)
 
 
@@ -116,12 +97,3 @@ def config_run_row(plan: Plan, run: PlanRun, *, seed: int, measured_at: str, sou
         "reason": run.reason,
         "measured_at": measured_at,
     }
-
-
-def config_runs_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """A config_runs table: plan JSON string, time (NaN = failed), per-GPU peak list (None on OOM), oom."""
-    df = pd.DataFrame(list(rows), columns=list(CONFIG_RUN_COLUMNS))
-    df["iteration_time_ms"] = df["iteration_time_ms"].astype("float64")
-    df["oom"] = df["oom"].astype(bool)
-    df["seed"] = df["seed"].astype("int64")
-    return df

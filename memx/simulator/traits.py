@@ -14,67 +14,66 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from annotated_types import Ge, Interval
 
 from memx.domain.catalog import default_conf_root, parse_yaml
 from memx.domain.errors import InputError
+from memx.domain.validation import check_spec
 
 DEFAULT_TRAITS = "default"
+Fraction = Annotated[float, Interval(gt=0, le=1)]  # an achieved share of a nominal peak
+NonNegative = Annotated[float, Ge(0)]
 
 
 @dataclass(frozen=True, kw_only=True)
 class GpuTraits:
     """What one GPU type achieves in training, beyond its spec sheet (all simulator assumptions,
-    calibrated where published measurements exist; see docs/simulator.md)."""
+    calibrated where published measurements exist; see docs/simulator.md). Constraints are checked
+    at construction; conf/simulator YAML is validated against this type (`catalog.parse_yaml`)."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # read by pydantic at the YAML edge
 
     name: str
-    gemm_efficiency_large: float  # achieved fraction of peak on large GEMMs
-    gemm_half_efficiency_gflop: float  # GEMM size (GFLOP) at which efficiency is half the large value
-    flash_attention: bool  # fused attention kernel; False: eager attention storing the s² scores
-    attention_efficiency: float  # fraction of peak a fused attention kernel achieves
-    memory_bound_efficiency: float  # fraction of memory bandwidth elementwise kernels achieve
-    context_memory_mib: float  # CUDA/ROCm context, NCCL/HCCL buffers, workspace: held on every GPU
-    fragmentation_fraction: float  # caching-allocator overhead, as a fraction of allocated bytes
-    link_efficiency: float  # achieved fraction of nominal link bandwidth by collectives / p2p
-    collective_step_latency_ms: float  # latency of one ring step (one hop of a collective)
-    kernel_launch_overhead_ms: float  # device-side gap + tail per kernel
-    host_dispatch_ms_per_kernel: float  # host (framework) time to issue one operation: the host-bound floor
-    p2p_overhead_ms: float  # fixed cost of one stage-to-stage send/recv (setup, host sync)
-    recompute_penalty_factor: float  # recomputed forward costs this × its first forward (paper §3.1.1)
-    optimizer_efficiency: float  # fraction of memory bandwidth the fused Adam step achieves
-    noise_std_fraction: float  # std-dev of per-micro-batch time noise, as a fraction of the time
-
-
-class _TraitsYaml(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    gemm_efficiency_large: float = Field(gt=0, le=1)
-    gemm_half_efficiency_gflop: float = Field(ge=0)
+    """GPU catalog name, or `default`."""
+    gemm_efficiency_large: Fraction
+    """Achieved fraction of peak on large GEMMs."""
+    gemm_half_efficiency_gflop: NonNegative
+    """GEMM size (GFLOP) at which efficiency is half the large value."""
     flash_attention: bool
-    attention_efficiency: float = Field(gt=0, le=1)
-    memory_bound_efficiency: float = Field(gt=0, le=1)
-    context_memory_mib: float = Field(ge=0)
-    fragmentation_fraction: float = Field(ge=0, lt=1)
-    link_efficiency: float = Field(gt=0, le=1)
-    collective_step_latency_ms: float = Field(ge=0)
-    kernel_launch_overhead_ms: float = Field(ge=0)
-    host_dispatch_ms_per_kernel: float = Field(ge=0)
-    p2p_overhead_ms: float = Field(ge=0)
-    recompute_penalty_factor: float = Field(ge=1)
-    optimizer_efficiency: float = Field(gt=0, le=1)
-    noise_std_fraction: float = Field(ge=0, lt=0.5)
-    notes: str | None = None
+    """Fused attention kernel; False: eager attention storing the s² scores."""
+    attention_efficiency: Fraction
+    """Fraction of peak a fused attention kernel achieves."""
+    memory_bound_efficiency: Fraction
+    """Fraction of memory bandwidth elementwise kernels achieve."""
+    context_memory_mib: NonNegative
+    """CUDA/ROCm context, NCCL/HCCL buffers, workspace held on every GPU, MiB."""
+    fragmentation_fraction: Annotated[float, Interval(ge=0, lt=1)]
+    """Caching-allocator overhead, as a fraction of allocated bytes."""
+    link_efficiency: Fraction
+    """Achieved fraction of nominal link bandwidth by collectives / p2p."""
+    collective_step_latency_ms: NonNegative
+    """Latency of one ring step (one hop of a collective), ms."""
+    kernel_launch_overhead_ms: NonNegative
+    """Device-side gap + tail per kernel, ms."""
+    host_dispatch_ms_per_kernel: NonNegative
+    """Host (framework) time to issue one operation, ms: the host-bound floor."""
+    p2p_overhead_ms: NonNegative
+    """Fixed cost of one stage-to-stage send/recv (setup, host sync), ms."""
+    recompute_penalty_factor: Annotated[float, Ge(1)]
+    """A recomputed forward costs this × its first forward (paper §3.1.1)."""
+    optimizer_efficiency: Fraction
+    """Fraction of memory bandwidth the fused Adam step achieves."""
+    noise_std_fraction: Annotated[float, Interval(ge=0, lt=0.5)]
+    """Std-dev of per-micro-batch time noise, as a fraction of the time."""
+
+    def __post_init__(self) -> None:
+        check_spec(self)
 
 
 def traits_folder(conf_root: Path | None = None) -> Path:
     return (conf_root or default_conf_root()) / "simulator"
-
-
-def _parse(path: Path) -> GpuTraits:
-    y = parse_yaml(_TraitsYaml, path)
-    return GpuTraits(**y.model_dump(exclude={"notes"}))
 
 
 @functools.lru_cache(maxsize=256)
@@ -82,11 +81,11 @@ def _load_cached(gpu_name: str, folder: str) -> GpuTraits:
     base = Path(folder)
     path = base / f"{gpu_name}.yaml"
     if path.is_file():
-        return _parse(path)
+        return parse_yaml(GpuTraits, path)
     fallback = base / f"{DEFAULT_TRAITS}.yaml"
     if not fallback.is_file():
         raise InputError(f"no simulator traits for GPU '{gpu_name}' and no {fallback}")
-    return _parse(fallback)
+    return parse_yaml(GpuTraits, fallback)
 
 
 def load_traits(gpu_name: str, conf_root: Path | None = None) -> GpuTraits:

@@ -11,7 +11,7 @@ from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.profiling import profile
 from memx.profiling.backends.simulated import SimulatedBackend
 from memx.profiling.design import point
-from memx.profiling.records import failed_row
+from memx.domain.records import failed_row
 from memx.profiling.runner import run_points
 
 

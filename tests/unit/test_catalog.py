@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 
 from memx.domain.catalog import known_names, load_cluster, load_gpu, load_model, load_search
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, SpecError
+from memx.domain.plan import Recompute
+from memx.domain.specs import RECOMPUTE_LEVELS, GpuType, ModelArch, Node, SearchSpace
 
 REQUIRED_GPUS = {
     "a100-40g", "a100-80g", "v100-16g", "v100-32g", "t4-16g", "h100-80g", "h20-96g", "h800-80g", "l40s-48g",
@@ -100,3 +102,74 @@ def test_default_conf_root_is_the_packaged_one():
 
     assert (default_conf_root() / "gpus" / "a100-80g.yaml").is_file()
     assert Path(default_conf_root()).name == "conf"
+
+
+def _bad_input(path: Path, text: str, load, *args) -> str:
+    """Write `text` to `path`, load it, and return the InputError's message."""
+    path.write_text(text)
+    with pytest.raises(InputError) as e:
+        load(str(path), *args)
+    assert str(path) in str(e.value)
+    return str(e.value)
+
+
+def test_three_bad_fields_are_named_in_one_message(tmp_path):
+    msg = _bad_input(tmp_path / "m.yaml", "name: m\nlayers: 0\nhidden: 64\nffn_hidden: -8\nheads: 4\nquery_groups: 2\n"
+                     "vocab: 100\nseq_len: 32\nmlp: relu\nnotes: three mistakes\n", load_model)
+    assert all(f"'{f}'" in msg for f in ("layers", "ffn_hidden", "mlp")) and "gelu" in msg
+    assert "notes" not in msg  # free text, allowed in every catalog entry
+
+
+def test_cross_field_problems_are_named_together(tmp_path):
+    msg = _bad_input(tmp_path / "m.yaml", "name: m\nlayers: 2\nhidden: 66\nffn_hidden: 256\nheads: 4\nquery_groups: 3\n"
+                     "vocab: 100\nseq_len: 32\n", load_model)
+    assert "field 'hidden'" in msg and "field 'heads'" in msg and "query_groups" in msg
+    msg = _bad_input(tmp_path / "s.yaml", "name: s\nglobal_batch: 8\nmin_pp: 4\nmax_pp: 2\n", load_search)
+    assert "'min_pp'" in msg and "'max_pp'" in msg
+
+
+def test_cluster_reports_unknown_gpu_and_bad_count_together(tmp_path, conf_root):
+    msg = _bad_input(tmp_path / "c.yaml", "name: c\ninter_node_bandwidth_gbps: 10\nnodes:\n  - {gpu: a100-80g, count: 0}\n"
+                     "  - {gpu: nope-1g, count: 2}\n", load_cluster, conf_root)
+    assert "'nodes.0.count'" in msg and "'nodes.1.gpu'" in msg and "nope-1g" in msg
+
+
+def test_specs_validate_at_construction_naming_every_field():
+    with pytest.raises(SpecError) as e:
+        ModelArch(name="x", layers=0, hidden=64, ffn_hidden=0, heads=4, query_groups=2, vocab=1, seq_len=8, mlp="relu")
+    assert {p[0] for p in e.value.problems} == {"layers", "ffn_hidden", "mlp"}
+    assert isinstance(e.value, InputError)  # bad input: exit code 2
+    with pytest.raises(SpecError, match="query_groups"):
+        ModelArch(name="x", layers=1, hidden=64, ffn_hidden=8, heads=4, query_groups=3, vocab=1, seq_len=8)
+    with pytest.raises(SpecError, match="'count'"):
+        Node(gpu=GpuType(name="g", vendor="v", memory_gib=1, peak_tflops_bf16=1, memory_bandwidth_gbps=1,
+                         intra_node_bandwidth_gbps=1), count=0)
+    with pytest.raises(SpecError, match="recompute_levels.*allowed: none, selective, full, block"):
+        SearchSpace(name="s", global_batch=8, recompute_levels=("sometimes",))
+
+
+def test_search_space_is_built_normalised(conf_root):
+    s = SearchSpace(name="s", global_batch=8, tp_options=(4, 1, 4), micro_batch_options=(2, 1),
+                    recompute_levels=("full", "none", "full"))
+    assert (s.tp_options, s.micro_batch_options, s.recompute_levels) == ((1, 4), (1, 2), ("full", "none"))
+    assert s.recompute_levels == tuple(dict.fromkeys(s.recompute_levels))
+    assert RECOMPUTE_LEVELS == (*(r.value for r in Recompute), "block")
+    assert load_search("default", conf_root) == SearchSpace(name="default", global_batch=128, max_time_ratio=1.25)
+
+
+def test_one_class_per_spec():
+    """The spec dataclasses are the only spec types: no pydantic mirror (`*Yaml`) classes remain."""
+    import inspect
+
+    import pydantic
+
+    import memx.domain.catalog
+    import memx.domain.specs
+    import memx.simulator.traits
+
+    for module in (memx.domain.catalog, memx.domain.specs, memx.simulator.traits):
+        classes = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
+        assert not [c for c in classes if c.__name__.endswith("Yaml") or issubclass(c, pydantic.BaseModel)]
+    domain = Path(memx.domain.specs.__file__).parent
+    assert not [p for p in domain.glob("*.py") if "Yaml(" in p.read_text()]
+    assert type(load_gpu("a100-80g")) is GpuType and type(load_model("llama2-7b")) is ModelArch

@@ -8,7 +8,7 @@ from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.profiling import BACKENDS, profile
 from memx.profiling.design import full_grid_size, gpu_axes, three
 from memx.domain.errors import InputError
-from memx.profiling.records import signature_key
+from memx.domain.records import signature_key
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import estimate_plans
 from memx.domain.plan import Plan, Stage
 from memx.learn import fit_predictor
-from memx.profiling.backends.records import read_sailor_profiles
+from memx.profiling.backends.imported import read_sailor_profiles
 from memx.domain.specs import Cluster, GpuType, ModelArch, Node
 
 GH200 = GpuType(name="gh200-96g", vendor="nvidia", memory_gib=96, peak_tflops_bf16=989,

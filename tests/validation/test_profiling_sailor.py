@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from memx.profiling.backends.records import read_records, read_sailor_profiles
+from memx.profiling.backends.imported import read_records, read_sailor_profiles
 
 
 def test_sailor_profiles_import(realdata, tmp_path):

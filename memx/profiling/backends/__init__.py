@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol
 
 from memx.domain.errors import InputError
+from memx.domain.records import BACKENDS
 
-BACKENDS = ("simulated", "command", "torch", "records")
+__all__ = ["BACKENDS", "Backend", "check_backend"]
 
 
 class Backend(Protocol):

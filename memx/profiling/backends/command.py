@@ -1,4 +1,4 @@
-"""`command` backend: run a user command per point (DESIGN.md §3, "Command backend").
+"""`command` backend: run a user command per point (docs/architecture.md §Command backend).
 
 The command is an argument list (never a shell). Each point is passed as JSON on stdin (the
 stage_runs input columns, `model` and `micro_batches`) and through `{placeholders}` in arguments:
@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from memx.domain.errors import InputError
+from memx.domain.plan import Recompute
+from memx.domain.records import SIGNATURE_COLUMNS, failed_row, ok_row
 from memx.profiling.megatron_logs import parse_output
-from memx.profiling.records import SIGNATURE_COLUMNS, failed_row, ok_row
 
 EXTRA_FIELDS = ("model", "micro_batches", "global_batch", "nproc", "point_json", "recompute_args")
 # micro batches per profiling iteration: enough to amortise the optimizer step over (our choice);
@@ -35,11 +36,11 @@ MICRO_BATCHES = 8
 def recompute_args(point: Mapping[str, Any]) -> list[str]:
     """Megatron-LM recompute flags for a point."""
     rc, n = point["recompute"], point.get("recompute_layers")
-    if rc == "selective":
+    if rc == Recompute.SELECTIVE:
         return ["--recompute-granularity", "selective"]
-    if rc == "full" and n is not None and n < point["layers"]:
+    if rc == Recompute.FULL and n is not None and n < point["layers"]:
         return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(n)]
-    if rc == "full":
+    if rc == Recompute.FULL:
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     return []
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from memx.profiling.records import signature_key
-from memx.simulator import load_traits, measure_stages
+from memx.domain.records import signature_key
 from memx.domain.specs import Cluster
+from memx.simulator import load_traits, measure_stages
 
 
 @dataclass(frozen=True, kw_only=True)

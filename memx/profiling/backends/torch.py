@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from memx.profiling.records import failed_row, ok_row
+from memx.domain.plan import Recompute
+from memx.domain.records import failed_row, ok_row
 from memx.domain.specs import ModelArch
 
 MIB = 1024.0 * 1024.0
@@ -107,7 +108,7 @@ def _build(torch, p: Mapping[str, Any], dtype, device):
     _, Layer = _modules(torch, p, dtype)
     vocab = max(1, p["vocab"] // p["tp"])
     m = nn.Module()
-    m.layers = nn.ModuleList(Layer(p["recompute"] == "selective") for _ in range(p["layers"]))
+    m.layers = nn.ModuleList(Layer(p["recompute"] == Recompute.SELECTIVE) for _ in range(p["layers"]))
     m.emb = nn.Embedding(vocab, p["hidden"], dtype=dtype) if p["first"] else None
     m.head = nn.Linear(p["hidden"], vocab, bias=False, dtype=dtype) if p["last"] else None
     return m.to(device)
@@ -115,7 +116,7 @@ def _build(torch, p: Mapping[str, Any], dtype, device):
 
 def _forward(torch, m, p, x, tokens):
     n_ckpt = 0
-    if p["recompute"] == "full":
+    if p["recompute"] == Recompute.FULL:
         n_ckpt = p["layers"] if p.get("recompute_layers") is None else int(p["recompute_layers"])
     h = m.emb(tokens) if m.emb is not None else x
     for i, layer in enumerate(m.layers):

@@ -1,4 +1,4 @@
-"""`records` backend: import existing measurements as stage_runs, with a report of rejected rows.
+"""The `records` backend: import existing measurements as stage_runs, with a report of rejected rows.
 
 - `read_records(path)`: CSV, Parquet or JSONL (one object per line) with stage_runs columns, or a
   folder of such files. Time-only rows (peak_mem_mib null), single-layer, embedding-only
@@ -10,15 +10,18 @@ Imported rows keep their own `source`, else get `records:<file name>`.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pandas as pd
 
 from memx.domain.errors import InputError
-from memx.profiling.megatron_logs import megatron_args, parse_output, point_from_args, point_from_header
-from memx.profiling.records import (RejectedRow, empty_stage_runs, failed_row, ok_row,
-                                    to_stage_runs, validate_stage_runs)
+from memx.domain.plan import Recompute
+from memx.domain.records import (RejectedRow, empty_stage_runs, failed_row, ok_row, stage_runs_frame,
+                                 validate_stage_runs)
 from memx.domain.specs import ModelArch
+from memx.profiling.megatron_logs import megatron_args, parse_output, point_from_args, point_from_header
 
 FORMATS = (".csv", ".parquet", ".jsonl", ".json")
 LOG_SUFFIXES = (".log", ".txt", ".out")
@@ -55,7 +58,7 @@ def read_records(path: Path) -> tuple[pd.DataFrame, list[RejectedRow]]:
         frames.append(df)
         rejects.extend(bad)
     frames = [f for f in frames if len(f)]
-    return (to_stage_runs(pd.concat(frames, ignore_index=True)) if frames else empty_stage_runs()), rejects
+    return (stage_runs_frame(pd.concat(frames, ignore_index=True)) if frames else empty_stage_runs()), rejects
 
 
 def _log_point(text: str, model: ModelArch, gpu: str) -> tuple[dict, str]:
@@ -68,7 +71,7 @@ def _log_point(text: str, model: ModelArch, gpu: str) -> tuple[dict, str]:
         point = point_from_args(args)
     defaults = {"gpu": gpu, "hidden": model.hidden, "ffn_hidden": model.ffn_hidden, "heads": model.heads,
                 "query_groups": model.query_groups, "vocab": model.vocab, "mlp": model.mlp,
-                "seq_len": model.seq_len, "recompute": "none", "first": True, "last": True, "inflight": 1}
+                "seq_len": model.seq_len, "recompute": Recompute.NONE.value, "first": True, "last": True, "inflight": 1}
     point = {**defaults, **point}
     missing = [c for c in ("tp", "layers", "micro_batch") if c not in point]
     problem = point.pop("_problem", "")
@@ -132,7 +135,7 @@ def _layer_rows(*, model: str, gpu: str, mbs: int, tp: int, times_ms: list[float
     """Entry 0 = embedding, last = output layer, the rest = identical transformer layers (median)."""
     arch = SAILOR_MODELS[model]
     base = dict(gpu=SAILOR_GPUS.get(gpu, gpu.lower()), tp=tp, micro_batch=mbs, seq_len=SAILOR_SEQ_LEN,
-                recompute="none", recompute_layers=None, inflight=1, source=source, **arch)
+                recompute=Recompute.NONE.value, recompute_layers=None, inflight=1, source=source, **arch)
     inner = sorted(times_ms[1:-1])
     layer = inner[len(inner) // 2] if inner else None
     rows = []
@@ -148,8 +151,6 @@ def _layer_rows(*, model: str, gpu: str, mbs: int, tp: int, times_ms: list[float
 def _sailor_json(root: Path) -> list[dict]:
     """profiles_sailor/<model>/<gpu>/profile.json: profile[mbs][tp][layer] = [fwd_s, bwd_s, update_s]
     (Sailor's simulator reads value[0], [1], [2] as forward, backward and update times)."""
-    import json
-
     rows = []
     for f in sorted(root.glob("profiles_sailor/*/*/profile.json")):
         model, gpu = f.parent.parent.name, f.parent.name
@@ -168,9 +169,6 @@ def _metis_json(root: Path) -> list[dict]:
     """profiles_metis_format/<model>/<gpu>/mbs<B>_tmp<T>.json: execution_time.layer_compute_total_ms
     per layer (fwd+bwd of one micro batch). layer_memory_total_mb is Metis's per-layer accounting
     (weights + optimizer + activations, no allocator context), not a device peak: not imported."""
-    import json
-    import re
-
     rows = []
     for f in sorted(root.glob("profiles_metis_format/*/*/mbs*_tmp*.json")):
         model, gpu = f.parent.parent.name, f.parent.name
@@ -196,7 +194,7 @@ def _aceso_csv(root: Path) -> tuple[list[dict], list[RejectedRow]]:
                                            "in the source; only algo 0 (taken as no recompute) is imported", file=str(f)))
                 continue
             point = dict(gpu=gpu, tp=int(r["tp"]), micro_batch=int(r["mbs"]), seq_len=SAILOR_SEQ_LEN, layers=1,
-                         first=False, last=False, recompute="none", recompute_layers=None, inflight=1,
+                         first=False, last=False, recompute=Recompute.NONE.value, recompute_layers=None, inflight=1,
                          source=f"records:aceso/{f.name}", **SAILOR_MODELS["OPT-350"])
             rows.append(ok_row(point, time_ms=(r["fwd"] + r["bwd"]) * 1e3, peak_mem_mib=None, static_mem_mib=None,
                                backend="records", reason="time only: Aceso layer profile; model OPT-350 assumed"))
