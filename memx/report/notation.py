@@ -1,0 +1,37 @@
+"""Compact stage notation: a plan's pipeline in one short line that never contains `|`.
+
+Consecutive stages with the same GPU, tensor-parallel degree and recomputation form a run, written
+`GPU×tp [layers of each stage] recompute`; runs are joined by ` → ` in pipeline order, e.g.
+`a100-80g×2 [1] → vendor-b-32g×4 [3,3,3,3] sel → vendor-c-32g×4 [2,2] full:1`.
+Recomputation (docs/architecture.md §Recompute): nothing for `none`, `sel` for selective, `full` for
+every layer of the stage, `full:N` for Megatron-LM's block method (the first N layers of each stage).
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import Any, Mapping
+
+RUN_SEPARATOR = " → "
+_RECOMPUTE = {"none": "", "selective": "sel", "full": "full"}
+
+
+def recompute_label(stage: Mapping[str, Any]) -> str:
+    """`` (none), `sel`, `full` or `full:N` for one stage dict of the plan JSON."""
+    n = stage.get("recompute_layers")
+    if stage["recompute"] == "full" and n is not None:
+        return f"full:{n}"
+    return _RECOMPUTE.get(stage["recompute"], str(stage["recompute"]))
+
+
+def _run_key(stage: Mapping[str, Any]) -> tuple[str, int, str]:
+    return stage["gpu"], int(stage["tp"]), recompute_label(stage)
+
+
+def compact_stages(plan: Mapping[str, Any]) -> str:
+    """The plan's stages (plan JSON, docs/architecture.md §Plan JSON) as runs of equal stages."""
+    runs = []
+    for (gpu, tp, rc), group in groupby(plan["stages"], key=_run_key):
+        layers = ",".join(str(st["layers"]) for st in group)
+        runs.append(f"{gpu}×{tp} [{layers}]" + (f" {rc}" if rc else ""))
+    return RUN_SEPARATOR.join(runs)
