@@ -9,7 +9,6 @@ from the object is HTML-escaped.
 from __future__ import annotations
 
 import base64
-import os
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -21,7 +20,6 @@ from memx.report.notation import compact_stages
 from memx.report.plots import MIB_PER_GIB, micro_batches, report_pngs, std_gib
 
 REPORT_NAME = "report.html"
-FILE_MODE = 0o644  # readable by others like any output; mkstemp's temporary files start at 0600
 REQUIRED = ("plan", "predicted", "stages", "fastest")
 
 STYLE = """
@@ -159,19 +157,15 @@ def render_html(obj: Mapping[str, Any], pngs: Mapping[str, bytes]) -> str:
             "<body>\n" + "\n".join(sections) + "\n</body></html>\n")
 
 
-def _publish(path: Path, data: bytes) -> Path:
-    atomic_write_bytes(path, data)
-    os.chmod(path, FILE_MODE)
-    return path
 
 
 def write_report(obj: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    """Write report.html and memory.png, pareto.png, timeline.png into out_dir (atomically, mode
-    0644); returns their paths, report.html first."""
+    """Write report.html and memory.png, pareto.png, timeline.png into out_dir (atomically, with the
+    umask's permissions); returns their paths, report.html first."""
     if missing := [k for k in REQUIRED if k not in obj]:
         raise InputError(f"report: the plan answer lacks field(s) {', '.join(missing)}; expected the "
                          "`memx plan --format json` object (fields plan, predicted, stages, fastest, top, pareto)")
     out_dir = Path(out_dir)
     pngs = report_pngs(obj)
-    written = [_publish(out_dir / REPORT_NAME, render_html(obj, pngs).encode("utf-8"))]
-    return written + [_publish(out_dir / name, data) for name, data in pngs.items()]
+    written = [atomic_write_bytes(out_dir / REPORT_NAME, render_html(obj, pngs).encode("utf-8"))]
+    return written + [atomic_write_bytes(out_dir / name, data) for name, data in pngs.items()]

@@ -3,6 +3,7 @@ number in the tables taken from the `memx plan --format json` object."""
 
 from __future__ import annotations
 
+import os
 import base64
 import copy
 import io
@@ -219,3 +220,20 @@ def test_1f1b_blocks_order_and_length():
 
 def test_png_bytes_are_deterministic(obj):
     assert png_bytes(timeline_figure(obj)) == png_bytes(timeline_figure(obj))
+
+
+def test_atomic_writes_follow_the_umask(tmp_path):
+    """memx.domain.io writes files as open() would (0666 & ~umask), executables 0777 & ~umask."""
+    from memx.domain.io import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        plain = atomic_write_text(tmp_path / "plan.json", "{}")
+        script = atomic_write_text(tmp_path / "megatron.sh", "#!/bin/sh\n", executable=True)
+        os.umask(0o077)
+        private = atomic_write_text(tmp_path / "secret.json", "{}")
+    finally:
+        os.umask(old)
+    assert plain.stat().st_mode & 0o777 == 0o644
+    assert script.stat().st_mode & 0o777 == 0o755
+    assert private.stat().st_mode & 0o777 == 0o600
