@@ -7,6 +7,7 @@ reserve. Signatures beyond that bound are never predicted.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,8 +41,6 @@ def static_bound(ctx: StageContext, model: ModelArch, limit_mib: float, n_cap: i
 def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: ModelArch, seq_len: int,
                    levels: tuple[str, ...], reserve_gib: float, predictor: StagePredictor) -> PredictedTables:
     """contexts maps each context to the most layers any layout may give it."""
-    import time
-
     limits = {g.name: g.memory_mib - reserve_gib * 1024.0 for g in cluster.gpu_types}
     bounds = {c: static_bound(c, model, limits[c.gpu], cap) for c, cap in contexts.items()}
     ctx_list = [c for c in contexts if bounds[c] > 0]
