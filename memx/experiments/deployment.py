@@ -23,15 +23,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memx.planner.baselines import methods
 from memx.domain.catalog import load_cluster, load_model
 from memx.experiments import figures
+from memx.planner.baselines import methods
 from memx.experiments.common import (
     Result, check_scale, describe, get_predictor, measure, measured_phi, predictor_kind, space, spearman, timer,
     write_tables,
 )
-from memx.planner.objective import parse_weights
 from memx.domain.plan import Recompute, plan_from_json, plan_to_json
+from memx.planner.objective import parse_weights
 from memx.simulator import draw_plans
 
 CLUSTER, MODEL, WEIGHTS = "v100-t4-6", "llama-6l", "safety"

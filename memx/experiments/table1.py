@@ -22,17 +22,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memx.planner.cost import layer_forward_flops
-from memx.planner.baselines import StaticScaled
 from memx.domain.catalog import load_cluster, load_model
+from memx.planner.baselines import StaticScaled
+from memx.planner.cost import layer_forward_flops
 from memx.planner.estimate import estimate_plans
 from memx.experiments.common import (
     Result, check_scale, describe, get_predictor, predictor_kind, timer, write_tables,
 )
-from memx.planner.objective import log_score, parse_weights
 from memx.domain.plan import SEARCH_BLOCK, Plan, Recompute, Stage
-from memx.simulator import load_traits, simulate_plan, stage_cost, stage_signatures
 from memx.domain.specs import SearchSpace
+from memx.planner.objective import log_score, parse_weights
+from memx.simulator import load_traits, simulate_plan, stage_cost, stage_signatures
 
 OFFLOADED = 4.0
 SPACE = SearchSpace(name="table1", global_batch=16, tp_options=(1,), micro_batch_options=(2,),

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import BYTES_PER_PARAM_STATIC, MIB, stage_params_per_rank
 from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor, signature_frame
-from memx.domain.specs import Cluster, ModelArch
 from memx.planner.tables import StageContext, StageTable, stage_options, stage_table
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memx.domain.specs import Weights
 from memx.planner.objective import log_score
 from memx.planner.schedule import MemoryStats
-from memx.domain.specs import Weights
 from memx.planner.tables import LayoutTables
 
 
