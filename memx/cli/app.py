@@ -141,7 +141,7 @@ def _plan_pipeline(cluster, model, search, conf, backend, seed, store, weights, 
 def _check(obj, baseline, cl, mo, predictor, reserve_gib: float, min_margin: float, summary: Path | None) -> None:
     import os
 
-    from memx.report.check import check as run_check
+    from memx.report.check import check_report as run_check
     from memx.domain.io import atomic_write_text
 
     outcome = run_check(obj, baseline, cl, mo, predictor, reserve_gib=reserve_gib, min_margin=min_margin)

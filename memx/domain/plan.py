@@ -1,4 +1,4 @@
-"""Stage and Plan: the unit the search ranks and the output users launch (DESIGN.md §3).
+"""Stage and Plan: the unit the search ranks and the output users launch (docs/architecture.md §Plan JSON).
 
 Plan JSON round-trips exactly through `plan_to_dict` / `plan_from_dict`; `validate_plan` checks a
 plan against its cluster and model and names every offending field.
@@ -17,7 +17,6 @@ if TYPE_CHECKING:  # annotations only: memx.domain.specs imports Recompute from 
     from memx.domain.specs import Cluster, ModelArch
 
 
-
 class Recompute(StrEnum):
     """Activation recomputation of a stage (docs/architecture.md §Plan JSON; Korthikanti et al. 2022).
 
@@ -30,6 +29,9 @@ class Recompute(StrEnum):
 
 
 PLAN_RECOMPUTE = tuple(r.value for r in Recompute)
+# A search-level option only (conf/search `recompute_levels`), never a stage's `recompute`: search
+# Recompute.FULL with every block size recompute_layers = 1 .. layers − 1 (Megatron's block method).
+SEARCH_BLOCK = "block"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,13 +39,16 @@ class Stage:
     gpu: str
     tp: int
     layers: int
-    recompute: str = "none"  # none | selective | full
+    recompute: Recompute = Recompute.NONE  # a plain string is converted; an unknown one raises ValueError
     recompute_layers: int | None = None  # with full: Megatron's block method, first N layers
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", Recompute(self.recompute))
 
     @property
     def recomputed_layers(self) -> int:
         """Layers recomputed in full (0 for none/selective)."""
-        if self.recompute != "full":
+        if self.recompute != Recompute.FULL:
             return 0
         return self.layers if self.recompute_layers is None else self.recompute_layers
 
@@ -64,7 +69,7 @@ class Plan:
 
     @property
     def micro_batches(self) -> int:
-        """m = global_batch / (dp · micro_batch) (DESIGN.md §3)."""
+        """m = global_batch / (dp · micro_batch) (docs/architecture.md §Plan JSON)."""
         return self.global_batch // (self.dp * self.micro_batch)
 
     @property
@@ -79,7 +84,7 @@ class Plan:
 
 
 def stage_to_dict(stage: Stage) -> dict[str, Any]:
-    d: dict[str, Any] = {"gpu": stage.gpu, "tp": stage.tp, "layers": stage.layers, "recompute": stage.recompute}
+    d: dict[str, Any] = {"gpu": stage.gpu, "tp": stage.tp, "layers": stage.layers, "recompute": stage.recompute.value}
     if stage.recompute_layers is not None:
         d["recompute_layers"] = stage.recompute_layers
     return d
@@ -131,14 +136,14 @@ def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
         extra = set(raw) - {"gpu", "tp", "layers", "recompute", "recompute_layers"}
         if extra:
             raise InputError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
-        recompute = raw.get("recompute", "none")
+        recompute = raw.get("recompute", Recompute.NONE.value)
         if recompute not in PLAN_RECOMPUTE:
             raise InputError(f"{where}: field 'recompute' is {recompute!r}; allowed: {', '.join(PLAN_RECOMPUTE)}")
         layers = _need_int(where, "layers", raw["layers"])
         rl = raw.get("recompute_layers")
         if rl is not None:
             rl = _need_int(where, "recompute_layers", rl, 0)
-            if recompute != "full" or rl > layers:
+            if recompute != Recompute.FULL or rl > layers:
                 raise InputError(
                     f"{where}: field 'recompute_layers' ({rl}) needs recompute 'full' and at most 'layers' ({layers})"
                 )

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 from annotated_types import Ge, Gt, Interval, MinLen
 
-from memx.domain.plan import Recompute
+from memx.domain.plan import SEARCH_BLOCK, Recompute
 from memx.domain.validation import Problem, check_spec
 
 PositiveInt = Annotated[int, Gt(0)]
@@ -27,8 +27,7 @@ MlpKind = Literal["swiglu", "gelu"]
 MLP_KINDS: tuple[str, ...] = typing.get_args(MlpKind)
 # The search may also ask for Megatron's block method (full recompute of a stage's first N layers),
 # which a plan writes as recompute `full` with `recompute_layers` (docs/architecture.md §Recompute).
-BLOCK_RECOMPUTE = "block"
-RECOMPUTE_LEVELS: tuple[str, ...] = (*(r.value for r in Recompute), BLOCK_RECOMPUTE)
+RECOMPUTE_LEVELS: tuple[str, ...] = (*(r.value for r in Recompute), SEARCH_BLOCK)
 RecomputeLevel = Literal[RECOMPUTE_LEVELS]  # type: ignore[valid-type]  # the search levels, built from Recompute
 
 # Read by pydantic when a catalog YAML is validated against a spec type: unknown keys are errors.

@@ -23,15 +23,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memx.planner.baselines import methods
 from memx.domain.catalog import load_cluster, load_model
 from memx.experiments import figures
+from memx.planner.baselines import methods
 from memx.experiments.common import (
     Result, check_scale, describe, get_predictor, measure, measured_phi, predictor_kind, space, spearman, timer,
     write_tables,
 )
+from memx.domain.plan import Recompute, plan_from_json, plan_to_json
 from memx.planner.objective import parse_weights
-from memx.domain.plan import plan_from_json, plan_to_json
 from memx.simulator import draw_plans
 
 CLUSTER, MODEL, WEIGHTS = "v100-t4-6", "llama-6l", "safety"
@@ -49,15 +49,15 @@ def _recompute(plan, how: str):
     def stage(s):
         if how == "block":
             n = math.ceil(s.layers / 2)
-            return dataclasses.replace(s, recompute="full", recompute_layers=None if n >= s.layers else n)
-        return dataclasses.replace(s, recompute="full", recompute_layers=None)
+            return dataclasses.replace(s, recompute=Recompute.FULL, recompute_layers=None if n >= s.layers else n)
+        return dataclasses.replace(s, recompute=Recompute.FULL, recompute_layers=None)
 
     return dataclasses.replace(plan, stages=tuple(stage(s) for s in plan.stages))
 
 
 def matched_groups(pool: pd.DataFrame, cl, mo, n_groups: int, seed: int) -> pd.DataFrame:
     base = [plan_from_json(p) for p, ok in zip(pool["plan"], ~pool["oom"]) if ok]
-    base = [p for p in base if all(s.recompute == "none" for s in p.stages)][:n_groups]
+    base = [p for p in base if all(s.recompute == Recompute.NONE for s in p.stages)][:n_groups]
     rows = []
     if not base:
         return pd.DataFrame(columns=["group", "variant", "time_cost", "memory_saving"])

@@ -22,32 +22,33 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memx.planner.cost import layer_forward_flops
-from memx.planner.baselines import StaticScaled
 from memx.domain.catalog import load_cluster, load_model
+from memx.planner.baselines import StaticScaled
+from memx.planner.cost import layer_forward_flops
 from memx.planner.estimate import estimate_plans
 from memx.experiments.common import (
     Result, check_scale, describe, get_predictor, predictor_kind, timer, write_tables,
 )
-from memx.planner.objective import log_score, parse_weights
-from memx.domain.plan import Plan, Stage
-from memx.simulator import load_traits, simulate_plan, stage_cost, stage_signatures
+from memx.domain.plan import SEARCH_BLOCK, Plan, Recompute, Stage
 from memx.domain.specs import SearchSpace
+from memx.planner.objective import log_score, parse_weights
+from memx.simulator import load_traits, simulate_plan, stage_cost, stage_signatures
 
 OFFLOADED = 4.0
 SPACE = SearchSpace(name="table1", global_batch=16, tp_options=(1,), micro_batch_options=(2,),
-                    recompute_levels=("none", "full", "block"), min_pp=2, max_pp=2, max_time_ratio=1.25)
+                    recompute_levels=(Recompute.NONE, Recompute.FULL, SEARCH_BLOCK), min_pp=2, max_pp=2, max_time_ratio=1.25)
 PAPER = {"compute_split": "21:11", "memory_split": "8:24", "mixed_tflops": 55, "x_only": 70, "y_only": 86}
 
 
-def plan(k: int, rx=("none", None), ry=("none", None)) -> Plan:
+def plan(k: int, rx=(Recompute.NONE, None), ry=(Recompute.NONE, None)) -> Plan:
     return Plan(model="llama2-7b", cluster="xy-2", global_batch=16, micro_batch=2, seq_len=4096, dp=1,
                 stages=(Stage(gpu="vendor-x-32g", tp=1, layers=k, recompute=rx[0], recompute_layers=rx[1]),
                         Stage(gpu="vendor-y-64g", tp=1, layers=32 - k, recompute=ry[0], recompute_layers=ry[1])))
 
 
-def options(n: int) -> list[tuple[str, int | None]]:
-    return [("none", None)] + [("full", b) for b in range(1, n)] + [("full", None)]
+def options(n: int) -> list[tuple[Recompute, int | None]]:
+    """none, block b = 1 .. n − 1, full: every per-stage option the search's SEARCH_BLOCK level spans."""
+    return [(Recompute.NONE, None)] + [(Recompute.FULL, b) for b in range(1, n)] + [(Recompute.FULL, None)]
 
 
 def model_tflop(model, p: Plan) -> float:
@@ -90,7 +91,7 @@ def run(out: Path, *, scale: str = "small", seed: int = 0, predictor: str | None
                                                              SPACE.epsilon_mib2)))
         rows_in += [("MemX per-stage recompute (fastest predicted feasible)", fastest.plan, fastest),
                     ("MemX per-stage recompute (Φ default, ≤1.25× fastest)", phi_pick.plan, phi_pick)]
-        uni = [e for e in feas if e.plan.stages[0].recompute == e.plan.stages[1].recompute == "full"
+        uni = [e for e in feas if e.plan.stages[0].recompute == e.plan.stages[1].recompute == Recompute.FULL
                and e.plan.stages[0].recompute_layers is None and e.plan.stages[1].recompute_layers is None]
         if uni:
             u = min(uni, key=lambda e: e.iteration_time_ms)

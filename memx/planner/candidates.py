@@ -1,28 +1,16 @@
 """Candidates kept while searching: medians for Φ's references, top-k by Φ and by time, and a pool
-for the (T, M, V) Pareto front."""
+for the (T, M, V) Pareto front (docs/architecture.md §Search)."""
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
 
-from memx.domain.plan import Plan
+from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
-
-
-@dataclass(frozen=True, kw_only=True)
-class Candidate:
-    plan: Plan
-    iteration_time_ms: float
-    stage_time_ms: tuple[float, ...]
-    stage_peak_mib: tuple[float, ...]
-    peak_mem_mib: tuple[float, ...]  # per GPU: replica-major, then stage, then tp rank
-    capacity_mib: tuple[float, ...]  # per stage
-    max_mem_mib: float
-    mem_variance_mib2: float
-    min_margin: float
-    phi: float
+from memx.planner.schedule import MemoryStats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,8 +107,6 @@ def _smallest(key: np.ndarray, k: int) -> np.ndarray:
 
 def _squeeze(a: Assignment) -> Assignment:
     """One-row assignment → scalars / 1-D rows."""
-    from memx.planner.schedule import MemoryStats
-
     return Assignment(level=a.level[:, 0], stage_ms=a.stage_ms[:, 0], stage_mib=a.stage_mib[:, 0], time_ms=a.time_ms[0],
                       stats=MemoryStats(max_mib=a.stats.max_mib[0], variance_mib2=a.stats.variance_mib2[0],
                                         min_margin=a.stats.min_margin[0]))
@@ -129,8 +115,6 @@ def _squeeze(a: Assignment) -> Assignment:
 def _non_dominated(pts: np.ndarray) -> np.ndarray:
     """Mask of points no other point dominates in (T, M, V): sweep in order of T, keeping a
     staircase of the (M, V) front of the points seen so far (Kung et al. 1975, 3-D maxima)."""
-    import bisect
-
     order = np.lexsort((pts[:, 2], pts[:, 1], pts[:, 0]))
     keep = np.zeros(len(pts), dtype=bool)
     stair_m: list[float] = []  # M ascending
@@ -150,7 +134,7 @@ def _non_dominated(pts: np.ndarray) -> np.ndarray:
     return keep
 
 
-def pareto_front(cands: list[Candidate]) -> list[Candidate]:
+def pareto_front(cands: list[PlanMetrics]) -> list[PlanMetrics]:
     """Deduplicate by plan and sort by time."""
     seen, out = set(), []
     for c in sorted(cands, key=lambda c: c.iteration_time_ms):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from memx.domain.plan import Recompute
 from memx.domain.specs import GpuType, ModelArch
 
 MIB = 1024.0 * 1024.0
@@ -138,7 +139,7 @@ def embedding_output_bytes(micro_batch, seq_len, hidden, tp):
 
 
 def ring_allreduce_ms(nbytes, ranks, bandwidth_gbps):
-    """Ring all-reduce: 2·(n−1)/n · bytes / bandwidth (Patarasuk & Yuan 2009; DESIGN.md §4)."""
+    """Ring all-reduce: 2·(n−1)/n · bytes / bandwidth (Patarasuk & Yuan 2009; docs/architecture.md §1F1B assembly)."""
     n = np.asarray(ranks, dtype=np.float64)
     return np.where(n > 1, 2.0 * (n - 1) / np.maximum(n, 1) * nbytes / (np.asarray(bandwidth_gbps) * 1e9) * 1e3, 0.0)
 
@@ -179,7 +180,7 @@ def _gpu_columns(names: np.ndarray, gpus: Mapping[str, GpuType]) -> dict[str, np
 def recomputed_layers(recompute: np.ndarray, recompute_layers: np.ndarray, layers: np.ndarray) -> np.ndarray:
     """Layers recomputed in full: all for `full` without a count, N for the block method."""
     rl = np.asarray(pd.to_numeric(pd.Series(recompute_layers), errors="coerce"), dtype=np.float64)
-    full = np.asarray(recompute) == "full"
+    full = np.asarray(recompute) == Recompute.FULL.value
     return np.where(full, np.where(np.isnan(rl), layers, np.minimum(rl, layers)), 0.0)
 
 
@@ -194,7 +195,7 @@ def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu:
     shape = (c["hidden"], c["ffn_hidden"], c["heads"], c["query_groups"], c["mlp"])
     b, s, h, v = c["micro_batch"], c["seq_len"], c["hidden"], c["vocab"]
     n_rec = recomputed_layers(c["recompute"], c["recompute_layers"], L)
-    selective = c["recompute"] == "selective"
+    selective = c["recompute"] == Recompute.SELECTIVE.value
 
     # --- time: forward 1×, backward 2× the forward FLOPs (Narayanan 2021 §5.1); recomputation adds
     # one forward per recomputed layer, selective adds the attention core (Korthikanti 2022 §5).

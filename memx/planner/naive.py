@@ -1,6 +1,7 @@
 """A straightforward per-plan Python evaluator: the reference the vectorised engine is checked
 against (tests) and timed against (bench/search_throughput.py). Same tables, same rules
-(step 1 fit, step 2 refine with exchange rates, 1F1B totals, log Φ), one plan at a time."""
+(step 1 fit, step 2 refine with exchange rates, 1F1B totals, log Φ), one plan at a time — written
+out independently of memx.planner.schedule on purpose, so that it checks the vectorised assembly."""
 
 from __future__ import annotations
 
@@ -25,16 +26,16 @@ def _metrics(lt: LayoutTables, split, levels):
     t = [float(lt.time_ms[(s * lt.rows + n) * lt.k + lv]) for s, (n, lv) in enumerate(zip(split, levels))]
     m = [float(lt.peak_mib[(s * lt.rows + n) * lt.k + lv]) for s, (n, lv) in enumerate(zip(split, levels))]
     tail = max(float(lt.tail_ms[s * lt.rows + n]) for s, n in enumerate(split))
-    T = (lt.micro_batches - 1) * max(t) + sum(t) + lt.p2p_total_ms + tail
+    T = (lt.micro_batches - 1) * max(t) + sum(t) + lt.p2p_total_ms + tail  # 1F1B, paper §3.1.2
     w = [float(x) for x in lt.gpu_weight]
     mean = sum(wi * mi for wi, mi in zip(w, m)) / sum(w)
-    var = sum(wi * (mi - mean) ** 2 for wi, mi in zip(w, m)) / sum(w)
+    var = sum(wi * (mi - mean) ** 2 for wi, mi in zip(w, m)) / sum(w)  # V over GPUs, docs/architecture.md §Score
     margin = min((float(c) - mi) / float(c) for c, mi in zip(lt.capacity_mib, m))
     return t, m, T, max(m), var, margin
 
 
 def _score(T, M, V, w: Weights, eps: float) -> float:
-    return w.w_time * math.log(T) + w.w_mem * math.log(M) + w.w_var * math.log(V + eps)
+    return w.w_time * math.log(T) + w.w_mem * math.log(M) + w.w_var * math.log(V + eps)  # log Φ + const, paper §3.1.2
 
 
 def evaluate_split(lt: LayoutTables, split, w: Weights, *, epsilon_mib2: float, target_margin: float,

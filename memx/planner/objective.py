@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from memx.domain.errors import InputError
-from memx.domain.specs import Cluster, Weights
+from memx.domain.specs import Cluster, SearchSpace, Weights
 
 PROFILES: dict[str, tuple[float, float, float]] = {
     "default": (0.4, 0.2, 0.4),  # strongly heterogeneous clusters (paper §3.1.2)
@@ -19,6 +19,7 @@ PROFILES: dict[str, tuple[float, float, float]] = {
     "throughput": (0.7, 0.2, 0.1),  # homogeneous or weakly heterogeneous clusters
 }
 SAFETY_MARGIN = 0.10  # paper §3.1.2: "minimum predicted memory margin falls below 10%"
+EPSILON_MIB2: float = SearchSpace.epsilon_mib2  # ε where no search space is at hand: its default
 WEAK_HETEROGENEITY = 1.5  # our threshold on the memory-per-TFLOP spread, docs/planner.md
 
 

@@ -7,13 +7,14 @@ reserve. Signatures beyond that bound are never predicted.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import BYTES_PER_PARAM_STATIC, MIB, stage_params_per_rank
 from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor, signature_frame
-from memx.domain.specs import Cluster, ModelArch
 from memx.planner.tables import StageContext, StageTable, stage_options, stage_table
 
 
@@ -40,8 +41,6 @@ def static_bound(ctx: StageContext, model: ModelArch, limit_mib: float, n_cap: i
 def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: ModelArch, seq_len: int,
                    levels: tuple[str, ...], reserve_gib: float, predictor: StagePredictor) -> PredictedTables:
     """contexts maps each context to the most layers any layout may give it."""
-    import time
-
     limits = {g.name: g.memory_mib - reserve_gib * 1024.0 for g in cluster.gpu_types}
     bounds = {c: static_bound(c, model, limits[c.gpu], cap) for c, cap in contexts.items()}
     ctx_list = [c for c in contexts if bounds[c] > 0]

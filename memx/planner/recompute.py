@@ -1,4 +1,4 @@
-"""Per-stage recomputation assignment (paper §3.1.1; DESIGN.md §4), vectorised over plans.
+"""Per-stage recomputation assignment (paper §3.1.1; docs/architecture.md §Recompute), vectorised over plans.
 
 Step 1 (fit): a stage that does not fit even at the top of its ladder prunes the plan; otherwise
 it takes the cheapest (fastest) level that fits — `none` whenever `none` fits.
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memx.domain.specs import Weights
 from memx.planner.objective import log_score
 from memx.planner.schedule import MemoryStats
-from memx.domain.specs import Weights
 from memx.planner.tables import LayoutTables
 
 
@@ -31,11 +31,8 @@ class Assignment:
     stats: MemoryStats
 
     def take(self, rows: np.ndarray) -> Assignment:
-        s = self.stats
         return Assignment(level=self.level[:, rows], stage_ms=self.stage_ms[:, rows], stage_mib=self.stage_mib[:, rows],
-                          time_ms=self.time_ms[rows],
-                          stats=MemoryStats(max_mib=s.max_mib[rows], variance_mib2=s.variance_mib2[rows],
-                                            min_margin=s.min_margin[rows]))
+                          time_ms=self.time_ms[rows], stats=self.stats.take(rows))
 
 
 def fit(tables: LayoutTables, base: np.ndarray) -> tuple[np.ndarray, np.ndarray, Assignment]:
@@ -50,9 +47,7 @@ def fit(tables: LayoutTables, base: np.ndarray) -> tuple[np.ndarray, np.ndarray,
         T, stats = tables.totals(base, stage_ms, stage_mib)
     ok = np.isfinite(T)
     if not ok.all():
-        base, stage_ms, stage_mib, T = base[:, ok], stage_ms[:, ok], stage_mib[:, ok], T[ok]
-        stats = MemoryStats(max_mib=stats.max_mib[ok], variance_mib2=stats.variance_mib2[ok],
-                            min_margin=stats.min_margin[ok])
+        base, stage_ms, stage_mib, T, stats = base[:, ok], stage_ms[:, ok], stage_mib[:, ok], T[ok], stats.take(ok)
     level = tables.fit.take(base)
     return ok, base, Assignment(level=level, stage_ms=stage_ms, stage_mib=stage_mib, time_ms=T, stats=stats)
 

@@ -1,27 +1,40 @@
-"""1F1B assembly: iteration time and per-GPU peak memory from per-stage predictions.
+"""1F1B assembly: iteration time and per-GPU peak memory from per-stage predictions — the one
+assembly both the search (thousands of plans per call) and `estimate_plans` (one column per plan) use.
 
 Vectorised over plans, stage-major: per-stage arrays have shape (pp, N) — one row per stage, one
-column per plan — so reductions over stages are element-wise operations on contiguous rows. DESIGN.md §4 and the paper §3.1.2.
+column per plan — so reductions over stages are element-wise operations on contiguous rows.
+Formulas: the paper §3.1.2 and docs/architecture.md §1F1B assembly; the schedule itself is
+PipeDream-Flush / 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+GPU Clusters Using Megatron-LM", §2.2.1).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import ACT_BYTES, GRAD_BYTES_PER_PARAM, ring_allreduce_ms
+
+
+def inflight_micro_batches(pp: int, s: int, micro_batches: int) -> int:
+    """1F1B: stage s holds min(pp − s, m) micro batches' activations at its peak (Narayanan et al.
+    2021 §2.2.1: at most pp − s forward passes are outstanding; docs/architecture.md §1F1B assembly)."""
+    return min(pp - s, micro_batches)
 
 
 def p2p_ms(micro_batch: int, seq_len: int, hidden: int, bandwidth_gbps: np.ndarray, latency_ms: float) -> np.ndarray:
     """One activation (or its gradient) between stages: b·s·h·2 bytes / bandwidth + latency
-    (DESIGN.md §4)."""
+    (docs/architecture.md §1F1B assembly)."""
     nbytes = micro_batch * seq_len * hidden * ACT_BYTES
     return nbytes / (np.asarray(bandwidth_gbps, dtype=np.float64) * 1e9) * 1e3 + latency_ms
 
 
 def dp_allreduce_ms(params_per_rank: np.ndarray, dp: int, bandwidth_gbps: np.ndarray) -> np.ndarray:
-    """Ring all-reduce of a stage's fp32 gradients across its dp replicas (DESIGN.md §4)."""
+    """Ring all-reduce of a stage's fp32 gradients across its dp replicas: the T_dp term
+    (paper §3.1.2; docs/architecture.md §1F1B assembly)."""
     return ring_allreduce_ms(params_per_rank * GRAD_BYTES_PER_PARAM, dp, bandwidth_gbps)
 
 
@@ -32,11 +45,12 @@ def optimizer_ms(static_mib: np.ndarray, memory_bandwidth_gbps: np.ndarray) -> n
 
 
 def iteration_time_ms(stage_ms: np.ndarray, m: int, p2p_total_ms: float, tail_ms: np.ndarray) -> np.ndarray:
-    """T = (m − 1)·max_s t_s + Σ_s t_s + Σ_s 2·p2p_s + overhead + T_dp (paper §3.1.2, DESIGN.md §4).
+    """T = (m − 1)·max_s t_s + Σ_s t_s + Σ_s 2·p2p_s + overhead + T_dp (paper §3.1.2; the 1F1B
+    bubble of Narayanan et al. 2021 §2.2.1; docs/architecture.md §1F1B assembly).
 
     stage_ms (pp, N). tail_ms (pp, N) is each stage's gradient all-reduce plus optimizer step; the
     iteration ends when the slowest stage has done both, so overhead + T_dp = max_s tail_s (the
-    largest stage's all-reduce, as DESIGN.md says, and its optimizer step).
+    largest stage's all-reduce and its optimizer step).
     """
     return (m - 1) * stage_ms.max(axis=0) + stage_ms.sum(axis=0) + (p2p_total_ms + tail_ms.max(axis=0))
 
@@ -47,14 +61,54 @@ class MemoryStats:
     variance_mib2: np.ndarray  # V: variance of per-GPU peaks (absolute MiB²)
     min_margin: np.ndarray  # smallest (capacity − peak) / capacity over GPUs
 
+    def take(self, rows: np.ndarray) -> MemoryStats:
+        return MemoryStats(max_mib=self.max_mib[rows], variance_mib2=self.variance_mib2[rows],
+                           min_margin=self.min_margin[rows])
+
 
 def memory_stats(stage_peak_mib: np.ndarray, gpu_weight: np.ndarray, capacity_mib: np.ndarray) -> MemoryStats:
     """M, V and the smallest margin over GPUs. Every GPU of a stage (its tp ranks, in each of the dp
     replicas) has the stage's peak, so V is the variance weighted by each stage's GPU count
-    (DESIGN.md §4: variance over GPUs, absolute MiB): V = E[x²] − E[x]²."""
+    (paper §3.1.2; docs/architecture.md §Score: variance over GPUs, absolute MiB): V = E[x²] − E[x]²."""
     w = (gpu_weight / gpu_weight.sum()).astype(stage_peak_mib.dtype)
     mean = w @ stage_peak_mib
     var = np.maximum(w @ (stage_peak_mib * stage_peak_mib) - mean * mean, 0.0)
     inv_cap = (1.0 / np.asarray(capacity_mib)).astype(stage_peak_mib.dtype)
     margin = 1.0 - (stage_peak_mib * inv_cap[:, None]).max(axis=0)
     return MemoryStats(max_mib=stage_peak_mib.max(axis=0), variance_mib2=var, min_margin=margin)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    """Everything the 1F1B assembly needs of a layout besides the stage predictions."""
+
+    micro_batches: int  # m
+    p2p_total_ms: float  # Σ_s 2·p2p_s: each activation forward and its gradient backward
+    gpu_weight: np.ndarray  # (pp,) GPUs per stage replica (tp)
+    capacity_mib: np.ndarray  # (pp,)
+    memory_bandwidth_gbps: np.ndarray  # (pp,)
+    dp: int
+    dp_gbps: np.ndarray  # (pp,) bandwidth of each stage's DP all-reduce ring
+
+    def tail_ms(self, static_mib: np.ndarray, params_per_rank: np.ndarray) -> np.ndarray:
+        """Per stage (rows) and column: optimizer step + T_dp, the terms after the last backward."""
+        mbw, dbw = self.memory_bandwidth_gbps[:, None], self.dp_gbps[:, None]
+        return optimizer_ms(static_mib, mbw) + dp_allreduce_ms(params_per_rank, self.dp, dbw)
+
+    def assemble(self, stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
+        """(T, M/V/margin) of N plans from (pp, N) stage times, peaks and tails."""
+        T = iteration_time_ms(stage_ms, self.micro_batches, self.p2p_total_ms, tail_ms)
+        return T, memory_stats(stage_mib, self.gpu_weight, self.capacity_mib)
+
+
+def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], stage_tp: Sequence[int], dp: int,
+             micro_batch: int, micro_batches: int, seq_len: int, p2p_gbps: Sequence[float],
+             dp_gbps: Sequence[float]) -> Pipeline:
+    """The Pipeline of a layout or plan on `cluster` (p2p_gbps: between stage s and s+1)."""
+    gpus = [cluster.gpu(g) for g in stage_gpus]
+    p2p = p2p_ms(micro_batch, seq_len, model.hidden, np.asarray(p2p_gbps), cluster.inter_node_latency_ms)
+    return Pipeline(micro_batches=micro_batches, p2p_total_ms=float(2.0 * p2p.sum()),
+                    gpu_weight=np.asarray(stage_tp, dtype=np.float64),
+                    capacity_mib=np.asarray([g.memory_mib for g in gpus], dtype=np.float64),
+                    memory_bandwidth_gbps=np.asarray([g.memory_bandwidth_gbps for g in gpus], dtype=np.float64),
+                    dp=dp, dp_gbps=np.asarray(dp_gbps, dtype=np.float64))

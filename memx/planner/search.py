@@ -2,7 +2,7 @@
 
 Per layout, all layer splits are one numpy array (N, pp); stage times and memory are gathered
 from the stage tables in one indexing operation, and the 1F1B totals, recompute fit/refine and Φ
-are array expressions — never a Python loop per plan.
+are array expressions — never a Python loop per plan (docs/architecture.md §Search).
 """
 
 from __future__ import annotations
@@ -11,69 +11,35 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 
-from memx.planner.cost import model_static_bytes
 from memx.domain.errors import InfeasibleError
+from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
+from memx.planner.candidates import CandidatePool, keep_chunk, pareto_front
+from memx.planner.cost import model_static_bytes
+from memx.planner.metrics import PlanMetrics, plan_metrics
 from memx.planner.objective import auto_profile, log_score, parse_weights, phi
-from memx.planner.schedule import p2p_ms
 from memx.planner.predictions import PredictedTables, predict_tables
 from memx.planner.recompute import Assignment, fit, refine
+from memx.planner.result import SearchResult, SpaceCount
+from memx.planner.schedule import pipeline
 from memx.planner.signatures import StagePredictor
 from memx.planner.space import Layout, check_space_input, count_compositions, count_with_options, enumerate_layouts, splits
-from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
 from memx.planner.tables import LayoutTables, StageContext, decode_option, stage_options
-from memx.planner.candidates import Candidate, CandidatePool, keep_chunk, pareto_front
 
-
-@dataclass(frozen=True, kw_only=True)
-class SpaceCount:
-    layouts: int
-    total: int  # layouts × layer splits × per-stage recompute choices, before pruning
-    splits_total: int  # layouts × layer splits, before pruning
-    evaluated: int  # splits left after the static-memory and slowdown bounds (each gets step 1)
-    feasible: int  # plans with a feasible recompute assignment
-
-
-@dataclass(frozen=True, kw_only=True)
-class SearchResult:
-    weights: Weights
-    space: SpaceCount
-    refs: tuple[float, float, float]  # medians of T, M, V over feasible plans
-    top: list[Candidate]  # by Φ
-    top_time: list[Candidate]  # by iteration time
-    pareto: list[Candidate]
-    search_s: float
-    predict_s: float
-    signatures: int
-    epsilon_mib2: float
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def best(self) -> Candidate:
-        return self.top[0]
-
-    @property
-    def fastest(self) -> Candidate:
-        return self.top_time[0]
+__all__ = ["SearchResult", "SpaceCount", "search", "shard_layouts"]
 
 
 def _contexts(layouts: list[Layout], n_layers: int) -> dict[StageContext, int]:
+    """Every stage context of the layouts, with the most layers any layout may give it."""
     out: dict[StageContext, int] = {}
     for lay in layouts:
-        for s in range(lay.pp):
-            c = StageContext(gpu=lay.stage_gpus[s], tp=lay.stage_tp[s], micro_batch=lay.micro_batch, first=s == 0,
-                             last=s == lay.pp - 1, inflight=lay.inflight(s))
+        for c in lay.contexts():
             out[c] = max(out.get(c, 0), n_layers - lay.pp + 1)
     return out
-
-
-def _stage_contexts(lay: Layout) -> list[StageContext]:
-    return [StageContext(gpu=lay.stage_gpus[s], tp=lay.stage_tp[s], micro_batch=lay.micro_batch, first=s == 0,
-                         last=s == lay.pp - 1, inflight=lay.inflight(s)) for s in range(lay.pp)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,15 +51,13 @@ class _Prepared:
 
 def _prepare(lay: Layout, pt: PredictedTables, cluster: Cluster, model: ModelArch, seq: int,
              slowdown: float) -> _Prepared | None:
-    ctxs = _stage_contexts(lay)
+    ctxs = lay.contexts()
     if any(c not in pt.tables for c in ctxs):
         return None
-    gpus = [cluster.gpu(g) for g in lay.stage_gpus]
-    p2p = p2p_ms(lay.micro_batch, seq, model.hidden, np.asarray(lay.p2p_gbps), cluster.inter_node_latency_ms)
-    lt = LayoutTables.stack(
-        [pt.tables[c] for c in ctxs], capacity_mib=[g.memory_mib for g in gpus],
-        membw_gbps=[g.memory_bandwidth_gbps for g in gpus], tp=lay.stage_tp, dp=lay.dp,
-        dp_gbps=np.asarray(lay.dp_gbps), micro_batches=lay.micro_batches, p2p_total_ms=float(2.0 * p2p.sum()))
+    pipe = pipeline(cluster, model, stage_gpus=lay.stage_gpus, stage_tp=lay.stage_tp, dp=lay.dp,
+                    micro_batch=lay.micro_batch, micro_batches=lay.micro_batches, seq_len=seq, p2p_gbps=lay.p2p_gbps,
+                    dp_gbps=lay.dp_gbps)
+    lt = LayoutTables.stack([pt.tables[c] for c in ctxs], pipe)
     hi = np.array([pt.max_layers[c] for c in ctxs])
     if slowdown > 0:
         hi = np.minimum(hi, _slowdown_caps(lt, model.layers, slowdown))
@@ -270,18 +234,12 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor: St
     return result
 
 
-def _candidate(prep: _Prepared, S: np.ndarray, a: Assignment, model, cluster, space, seq, refs, w) -> Candidate:
+def _candidate(prep: _Prepared, S: np.ndarray, a: Assignment, model, cluster, space, seq, refs, w) -> PlanMetrics:
     lay, lt = prep.lay, prep.tables
     codes = lt.code[lt.base(S[None, :])[:, 0] * lt.k + a.level]
     rec = tuple(decode_option(int(c), int(n)) for c, n in zip(codes, S))
     plan = lay.to_plan(model, cluster, space.global_batch, seq, tuple(int(n) for n in S), rec)
-    per_gpu = [float(a.stage_mib[s]) for _ in range(lay.dp) for s in range(lay.pp) for _ in range(lay.stage_tp[s])]
-    return Candidate(
-        plan=plan, iteration_time_ms=float(a.time_ms), stage_peak_mib=tuple(float(x) for x in a.stage_mib),
-        stage_time_ms=tuple(float(x) for x in a.stage_ms), peak_mem_mib=tuple(per_gpu),
-        max_mem_mib=float(a.stats.max_mib), mem_variance_mib2=float(a.stats.variance_mib2),
-        min_margin=float(a.stats.min_margin),
-        phi=float(phi(a.time_ms, a.stats.max_mib, a.stats.variance_mib2, refs=refs, weights=w,
-                      epsilon_mib2=space.epsilon_mib2)),
-        capacity_mib=tuple(float(c) for c in lt.capacity_mib),
-    )
+    score = phi(a.time_ms, a.stats.max_mib, a.stats.variance_mib2, refs=refs, weights=w, epsilon_mib2=space.epsilon_mib2)
+    # Feasible by construction: step 1 keeps only plans whose every stage fits capacity − reserve.
+    return plan_metrics(plan, iteration_time_ms=a.time_ms, stage_time_ms=a.stage_ms, stage_peak_mib=a.stage_mib,
+                        capacity_mib=lt.capacity_mib, stats=a.stats, feasible=True, phi=float(score))

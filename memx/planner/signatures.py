@@ -1,5 +1,6 @@
-"""Stage signatures: the predictor's input (DESIGN.md §3 stage_runs input columns) and the
-`StagePredictor` protocol every stage model implements (analytic, learned, hybrid)."""
+"""Stage signatures: the predictor's input (the stage_runs input columns, docs/architecture.md
+§Measurement records) and the `StagePredictor` protocol every stage model implements (analytic,
+learned, hybrid)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pandas as pd
 
+from memx.domain.plan import Recompute
 from memx.domain.records import SIGNATURE_COLUMNS
 from memx.domain.specs import ModelArch
 from memx.planner.tables import NONE, SELECTIVE, StageContext
@@ -36,7 +38,8 @@ def signature_frame(contexts: list[StageContext], layers: np.ndarray, codes: np.
     """One signature row per (context, layers, option code); ctx_index points into `contexts`."""
     gpu = np.array([c.gpu for c in contexts], dtype=object)[ctx_index]
     attr = {f: np.array([getattr(c, f) for c in contexts])[ctx_index] for f in ("tp", "micro_batch", "first", "last", "inflight")}
-    recompute = np.where(codes == NONE, "none", np.where(codes == SELECTIVE, "selective", "full"))
+    recompute = np.where(codes == NONE, Recompute.NONE.value,
+                         np.where(codes == SELECTIVE, Recompute.SELECTIVE.value, Recompute.FULL.value))
     block = (codes >= 1) & (codes < layers)
     rl = pd.array(np.where(block, codes, 0), dtype="Int64")
     rl[~block] = pd.NA

@@ -17,8 +17,9 @@ from functools import lru_cache
 import numpy as np
 
 from memx.domain.errors import InputError
-from memx.domain.plan import Plan, Stage, place_plan
+from memx.domain.plan import Plan, Recompute, Stage, place_plan
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
+from memx.planner.tables import StageContext, stage_contexts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,12 +38,12 @@ class Layout:
     def pp(self) -> int:
         return len(self.stage_gpus)
 
-    def inflight(self, s: int) -> int:
-        """1F1B: stage s holds min(pp − s, m) micro batches at its peak (DESIGN.md §4)."""
-        return min(self.pp - s, self.micro_batches)
+    def contexts(self) -> tuple[StageContext, ...]:
+        return stage_contexts(self.stage_gpus, self.stage_tp, micro_batch=self.micro_batch,
+                              micro_batches=self.micro_batches)
 
     def to_plan(self, model: ModelArch, cluster: Cluster, global_batch: int, seq_len: int,
-                layers: tuple[int, ...], recompute: tuple[tuple[str, int | None], ...]) -> Plan:
+                layers: tuple[int, ...], recompute: tuple[tuple[Recompute, int | None], ...]) -> Plan:
         stages = tuple(
             Stage(gpu=g, tp=t, layers=int(n), recompute=r, recompute_layers=rl)
             for g, t, n, (r, rl) in zip(self.stage_gpus, self.stage_tp, layers, recompute, strict=True)

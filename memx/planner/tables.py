@@ -3,17 +3,20 @@
 A *stage context* is everything about a stage but its layer count and recompute choice: GPU, tp,
 micro batch, first/last, inflight. For each context and layer count n the recompute options form a
 *ladder*: the Pareto-sorted options (time ascending, memory strictly descending), so "one level
-up" always buys memory with time. Option codes: NONE = -2, SELECTIVE = -1, k ≥ 1 = full
-recomputation of the first k layers (k = n is plain `full`; k < n is Megatron's block method).
+up" always buys memory with time (docs/architecture.md §Recompute). Option codes: NONE = -2,
+SELECTIVE = -1, k ≥ 1 = full recomputation of the first k layers (k = n is plain `full`; k < n is
+Megatron's block method).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from memx.planner.schedule import MemoryStats, dp_allreduce_ms, iteration_time_ms, memory_stats, optimizer_ms
+from memx.domain.plan import SEARCH_BLOCK, Plan, Recompute, Stage
+from memx.planner.schedule import MemoryStats, Pipeline, inflight_micro_batches
 
 NONE, SELECTIVE = -2, -1
 
@@ -28,27 +31,50 @@ class StageContext:
     inflight: int
 
 
+def stage_contexts(stage_gpus: Sequence[str], stage_tp: Sequence[int], *, micro_batch: int,
+                   micro_batches: int) -> tuple[StageContext, ...]:
+    """The context of every stage of a pipeline (a search layout or a given plan)."""
+    pp = len(stage_gpus)
+    return tuple(StageContext(gpu=g, tp=t, micro_batch=micro_batch, first=s == 0, last=s == pp - 1,
+                              inflight=inflight_micro_batches(pp, s, micro_batches))
+                 for s, (g, t) in enumerate(zip(stage_gpus, stage_tp, strict=True)))
+
+
+def plan_contexts(plan: Plan) -> tuple[StageContext, ...]:
+    return stage_contexts([st.gpu for st in plan.stages], [st.tp for st in plan.stages],
+                          micro_batch=plan.micro_batch, micro_batches=plan.micro_batches)
+
+
 def stage_options(n: int, levels: tuple[str, ...]) -> list[int]:
-    """Recompute option codes searched for a stage of n layers."""
+    """Recompute option codes searched for a stage of n layers (levels: Recompute values and SEARCH_BLOCK)."""
     opts: list[int] = []
-    if "none" in levels:
+    if Recompute.NONE in levels:
         opts.append(NONE)
-    if "selective" in levels:
+    if Recompute.SELECTIVE in levels:
         opts.append(SELECTIVE)
-    if "block" in levels:
+    if SEARCH_BLOCK in levels:
         opts.extend(range(1, n))
-    if "full" in levels or "block" in levels:
+    if Recompute.FULL in levels or SEARCH_BLOCK in levels:
         opts.append(n)
     return opts
 
 
-def decode_option(code: int, n: int) -> tuple[str, int | None]:
+def decode_option(code: int, n: int) -> tuple[Recompute, int | None]:
     """Option code → (recompute, recompute_layers) as in plan JSON."""
     if code == NONE:
-        return ("none", None)
+        return (Recompute.NONE, None)
     if code == SELECTIVE:
-        return ("selective", None)
-    return ("full", None if code >= n else int(code))
+        return (Recompute.SELECTIVE, None)
+    return (Recompute.FULL, None if code >= n else int(code))
+
+
+def option_code(stage: Stage) -> int:
+    """A plan stage's recompute → option code (the inverse of decode_option)."""
+    if stage.recompute == Recompute.NONE:
+        return NONE
+    if stage.recompute == Recompute.SELECTIVE:
+        return SELECTIVE
+    return stage.recomputed_layers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,14 +141,26 @@ class LayoutTables:
     fit_time_ms: np.ndarray  # (pp·rows,) the fitted level's time; +inf when nothing fits
     fit_peak_mib: np.ndarray
     tail_ms: np.ndarray  # DP gradient all-reduce + optimizer step per (stage, n)
-    capacity_mib: np.ndarray  # (pp,)
-    gpu_weight: np.ndarray  # (pp,) GPUs per stage (tp)
-    micro_batches: int
-    p2p_total_ms: float
+    pipeline: Pipeline
+
+    @property
+    def capacity_mib(self) -> np.ndarray:  # (pp,)
+        return self.pipeline.capacity_mib
+
+    @property
+    def gpu_weight(self) -> np.ndarray:  # (pp,) GPUs per stage (tp)
+        return self.pipeline.gpu_weight
+
+    @property
+    def micro_batches(self) -> int:
+        return self.pipeline.micro_batches
+
+    @property
+    def p2p_total_ms(self) -> float:
+        return self.pipeline.p2p_total_ms
 
     @classmethod
-    def stack(cls, tables: list[StageTable], *, capacity_mib, membw_gbps, tp, dp, dp_gbps, micro_batches,
-              p2p_total_ms) -> LayoutTables:
+    def stack(cls, tables: list[StageTable], pipe: Pipeline) -> LayoutTables:
         rows, k = tables[0].time_ms.shape
         fit_t, fit_m = [], []
         for t in tables:
@@ -130,8 +168,7 @@ class LayoutTables:
             lvl = np.where(ok, t.fit, 0)
             fit_t.append(np.where(ok, t.time_ms[np.arange(rows), lvl], np.inf))
             fit_m.append(np.where(ok, t.peak_mib[np.arange(rows), lvl], np.inf))
-        tail = [optimizer_ms(t.static_mib, mbw) + dp_allreduce_ms(t.params_per_rank, dp, dbw)
-                for t, mbw, dbw in zip(tables, membw_gbps, dp_gbps)]
+        tail = pipe.tail_ms(np.stack([t.static_mib for t in tables]), np.stack([t.params_per_rank for t in tables]))
         f32 = np.float32  # plan metrics in float32: half the memory traffic, ~7 significant digits
         return cls(
             pp=len(tables), rows=rows, k=k,
@@ -140,11 +177,9 @@ class LayoutTables:
             code=np.concatenate([t.code.ravel() for t in tables]),
             length=np.concatenate([t.length for t in tables]),
             fit=np.concatenate([t.fit for t in tables]).astype(np.int32),
-            tail_ms=np.concatenate(tail).astype(f32),
+            tail_ms=tail.ravel().astype(f32),
             fit_time_ms=np.concatenate(fit_t).astype(f32), fit_peak_mib=np.concatenate(fit_m).astype(f32),
-            capacity_mib=np.asarray(capacity_mib, dtype=np.float64),
-            gpu_weight=np.asarray(tp, dtype=np.float64),
-            micro_batches=micro_batches, p2p_total_ms=p2p_total_ms,
+            pipeline=pipe,
         )
 
     def base(self, splits: np.ndarray) -> np.ndarray:
@@ -157,5 +192,4 @@ class LayoutTables:
         return self.time_ms.take(idx), self.peak_mib.take(idx)  # take(): ~3× faster than fancy indexing
 
     def totals(self, base: np.ndarray, stage_ms: np.ndarray, stage_mib: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
-        T = iteration_time_ms(stage_ms, self.micro_batches, self.p2p_total_ms, self.tail_ms.take(base))
-        return T, memory_stats(stage_mib, self.gpu_weight, self.capacity_mib)
+        return self.pipeline.assemble(stage_ms, stage_mib, self.tail_ms.take(base))

@@ -16,8 +16,8 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from memx.domain.plan import Recompute
-from memx.domain.specs import BLOCK_RECOMPUTE, Cluster, GpuType, ModelArch, SearchSpace
+from memx.domain.plan import SEARCH_BLOCK, Recompute
+from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.space import valid_tps
 
@@ -53,7 +53,7 @@ def three(values: Iterable[Any]) -> tuple[Any, ...]:
 def stage_levels(space: SearchSpace) -> tuple[tuple[str, ...], bool]:
     """The stage levels to measure (block recompute is measured as `full` with recompute_layers) and
     whether the search asks for block recompute."""
-    block = BLOCK_RECOMPUTE in space.recompute_levels
+    block = SEARCH_BLOCK in space.recompute_levels
     stage = tuple(r.value for r in Recompute if r in space.recompute_levels or (r is Recompute.FULL and block))
     return stage, block
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memx.domain.plan import Recompute
+from memx.domain.plan import SEARCH_BLOCK, Recompute
 from memx.domain.records import signature_key
-from memx.domain.specs import BLOCK_RECOMPUTE, ModelArch
+from memx.domain.specs import ModelArch
 from memx.profiling.design import GRID_PARAMS, GpuAxes, point
 
 # Our choice: a parameter is selected when it moves stage time by ≥ 10 % (above the 2–4 % run-to-run
@@ -37,14 +37,14 @@ def sweep_plan(ax: GpuAxes, model: ModelArch) -> dict[str, list[tuple[Any, dict[
 
     fit = ax.max_layers_by_tp[ax.default_tp]
     half = max(1, ax.default_layers // 2)
-    recompute = list(ax.recompute) + ([BLOCK_RECOMPUTE] if ax.block and ax.default_layers >= 2 else [])
+    recompute = list(ax.recompute) + ([SEARCH_BLOCK] if ax.block and ax.default_layers >= 2 else [])
     plans = {
         "tp": vary("tp", list(ax.tps), lambda v, s: point(ax.gpu, model, **{**base, "tp": v}, source=s)),
         "micro_batch": vary("micro_batch", list(ax.micro_batches),
                             lambda v, s: point(ax.gpu, model, **{**base, "micro_batch": v}, source=s)),
         "recompute": vary("recompute", recompute, lambda v, s: point(
-            ax.gpu, model, **base, recompute=Recompute.FULL if v == BLOCK_RECOMPUTE else v,
-            recompute_layers=half if v == BLOCK_RECOMPUTE else None, source=s)),
+            ax.gpu, model, **base, recompute=Recompute.FULL if v == SEARCH_BLOCK else v,
+            recompute_layers=half if v == SEARCH_BLOCK else None, source=s)),
         "layers": vary("layers", sorted({1, ax.default_layers, fit}),
                        lambda v, s: point(ax.gpu, model, **{**base, "layers": v}, source=s)),
         "inflight": vary("inflight", sorted({1, max(1, math.ceil(ax.max_inflight / 2)), ax.max_inflight}),

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memx.domain.errors import InputError
-from memx.planner.estimate import estimate_plans
-from memx.planner.objective import phi
 from memx.domain.plan import Plan, plan_from_dict
 from memx.domain.specs import Weights
+from memx.planner.estimate import estimate_plans
+from memx.planner.metrics import PlanMetrics
+from memx.planner.objective import phi
+from memx.planner.result import metrics_from_dict, weights_from_dict
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,12 +40,18 @@ def load_baseline(path: Path) -> Plan:
     return plan_from_dict(data, source=str(path))
 
 
-def check(obj: dict, baseline: Plan, cluster, model, predictor, *, reserve_gib: float, min_margin: float) -> CheckOutcome:
-    """obj: the `memx plan --format json` answer of this run."""
-    new, refs = obj["predicted"], obj["references"]
-    new_plan = plan_from_dict(obj["plan"])
-    weights = Weights(profile=obj["weights"]["profile"], w_time=obj["weights"]["w"][0], w_mem=obj["weights"]["w"][1],
-                      w_var=obj["weights"]["w"][2])
+def check_report(obj: dict, baseline: Plan, cluster, model, predictor, *, reserve_gib: float,
+                 min_margin: float) -> CheckOutcome:
+    """`check` on this run's `memx plan --format json` answer (decoded once here)."""
+    refs = obj["references"]
+    return check(metrics_from_dict(obj), baseline, cluster, model, predictor, weights=weights_from_dict(obj),
+                 refs=(refs["time_ms"], refs["max_mem_mib"], refs["mem_variance_mib2"]),
+                 epsilon_mib2=refs["epsilon_mib2"], reserve_gib=reserve_gib, min_margin=min_margin)
+
+
+def check(new: PlanMetrics, baseline: Plan, cluster, model, predictor, *, weights: Weights,
+          refs: tuple[float, float, float], epsilon_mib2: float, reserve_gib: float, min_margin: float) -> CheckOutcome:
+    """new: this run's pick, scored (phi) against this run's medians `refs`."""
     if baseline.model != model.name or baseline.cluster != cluster.name:
         raise InputError(f"baseline is for {baseline.model} on {baseline.cluster}, this run is {model.name} on {cluster.name}")
     reason = ""
@@ -52,29 +60,35 @@ def check(obj: dict, baseline: Plan, cluster, model, predictor, *, reserve_gib: 
     except InputError as exc:  # the baseline no longer fits the catalog: any feasible plan beats it
         est, reason = None, str(exc)
     base_phi = None if est is None else float(phi(
-        est.iteration_time_ms, est.max_mem_mib, est.mem_variance_mib2,
-        refs=(refs["time_ms"], refs["max_mem_mib"], refs["mem_variance_mib2"]), weights=weights,
-        epsilon_mib2=refs["epsilon_mib2"]))
-    if new["min_margin"] < min_margin:
+        est.iteration_time_ms, est.max_mem_mib, est.mem_variance_mib2, refs=refs, weights=weights,
+        epsilon_mib2=epsilon_mib2))
+    if new.min_margin < min_margin:
         verdict, code = "low-margin", 4
-    elif new_plan == baseline:
+    elif new.plan == baseline:
         verdict, code = "same", 0
     elif est is None or not est.feasible:
         verdict, code = "baseline-infeasible", 0
-    elif new["phi"] <= base_phi * (1 + 1e-4):  # Φ is reported to 5 digits
+    elif new.phi <= base_phi * (1 + 1e-4):  # Φ is reported to 5 digits
         verdict, code = "better", 0
     else:
         verdict, code = "worse", 4
-    rows = [("iteration time ms", new["iteration_time_ms"], est and est.iteration_time_ms),
-            ("max memory GiB", new["max_mem_mib"] / 1024, est and est.max_mem_mib / 1024),
-            ("memory std-dev GiB", new["mem_variance_mib2"] ** 0.5 / 1024, est and est.mem_variance_mib2 ** 0.5 / 1024),
-            ("smallest margin", new["min_margin"], est and est.min_margin), ("Φ", new["phi"], base_phi)]
     md = [f"## MemX plan check: **{verdict}** (exit {code})", "",
           f"{model.name} on {cluster.name}, weights `{weights.profile}`, margin threshold {min_margin:.0%}.", "",
-          "| | new plan | baseline |", "|---|---|---|"]
-    md += [f"| {name} | {a:,.4g} | {'n/a' if b is None else f'{b:,.4g}'} |" for name, a, b in rows]
+          *_comparison(new, est, base_phi)]
     if est is None:
         md += ["", f"Baseline no longer valid: {reason}"]
     elif not est.feasible:
         md += ["", "Baseline is predicted to run out of memory with the current predictor."]
     return CheckOutcome(verdict=verdict, exit_code=code, markdown="\n".join(md) + "\n")
+
+
+def _comparison(new: PlanMetrics, est: PlanMetrics | None, base_phi: float | None) -> list[str]:
+    """Markdown table: new plan against the baseline (n/a where the baseline has no estimate)."""
+    def rows(m: PlanMetrics) -> list[float]:
+        return [m.iteration_time_ms, m.max_mem_mib / 1024, m.mem_variance_mib2 ** 0.5 / 1024, m.min_margin]
+
+    names = ("iteration time ms", "max memory GiB", "memory std-dev GiB", "smallest margin", "Φ")
+    ours = [*rows(new), new.phi]
+    theirs = [None] * 5 if est is None else [*rows(est), base_phi]
+    return ["| | new plan | baseline |", "|---|---|---|"] + [
+        f"| {name} | {a:,.4g} | {'n/a' if b is None else f'{b:,.4g}'} |" for name, a, b in zip(names, ours, theirs)]

@@ -20,17 +20,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memx.planner.cost import AnalyticStageModel
 from memx.domain.errors import InputError
-from memx.planner.estimate import estimate_plans
-from memx.planner.objective import auto_profile, parse_weights, phi
 from memx.domain.plan import Plan, plan_from_dict, plan_from_json, validate_plan
-from memx.planner.signatures import StagePredictor
 from memx.domain.specs import Cluster, ModelArch, Weights
+from memx.planner.baselines import uniform_view
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.estimate import estimate_plans
+from memx.planner.metrics import PlanMetrics
+from memx.planner.objective import EPSILON_MIB2, auto_profile, parse_weights, phi
+from memx.planner.signatures import StagePredictor
 
 KEYS = ("n", "time_mape", "time_max_ape", "mem_mape", "spearman_time", "spearman_phi", "top1_time", "top1_phi",
         "oom_accuracy")
-EPSILON_MIB2 = 1.0e4  # conf/search default.yaml epsilon_mib2
 
 
 def read_config_runs(path: str | Path) -> pd.DataFrame:
@@ -48,7 +49,7 @@ def read_config_runs(path: str | Path) -> pd.DataFrame:
     missing = [c for c in ("plan", "iteration_time_ms", "peak_mem_mib", "oom") if c not in df.columns]
     if missing:
         raise InputError(f"{path}: missing column(s) {', '.join(missing)}; config_runs needs plan, "
-                         "iteration_time_ms, peak_mem_mib, oom (DESIGN.md §3)")
+                         "iteration_time_ms, peak_mem_mib, oom (docs/architecture.md §Measurement records)")
     return df
 
 
@@ -60,13 +61,6 @@ def _plans(df: pd.DataFrame, cluster: Cluster, model: ModelArch) -> list[Plan]:
         validate_plan(plan, cluster, model, source=src)
         plans.append(plan)
     return plans
-
-
-def _uniform(plan: Plan) -> Plan:
-    order = {"none": 0, "selective": 1, "full": 2}
-    level = max((s.recompute for s in plan.stages), key=order.__getitem__)
-    stages = tuple(dataclasses.replace(s, recompute=level, recompute_layers=None) for s in plan.stages)
-    return dataclasses.replace(plan, stages=stages)
 
 
 def _phi(t, m, v, w: Weights) -> np.ndarray:
@@ -96,7 +90,7 @@ def _measured(df: pd.DataFrame) -> Measured:
     return Measured(time_ms=t[ok], peaks=peaks, oom=oom, ok=ok)
 
 
-def _metrics(est, meas: Measured, w: Weights, *, rank_by_time_only: bool = False) -> dict[str, Any]:
+def _metrics(est: list[PlanMetrics], meas: Measured, w: Weights, *, rank_by_time_only: bool = False) -> dict[str, Any]:
     e_ok = [est[i] for i in meas.ok]
     pt = np.array([e.iteration_time_ms for e in e_ok])
     mt = meas.time_ms
@@ -132,7 +126,7 @@ def evaluate(cluster: Cluster, model: ModelArch, measured: pd.DataFrame, predict
     analytic = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
     out["baselines"] = {
         "analytic": _metrics(estimate_plans(plans, cluster, model, analytic, reserve_gib=reserve_gib), meas, w),
-        "time_only_uniform": _metrics(estimate_plans([_uniform(p) for p in plans], cluster, model, analytic,
+        "time_only_uniform": _metrics(estimate_plans([uniform_view(p) for p in plans], cluster, model, analytic,
                                                      reserve_gib=reserve_gib), meas, w, rank_by_time_only=True),
     }
     out["weights"] = {"profile": w.profile, "w_time": w.w_time, "w_mem": w.w_mem, "w_var": w.w_var}

@@ -1,60 +1,32 @@
-"""Render a plan answer. The `memx plan --format json` object is the single source: Markdown and the
-rich tables are drawn from it, whether the search ran in-process or in the Prefect pipeline."""
+"""Render a plan answer. The `memx plan --format json` object (memx.planner.result) is the single
+source: Markdown and the rich tables are drawn from it, whether the search ran in-process or in the
+Prefect pipeline."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from memx.planner.candidates import Candidate
-from memx.domain.plan import plan_to_dict
-from memx.planner.search import SearchResult
+from rich.table import Table
+
+from memx.planner.result import search_result_to_dict
 
 GIB = 1024.0
 
-
-def predicted(c: Candidate) -> dict[str, Any]:
-    return {
-        "iteration_time_ms": round(c.iteration_time_ms, 3),
-        "peak_mem_mib": [round(x, 1) for x in c.peak_mem_mib],
-        "max_mem_mib": round(c.max_mem_mib, 1),
-        "mem_variance_mib2": round(c.mem_variance_mib2, 1),
-        "min_margin": round(c.min_margin, 4),
-        "phi": round(c.phi, 5),
-    }
+# The pipeline's search step (memx.pipeline.steps) still imports the conversion under its old name;
+# drop this alias once it imports memx.planner.result.search_result_to_dict.
+to_json_obj = search_result_to_dict
 
 
-def _entry(c: Candidate) -> dict[str, Any]:
-    return {"plan": plan_to_dict(c.plan), "predicted": predicted(c),
-            "stages": [{"time_ms": round(t, 3), "peak_mib": round(m, 1), "capacity_mib": cap}
-                       for t, m, cap in zip(c.stage_time_ms, c.stage_peak_mib, c.capacity_mib)]}
-
-
-def to_json_obj(r: SearchResult, predictor: str) -> dict[str, Any]:
-    """The `memx plan --format json` object (README: output contract)."""
-    best = _entry(r.best)
-    return {
-        "plan": best["plan"],
-        "predicted": best["predicted"],
-        "weights": {"profile": r.weights.profile, "w": list(r.weights.as_tuple())},
-        "space": {"total": r.space.total, "feasible": r.space.feasible, "layouts": r.space.layouts,
-                  "splits": r.space.splits_total, "evaluated": r.space.evaluated},
-        "search_s": round(r.search_s, 3),
-        "predictor": predictor,
-        "references": {"time_ms": r.refs[0], "max_mem_mib": r.refs[1], "mem_variance_mib2": r.refs[2],
-                       "epsilon_mib2": r.epsilon_mib2},
-        "stages": best["stages"],
-        "top": [_entry(c) for c in r.top],
-        "fastest": _entry(r.fastest),
-        "pareto": [_entry(c) for c in r.pareto],
-    }
+def recompute_text(st: dict[str, Any], *, long: bool = False) -> str:
+    """A plan-JSON stage's recompute: `full:N` (or `full (first N)`) for Megatron's block method."""
+    n = st.get("recompute_layers")
+    if n is None:
+        return st["recompute"]
+    return f"full (first {n})" if long else f"full:{n}"
 
 
 def stages_text(plan: dict[str, Any]) -> str:
-    out = []
-    for st in plan["stages"]:
-        rc = st["recompute"] if st.get("recompute_layers") is None else f"full:{st['recompute_layers']}"
-        out.append(f"{st['gpu']}×{st['tp']} {st['layers']}L {rc}")
-    return " | ".join(out)
+    return " | ".join(f"{st['gpu']}×{st['tp']} {st['layers']}L {recompute_text(st)}" for st in plan["stages"])
 
 
 def _m(plan: dict[str, Any]) -> int:
@@ -83,9 +55,8 @@ def to_markdown(obj: dict[str, Any]) -> str:
              "| stage | GPU | tp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | margin |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s, (st, d) in enumerate(zip(p["stages"], obj["stages"])):
-        rc = st["recompute"] if st.get("recompute_layers") is None else f"full (first {st['recompute_layers']})"
         cap = d["capacity_mib"]
-        lines.append(f"| {s} | {st['gpu']} | {st['tp']} | {st['layers']} | {rc} | {d['time_ms']:.1f} | "
+        lines.append(f"| {s} | {st['gpu']} | {st['tp']} | {st['layers']} | {recompute_text(st, long=True)} | {d['time_ms']:.1f} | "
                      f"{d['peak_mib'] / GIB:.1f} | {cap / GIB:.0f} | {(cap - d['peak_mib']) / cap:.1%} |")
     lines += ["", "## Top plans by Φ", "", "| # | Φ | T ms | M GiB | std GiB | margin | dp | µb | stages |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -98,8 +69,6 @@ def to_markdown(obj: dict[str, Any]) -> str:
 
 
 def print_table(obj: dict[str, Any], console) -> None:
-    from rich.table import Table
-
     p, f = obj["plan"], obj["fastest"]
     console.print(f"[bold]MemX[/] {p['model']} on {p['cluster']} — {_headline(obj)}")
     top = Table(title="Top plans by Φ (lower is better)")
@@ -118,8 +87,7 @@ def print_table(obj: dict[str, Any], console) -> None:
     for s, (st, d) in enumerate(zip(p["stages"], obj["stages"])):
         cap, peak = d["capacity_mib"], d["peak_mib"]
         fill = round(20 * peak / cap)
-        rc = st["recompute"] if st.get("recompute_layers") is None else f"full:{st['recompute_layers']}"
-        mem.add_row(str(s), st["gpu"], f"{st['tp']}×{p['dp']}", str(st["layers"]), rc, f"{peak / GIB:.1f}",
+        mem.add_row(str(s), st["gpu"], f"{st['tp']}×{p['dp']}", str(st["layers"]), recompute_text(st), f"{peak / GIB:.1f}",
                     f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}", "█" * fill + "░" * (20 - fill))
     console.print(mem)
     q = f["predicted"]

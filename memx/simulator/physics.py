@@ -108,7 +108,7 @@ def membound_ms(dev: Device, nbytes: float, kernels: int) -> float:
 
 def ring_allreduce_ms(nbytes: float, ranks: int, bytes_per_ms: float, step_latency_ms: float) -> float:
     """Ring all-reduce: 2(r−1)/r · bytes over the slowest link, 2(r−1) latency steps
-    (Patarasuk & Yuan 2009; the T_dp term of DESIGN.md §4)."""
+    (Patarasuk & Yuan 2009; the T_dp term of docs/architecture.md §1F1B assembly)."""
     if ranks <= 1 or nbytes <= 0:
         return 0.0
     return 2.0 * (ranks - 1) / ranks * nbytes / bytes_per_ms + 2 * (ranks - 1) * step_latency_ms

@@ -1,8 +1,8 @@
 """Draw random valid plans from the plan space and measure them on the virtual cluster.
 
-The space (DESIGN.md §3): pp in [min_pp, max_pp]; GPU types in contiguous groups of stages (type
-order random); per type one tp from the search's options that divides heads and query_groups and fits
-a node; one dp for the plan; a micro batch with global_batch % (dp·mb) == 0; with use_all_gpus,
+The space (conf/search; docs/architecture.md §Search): pp in [min_pp, max_pp]; GPU types in
+contiguous groups of stages (type order random); per type one tp from the search's options that
+divides heads and query_groups and fits a node; one dp for the plan; a micro batch with global_batch % (dp·mb) == 0; with use_all_gpus,
 dp·Σtp over a type's stages equals that type's GPU count; a random layer split (≥ 1 layer per stage)
 and random per-stage recomputation (none / selective / full, sometimes full of the first N layers).
 Plans that fail `validate_plan` are drawn again; plans that OOM are kept as measured OOM rows.
@@ -17,7 +17,7 @@ from typing import Mapping
 import pandas as pd
 
 from memx.domain.errors import InputError
-from memx.domain.plan import Plan, Stage, plan_to_json, validate_plan
+from memx.domain.plan import SEARCH_BLOCK, Plan, Recompute, Stage, plan_to_json, validate_plan
 from memx.simulator.runs import config_run_row, config_runs_frame, now_iso
 from memx.simulator.schedule import simulate_plan
 from memx.simulator.traits import GpuTraits
@@ -67,11 +67,11 @@ def _split(rnd: random.Random, layers: int, pp: int) -> list[int]:
     return [b - a for a, b in zip([0] + cuts, cuts + [layers])]
 
 
-def _recompute(rnd: random.Random, search: SearchSpace, layers: int) -> tuple[str, int | None]:
+def _recompute(rnd: random.Random, search: SearchSpace, layers: int) -> tuple[Recompute, int | None]:
     level = rnd.choice(search.recompute_levels)
-    if level == "block":  # Megatron's block method: full recomputation of the first N layers
-        return ("full", rnd.randint(1, layers - 1)) if layers > 1 else ("full", None)
-    return level, None
+    if level == SEARCH_BLOCK:  # Megatron's block method: full recomputation of the first N layers
+        return (Recompute.FULL, rnd.randint(1, layers - 1)) if layers > 1 else (Recompute.FULL, None)
+    return Recompute(level), None
 
 
 def draw_plan(rnd: random.Random, cluster: Cluster, model: ModelArch, search: SearchSpace) -> Plan | None:

@@ -129,7 +129,7 @@ def _link(cluster: Cluster, node_a: int, node_b: int) -> tuple[float, float]:
 
 def _p2p_ms(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]],
             tr: dict[str, GpuTraits]) -> np.ndarray:
-    """[replica, boundary]: activation b·s·h bf16 over the link (DESIGN.md §4 p2p_s), at the sender's
+    """[replica, boundary]: activation b·s·h bf16 over the link (the p2p_s term, docs/architecture.md §1F1B assembly), at the sender's
     link efficiency (simulator assumption: TP ranks split the tensor and share the link)."""
     nbytes = BF16_BYTES * plan.micro_batch * plan.seq_len * model.hidden
     out = np.zeros((plan.dp, max(plan.pp - 1, 0)))
@@ -143,9 +143,9 @@ def _p2p_ms(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int
 
 def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs: list[StageCost],
                      tr: dict[str, GpuTraits]) -> list[float]:
-    """Ring all-reduce of each stage's fp32 gradients over its dp replicas (DESIGN.md §4 T_dp). When the
-    replicas span nodes, the stage's tp concurrent rings share the node's network link (simulator
-    assumption)."""
+    """Ring all-reduce of each stage's fp32 gradients over its dp replicas (the T_dp term,
+    docs/architecture.md §1F1B assembly). When the replicas span nodes, the stage's tp concurrent
+    rings share the node's network link (simulator assumption)."""
     out = []
     for s, st in enumerate(plan.stages):
         nodes = {where[r][s] for r in range(plan.dp)}

@@ -1,6 +1,6 @@
 """One pipeline stage alone on `tp` GPUs of one type: time of one micro batch and peak memory.
 
-Input is a stage signature (DESIGN.md §3 stage_runs input columns); output a `StageRun` with what a
+Input is a stage signature (the stage_runs input columns, docs/architecture.md §Measurement records); output a `StageRun` with what a
 real single-stage run would report: forward+backward time of one micro batch (with measurement
 noise), static memory and the device peak with `inflight` micro batches' activations held. A peak
 above the GPU's capacity is an OOM: no numbers, like a crashed run.
@@ -16,19 +16,20 @@ from typing import Any, Mapping
 import numpy as np
 
 from memx.domain.errors import InputError
+from memx.domain.plan import PLAN_RECOMPUTE, Recompute
 from memx.simulator.physics import Device, Dims, embedding_cost, layer_cost, output_cost, adam_step_ms
 from memx.simulator.traits import GpuTraits
 from memx.domain.specs import GpuType
 
 MIB = 1024.0 * 1024.0
-STAGE_RECOMPUTE = ("none", "selective", "full")
+STAGE_RECOMPUTE = PLAN_RECOMPUTE  # a stage's recompute: the plan JSON's values
 # fp32 master weights 4 + bf16 weights 2 + fp32 grads 4 + Adam m, v 8 (Korthikanti 2022 §4 / ZeRO §3.1: 16–18 B)
 ADAM_STATIC_BYTES_PER_PARAM = 18.0
 
 
 @dataclass(frozen=True, kw_only=True)
 class StageSignature:
-    """The stage_runs input columns (DESIGN.md §3)."""
+    """The stage_runs input columns (docs/architecture.md §Measurement records)."""
 
     gpu: str
     tp: int
@@ -50,7 +51,7 @@ class StageSignature:
     @property
     def recomputed_layers(self) -> int:
         """Layers recomputed in full; with `recompute_layers` the first N (Megatron block method)."""
-        if self.recompute != "full":
+        if self.recompute != Recompute.FULL:
             return 0
         return self.layers if self.recompute_layers is None else self.recompute_layers
 
@@ -109,7 +110,7 @@ def _check(sig: StageSignature) -> None:
     problems = []
     if sig.recompute not in STAGE_RECOMPUTE:
         problems.append(f"field 'recompute' is {sig.recompute!r}; allowed: {', '.join(STAGE_RECOMPUTE)}")
-    if sig.recompute_layers is not None and (sig.recompute != "full" or sig.recompute_layers > sig.layers):
+    if sig.recompute_layers is not None and (sig.recompute != Recompute.FULL or sig.recompute_layers > sig.layers):
         problems.append(f"field 'recompute_layers' ({sig.recompute_layers}) needs recompute 'full' and "
                         f"at most 'layers' ({sig.layers})")
     if sig.mlp not in ("swiglu", "gelu"):
@@ -172,7 +173,7 @@ def stage_cost(sig: StageSignature, gpu: GpuType, traits: GpuTraits,
     if sig.layers:
         lc = layer_cost(dev, d)
         n_full, pen = sig.recomputed_layers, traits.recompute_penalty_factor
-        n_sel = sig.layers if sig.recompute == "selective" else 0
+        n_sel = sig.layers if sig.recompute == Recompute.SELECTIVE else 0
         kept = lc.act_selective_bytes if n_sel else lc.act_none_bytes
         fwd += sig.layers * lc.fwd_ms
         # recomputation reruns forward work inside backward at the part's recompute penalty (paper §3.1.1):
@@ -185,7 +186,7 @@ def stage_cost(sig: StageSignature, gpu: GpuType, traits: GpuTraits,
         params += sig.layers * lc.params
         act += n_full * lc.act_full_bytes + (sig.layers - n_full) * kept
         # while a recomputed layer runs its backward its full activations are alive again
-        workspace = lc.workspace_bytes + (lc.act_none_bytes if sig.recompute != "none" else 0.0)
+        workspace = lc.workspace_bytes + (lc.act_none_bytes if sig.recompute != Recompute.NONE else 0.0)
     for on, end in ((sig.first, embedding_cost), (sig.last, output_cost)):
         if on:
             ec = end(dev, d)

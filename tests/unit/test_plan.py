@@ -1,4 +1,4 @@
-"""Plan JSON round-trips exactly (DESIGN.md §3) and invalid plans name every offending field."""
+"""Plan JSON round-trips exactly (docs/architecture.md §Plan JSON) and invalid plans name every offending field."""
 
 import json
 
@@ -8,9 +8,12 @@ from hypothesis import strategies as st
 
 from memx.domain.catalog import load_cluster, load_model
 from memx.domain.errors import InputError
-from memx.domain.plan import Plan, Stage, place_plan, plan_from_dict, plan_from_json, plan_to_dict, plan_to_json, validate_plan
+from memx.domain.plan import (
+    SEARCH_BLOCK, Plan, Recompute, Stage, place_plan, plan_from_dict, plan_from_json, plan_to_dict, plan_to_json,
+    stage_to_dict, validate_plan,
+)
 
-DESIGN_EXAMPLE = {"model": "llama2-7b", "cluster": "three-vendor-20", "global_batch": 128, "micro_batch": 2,
+DOC_EXAMPLE = {"model": "llama2-7b", "cluster": "three-vendor-20", "global_batch": 128, "micro_batch": 2,
                   "seq_len": 4096, "dp": 2,
                   "stages": [{"gpu": "a100-80g", "tp": 2, "layers": 12, "recompute": "none"},
                              {"gpu": "vendor-b-32g", "tp": 4, "layers": 10, "recompute": "full"},
@@ -18,10 +21,18 @@ DESIGN_EXAMPLE = {"model": "llama2-7b", "cluster": "three-vendor-20", "global_ba
 
 
 def test_design_example_round_trips_and_validates(conf_root):
-    plan = plan_from_dict(DESIGN_EXAMPLE)
-    assert plan_to_dict(plan) == DESIGN_EXAMPLE
+    plan = plan_from_dict(DOC_EXAMPLE)
+    assert plan_to_dict(plan) == DOC_EXAMPLE
     assert plan.pp == 3 and plan.micro_batches == 32 and plan.gpus_used == 20
     validate_plan(plan, load_cluster("three-vendor-20", conf_root), load_model("llama2-7b", conf_root))
+
+
+def test_stage_recompute_is_the_enum_and_json_keeps_plain_strings():
+    st_ = Stage(gpu="a100-80g", tp=2, layers=4, recompute="full", recompute_layers=2)
+    assert st_.recompute is Recompute.FULL and st_.recompute == "full" and st_.recomputed_layers == 2
+    assert type(stage_to_dict(st_)["recompute"]) is str
+    with pytest.raises(ValueError):
+        Stage(gpu="a100-80g", tp=2, layers=4, recompute=SEARCH_BLOCK)  # a search option, not a stage's
 
 
 stage_st = st.builds(
@@ -48,14 +59,14 @@ def test_round_trip_property(stages, dp, mb):
     (lambda d: d.update(stages=[]), "stages"),
 ])
 def test_structural_errors_name_the_field(mutate, field):
-    d = json.loads(json.dumps(DESIGN_EXAMPLE))
+    d = json.loads(json.dumps(DOC_EXAMPLE))
     mutate(d)
     with pytest.raises(InputError, match=field):
         plan_from_dict(d)
 
 
 def test_validation_names_every_problem(conf_root):
-    d = json.loads(json.dumps(DESIGN_EXAMPLE))
+    d = json.loads(json.dumps(DOC_EXAMPLE))
     d["global_batch"] = 130  # not divisible by dp × micro_batch = 4
     d["stages"][0]["layers"] = 11  # layers sum to 31
     d["stages"][1]["tp"] = 3  # does not divide 32 heads
@@ -68,7 +79,7 @@ def test_validation_names_every_problem(conf_root):
 
 
 def test_too_many_gpus_is_rejected(conf_root):
-    d = json.loads(json.dumps(DESIGN_EXAMPLE))
+    d = json.loads(json.dumps(DOC_EXAMPLE))
     d["dp"] = 4
     d["global_batch"] = 128
     with pytest.raises(InputError, match="cluster three-vendor-20 has"):
@@ -77,7 +88,7 @@ def test_too_many_gpus_is_rejected(conf_root):
 
 def test_placement_keeps_tp_groups_inside_nodes(conf_root):
     cluster = load_cluster("three-vendor-20", conf_root)
-    plan = plan_from_dict(DESIGN_EXAMPLE)
+    plan = plan_from_dict(DOC_EXAMPLE)
     where = place_plan(plan, cluster)
     assert where == [[0, 1, 2], [0, 1, 2]]
     bad = Plan(model="llama2-7b", cluster="three-vendor-20", global_batch=8, micro_batch=1, seq_len=4096, dp=1,

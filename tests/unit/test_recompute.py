@@ -1,4 +1,4 @@
-"""Per-stage recompute assignment on hand-made stage tables (paper §3.1.1, DESIGN.md §4)."""
+"""Per-stage recompute assignment on hand-made stage tables (paper §3.1.1, docs/architecture.md §Recompute)."""
 
 import numpy as np
 import pytest
@@ -6,6 +6,7 @@ import pytest
 from memx.planner.naive import evaluate_split
 from memx.planner.objective import parse_weights
 from memx.planner.recompute import fit, refine
+from memx.planner.schedule import Pipeline
 from memx.planner.tables import NONE, LayoutTables, decode_option, stage_options, stage_table
 
 LEVELS = ("none", "full", "block")
@@ -26,8 +27,10 @@ def _table(limit_mib, time_per_layer=10.0, act_mib=100.0, static_mib=50.0):
 
 def _layout(limits, capacity, time_per_layer=(10.0, 10.0)):
     tables = [_table(lim, tpl) for lim, tpl in zip(limits, time_per_layer)]
-    return LayoutTables.stack(tables, capacity_mib=capacity, membw_gbps=[1000.0] * len(tables), tp=[1] * len(tables),
-                              dp=1, dp_gbps=[100.0] * len(tables), micro_batches=4, p2p_total_ms=0.0)
+    pp = len(tables)
+    pipe = Pipeline(micro_batches=4, p2p_total_ms=0.0, gpu_weight=np.ones(pp), capacity_mib=np.asarray(capacity, float),
+                    memory_bandwidth_gbps=np.full(pp, 1000.0), dp=1, dp_gbps=np.full(pp, 100.0))
+    return LayoutTables.stack(tables, pipe)
 
 
 def _run(lt, split, target=0.10, weights="default"):

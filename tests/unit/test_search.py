@@ -1,6 +1,7 @@
 """The vectorised search against a per-plan Python loop over the same space, and its contracts."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from memx.planner.objective import parse_weights
 from memx.planner.search import _chunks, _contexts, _prepare, search
 from memx.planner.space import enumerate_layouts
 from memx.planner.predictions import predict_tables
+from memx.domain.plan import Recompute
+from memx.planner.result import metrics_from_dict, search_result_to_dict
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +110,26 @@ def test_sharding_and_mapper_do_not_change_the_result(setup):
     assert [c.plan for c in serial.top_time] == [c.plan for c in ref.top_time]
     assert [c.plan for c in serial.pareto] == [c.plan for c in ref.pareto]
     assert serial.refs == ref.refs and serial.space == ref.space
+
+
+def test_json_object_decodes_back_to_plan_metrics(setup):
+    cluster, model, space, pred = setup
+    r = search(cluster, model, space, pred, top_k=3)
+    obj = json.loads(json.dumps(search_result_to_dict(r, "analytic")))
+    back = metrics_from_dict(obj)
+    assert back.plan == r.best.plan and back.feasible and r.best.feasible
+    assert back.iteration_time_ms == round(r.best.iteration_time_ms, 3)
+    assert back.peak_mem_mib == tuple(round(x, 1) for x in r.best.peak_mem_mib)
+    assert back.capacity_mib == r.best.capacity_mib and back.phi == round(r.best.phi, 5)
+    assert [metrics_from_dict(e).plan for e in obj["top"]] == [c.plan for c in r.top]
+    assert all(isinstance(st.recompute, Recompute) for c in r.top for st in c.plan.stages)
+
+
+def test_estimate_is_unscored_and_uses_the_same_assembly(setup):
+    cluster, model, space, pred = setup
+    r = search(cluster, model, space, pred, top_k=3)
+    ests = estimate_plans([c.plan for c in r.top], cluster, model, pred, reserve_gib=space.reserve_gib)
+    for c, e in zip(r.top, ests):
+        assert e.phi is None and c.phi is not None
+        assert e.capacity_mib == c.capacity_mib and len(e.stage_time_ms) == c.plan.pp
+        assert e.stage_peak_mib == pytest.approx(c.stage_peak_mib, rel=1e-6)

@@ -11,6 +11,7 @@
   which the paper does not test.
 """
 
+from memx.domain.plan import Recompute
 from memx.planner.baselines.base import Planner, same_view, uniform_view
 from memx.planner.objective import PROFILES
 
@@ -21,7 +22,7 @@ def ours(weights: str = "space", name: str = "ours") -> Planner:
 
 
 def ours_uniform(weights: str = "space") -> Planner:
-    return Planner(name="ours-uniform", label="MemX, uniform recompute", level_sets=(("none",), ("selective",), ("full",)),
+    return Planner(name="ours-uniform", label="MemX, uniform recompute", level_sets=tuple((r,) for r in Recompute),
                    memory="shared", weights=weights, view=uniform_view, doc=__doc__)
 
 

@@ -15,7 +15,7 @@ even be launched, which any planner notices.) When predicting a given plan it
 ignores that plan's recomputation (it has no recompute model).
 """
 
-from memx.planner.baselines.base import TIME_ONLY, Planner, no_recompute_view
+from memx.planner.baselines.base import NO_RECOMPUTE, TIME_ONLY, Planner, no_recompute_view
 
-AMP = Planner(name="amp", label="AMP-like", level_sets=(("none",),), memory=None, weights=TIME_ONLY,
+AMP = Planner(name="amp", label="AMP-like", level_sets=NO_RECOMPUTE, memory=None, weights=TIME_ONLY,
               view=no_recompute_view, doc=__doc__)

@@ -28,16 +28,19 @@ import numpy as np
 import pandas as pd
 
 from memx.domain.errors import InfeasibleError
-from memx.planner.estimate import estimate_plans
-from memx.planner.objective import log_score, parse_weights
-from memx.domain.plan import Plan
-from memx.planner.search import SearchResult, search
-from memx.planner.signatures import StagePredictor
+from memx.domain.plan import Plan, Recompute
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
+from memx.planner.estimate import estimate_plans
+from memx.planner.metrics import PlanMetrics
+from memx.planner.objective import EPSILON_MIB2, log_score, parse_weights
+from memx.planner.result import SearchResult
+from memx.planner.search import search
+from memx.planner.signatures import StagePredictor
 
 MemoryModel = Callable[[pd.DataFrame], pd.DataFrame]  # sigs → DataFrame(peak_mem_mib, static_mem_mib)
 TIME_ONLY = "1,0,0"
-ORDER = {"none": 0, "selective": 1, "full": 2}
+SAVING_ORDER = {r: i for i, r in enumerate(Recompute)}  # declaration order: none < selective < full
+NO_RECOMPUTE = ((Recompute.NONE,),)  # level_sets of a planner that does not search recomputation
 
 
 class OwnMemory:
@@ -89,20 +92,20 @@ class Pick:
     configurations: int  # plans the planner scored (after its pruning bounds)
     space_total: int  # plan space it searched, counting its recompute choices
     note: str = ""
-    candidates: list = field(default_factory=list, repr=False)  # memx.planner.candidates.Candidate, best first
+    candidates: list[PlanMetrics] = field(default_factory=list, repr=False)  # best first
 
 
 def uniform_view(plan: Plan) -> Plan:
     """The plan with one recompute setting for every stage: the most memory-saving level any stage
     uses (stock Megatron-LM has one --recompute-* setting for all stages)."""
-    level = max((s.recompute for s in plan.stages), key=ORDER.__getitem__)
+    level = max((s.recompute for s in plan.stages), key=SAVING_ORDER.__getitem__)
     stages = tuple(dataclasses.replace(s, recompute=level, recompute_layers=None) for s in plan.stages)
     return dataclasses.replace(plan, stages=stages)
 
 
 def no_recompute_view(plan: Plan) -> Plan:
     """The plan as a planner without a recompute model sees it: no recomputation anywhere."""
-    stages = tuple(dataclasses.replace(s, recompute="none", recompute_layers=None) for s in plan.stages)
+    stages = tuple(dataclasses.replace(s, recompute=Recompute.NONE, recompute_layers=None) for s in plan.stages)
     return dataclasses.replace(plan, stages=stages)
 
 
@@ -195,14 +198,14 @@ class Planner:
         out = []
         for e in est:
             score = (float(np.log(e.iteration_time_ms)) if self.weights == TIME_ONLY else
-                     float(log_score(e.iteration_time_ms, e.max_mem_mib, e.mem_variance_mib2, w, 1.0e4)))
+                     float(log_score(e.iteration_time_ms, e.max_mem_mib, e.mem_variance_mib2, w, EPSILON_MIB2)))
             out.append(MethodEstimate(time_ms=e.iteration_time_ms,
                                       peak_mem_mib=None if self.memory is None else tuple(e.peak_mem_mib),
                                       feasible=True if self.memory is None else e.feasible, score=score))
         return out
 
 
-def _select(results: list[SearchResult], space: SearchSpace) -> list:
+def _select(results: list[SearchResult], space: SearchSpace) -> list[PlanMetrics]:
     """Candidates of all searches, best first by the (median-free) log score of the searches' weights,
     within max_time_ratio of the overall fastest when the objective is Φ."""
     w = results[0].weights

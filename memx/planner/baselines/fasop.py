@@ -13,8 +13,9 @@ only as one setting for the whole plan (none or full for every stage — Megatro
 one uniform level (the most memory-saving level any stage uses).
 """
 
+from memx.domain.plan import Recompute
 from memx.planner.baselines.base import TIME_ONLY, Planner, uniform_view
 from memx.planner.baselines.memory import korthikanti_memory
 
-FASOP = Planner(name="fasop", label="FaSOP-like", level_sets=(("none",), ("full",)), memory=korthikanti_memory,
+FASOP = Planner(name="fasop", label="FaSOP-like", level_sets=((Recompute.NONE,), (Recompute.FULL,)), memory=korthikanti_memory,
                 weights=TIME_ONLY, view=uniform_view, doc=__doc__)

@@ -11,9 +11,9 @@ its own estimate — the closed-form model (memx.planner.cost) without any multi
 runtime context, allocator fragmentation and workspaces — so its pick can OOM on the virtual cluster.
 """
 
-from memx.planner.baselines.base import TIME_ONLY, Planner, no_recompute_view
+from memx.planner.baselines.base import NO_RECOMPUTE, TIME_ONLY, Planner, no_recompute_view
 from memx.planner.baselines.memory import analytic_memory
 
-HEXISCALE = Planner(name="hexiscale", label="HexiScale-like", level_sets=(("none",),),
+HEXISCALE = Planner(name="hexiscale", label="HexiScale-like", level_sets=NO_RECOMPUTE,
                     memory=lambda gpus: analytic_memory(gpus, 1.0), weights=TIME_ONLY,
                     view=no_recompute_view, doc=__doc__)

@@ -12,11 +12,11 @@ static + in-flight activations; the factor 1.15 is our choice, standing in for t
 planners leave for runtime overheads they do not model).
 """
 
-from memx.planner.baselines.base import TIME_ONLY, Planner, no_recompute_view
+from memx.planner.baselines.base import NO_RECOMPUTE, TIME_ONLY, Planner, no_recompute_view
 from memx.planner.baselines.memory import analytic_memory
 
 MEMORY_FACTOR = 1.15
 
-METIS = Planner(name="metis", label="Metis-like", level_sets=(("none",),),
+METIS = Planner(name="metis", label="Metis-like", level_sets=NO_RECOMPUTE,
                 memory=lambda gpus: analytic_memory(gpus, MEMORY_FACTOR), weights=TIME_ONLY,
                 view=no_recompute_view, doc=__doc__)

@@ -1,0 +1,46 @@
+"""PlanMetrics: what the planner predicts for one plan — the one type the search's candidates,
+`estimate_plans`, the baselines, `--check`, `memx evaluate`, the experiments and the reports share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from memx.domain.plan import Plan
+from memx.planner.schedule import MemoryStats
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanMetrics:
+    plan: Plan
+    iteration_time_ms: float
+    stage_time_ms: tuple[float, ...]  # per stage: one micro batch, forward + backward
+    stage_peak_mib: tuple[float, ...]  # per stage
+    peak_mem_mib: tuple[float, ...]  # per GPU: replica-major, then stage, then tp rank
+    capacity_mib: tuple[float, ...]  # per stage
+    max_mem_mib: float  # M
+    mem_variance_mib2: float  # V
+    min_margin: float  # smallest (capacity − peak) / capacity over GPUs
+    feasible: bool  # every GPU's peak ≤ capacity − reserve
+    phi: float | None = None  # Φ against the search's medians; None where the plan was not scored
+
+
+def per_gpu_peaks(plan: Plan, stage_peak_mib: Sequence[float]) -> tuple[float, ...]:
+    """Every GPU of a stage (its tp ranks, in each of the dp replicas) has the stage's peak."""
+    return tuple(float(stage_peak_mib[s]) for _ in range(plan.dp) for s, st in enumerate(plan.stages)
+                 for _ in range(st.tp))
+
+
+def plan_metrics(plan: Plan, *, iteration_time_ms, stage_time_ms, stage_peak_mib, capacity_mib, stats: MemoryStats,
+                 feasible: bool, phi: float | None = None) -> PlanMetrics:
+    """One plan's metrics from its assembled arrays (scalars or one-element columns)."""
+    def one(x) -> float:
+        return float(np.asarray(x).reshape(-1)[0])
+
+    return PlanMetrics(
+        plan=plan, iteration_time_ms=one(iteration_time_ms), stage_time_ms=tuple(float(x) for x in stage_time_ms),
+        stage_peak_mib=tuple(float(x) for x in stage_peak_mib), peak_mem_mib=per_gpu_peaks(plan, stage_peak_mib),
+        capacity_mib=tuple(float(c) for c in capacity_mib), max_mem_mib=one(stats.max_mib),
+        mem_variance_mib2=one(stats.variance_mib2), min_margin=one(stats.min_margin), feasible=feasible, phi=phi)

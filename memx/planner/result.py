@@ -1,0 +1,100 @@
+"""A search's result and its JSON object — the `memx plan --format json` contract (README,
+docs/architecture.md §Plan JSON). The pipeline's search step writes it, the CLI prints it, and
+memx.report renders Markdown and tables from it, so the conversion lives here, below all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memx.domain.plan import plan_from_dict, plan_to_dict
+from memx.domain.specs import Weights
+from memx.planner.metrics import PlanMetrics
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpaceCount:
+    layouts: int
+    total: int  # layouts × layer splits × per-stage recompute choices, before pruning
+    splits_total: int  # layouts × layer splits, before pruning
+    evaluated: int  # splits left after the static-memory and slowdown bounds (each gets step 1)
+    feasible: int  # plans with a feasible recompute assignment
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    weights: Weights
+    space: SpaceCount
+    refs: tuple[float, float, float]  # medians of T, M, V over feasible plans
+    top: list[PlanMetrics]  # by Φ
+    top_time: list[PlanMetrics]  # by iteration time
+    pareto: list[PlanMetrics]
+    search_s: float
+    predict_s: float
+    signatures: int
+    epsilon_mib2: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def best(self) -> PlanMetrics:
+        return self.top[0]
+
+    @property
+    def fastest(self) -> PlanMetrics:
+        return self.top_time[0]
+
+
+def predicted(m: PlanMetrics) -> dict[str, Any]:
+    """The "predicted" object of one plan (rounded as the JSON contract prints it)."""
+    return {
+        "iteration_time_ms": round(m.iteration_time_ms, 3),
+        "peak_mem_mib": [round(x, 1) for x in m.peak_mem_mib],
+        "max_mem_mib": round(m.max_mem_mib, 1),
+        "mem_variance_mib2": round(m.mem_variance_mib2, 1),
+        "min_margin": round(m.min_margin, 4),
+        "phi": round(m.phi, 5),
+    }
+
+
+def _entry(m: PlanMetrics) -> dict[str, Any]:
+    return {"plan": plan_to_dict(m.plan), "predicted": predicted(m),
+            "stages": [{"time_ms": round(t, 3), "peak_mib": round(p, 1), "capacity_mib": cap}
+                       for t, p, cap in zip(m.stage_time_ms, m.stage_peak_mib, m.capacity_mib)]}
+
+
+def search_result_to_dict(r: SearchResult, predictor_name: str) -> dict[str, Any]:
+    """The `memx plan --format json` object (README: output contract)."""
+    best = _entry(r.best)
+    return {
+        "plan": best["plan"],
+        "predicted": best["predicted"],
+        "weights": {"profile": r.weights.profile, "w": list(r.weights.as_tuple())},
+        "space": {"total": r.space.total, "feasible": r.space.feasible, "layouts": r.space.layouts,
+                  "splits": r.space.splits_total, "evaluated": r.space.evaluated},
+        "search_s": round(r.search_s, 3),
+        "predictor": predictor_name,
+        "references": {"time_ms": r.refs[0], "max_mem_mib": r.refs[1], "mem_variance_mib2": r.refs[2],
+                       "epsilon_mib2": r.epsilon_mib2},
+        "stages": best["stages"],
+        "top": [_entry(c) for c in r.top],
+        "fastest": _entry(r.fastest),
+        "pareto": [_entry(c) for c in r.pareto],
+    }
+
+
+def metrics_from_dict(entry: dict[str, Any]) -> PlanMetrics:
+    """An entry of the JSON object ({"plan", "predicted", "stages"}; the object itself is its pick's
+    entry) back to PlanMetrics, at the JSON's rounding. Search results are feasible by construction."""
+    q, stages = entry["predicted"], entry["stages"]
+    return PlanMetrics(
+        plan=plan_from_dict(entry["plan"]), iteration_time_ms=q["iteration_time_ms"],
+        stage_time_ms=tuple(s["time_ms"] for s in stages), stage_peak_mib=tuple(s["peak_mib"] for s in stages),
+        peak_mem_mib=tuple(q["peak_mem_mib"]), capacity_mib=tuple(s["capacity_mib"] for s in stages),
+        max_mem_mib=q["max_mem_mib"], mem_variance_mib2=q["mem_variance_mib2"], min_margin=q["min_margin"],
+        feasible=True, phi=q["phi"])
+
+
+def weights_from_dict(obj: dict[str, Any]) -> Weights:
+    w = obj["weights"]["w"]
+    return Weights(profile=obj["weights"]["profile"], w_time=w[0], w_mem=w[1], w_var=w[2])
