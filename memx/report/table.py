@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from memx.planner.result import search_result_to_dict
+from memx.report.notation import compact_stages
 
 GIB = 1024.0
 
@@ -23,10 +24,6 @@ def recompute_text(st: dict[str, Any], *, long: bool = False) -> str:
     if n is None:
         return st["recompute"]
     return f"full (first {n})" if long else f"full:{n}"
-
-
-def stages_text(plan: dict[str, Any]) -> str:
-    return " | ".join(f"{st['gpu']}×{st['tp']} {st['layers']}L {recompute_text(st)}" for st in plan["stages"])
 
 
 def _m(plan: dict[str, Any]) -> int:
@@ -51,7 +48,7 @@ def to_markdown(obj: dict[str, Any]) -> str:
     p = obj["plan"]
     lines = [f"# MemX plan: {p['model']} on {p['cluster']}", "", _headline(obj), "",
              f"**Pick**: dp={p['dp']}, pp={len(p['stages'])}, micro batch {p['micro_batch']} ({_m(p)} per iteration): "
-             f"{stages_text(p)}", "", _summary(obj), "",
+             f"{compact_stages(p)}", "", _summary(obj), "",
              "| stage | GPU | tp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | margin |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s, (st, d) in enumerate(zip(p["stages"], obj["stages"])):
@@ -64,7 +61,7 @@ def to_markdown(obj: dict[str, Any]) -> str:
         q = e["predicted"]
         lines.append(f"| {i} | {q['phi']:.3f} | {q['iteration_time_ms']:,.0f} | {q['max_mem_mib'] / GIB:.1f} | "
                      f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} | {q['min_margin']:.1%} | {e['plan']['dp']} | "
-                     f"{e['plan']['micro_batch']} | {stages_text(e['plan'])} |")
+                     f"{e['plan']['micro_batch']} | {compact_stages(e['plan'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -79,7 +76,7 @@ def print_table(obj: dict[str, Any], console) -> None:
         q = e["predicted"]
         top.add_row(str(i), f"{q['phi']:.3f}", f"{q['iteration_time_ms']:,.0f}", f"{q['iteration_time_ms'] / t_fast - 1:+.1%}",
                     f"{q['max_mem_mib'] / GIB:.1f}", f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f}", f"{q['min_margin']:.1%}",
-                    str(e["plan"]["dp"]), str(e["plan"]["micro_batch"]), stages_text(e["plan"]))
+                    str(e["plan"]["dp"]), str(e["plan"]["micro_batch"]), compact_stages(e["plan"]))
     console.print(top)
     mem = Table(title="Pick: per-GPU memory against capacity (each row = tp × dp = the stage's GPUs)")
     for col in ("stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "capacity GiB", "margin", ""):
@@ -91,5 +88,7 @@ def print_table(obj: dict[str, Any], console) -> None:
                     f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}", "█" * fill + "░" * (20 - fill))
     console.print(mem)
     q = f["predicted"]
+    fp = f["plan"]
     console.print(f"Fastest plan: {q['iteration_time_ms']:,.0f} ms, M {q['max_mem_mib'] / GIB:.1f} GiB, std "
-                  f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, margin {q['min_margin']:.1%}: {stages_text(f['plan'])}")
+                  f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, margin {q['min_margin']:.1%}, dp {fp['dp']}, "
+                  f"µb {fp['micro_batch']}: {compact_stages(fp)}")

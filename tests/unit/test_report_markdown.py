@@ -50,7 +50,6 @@ def tables(md: str) -> list[dict]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="stages cell contains |; fix in report.table")
 def test_every_row_has_the_headers_columns_and_every_stage(obj):
     md = to_markdown(obj)
     found = tables(md)
