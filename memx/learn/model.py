@@ -139,7 +139,8 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
     a = signature_arrays(sigs)
     names = sigs["gpu"].astype(str).to_numpy()
     g = gpu_arrays(names, gpus)
-    an = AnalyticStageModel(gpus=gpus).predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
+    # the flat closed form stays the learned model's prior (issue 12 keeps the learned path unchanged)
+    an = AnalyticStageModel(gpus=gpus, runtime="none").predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
     if cal is not None:
         ct, cm, cs = apply_calibration(cal, a, g, names, an)
     else:
@@ -244,7 +245,7 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
     if variant in ("calibrated", "hybrid-calibrated") or variant == "xgb":
         a = signature_arrays(df)
         names = df["gpu"].astype(str).to_numpy()
-        an = AnalyticStageModel(gpus=gpus).predict(df.loc[:, list(SIGNATURE_COLUMNS)])
+        an = AnalyticStageModel(gpus=gpus, runtime="none").predict(df.loc[:, list(SIGNATURE_COLUMNS)])
         cal = fit_calibration(a, gpu_arrays(names, gpus), names, yt, ym if memory_source == "learned" else
                               np.full(len(df), np.nan), ys, an["static_mem_mib"].to_numpy(np.float64))
     pred = LearnedStagePredictor(variant=variant, gpus=dict(gpus), calibration=cal, booster=None,
