@@ -335,7 +335,7 @@ def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
     L = c["layers"].astype(np.float64)
     first, last = c["first"].astype(bool), c["last"].astype(bool)
     n_rec = recomputed_layers(c["recompute"], c["recompute_layers"], L)
-    selective = c["recompute"] == "selective"
+    selective = c["recompute"] == Recompute.SELECTIVE
     time_ms = _runtime_time_ms(x, rc, L, n_rec, selective, first, last)
 
     none, sel, full = activation_bytes(x, rc.flash)
