@@ -185,10 +185,11 @@ def _number_problem(col: str, value: Any, memory_mib: float | None) -> str | Non
         return f"must be a finite number ≥ 0 or null; got {short_repr(value)}"
     most, what = (MAX_TIME_MS, "a day") if col == "time_ms" else \
         ((memory_mib, "the GPU's memory") if memory_mib is not None else (MAX_MEMORY_MIB, "16 TiB"))
-    return None if value <= most else f"must be ≤ {most:g} ({what}); got {short_repr(value)}"
+    return None if value <= most else f"must be ≤ {most:.12g} ({what}); got {short_repr(value)}"
 
 
-def _measurement_problems(row: Mapping[str, Any], gpu_memory_mib: Mapping[str, float]) -> list[tuple[str, str]]:
+def measurement_problems(row: Mapping[str, Any], gpu_memory_mib: Mapping[str, float]) -> list[tuple[str, str]]:
+    """(column, why) for the measured part of a row: status, backend, and plausible numbers."""
     status = row.get("status", "ok")
     problems = [("status", p)] if (p := _allowed(status, STATUSES)) else []
     if not is_missing(row.get("backend")) and (p := _allowed(row.get("backend"), BACKENDS)):
@@ -215,7 +216,7 @@ def row_problems(row: Mapping[str, Any], gpu_memory_mib: Mapping[str, float] | N
                                               f"got {short_repr(rl)}"))
     if int(row["layers"]) == 0 and not (row["first"] or row["last"]):
         problems.append(("layers", "is 0: the row must then measure the embedding (first) or output layer (last)"))
-    return problems + _measurement_problems(row, gpu_memory_mib or {})
+    return problems + measurement_problems(row, gpu_memory_mib or {})
 
 
 def _clean(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -254,13 +255,16 @@ def validate_stage_runs(raw: pd.DataFrame, *, backend: str = "records", source: 
     return stage_runs_frame(keep), rejects
 
 
+def reject_line(r: RejectedRow) -> str:
+    """One rejected (row, column) in words: file, row, column and why."""
+    where = f"{r.file}: " if r.file else ""
+    return f"{where}{'header' if r.row < 0 else f'row {r.row}'}, column '{r.column}': {r.reason}"
+
+
 def format_rejects(rejects: Sequence[RejectedRow], limit: int = 20) -> str:
     """Human report: one line per rejected (row, column)."""
     lines = [f"{len({(r.file, r.row) for r in rejects})} row(s) rejected:"]
-    for r in rejects[:limit]:
-        where = f"{r.file}: " if r.file else ""
-        row = "header" if r.row < 0 else f"row {r.row}"
-        lines.append(f"  {where}{row}, column '{r.column}': {r.reason}")
+    lines += [f"  {reject_line(r)}" for r in rejects[:limit]]
     if len(rejects) > limit:
         lines.append(f"  … and {len(rejects) - limit} more")
     return "\n".join(lines)
@@ -274,10 +278,9 @@ def reason_class(reason: str) -> str:
 def nothing_usable(rejects: Sequence[RejectedRow], *, what: str, examples: int = 3) -> NothingUsable:
     """The error for an import where no row survived: counts per (column, reason), the first rows."""
     counts = Counter(f"column '{r.column}': {reason_class(r.reason)}" for r in rejects)
-    lines = format_rejects(rejects, limit=examples).splitlines()[1:]
     rows = len({(r.file, r.row) for r in rejects})
     return NothingUsable(f"{what}: all {rows} row(s) rejected" if rejects else f"{what}: no rows",
-                         counts, [line.strip() for line in lines])
+                         counts, [reject_line(r) for r in rejects[:examples]])
 
 
 def require_rows(df: pd.DataFrame, rejects: Sequence[RejectedRow], *, what: str) -> pd.DataFrame:

@@ -37,6 +37,9 @@ __all__ = ["BACKENDS", "ProfileResult", "profile"]
 STAGE_RUNS_FILE = "stage_runs.parquet"
 SENSITIVITY_FILE = "sensitivity.parquet"
 SENSITIVITY_MD = "sensitivity.md"
+MAX_JOBS = 1_024  # points measured at once (one thread each)
+MAX_TIMEOUT_S = 7 * 86_400.0  # one point may run a week at most
+MAX_RETRIES = 100  # retries of a point that exits non-zero
 SEARCHED = {"tp", "micro_batch", "recompute", "layers", "inflight", "position"}  # seq_len: one value per search
 
 
@@ -103,9 +106,12 @@ def _make_backend(name: str, *, cluster: Cluster, model: ModelArch, seed: int, c
         if not command:
             raise InputError("backend 'command' needs --command (the program and its arguments)")
         check_template(list(command))
-        if timeout_s <= 0 or retries < 0:
-            raise InputError(f"--timeout must be > 0 and retries ≥ 0; got {timeout_s}, {retries}")
-        return CommandBackend(argv=tuple(command), model_name=model.name, timeout_s=timeout_s, retries=retries)
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise InputError(f"--timeout must be in (0, {MAX_TIMEOUT_S:g}] seconds; got {timeout_s!r}")
+        if not 0 <= retries <= MAX_RETRIES:
+            raise InputError(f"--retries must be in 0..{MAX_RETRIES}; got {retries!r}")
+        return CommandBackend(argv=tuple(command), model_name=model.name, timeout_s=timeout_s, retries=retries,
+                              gpu_memory_mib={g.name: g.memory_mib for g in cluster.gpu_types})
     from memx.profiling.backends.torch import TorchBackend
     return TorchBackend(seed=seed)
 
@@ -138,8 +144,8 @@ def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: 
             conf_root: Path | None = None, progress: bool = False) -> ProfileResult:
     """Profile every GPU type of `cluster` for `model` over `space`; see the module docstring."""
     check_backend(backend)
-    if jobs < 1:
-        raise InputError(f"--jobs must be ≥ 1, got {jobs}")
+    if not 1 <= jobs <= MAX_JOBS:
+        raise InputError(f"--jobs must be in 1..{MAX_JOBS}, got {jobs!r}")
     if backend == "torch":
         model = _torch_model(model)
     axes = {g.name: gpu_axes(cluster, model, space, g) for g in cluster.gpu_types}

@@ -119,3 +119,14 @@ def test_shipped_megatron_template_is_valid_and_expands(model, conf_root):
     joined = " ".join(args)
     assert "--nproc-per-node 4" in joined and "--num-layers 3" in joined
     assert "--recompute-granularity selective" in joined and "--global-batch-size 16" in joined
+
+
+def test_implausible_numbers_fail_the_point(model):
+    """A 6e9 MiB peak on an 80 GiB GPU, or an infinite time, is not a measurement."""
+    for output, column in (('{"time_ms": 5.0, "peak_mem_mib": 6e9}', "peak_mem_mib"),
+                           ('{"time_ms": 1e300, "peak_mem_mib": 100}', "time_ms")):
+        program = f"print({output!r})".replace("{", "{{").replace("}", "}}")  # braces are placeholders
+        be = CommandBackend(argv=(PY, "-c", program), model_name=model.name, timeout_s=20,
+                            gpu_memory_mib={"a100-80g": 80 * 1024.0})
+        row = be.measure(_pt(model))
+        assert row["status"] == "failed" and f"column '{column}'" in row["reason"] and row["time_ms"] is None

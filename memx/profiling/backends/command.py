@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from subprocess import PIPE
 from typing import Any, Mapping
 
 from memx.domain.errors import InputError
 from memx.domain.plan import Recompute
-from memx.domain.records import SIGNATURE_COLUMNS, failed_row, ok_row
+from memx.domain.records import SIGNATURE_COLUMNS, failed_row, measurement_problems, ok_row
 from memx.profiling.backends.launches import LAUNCHES, communicate
 from memx.profiling.megatron_logs import Parsed, parse_output
 
@@ -69,6 +69,8 @@ class CommandBackend:
     timeout_s: float = 600.0
     retries: int = 1
     name: str = "command"
+    gpu_memory_mib: Mapping[str, float] = field(default_factory=dict)
+    """Device memory per GPU name, MiB: a reported peak above it is implausible (the point fails)."""
 
     def job(self, point: Mapping[str, Any]) -> dict[str, Any]:
         job = {c: point.get(c) for c in SIGNATURE_COLUMNS}
@@ -114,12 +116,22 @@ class CommandBackend:
             if code == 0:
                 if parsed.status != "ok":
                     return failed_row(point, status="failed", reason=parsed.reason, backend=self.name)
-                return ok_row(point, time_ms=parsed.time_ms, peak_mem_mib=parsed.peak_mem_mib,
-                              static_mem_mib=parsed.static_mem_mib, backend=self.name, reason=parsed.reason)
+                return self._checked(ok_row(point, time_ms=parsed.time_ms, peak_mem_mib=parsed.peak_mem_mib,
+                                            static_mem_mib=parsed.static_mem_mib, backend=self.name,
+                                            reason=parsed.reason))
             last = (err.strip().splitlines() or [""])[-1][:160]
             reason = f"exit code {code}" + (f": {last}" if last else "")
         return failed_row(point, status="failed", reason=f"{reason} (after {self.retries} retries)",
                           backend=self.name)
+
+
+    def _checked(self, row: dict[str, Any]) -> dict[str, Any]:
+        """An ok row whose numbers are plausible (finite, within bounds, peak ≤ the GPU's memory), else failed."""
+        problems = measurement_problems(row, self.gpu_memory_mib)
+        if not problems:
+            return row
+        why = "; ".join(f"column '{c}': {p}" for c, p in problems)
+        return failed_row(row, status="failed", reason=f"implausible output: {why}"[:300], backend=self.name)
 
 
 def _parse(out: str, err: str, micro_batches: int) -> Parsed:

@@ -174,8 +174,8 @@ def _drain(proc: subprocess.Popen) -> tuple[str, str]:
 @contextlib.contextmanager
 def guard() -> Iterator[None]:
     """While profiling: SIGTERM kills every launch group first, then ends memx as SIGTERM would; on
-    leaving (normally, Ctrl-C or an error) no launch is left running, and after Ctrl-C or an error
-    none starts until the next guard (`LaunchRefused`). Signals only in the main thread."""
+    leaving (normally, Ctrl-C or an error) no launch is left running, and after Ctrl-C or SIGTERM
+    none starts until the next guard (`LaunchRefused`: no retry). Signals only in the main thread."""
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
 
@@ -192,8 +192,8 @@ def guard() -> Iterator[None]:
         signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
-    except BaseException:
-        LAUNCHES.refuse()  # until the next guard: threads still finishing a point start nothing new
+    except (KeyboardInterrupt, SystemExit):
+        LAUNCHES.refuse()  # until the next guard: worker threads finishing a point start nothing new
         raise
     finally:
         if main:
