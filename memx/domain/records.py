@@ -4,21 +4,29 @@ Column names, statuses and allowed values, the dtypes of a table, the row builde
 uses, the resume key of a stage signature, and the validation of imported rows, which keeps the
 valid ones and reports each rejected one (row, column, why). Imports nothing from memx above
 `memx.domain`: the simulator and the profiler both take the schema from here.
+
+Plausibility: integers within the spec bounds (`memx.domain.specs.MAX_*`), GPU names that are
+catalog names, finite non-negative numbers, times ≤ `MAX_TIME_MS`, memory ≤ the GPU's memory when
+the GPU is known and ≤ `MAX_GPU_MEMORY_MIB` in any case. An import where no row survives raises
+`NothingUsable` (`require_rows`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from memx.domain import specs
+from memx.domain.errors import NothingUsable, short_repr
 from memx.domain.hashing import stable_hash
 from memx.domain.plan import PLAN_RECOMPUTE, Recompute
-from memx.domain.specs import MLP_KINDS
+from memx.domain.specs import MLP_KINDS, gpu_name_problem
 
 # --- stage_runs -------------------------------------------------------------------------------
 SIGNATURE_COLUMNS = (
@@ -36,6 +44,16 @@ STATUSES = ("ok", "oom", "failed")  # oom / failed rows carry a reason and never
 DONE_STATUSES = ("ok", "oom")  # measured: a resumed profile does not run these again
 BACKENDS = ("simulated", "command", "torch", "records")
 STAGE_RECOMPUTE = PLAN_RECOMPUTE  # a stage's level; Megatron's block method = full + recompute_layers
+
+# Plausible ranges of the integer columns: (least, most); the upper bounds are the spec bounds.
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "tp": (1, specs.MAX_TP), "layers": (0, specs.MAX_LAYERS), "micro_batch": (1, specs.MAX_MICRO_BATCH),
+    "seq_len": (1, specs.MAX_SEQ_LEN), "inflight": (1, specs.MAX_PP), "hidden": (1, specs.MAX_WIDTH),
+    "ffn_hidden": (1, specs.MAX_WIDTH), "heads": (1, specs.MAX_HEADS), "query_groups": (1, specs.MAX_HEADS),
+    "vocab": (1, specs.MAX_VOCAB),
+}
+MAX_TIME_MS = 86_400_000.0  # one micro batch through one stage: at most a day (real: ms to seconds)
+MAX_MEMORY_MIB = specs.MAX_GPU_MEMORY_MIB  # any memory column, when the GPU's own memory is not known
 
 # --- config_runs ------------------------------------------------------------------------------
 CONFIG_RUN_COLUMNS = ("plan", "iteration_time_ms", "peak_mem_mib", "oom", "source", "seed", "reason", "measured_at")
@@ -132,35 +150,52 @@ class RejectedRow:
 
 
 def _allowed(value: Any, allowed: Sequence[str]) -> str | None:
-    return None if value in allowed else f"is {value!r}; allowed: {', '.join(allowed)}"
+    return None if value in allowed else f"allowed: {', '.join(allowed)}; got {short_repr(value)}"
+
+
+def _int_problem(col: str, value: Any) -> str | None:
+    least, most = INT_RANGES[col]
+    try:
+        ok = not is_missing(value) and float(value).is_integer() and least <= float(value) <= most
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    return None if ok else f"must be an integer in {least}..{most}; got {short_repr(value)}"
 
 
 def _check_value(col: str, value: Any) -> str | None:
     if col in INT_COLUMNS:
-        minimum = 0 if col == "layers" else 1
-        try:
-            ok = not is_missing(value) and float(value).is_integer() and float(value) >= minimum
-        except (TypeError, ValueError):
-            ok = False
-        return None if ok else f"must be an integer ≥ {minimum}, got {value!r}"
+        return _int_problem(col, value)
     if col in BOOL_COLUMNS:
-        return None if isinstance(value, (bool, np.bool_)) else f"must be true or false, got {value!r}"
+        return None if isinstance(value, (bool, np.bool_)) else f"must be true or false; got {short_repr(value)}"
     if col == "recompute":
         return _allowed(value, STAGE_RECOMPUTE)
     if col == "mlp":
         return _allowed(value, MLP_KINDS)
     if col == "gpu":
-        return None if isinstance(value, str) and value else f"must be a non-empty GPU name, got {value!r}"
+        return None if (p := gpu_name_problem(value)) is None else f"{p}; got {short_repr(value)}"
     return None
 
 
-def _measurement_problems(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _number_problem(col: str, value: Any, memory_mib: float | None) -> str | None:
+    """Why a measured number is implausible: not finite, negative, or above its bound."""
+    if is_missing(value):
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
+            or not math.isfinite(value) or value < 0:
+        return f"must be a finite number ≥ 0 or null; got {short_repr(value)}"
+    most, what = (MAX_TIME_MS, "a day") if col == "time_ms" else \
+        ((memory_mib, "the GPU's memory") if memory_mib is not None else (MAX_MEMORY_MIB, "16 TiB"))
+    return None if value <= most else f"must be ≤ {most:.12g} ({what}); got {short_repr(value)}"
+
+
+def measurement_problems(row: Mapping[str, Any], gpu_memory_mib: Mapping[str, float]) -> list[tuple[str, str]]:
+    """(column, why) for the measured part of a row: status, backend, and plausible numbers."""
     status = row.get("status", "ok")
     problems = [("status", p)] if (p := _allowed(status, STATUSES)) else []
-    for col in NUMBER_COLUMNS:
-        v = row.get(col)
-        if not is_missing(v) and (not isinstance(v, (int, float, np.number)) or v < 0 or not math.isfinite(v)):
-            problems.append((col, f"must be a finite number ≥ 0 or null, got {v!r}"))
+    if not is_missing(row.get("backend")) and (p := _allowed(row.get("backend"), BACKENDS)):
+        problems.append(("backend", p))
+    memory = gpu_memory_mib.get(row.get("gpu"))
+    problems += [(col, p) for col in NUMBER_COLUMNS if (p := _number_problem(col, row.get(col), memory))]
     if status == "ok" and is_missing(row.get("time_ms")):
         problems.append(("time_ms", "is null on an 'ok' row (time-only rows may omit memory, not time)"))
     if status != "ok" and not is_missing(row.get("time_ms")):
@@ -168,17 +203,20 @@ def _measurement_problems(row: Mapping[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
-def row_problems(row: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(column, why) for everything wrong with one stage_runs row; [] for a valid row."""
+def row_problems(row: Mapping[str, Any], gpu_memory_mib: Mapping[str, float] | None = None) -> list[tuple[str, str]]:
+    """(column, why) for everything wrong with one stage_runs row; [] for a valid row.
+
+    `gpu_memory_mib` (GPU name → device memory, MiB): peaks of known GPUs must fit in it."""
     problems = [(c, p) for c in SIGNATURE_COLUMNS if c != "recompute_layers" and (p := _check_value(c, row.get(c)))]
     if problems:
         return problems
     rl = row.get("recompute_layers")
     if not is_missing(rl) and (row["recompute"] != Recompute.FULL or not float(rl).is_integer() or not 0 <= rl <= row["layers"]):
-        problems.append(("recompute_layers", f"{rl!r} needs recompute 'full' and 0..layers ({row['layers']})"))
+        problems.append(("recompute_layers", f"needs recompute 'full' and 0..layers ({row['layers']}); "
+                                              f"got {short_repr(rl)}"))
     if int(row["layers"]) == 0 and not (row["first"] or row["last"]):
         problems.append(("layers", "is 0: the row must then measure the embedding (first) or output layer (last)"))
-    return problems + _measurement_problems(row)
+    return problems + measurement_problems(row, gpu_memory_mib or {})
 
 
 def _clean(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -191,13 +229,14 @@ def _clean(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def validate_stage_runs(raw: pd.DataFrame, *, backend: str = "records", source: str = "",
-                        file: str = "") -> tuple[pd.DataFrame, list[RejectedRow]]:
+def validate_stage_runs(raw: pd.DataFrame, *, backend: str = "records", source: str = "", file: str = "",
+                        gpu_memory_mib: Mapping[str, float] | None = None) -> tuple[pd.DataFrame, list[RejectedRow]]:
     """Keep valid rows of an imported table, fill optional columns, report the rest.
 
     Required: the signature columns except `recompute_layers`, and `time_ms` on ok rows.
     Optional (filled): recompute_layers (null), peak_mem_mib / static_mem_mib (null: time-only),
     status ('ok'), reason (''), backend (`backend`), measured_at (now), source (`source`).
+    `gpu_memory_mib`: device memory of the GPUs known (e.g. the cluster's), MiB, for the peak check.
     """
     missing = [c for c in SIGNATURE_COLUMNS if c != "recompute_layers" and c not in raw.columns]
     if missing:
@@ -206,7 +245,7 @@ def validate_stage_runs(raw: pd.DataFrame, *, backend: str = "records", source: 
     keep, rejects, stamp = [], [], now_iso()
     for i, row in enumerate(raw.to_dict("records")):
         row = _clean(row)
-        problems = row_problems(row)
+        problems = row_problems(row, gpu_memory_mib)
         if problems:
             rejects.extend(RejectedRow(row=i, column=c, reason=p, file=file) for c, p in problems)
             continue
@@ -216,13 +255,36 @@ def validate_stage_runs(raw: pd.DataFrame, *, backend: str = "records", source: 
     return stage_runs_frame(keep), rejects
 
 
+def reject_line(r: RejectedRow) -> str:
+    """One rejected (row, column) in words: file, row, column and why."""
+    where = f"{r.file}: " if r.file else ""
+    return f"{where}{'header' if r.row < 0 else f'row {r.row}'}, column '{r.column}': {r.reason}"
+
+
 def format_rejects(rejects: Sequence[RejectedRow], limit: int = 20) -> str:
     """Human report: one line per rejected (row, column)."""
     lines = [f"{len({(r.file, r.row) for r in rejects})} row(s) rejected:"]
-    for r in rejects[:limit]:
-        where = f"{r.file}: " if r.file else ""
-        row = "header" if r.row < 0 else f"row {r.row}"
-        lines.append(f"  {where}{row}, column '{r.column}': {r.reason}")
+    lines += [f"  {reject_line(r)}" for r in rejects[:limit]]
     if len(rejects) > limit:
         lines.append(f"  … and {len(rejects) - limit} more")
     return "\n".join(lines)
+
+
+def reason_class(reason: str) -> str:
+    """A reason without the offending value ("…; got X"): what rejects and failures are counted by."""
+    return reason.split("; got ")[0]
+
+
+def nothing_usable(rejects: Sequence[RejectedRow], *, what: str, examples: int = 3) -> NothingUsable:
+    """The error for an import where no row survived: counts per (column, reason), the first rows."""
+    counts = Counter(f"column '{r.column}': {reason_class(r.reason)}" for r in rejects)
+    rows = len({(r.file, r.row) for r in rejects})
+    return NothingUsable(f"{what}: all {rows} row(s) rejected" if rejects else f"{what}: no rows",
+                         counts, [reject_line(r) for r in rejects[:examples]])
+
+
+def require_rows(df: pd.DataFrame, rejects: Sequence[RejectedRow], *, what: str) -> pd.DataFrame:
+    """`df` when it holds a row; else raise `NothingUsable` summarising why every row was rejected."""
+    if len(df) == 0:
+        raise nothing_usable(rejects, what=what)
+    return df
