@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 
-from memx.domain.plan import Plan
+from memx.domain.plan import Plan, Recompute, Stage
 from memx.domain.specs import ModelArch
 
 
@@ -36,12 +36,12 @@ def _recompute_args(plan: Plan) -> tuple[list[str], list[str]]:
             "memory-saving stage's setting; apply the per-stage setting with a patched "
             "`--recompute-num-layers` per pipeline rank."
         )
-        st = max(plan.stages, key=lambda x: (x.recompute == "full", x.recompute == "selective", x.recomputed_layers))
+        st = max(plan.stages, key=lambda x: (x.recompute == Recompute.FULL, x.recompute == Recompute.SELECTIVE, x.recomputed_layers))
     else:
         st = plan.stages[0]
-    if st.recompute == "selective":
+    if st.recompute == Recompute.SELECTIVE:
         return ["--recompute-granularity", "selective"], notes
-    if st.recompute == "full":
+    if st.recompute == Recompute.FULL:
         if st.recompute_layers is None:
             return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"], notes
         return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
@@ -49,10 +49,10 @@ def _recompute_args(plan: Plan) -> tuple[list[str], list[str]]:
     return [], notes
 
 
-def _rc(st) -> str:
-    if st.recompute == "full" and st.recompute_layers is not None:
+def _rc(st: Stage) -> str:
+    if st.recompute == Recompute.FULL and st.recompute_layers is not None:
         return f"full block {st.recompute_layers}/{st.layers}"
-    return st.recompute
+    return str(st.recompute)
 
 
 def megatron_args(plan: Plan, model: ModelArch) -> tuple[list[str], list[str]]:

@@ -7,7 +7,6 @@ import json
 
 import pandas as pd
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from memx.pipeline import registry
@@ -15,7 +14,7 @@ from memx.planner.cost import AnalyticStageModel
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.report.evaluate import KEYS, evaluate, read_config_runs
 from memx.domain.io import atomic_write_parquet
-from memx.cli.learn import register
+from memx.cli.app import app as memx_app
 from memx.profiling import profile
 from memx.simulator import sample_plans
 from memx.pipeline.local import profile_path
@@ -31,9 +30,7 @@ def measured():
 
 @pytest.fixture()
 def cli():
-    app = typer.Typer()
-    register(app)
-    return app, CliRunner()
+    return memx_app, CliRunner()
 
 
 def test_evaluate_returns_every_key_for_predictor_and_baselines(measured):

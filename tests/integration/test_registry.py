@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from memx.pipeline import registry
 from memx.domain.catalog import load_cluster, load_model, load_search
-from memx.cli.learn import register as register_cli
+from memx.cli.app import app as memx_app
 from memx.learn.model import XgbParams
 from memx.learn.tuning import TuneBudget
 from memx.profiling import profile
@@ -73,8 +72,7 @@ def test_models_cli_lists_and_compares(scenario, monkeypatch):
     cl, mo, sp, runs = scenario
     train_and_register(runs, {g.name: g for g in cl.gpu_types}, registry.fingerprint(cl, mo, sp.global_batch),
                        config=TrainConfig(budget=TuneBudget(trials=1, seconds=5)))
-    app = typer.Typer()
-    register_cli(app)
+    app = memx_app
     cli = CliRunner()
     out = cli.invoke(app, ["models", "list"])
     assert out.exit_code == 0 and "champion" in out.output and "time_mape" in out.output

@@ -13,11 +13,10 @@ from contextlib import contextmanager
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-import typer
 from botocore.exceptions import ClientError, EndpointConnectionError
 from typer.testing import CliRunner
 
-from memx.cli.artifacts import register
+from memx.cli.app import app as memx_app
 from support.services import FAKE_AWS_ENV, S3Server, free_port, s3_server, start_s3
 from memx.pipeline.store import store_from_uri
 from memx.pipeline.store.s3 import Retry, S3Store, is_transient, s3_client, s3_filesystem
@@ -179,8 +178,7 @@ def test_transient_error_classification():
 
 def test_cli_against_s3(store):
     store.put_stage("search", "abc", tables={"top": runs(4)}, manifest={"metrics": {"best_ms": 1.0}})
-    app = typer.Typer()
-    register(app)
+    app = memx_app
     out = CliRunner().invoke(app, ["artifacts", "ls", "--store", store.root_uri, "--json"])
     assert out.exit_code == 0, out.output
     assert [(d["stage"], d["version"], d["tables"]["top"]["rows"]) for d in json.loads(out.output)] == [("search", "abc", 4)]

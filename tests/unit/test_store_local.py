@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from memx.cli.artifacts import register
+from memx.cli.app import app as memx_app
 from memx.domain.errors import InputError
 from memx.pipeline.store import ArtifactNotFound, LocalStore, content_version, s3_endpoint, s3_env, store_from_uri
 
@@ -139,10 +138,8 @@ def test_s3_endpoint_precedence(monkeypatch):
     assert s3_env()["MLFLOW_S3_ENDPOINT_URL"] == "http://memx:3"
 
 
-def _cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
+def _cli():
+    return memx_app
 
 
 def test_cli_ls_and_show(store):
