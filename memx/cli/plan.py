@@ -33,10 +33,10 @@ from memx.pipeline.store import store_from_uri
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.search import search as run_search
 from memx.profiling import BACKENDS as PROFILING_BACKENDS
-from memx.report.check import check as run_check
-from memx.report.check import load_baseline
+from memx.report.check import check_report, load_baseline
 from memx.report.megatron import render_megatron
-from memx.report.table import print_table, to_json_obj, to_markdown
+from memx.planner.result import search_result_to_dict
+from memx.report.table import print_table, to_markdown
 
 JOB, OUTPUT, PREDICTOR, CI = "Job", "Output", "Predictor", "CI check"
 BACKENDS = ("analytic", *PROFILING_BACKENDS)
@@ -103,7 +103,7 @@ def plan_cmd(
 def _plan_analytic(cl: Cluster, mo: ModelArch, sp: SearchSpace, weights: str | None, top: int) -> tuple[dict, Any]:
     """The closed-form stage model (docs/architecture.md §Stage model): no profiling, no training."""
     predictor = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
-    return to_json_obj(run_search(cl, mo, sp, predictor, weights=weights, top_k=top), "analytic"), predictor
+    return search_result_to_dict(run_search(cl, mo, sp, predictor, weights=weights, top_k=top), "analytic"), predictor
 
 
 def _profile_options(backend: str, command: str | None, records: Path | None, jobs: int) -> dict:
@@ -135,7 +135,7 @@ def _plan_pipeline(flow_params: dict) -> tuple[dict, Any]:
 def _check(obj: dict, baseline: Plan, cl: Cluster, mo: ModelArch, sp: SearchSpace, predictor: Any,
            min_margin: float, summary: Path | None) -> None:
     """`--check`: the Markdown verdict on stderr and in the summary file; CheckFailed (exit 4) when worse."""
-    outcome = run_check(obj, baseline, cl, mo, predictor, reserve_gib=sp.reserve_gib, min_margin=min_margin)
+    outcome = check_report(obj, baseline, cl, mo, predictor, reserve_gib=sp.reserve_gib, min_margin=min_margin)
     typer.echo(outcome.markdown, err=True)
     _write_summary(outcome.markdown, summary)
     if outcome.exit_code:
