@@ -1,5 +1,7 @@
-"""The whole pipeline: profile → augment → train → search, each stage reused when its inputs are
-unchanged; a crash leaves no partial artifact and a re-run resumes after the last complete stage."""
+"""The whole pipeline: profile → augment → train → search (memx.pipeline.steps, as
+memx.pipeline.local.run_local runs them in-process), each step reused when its inputs are unchanged;
+a crash leaves no partial artifact and a re-run resumes after the last complete step. The search plans
+with the registry champion of the fingerprint."""
 
 from __future__ import annotations
 

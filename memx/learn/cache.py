@@ -1,4 +1,4 @@
-"""Stage-prediction cache (DESIGN.md §4 "Cache").
+"""Stage-prediction cache (docs/architecture.md §Cache).
 
 A prediction is stored under a 64-bit hash of its *full* signature (every SIGNATURE_COLUMNS field:
 layer count, recompute layers, inflight, first/last included — the paper leaves the fields open, we
@@ -6,6 +6,10 @@ don't) keyed with the predictor version, so two predictor versions never share e
 persisted as Parquet beside the registered model version (see memx.pipeline.registry.cache_path); the
 fingerprint of GPU types, model structure and global batch selects that version, so a change of any of
 the three uses a different version and a different cache.
+
+The per-signature keys are pandas' vectorised 64-bit hash (`hash_pandas_object`), not
+memx.domain.hashing: millions of keys per search, where sha256 per row would dominate the search time.
+The predictor version (memx.domain.hashing) is the hash key, so the two families never mix.
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ and memory comes from the analytic model; `memory_source == "analytic"` says so.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -28,6 +26,7 @@ import pandas as pd
 from memx.planner.cost import AnalyticStageModel
 from memx.learn.features import feature_matrix, gpu_arrays, memory_bases, signature_arrays, time_bases
 from memx.planner.signatures import SIGNATURE_COLUMNS
+from memx.domain.hashing import bytes_hash, stable_hash
 from memx.domain.specs import GpuType
 
 VARIANTS = ("xgb", "hybrid", "calibrated", "hybrid-calibrated")
@@ -200,9 +199,7 @@ class LearnedStagePredictor:
     @property
     def version(self) -> str:
         """Content hash of everything that determines predictions (keys the prediction cache)."""
-        h = hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode())
-        h.update(self.booster_bytes())
-        return h.hexdigest()[:16]
+        return stable_hash(self.to_json(), bytes_hash(self.booster_bytes()))
 
 
 def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredictor:

@@ -1,7 +1,9 @@
-"""MLflow tracking and model registry for stage predictors; fingerprints (DESIGN.md §4 "Cache").
+"""MLflow tracking and model registry for stage predictors; fingerprints (docs/architecture.md
+§Model registry, §Versions and fingerprints).
 
 - Tracking URI: the argument, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///$MEMX_HOME/mlflow.db``
-  (``MEMX_HOME`` defaults to ``.memx``). SQLite, not the file store (ECOSYSTEM.md: MLflow 3).
+  (memx.domain.home). SQLite, not the file store (MLflow 3). Run artifacts of a SQLite store go to
+  ``mlartifacts/`` beside its database, never to ``./mlruns`` in the working directory.
 - One registered model, ``memx-stage-predictor``; each version is tagged ``gpu_types``,
   ``model_fingerprint``, ``global_batch``, ``fingerprint`` (hash of the three), ``data_version``,
   ``held_out`` (hash of the held-out rows), ``variant``, ``predictor_version`` and its metrics.
@@ -13,7 +15,7 @@ mlflow and xgboost are imported inside functions: ``import memx`` stays light.
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 import os
 import tempfile
@@ -23,15 +25,13 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from memx.domain.hashing import stable_hash
+from memx.domain.home import home_path, memx_home
 from memx.domain.specs import Cluster, GpuType, ModelArch
 
 MODEL_NAME = "memx-stage-predictor"
 EXPERIMENT = "memx"
 PREDICTOR_FILE = "predictor.json"
-
-
-def memx_home() -> Path:
-    return Path(os.environ.get("MEMX_HOME", ".memx"))
 
 
 def tracking_uri(uri: str | None = None) -> str:
@@ -40,9 +40,19 @@ def tracking_uri(uri: str | None = None) -> str:
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
-    home = memx_home().resolve()
+    home = memx_home()
     home.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{home / 'mlflow.db'}"
+
+
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment keeps run artifacts: beside a SQLite database, under $MEMX_HOME for other
+    database stores, the server's choice for an HTTP tracking server."""
+    if uri.startswith(("http://", "https://", "databricks")):
+        return None
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).absolute().parent / "mlartifacts").as_uri()
+    return home_path("mlartifacts").as_uri()
 
 
 def setup(uri: str | None = None):
@@ -60,14 +70,9 @@ def setup(uri: str | None = None):
     else:
         os.environ["MLFLOW_TRACKING_URI"] = before
     if mlflow.get_experiment_by_name(EXPERIMENT) is None:
-        art = (memx_home().resolve() / "mlartifacts").as_uri() if not (uri or os.environ.get("MLFLOW_TRACKING_URI")) else None
-        mlflow.create_experiment(EXPERIMENT, artifact_location=art)
+        mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_location(resolved))
     mlflow.set_experiment(EXPERIMENT)
     return mlflow.MlflowClient()
-
-
-def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,22 +92,16 @@ def fingerprint(gpus: Cluster | Mapping[str, GpuType], model: ModelArch, global_
     """Hash of GPU types (names and specs, not counts: adding nodes of known types keeps it), model
     structure (ModelArch.structure) and global batch size."""
     table = {g.name: g for g in gpus.gpu_types} if isinstance(gpus, Cluster) else dict(gpus)
-    specs = {n: vars(g) for n, g in sorted(table.items())}
-    model_fp = _digest(model.structure())
-    gpu_fp = _digest(specs)
+    specs = {n: dataclasses.asdict(g) for n, g in sorted(table.items())}
+    model_fp = stable_hash(model.structure())
+    gpu_fp = stable_hash(specs)
     return Fingerprint(gpu_types=",".join(sorted(table)), gpu_specs=gpu_fp, model_fingerprint=model_fp,
-                       global_batch=int(global_batch), fingerprint=_digest([gpu_fp, model_fp, int(global_batch)]))
-
-
-def frame_version(df: pd.DataFrame) -> str:
-    """Content hash of a table (the data_version tag)."""
-    h = pd.util.hash_pandas_object(df.astype(str), index=False).to_numpy()
-    return hashlib.sha256(h.tobytes() + ",".join(map(str, df.columns)).encode()).hexdigest()[:16]
+                       global_batch=int(global_batch), fingerprint=stable_hash(gpu_fp, model_fp, int(global_batch)))
 
 
 def cache_path(fp: str, version: int | str) -> Path:
     """Where the prediction cache of a registered version lives: beside its other local artifacts."""
-    return memx_home() / "models" / fp / f"v{version}" / "predictions.parquet"
+    return home_path("models", fp, f"v{version}", "predictions.parquet")
 
 
 def champion_alias(fp: str) -> str:
@@ -178,6 +177,24 @@ def load_version(version: int | str):
         path = mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path=PREDICTOR_FILE, dst_path=tmp)
         meta = json.loads(Path(path).read_text())
     return from_json(meta, booster)
+
+
+def predictor_version_of(version: int | str, tracking_uri_: str | None = None) -> str | None:
+    """The predictor_version tag of a registered version in this registry; None when it is not there."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    setup(tracking_uri_)
+    try:
+        return mlflow.MlflowClient().get_model_version(MODEL_NAME, str(version)).tags.get("predictor_version")
+    except MlflowException:
+        return None
+
+
+def experiment_of(run_id: str) -> str:
+    import mlflow
+
+    return mlflow.get_run(run_id).info.experiment_id
 
 
 def list_versions() -> pd.DataFrame:

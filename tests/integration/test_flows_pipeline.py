@@ -20,7 +20,7 @@ def local_store(tmp_path):
 
 def _versions(store_uri):
     st = store_from_uri(store_uri)
-    return {(r.stage, r.version): r.created_at for r in st.list_versions()}
+    return {(r.step, r.version): r.created_at for r in st.list_versions()}
 
 
 def test_pipeline_runs_then_reuses_every_stage(prefect_api, local_store, tmp_path):
@@ -92,7 +92,7 @@ def test_pipeline_on_s3_and_mlflow_server_survives_s3_restart(prefect_api, tmp_p
                 trained = train_flow(aug, **SMALL, store=store, tracking_uri=ml.url)
                 res = search_flow(trained, **SMALL, store=store, tracking_uri=ml.url)
                 st = store_from_uri(store)
-                assert {r.stage for r in st.list_versions()} == {"profile", "augment", "train", "search"}
+                assert {r.step for r in st.list_versions()} == {"profile", "augment", "train", "search"}
                 assert st.manifest("train", trained)["tracking_uri"] == ml.url
                 assert res["plan"]["model"] == "llama-6l"
 

@@ -14,7 +14,7 @@ from memx.learn.model import XgbParams
 from memx.learn.tuning import TuneBudget
 from memx.profiling import profile
 from memx.planner.signatures import SIGNATURE_COLUMNS
-from memx.pipeline.local import TrainConfig, train_and_register
+from memx.pipeline.training import TrainConfig, train_and_register
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +56,9 @@ def test_register_load_and_champion_rule(scenario, monkeypatch):
     assert back.version == mv.tags["predictor_version"]
     # a deliberately weak model (one shallow round) on the same data and held-out rows: registered, not champion
     weak_cfg = TrainConfig(budget=TuneBudget(trials=1, seconds=5))
-    monkeypatch.setattr("memx.pipeline.local.XgbParams", lambda: XgbParams(n_rounds=1, max_depth=1, learning_rate=0.01))
-    monkeypatch.setattr("memx.pipeline.local.VARIANTS", ("hybrid",))
-    monkeypatch.setattr("memx.pipeline.local.TREE_VARIANTS", ("hybrid",))
+    monkeypatch.setattr("memx.pipeline.training.XgbParams", lambda: XgbParams(n_rounds=1, max_depth=1, learning_rate=0.01))
+    monkeypatch.setattr("memx.pipeline.training.VARIANTS", ("hybrid",))
+    monkeypatch.setattr("memx.pipeline.training.TREE_VARIANTS", ("hybrid",))
     monkeypatch.setattr("memx.learn.tuning.suggest", lambda trial: XgbParams(n_rounds=1, max_depth=1, learning_rate=0.01))
     weak = train_and_register(runs, gpus, fp, config=weak_cfg)
     assert weak.version == 2 and not weak.promoted
