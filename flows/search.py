@@ -10,6 +10,7 @@ from prefect import flow, task, unmapped
 
 from flows.common import STEP_RETRIES, load_specs, store
 from memx.pipeline import steps
+from memx.report.table import to_markdown
 
 
 @task(persist_result=False)
@@ -60,5 +61,5 @@ def search_flow(train_version: str | None = None, cluster: str = "three-vendor-2
     m = run.manifest
     print(f"{run.line()}: {m['evaluated']:,} plans in {m['search_s']} s by champion v{m['champion']['model_version']}")
     plan_obj = json.loads(load_file(store, run.version, "plan.json"))
-    publish(plan_obj, load_file(store, run.version, "plan.md").decode(), m)
+    publish(plan_obj, to_markdown(plan_obj), m)
     return {"version": run.version, **plan_obj}

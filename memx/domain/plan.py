@@ -8,30 +8,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memx.domain.errors import InputError
-
-if TYPE_CHECKING:  # annotations only: memx.domain.specs imports Recompute from here
-    from memx.domain.specs import Cluster, ModelArch
-
-
-class Recompute(StrEnum):
-    """Activation recomputation of a stage (docs/architecture.md §Plan JSON; Korthikanti et al. 2022).
-
-    A `StrEnum`: members compare equal to their JSON strings. `full` with `recompute_layers = N` is
-    Megatron-LM's block method (the first N layers of the stage recompute)."""
-
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-
-
-PLAN_RECOMPUTE = tuple(r.value for r in Recompute)
-# A search-level option only (conf/search `recompute_levels`), never a stage's `recompute`: search
-# Recompute.FULL with every block size recompute_layers = 1 .. layers − 1 (Megatron's block method).
-SEARCH_BLOCK = "block"
+from memx.domain.recompute import PLAN_RECOMPUTE, SEARCH_BLOCK, Recompute  # noqa: F401  (re-exported)
+from memx.domain.specs import Cluster, ModelArch
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from annotated_types import Ge, Gt, Interval, Le, MaxLen, MinLen
 
-from memx.domain.plan import SEARCH_BLOCK, Recompute
+from memx.domain.recompute import SEARCH_BLOCK, Recompute
 from memx.domain.validation import Matches, Problem, check_spec, value_problems
 
 # --- Upper bounds (docs/architecture.md §Catalogs). Each is far above the largest real value

@@ -28,6 +28,8 @@ from memx.learn.augment import AugmentResult
 from memx.pipeline import registry
 from memx.pipeline.store import ArtifactStore
 from memx.pipeline.training import TrainConfig, champion_predictor, champion_ref, split_and_augment, train_on
+from memx.planner.result import search_result_to_dict
+from memx.planner.search import search
 from memx.pipeline.versioning import (
     STEPS,
     profile_key,
@@ -209,11 +211,8 @@ def train_augmented(store: ArtifactStore, augment_version: str, cluster: Cluster
 
 def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchSpace, *, weights: str | None,
                    top_k: int, mapper=None, shard_by: str = "layout", predictor_name: str = "learned") -> StepResult:
-    from memx.planner.search import search
-    from memx.report.table import to_json_obj, to_markdown  # layering: plan rendering lives in report (see report)
-
     result = search(cluster, model, space, predictor, weights=weights, top_k=top_k, mapper=mapper, shard_by=shard_by)
-    obj = to_json_obj(result, predictor_name)
+    obj = search_result_to_dict(result, predictor_name)
     top = pd.DataFrame([{"rank": i + 1, "plan": json.dumps(plan_to_dict(c.plan)), "phi": c.phi,
                          "iteration_time_ms": c.iteration_time_ms, "max_mem_mib": c.max_mem_mib,
                          "mem_std_gib": c.mem_variance_mib2 ** 0.5 / 1024, "min_margin": c.min_margin}
@@ -221,7 +220,7 @@ def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchS
     hit = getattr(predictor, "last_hit_rate", None)
     return StepResult(
         tables={"top": top},
-        files={"plan.json": json.dumps(obj, indent=2).encode(), "plan.md": to_markdown(obj).encode()},
+        files={"plan.json": json.dumps(obj, indent=2).encode()},  # rendered (Markdown, HTML) by report/
         manifest={"search_s": round(result.search_s, 3), "evaluated": result.space.evaluated,
                   "feasible": result.space.feasible, "weights": result.weights.profile,
                   "cache_hit_rate": None if hit is None else float(hit() if callable(hit) else hit),

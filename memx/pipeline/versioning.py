@@ -26,7 +26,7 @@ STEP_CODE = {
     "profile": ("profiling", "simulator", "domain", "planner/cost.py", "planner/signatures.py", "../conf/simulator"),
     "augment": ("learn/augment.py", "pipeline/training.py"),
     "train": ("learn", "pipeline/training.py", "pipeline/registry.py", "planner/cost.py"),
-    "search": ("planner", "domain", "learn/cache.py", "report/table.py"),
+    "search": ("planner", "domain", "learn/cache.py"),
 }
 
 

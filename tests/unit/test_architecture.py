@@ -22,6 +22,11 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _is_module(name: str) -> bool:
+    base = ROOT.parent / Path(*name.split("."))
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
 def _imports(path: Path) -> set[str]:
     """memx modules imported anywhere in the file (top level or inside functions)."""
     out: set[str] = set()
@@ -38,9 +43,11 @@ def _imports(path: Path) -> set[str]:
                 mod = node.module or ""
             if mod.split(".")[0] != "memx":
                 continue
-            out.add(mod)
-            # `from memx.pkg import module` imports a module, not a name
-            out.update(f"{mod}.{a.name}" for a in node.names if (ROOT.parent / Path(*f"{mod}.{a.name}".split("."))).with_suffix(".py").exists())
+            # `from memx.pkg import module` depends on that module; `from memx.mod import name` on mod
+            submodules = {f"{mod}.{a.name}" for a in node.names if _is_module(f"{mod}.{a.name}")}
+            out.update(submodules)
+            if len(submodules) < len(node.names):
+                out.add(mod)
     return out
 
 
