@@ -253,11 +253,12 @@ def _arg_lines(args: tuple[str, ...]) -> list[str]:
     return lines
 
 
-def _header(plan: Plan, model: ModelArch, cluster: Cluster | None) -> list[str]:
+def _header(plan: Plan, cluster: Cluster | None) -> list[str]:
     tp = "/".join(str(t) for t in dict.fromkeys(st.tp for st in plan.stages))
     lines = [f"# Megatron-LM launch for {plan.model} on {plan.cluster} (MemX plan): tp {tp}, pp {plan.pp}, "
              f"dp {plan.dp}, {plan.gpus_used} GPUs in all (world size).",
-             "# Stages: " + "; ".join(f"{s}: {st.layers} layers on {st.gpu} (tp {st.tp}, recompute {_rc(st)})"
+             "# Stages: " + "; ".join(f"{s}: {st.layers} layer{'s' if st.layers != 1 else ''} on {st.gpu} "
+                                      f"(tp {st.tp}, recompute {_rc(st)})"
                                       for s, st in enumerate(plan.stages))]
     if cluster is not None:
         idle = {g: n for g, n in idle_gpus(plan, cluster).items() if n > 0}
@@ -270,7 +271,7 @@ def _header(plan: Plan, model: ModelArch, cluster: Cluster | None) -> list[str]:
 def render_megatron(plan: Plan, model: ModelArch, cluster: Cluster | None = None) -> str:
     """megatron.sh: a bash script that checks its placeholders and runs torchrun … pretrain_gpt.py."""
     cmd = megatron_command(plan, model, cluster)
-    lines = ["#!/usr/bin/env bash", *_header(plan, model, cluster)]
+    lines = ["#!/usr/bin/env bash", *_header(plan, cluster)]
     lines += [f"# NOTE: {n}" for n in cmd.notes]
     lines += ["#", "# Set before launching (the script stops when one is missing):"]
     lines += [f"#   {name:<16} {what}" for name, what in cmd.placeholders]
