@@ -118,7 +118,7 @@ def registered_predictor(cluster: Cluster, model: ModelArch, space: SearchSpace,
     if ref is None:
         raise InputError(
             f"no registered predictor for cluster {cluster.name} (GPU types {fp.gpu_types}), model {model.name}, global "
-            f"batch {space.global_batch} (fingerprint {fp.fingerprint}) in {registry.tracking_uri(tracking_uri)}; "
+            f"batch {space.global_batch} (fingerprint {fp.fingerprint}) in {registry.public_tracking_uri(tracking_uri)}; "
             f"run `memx profile` then `memx train` with --cluster {cluster.name} --model {model.name} first")
     return cached(registry.load_version(ref["model_version"]), fp.fingerprint, ref["model_version"])
 

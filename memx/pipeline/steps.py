@@ -182,12 +182,18 @@ def compute_train(augmented: dict[str, pd.DataFrame], augment_manifest: dict[str
         manifest={"model_version": int(out.version), "run_id": out.run_id, "promoted": out.promoted,
                   "variant": out.predictor.variant, "predictor_version": out.predictor.version,
                   "fingerprint": fp.fingerprint, "held_out": {k: float(v) for k, v in out.errors.items()},
-                  "tracking_uri": registry.tracking_uri(tracking_uri)})
+                  "sha256": dict(out.hashes),
+                  "tracking_uri": registry.public_tracking_uri(tracking_uri)})
 
 
 def _registered(manifest: dict[str, Any], tracking_uri: str | None) -> bool:
-    """A stored train step is reusable only if this registry holds the very model it registered."""
-    return registry.predictor_version_of(manifest["model_version"], tracking_uri) == manifest.get("predictor_version")
+    """A stored train step is reusable only if this registry holds the very model it registered, that
+    model loads (files present, sha256 as recorded), and the fingerprint's champion loads too (else
+    training again promotes a usable one)."""
+    if registry.predictor_version_of(manifest["model_version"], tracking_uri) != manifest.get("predictor_version"):
+        return False
+    mv = registry.champion(manifest["fingerprint"])
+    return registry.usable(manifest["model_version"]) and (mv is None or registry.usable(mv.version))
 
 
 def train_augmented(store: ArtifactStore, augment_version: str, cluster: Cluster, model: ModelArch,
@@ -196,7 +202,7 @@ def train_augmented(store: ArtifactStore, augment_version: str, cluster: Cluster
     reused when the same training is stored and its model is still in this registry."""
     fp = registry.fingerprint(cluster, model, space.global_batch)
     key = train_key(augment_version, fp.fingerprint, seed=config.seed, budget=dataclasses.asdict(config.budget))
-    found = newest_with(store, "train", key=key, tracking_uri=registry.tracking_uri(tracking_uri))
+    found = newest_with(store, "train", key=key, tracking_uri=registry.public_tracking_uri(tracking_uri))
     if found is not None and _registered(found[1], tracking_uri):
         return StepRun(step="train", version=found[0], reused=True, manifest=found[1])
     augmented = {n: store.get_table("augment", augment_version, n) for n in ("train", "valid", "gates")}
@@ -236,7 +242,7 @@ def search_champion(store: ArtifactStore, cluster: Cluster, model: ModelArch, sp
     ref = champion_ref(fp.fingerprint, tracking_uri)
     if ref is None:
         raise InputError(f"no champion predictor for fingerprint {fp.fingerprint} (GPU types {fp.gpu_types}, "
-                         f"global batch {fp.global_batch}) in {registry.tracking_uri(tracking_uri)}; run the train step first")
+                         f"global batch {fp.global_batch}) in {registry.public_tracking_uri(tracking_uri)}; run the train step first")
     planner = {k: ref[k] for k in ("model_version", "predictor_version", "tracking_uri")}
     version = version_search(planner, cluster, model, space, weights=weights, top_k=top_k)
     if store.has_step("search", version):
