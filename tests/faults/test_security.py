@@ -120,3 +120,29 @@ def test_champion_files_gone_is_absent(scenario, monkeypatch):
 ])
 def test_redact_uri(uri, shown):
     assert registry.redact_uri(uri) == shown
+
+
+@pytest.mark.slow
+def test_credentials_never_stored_or_printed_and_stdout_is_json(tmp_path):
+    """`memx plan --backend simulated --format json` against a real `mlflow server` on 127.0.0.1, with
+    credentials in MLFLOW_TRACKING_URI: stdout is the JSON plan only, and neither the output nor the
+    stored manifests carry the password (issue #11)."""
+    import os
+    import subprocess
+    import sys
+
+    from support.services import mlflow_server
+
+    home = tmp_path / "home"
+    with mlflow_server(workdir=tmp_path / "mlflow") as ml:
+        port = ml.url.rsplit(":", 1)[1]
+        env = {**os.environ, "MEMX_HOME": str(home), "MLFLOW_TRACKING_URI": f"http://alice:s3cret@127.0.0.1:{port}"}
+        out = subprocess.run([sys.executable, "-m", "memx.cli.app", "plan", "--backend", "simulated", "--format",
+                              "json", "--cluster", "xy-2", "--model", "llama-6l", "--search", "small", "--top", "2"],
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    plan = json.loads(out.stdout)
+    assert len(plan["top"]) == 2
+    assert "s3cret" not in out.stdout and "s3cret" not in out.stderr
+    stored = "".join(p.read_text() for p in (home / "artifacts").glob("*/*/manifest.json"))
+    assert f'"tracking_uri": "http://***@127.0.0.1:{port}"' in stored and "s3cret" not in stored
