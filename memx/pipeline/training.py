@@ -31,7 +31,7 @@ from memx.learn.model import (
     training_rows,
 )
 from memx.learn.tuning import TuneBudget, tune
-from memx.pipeline import registry
+from memx.pipeline import lifeline, registry
 from memx.pipeline.versioning import frame_version
 from memx.planner.cost import AnalyticStageModel
 
@@ -140,11 +140,13 @@ def train_on(aug: AugmentResult, valid: pd.DataFrame, gpus: Mapping[str, GpuType
     champion alias only if the new version beats it on the same held-out rows."""
     import mlflow  # heavy: imported where a run is logged
 
-    registry.setup(tracking_uri)
+    client = registry.setup(tracking_uri)
+    lifeline.mark_stale_runs(client, mlflow.get_experiment_by_name(registry.EXPERIMENT).experiment_id)
     if valid.empty:
         valid = training_rows(aug.stage_runs)  # too few rows to hold any out: score on the training rows (stated)
     table, fitted = compare_variants(aug.stage_runs, valid, gpus, config.seed)
-    with mlflow.start_run(run_name=f"train-{fp.fingerprint[:12]}") as run:
+    # tagged with this process, host and home: a run left RUNNING by kill -9 is marked KILLED later
+    with mlflow.start_run(run_name=f"train-{fp.fingerprint[:12]}", tags=lifeline.run_tags()) as run:
         _log_run_inputs(fp, aug, table, data_version)
         best_v, final = _final_predictor(aug, valid, gpus, config, table, fitted)
         errors = stage_errors(final, valid)
