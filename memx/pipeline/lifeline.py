@@ -174,14 +174,18 @@ def run_tags() -> dict[str, str]:
             "memx.pid": str(os.getpid())}
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (dead, waiting for its parent to reap it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def mark_stale_runs(client, experiment_id: str) -> list[str]:
@@ -191,7 +195,7 @@ def mark_stale_runs(client, experiment_id: str) -> list[str]:
     for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING' and "
                                   f"tags.`memx.home` = '{mine['memx.home']}' and tags.`memx.host` = '{mine['memx.host']}'"):
         pid = run.data.tags.get("memx.pid", "")
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
             nested = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING' and "
                                         f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
             for r in [*nested, run]:  # the tuning trials (nested runs) too

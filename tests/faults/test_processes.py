@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from memx.pipeline.lifeline import children, home_lock
+from memx.pipeline.lifeline import alive, children, home_lock
 
 PLAN = [sys.executable, "-m", "memx.cli.app", "plan", "--backend", "simulated", "--format", "json",
         "--cluster", "xy-2", "--model", "llama-6l", "--search", "small", "--top", "2"]
@@ -33,17 +33,6 @@ def _tree(pid: int) -> set[int]:
     for child in children(pid):
         out |= {child} | _tree(child)
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie waiting for its reaper is gone for our purpose
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _runs(home: Path) -> list[tuple[str, str]]:
@@ -78,7 +67,7 @@ def test_killed_mid_training_leaves_no_process_and_no_running_run(tmp_path, sig)
         assert helpers, "the Prefect temporary server runs as a child"
         proc.send_signal(sig)
         proc.wait(timeout=60)
-        _wait(lambda: not [p for p in helpers if _alive(p)], 30, f"helpers {sorted(helpers)} to end")
+        _wait(lambda: not [p for p in helpers if alive(p)], 30, f"helpers {sorted(helpers)} to end")
     finally:
         if proc.poll() is None:
             proc.kill()
