@@ -44,7 +44,7 @@ def publish(plan_obj: dict, markdown: str, manifest: dict) -> None:
              "plan": json.dumps(e["plan"]["stages"])} for i, e in enumerate(plan_obj["top"])]
     create_table_artifact(key="memx-top-plans", table=rows, description="Top plans by Φ")
     champion = manifest.get("champion", {})
-    uri = champion.get("tracking_uri", "")
+    uri = champion.get("tracking_uri", "").replace("://***@", "://", 1)  # redacted: a link without the user info
     if uri.startswith("http"):
         run = f"{uri}/#/experiments/{manifest['experiment_id']}/runs/{champion['run_id']}"
         create_link_artifact(key="memx-mlflow-run", link=run, description="MLflow run of the champion stage predictor")

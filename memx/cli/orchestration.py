@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from memx.domain.home import memx_home
+from memx.pipeline import lifeline
 
 
 def prefect_env() -> None:
@@ -30,4 +31,6 @@ def run_pipeline(**params: Any) -> dict[str, Any]:
     prefect_env()
     from flows.pipeline import pipeline_flow  # Prefect reads its settings at import: after prefect_env()
 
-    return pipeline_flow(**params)
+    # the $MEMX_HOME lock before Prefect's temporary server starts on $MEMX_HOME/prefect; SIGTERM exits cleanly
+    with lifeline.guarded():
+        return pipeline_flow(**params)

@@ -7,6 +7,11 @@ persisted as Parquet beside the registered model version (see memx.pipeline.regi
 fingerprint of GPU types, model structure and global batch selects that version, so a change of any of
 the three uses a different version and a different cache.
 
+Integrity (issue #11): the sha256 of the Parquet bytes is written beside it (``predictions.parquet.sha256``,
+after the table) and checked on load. A cache that is truncated, does not parse, lacks its hash or fails
+the check is discarded with a warning naming it and rebuilt from the predictor: edited cached values
+never change a plan under the same version hash.
+
 The per-signature keys are pandas' vectorised 64-bit hash (`hash_pandas_object`), not
 memx.domain.hashing: millions of keys per search, where sha256 per row would dominate the search time.
 The predictor version (memx.domain.hashing) is the hash key, so the two families never mix.
@@ -14,14 +19,19 @@ The predictor version (memx.domain.hashing) is the hash key, so the two families
 
 from __future__ import annotations
 
+import hashlib
+import io
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from memx.domain.io import atomic_write_parquet
+from memx.domain.io import atomic_write_bytes
 from memx.planner.signatures import PREDICTION_COLUMNS, SIGNATURE_COLUMNS, StagePredictor
+
+log = logging.getLogger(__name__)
 
 _INT = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab")
 
@@ -76,11 +86,29 @@ class CachedPredictor:
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 
+    @property
+    def hash_path(self) -> Path:
+        """Where the sha256 of the cache file is kept (beside it)."""
+        return self.path.with_name(self.path.name + ".sha256")
+
     def _load(self) -> None:
-        df = pd.read_parquet(self.path)
-        df = df[df["version"].astype(str) == self.version]
-        self._keys = pd.Index(df["key"].to_numpy(np.uint64))
-        self._values = df.loc[:, list(PREDICTION_COLUMNS)].to_numpy(np.float64)
+        """The stored entries of this version, after the hash check; a bad cache is discarded."""
+        try:
+            data = self.path.read_bytes()
+            want = self.hash_path.read_text().strip() if self.hash_path.exists() else None
+            if want != hashlib.sha256(data).hexdigest():
+                raise ValueError("no recorded sha256" if want is None else "sha256 check failed")
+            df = pd.read_parquet(io.BytesIO(data))
+            df = df[df["version"].astype(str) == self.version]
+            keys = pd.Index(df["key"].to_numpy(np.uint64))
+            values = df.loc[:, list(PREDICTION_COLUMNS)].to_numpy(np.float64)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            log.warning("memx: prediction cache %s discarded (%s); it is rebuilt from the predictor",
+                        self.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            self.path.unlink(missing_ok=True)
+            self.hash_path.unlink(missing_ok=True)
+            return
+        self._keys, self._values = keys, values
 
     def save(self) -> None:
         if self.path is None:
@@ -88,7 +116,12 @@ class CachedPredictor:
         df = pd.DataFrame(self._values, columns=list(PREDICTION_COLUMNS))
         df.insert(0, "key", self._keys.to_numpy(np.uint64))
         df.insert(1, "version", self.version)
-        atomic_write_parquet(df, self.path)
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        data = buf.getvalue()
+        # table first, hash last: a crash in between leaves a mismatch, i.e. a discarded cache, never a wrong one
+        atomic_write_bytes(self.path, data)
+        atomic_write_bytes(self.hash_path, (hashlib.sha256(data).hexdigest() + "\n").encode())
 
     def __len__(self) -> int:
         return len(self._keys)

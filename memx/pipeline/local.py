@@ -24,7 +24,7 @@ from memx.domain.home import home_path
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.learn.cache import CachedPredictor
 from memx.learn.tuning import TuneBudget
-from memx.pipeline import registry, steps
+from memx.pipeline import lifeline, registry, steps
 from memx.pipeline.steps import StepRun
 from memx.pipeline.store import ArtifactStore, store_from_uri
 from memx.pipeline.training import TrainConfig, cached, champion_ref, train_and_register
@@ -79,8 +79,9 @@ def profile_step(cluster: Cluster, model: ModelArch, space: SearchSpace, *, back
                  log: Callable[[str], None] = lambda _: None) -> dict[str, str]:
     """{GPU type: profile version}: each GPU type's stage_runs stored as a profile version (reused
     when the same key is stored; types in `refresh` are measured again under `refresh_token`)."""
-    return steps.profile_all(_store(store), cluster, model, space, backend=backend, seed=seed, conf_root=conf_root,
-                             options=dict(options or {}), refresh=refresh, refresh_token=refresh_token, log=log)
+    with lifeline.home_lock():
+        return steps.profile_all(_store(store), cluster, model, space, backend=backend, seed=seed, conf_root=conf_root,
+                                 options=dict(options or {}), refresh=refresh, refresh_token=refresh_token, log=log)
 
 
 def train_config(seed: int = 0, trials: int | None = None, seconds: float | None = None) -> TrainConfig:
@@ -99,11 +100,12 @@ def train_step(cluster: Cluster, model: ModelArch, space: SearchSpace, *, store:
     versions instead); InputError naming the fingerprint when none are stored ("run `memx profile` first")."""
     st = _store(store)
     config = config or train_config(seed, trials, seconds)
-    found = profiles if profiles is not None else steps.stored_profiles(st, cluster, model, space)
-    aug = steps.augment_profiles(st, found.values(), config)
-    log(aug.line())
-    trained = steps.train_augmented(st, aug.version, cluster, model, space, config=config, tracking_uri=tracking_uri)
-    log(trained.line())
+    with lifeline.home_lock():
+        found = profiles if profiles is not None else steps.stored_profiles(st, cluster, model, space)
+        aug = steps.augment_profiles(st, found.values(), config)
+        log(aug.line())
+        trained = steps.train_augmented(st, aug.version, cluster, model, space, config=config, tracking_uri=tracking_uri)
+        log(trained.line())
     fp = trained.manifest["fingerprint"]
     return TrainStepOutcome(fingerprint=fp, profiles=dict(found), augment=aug, train=trained,
                             champion=champion_ref(fp, tracking_uri) or {})
@@ -118,7 +120,7 @@ def registered_predictor(cluster: Cluster, model: ModelArch, space: SearchSpace,
     if ref is None:
         raise InputError(
             f"no registered predictor for cluster {cluster.name} (GPU types {fp.gpu_types}), model {model.name}, global "
-            f"batch {space.global_batch} (fingerprint {fp.fingerprint}) in {registry.tracking_uri(tracking_uri)}; "
+            f"batch {space.global_batch} (fingerprint {fp.fingerprint}) in {registry.public_tracking_uri(tracking_uri)}; "
             f"run `memx profile` then `memx train` with --cluster {cluster.name} --model {model.name} first")
     return cached(registry.load_version(ref["model_version"]), fp.fingerprint, ref["model_version"])
 
@@ -128,9 +130,10 @@ def search_step(cluster: Cluster, model: ModelArch, space: SearchSpace, *, store
                 shard_by: str = "layout") -> tuple[StepRun, dict[str, Any]]:
     """(the search step, its plan JSON): the best plans by the champion (reused when stored)."""
     st = _store(store)
-    run = steps.search_champion(st, cluster, model, space, tracking_uri=tracking_uri, weights=weights, top_k=top_k,
-                                mapper=mapper, shard_by=shard_by)
-    return run, json.loads(st.get_file("search", run.version, "plan.json"))
+    with lifeline.home_lock():
+        run = steps.search_champion(st, cluster, model, space, tracking_uri=tracking_uri, weights=weights, top_k=top_k,
+                                    mapper=mapper, shard_by=shard_by)
+        return run, json.loads(st.get_file("search", run.version, "plan.json"))
 
 
 def run_local(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: str = "simulated",
@@ -140,11 +143,12 @@ def run_local(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend
               log: Callable[[str], None] = lambda _: None) -> LocalRun:
     """profile → augment → train → search in-process, each step reused when its inputs are unchanged."""
     st = _store(store)
-    profiles = profile_step(cluster, model, space, backend=backend, store=st, seed=seed, conf_root=conf_root,
-                            options=options, log=log)
-    trained = train_step(cluster, model, space, store=st, seed=seed, tracking_uri=tracking_uri,
-                         config=config or train_config(seed), profiles=profiles, log=log)
-    run, plan = search_step(cluster, model, space, store=st, tracking_uri=tracking_uri, weights=weights, top_k=top_k)
+    with lifeline.home_lock():  # one run per $MEMX_HOME: a second waits, then reuses this one's artifacts
+        profiles = profile_step(cluster, model, space, backend=backend, store=st, seed=seed, conf_root=conf_root,
+                                options=options, log=log)
+        trained = train_step(cluster, model, space, store=st, seed=seed, tracking_uri=tracking_uri,
+                             config=config or train_config(seed), profiles=profiles, log=log)
+        run, plan = search_step(cluster, model, space, store=st, tracking_uri=tracking_uri, weights=weights, top_k=top_k)
     log(run.line())
     return LocalRun(profiles=profiles, trained=trained, search=run, plan=plan)
 

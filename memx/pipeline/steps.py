@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from memx.domain.errors import InputError
-from memx.domain.plan import plan_to_dict
+from memx.domain.plan import plan_from_dict, plan_to_dict, validate_plan
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.learn.augment import AugmentResult
 from memx.pipeline import registry
@@ -41,6 +42,8 @@ from memx.pipeline.versioning import (
     version_search,
     version_train,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["STEPS", "StepResult", "StepRun", "augment_profiles", "profile_all", "profile_one", "search_champion",
            "stored_profiles", "train_augmented"]
@@ -73,13 +76,15 @@ def newest_with(store: ArtifactStore, step: str, **match: Any) -> tuple[str, dic
     """The newest complete version of `step` whose manifest has these values, with its manifest."""
     for ref in store.list_versions(step):
         doc = store.manifest(step, ref.version)
-        if all(doc.get(k) == v for k, v in match.items()):
+        if all(doc.get(k) == v for k, v in match.items()) and store.has_step(step, ref.version):
             return ref.version, doc
     return None
 
 
-def save(store: ArtifactStore, step: str, version: str, result: StepResult, inputs: dict[str, Any]) -> StepRun:
-    store.put_step(step, version, tables=result.tables, files=result.files, manifest={**result.manifest, "inputs": inputs})
+def save(store: ArtifactStore, step: str, version: str, result: StepResult, inputs: dict[str, Any],
+         replace: bool = False) -> StepRun:
+    store.put_step(step, version, tables=result.tables, files=result.files, manifest={**result.manifest, "inputs": inputs},
+                   replace=replace)
     return StepRun(step=step, version=version, reused=False, manifest=store.manifest(step, version))
 
 
@@ -182,12 +187,18 @@ def compute_train(augmented: dict[str, pd.DataFrame], augment_manifest: dict[str
         manifest={"model_version": int(out.version), "run_id": out.run_id, "promoted": out.promoted,
                   "variant": out.predictor.variant, "predictor_version": out.predictor.version,
                   "fingerprint": fp.fingerprint, "held_out": {k: float(v) for k, v in out.errors.items()},
-                  "tracking_uri": registry.tracking_uri(tracking_uri)})
+                  "sha256": dict(out.hashes),
+                  "tracking_uri": registry.public_tracking_uri(tracking_uri)})
 
 
 def _registered(manifest: dict[str, Any], tracking_uri: str | None) -> bool:
-    """A stored train step is reusable only if this registry holds the very model it registered."""
-    return registry.predictor_version_of(manifest["model_version"], tracking_uri) == manifest.get("predictor_version")
+    """A stored train step is reusable only if this registry holds the very model it registered, that
+    model loads (files present, sha256 as recorded), and the fingerprint's champion loads too (else
+    training again promotes a usable one)."""
+    if registry.predictor_version_of(manifest["model_version"], tracking_uri) != manifest.get("predictor_version"):
+        return False
+    mv = registry.champion(manifest["fingerprint"])
+    return registry.usable(manifest["model_version"]) and (mv is None or registry.usable(mv.version))
 
 
 def train_augmented(store: ArtifactStore, augment_version: str, cluster: Cluster, model: ModelArch,
@@ -196,7 +207,7 @@ def train_augmented(store: ArtifactStore, augment_version: str, cluster: Cluster
     reused when the same training is stored and its model is still in this registry."""
     fp = registry.fingerprint(cluster, model, space.global_batch)
     key = train_key(augment_version, fp.fingerprint, seed=config.seed, budget=dataclasses.asdict(config.budget))
-    found = newest_with(store, "train", key=key, tracking_uri=registry.tracking_uri(tracking_uri))
+    found = newest_with(store, "train", key=key, tracking_uri=registry.public_tracking_uri(tracking_uri))
     if found is not None and _registered(found[1], tracking_uri):
         return StepRun(step="train", version=found[0], reused=True, manifest=found[1])
     augmented = {n: store.get_table("augment", augment_version, n) for n in ("train", "valid", "gates")}
@@ -236,16 +247,33 @@ def search_champion(store: ArtifactStore, cluster: Cluster, model: ModelArch, sp
     ref = champion_ref(fp.fingerprint, tracking_uri)
     if ref is None:
         raise InputError(f"no champion predictor for fingerprint {fp.fingerprint} (GPU types {fp.gpu_types}, "
-                         f"global batch {fp.global_batch}) in {registry.tracking_uri(tracking_uri)}; run the train step first")
+                         f"global batch {fp.global_batch}) in {registry.public_tracking_uri(tracking_uri)}; run the train step first")
     planner = {k: ref[k] for k in ("model_version", "predictor_version", "tracking_uri")}
     version = version_search(planner, cluster, model, space, weights=weights, top_k=top_k)
-    if store.has_step("search", version):
+    stored = store.has_step("search", version)
+    if stored and stored_plan_valid(store, version, cluster, model):
         return StepRun(step="search", version=version, reused=True, manifest=store.manifest("search", version))
     predictor, _ = champion_predictor(fp.fingerprint, tracking_uri=tracking_uri)
     result = compute_search(predictor, cluster, model, space, weights=weights, top_k=top_k, mapper=mapper,
                             shard_by=shard_by, predictor_name=f"{ref['variant']} v{ref['model_version']}")
     result.manifest.update(champion=ref, experiment_id=registry.experiment_of(ref["run_id"]))
-    return save(store, "search", version, result, {**(inputs or {}), "cluster": cluster.name, "model": model.name})
+    return save(store, "search", version, result, {**(inputs or {}), "cluster": cluster.name, "model": model.name},
+                replace=stored)
+
+
+def stored_plan_valid(store: ArtifactStore, version: str, cluster: Cluster, model: ModelArch) -> bool:
+    """Whether a stored search's plan.json holds valid plans for this cluster and model (the pick and
+    every top-k entry: memx.domain.plan.plan_from_dict + validate_plan). A hand-edited or otherwise
+    invalid plan is not served: a warning names it and the search runs again (issue #11)."""
+    try:
+        obj = json.loads(store.get_file("search", version, "plan.json"))
+        for entry in [obj, *obj["top"]]:
+            validate_plan(plan_from_dict(entry["plan"], source=f"search/{version}/plan.json"), cluster, model,
+                          source=f"search/{version}/plan.json")
+    except (InputError, ValueError, KeyError, TypeError) as exc:
+        log.warning("memx: stored plan search/%s is not served: %s", version, str(exc).splitlines()[0])
+        return False
+    return True
 
 
 def load_trained(manifest: dict[str, Any], tracking_uri: str | None):

@@ -31,7 +31,7 @@ from memx.learn.model import (
     training_rows,
 )
 from memx.learn.tuning import TuneBudget, tune
-from memx.pipeline import registry
+from memx.pipeline import lifeline, registry
 from memx.pipeline.versioning import frame_version
 from memx.planner.cost import AnalyticStageModel
 
@@ -56,6 +56,7 @@ class TrainOutcome:
     errors: dict[str, float]  # held-out errors of the registered predictor
     variant_errors: pd.DataFrame  # held-out errors of every variant (and the analytic model)
     augmented: AugmentResult
+    hashes: dict[str, str] = field(default_factory=dict)  # registry.HASH_TAGS tag → sha256 of the stored files
 
 
 def split_held_out(stage_runs: pd.DataFrame, fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -107,7 +108,12 @@ def _champion_score(fp: str, valid: pd.DataFrame) -> float | None:
     mv = registry.champion(fp)
     if mv is None or valid.empty:
         return None
-    return held_out_score(stage_errors(registry.load_version(mv.version), valid))
+    try:
+        champion = registry.load_version(mv.version)
+    except registry.UnusableModel as exc:  # files gone or tampered: absent, the new version is promoted
+        registry.log.warning("memx: champion of %s: %s; treated as absent", fp[:12], exc)
+        return None
+    return held_out_score(stage_errors(champion, valid))
 
 
 def train_and_register(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], fp: registry.Fingerprint, *,
@@ -134,20 +140,22 @@ def train_on(aug: AugmentResult, valid: pd.DataFrame, gpus: Mapping[str, GpuType
     champion alias only if the new version beats it on the same held-out rows."""
     import mlflow  # heavy: imported where a run is logged
 
-    registry.setup(tracking_uri)
+    client = registry.setup(tracking_uri)
+    lifeline.mark_stale_runs(client, mlflow.get_experiment_by_name(registry.EXPERIMENT).experiment_id)
     if valid.empty:
         valid = training_rows(aug.stage_runs)  # too few rows to hold any out: score on the training rows (stated)
     table, fitted = compare_variants(aug.stage_runs, valid, gpus, config.seed)
-    with mlflow.start_run(run_name=f"train-{fp.fingerprint[:12]}") as run:
+    # tagged with this process, host and home: a run left RUNNING by kill -9 is marked KILLED later
+    with mlflow.start_run(run_name=f"train-{fp.fingerprint[:12]}", tags=lifeline.run_tags()) as run:
         _log_run_inputs(fp, aug, table, data_version)
         best_v, final = _final_predictor(aug, valid, gpus, config, table, fitted)
         errors = stage_errors(final, valid)
         mlflow.log_params({"variant": best_v, **{f"xgb_{k}": v for k, v in dataclasses.asdict(final.params).items()}})
         mlflow.log_metrics({f"val_{k}": v for k, v in errors.items() if not math.isnan(v)}
                            | {"val_score": held_out_score(errors)})
-        info = registry.log_predictor(final, valid.head(64) if len(valid) else aug.stage_runs.head(64))
+        logged = registry.log_predictor(final, valid.head(64) if len(valid) else aug.stage_runs.head(64))
         old = _champion_score(fp.fingerprint, valid)
-        version = registry.register(info, run_id=run.info.run_id, fp=fp, data_version=data_version,
+        version = registry.register(logged, run_id=run.info.run_id, fp=fp, data_version=data_version,
                                     held_out=frame_version(valid), predictor_version=final.version,
                                     variant=best_v, metrics={**errors, "score": held_out_score(errors)})
         promoted = old is None or held_out_score(errors) < old
@@ -155,7 +163,7 @@ def train_on(aug: AugmentResult, valid: pd.DataFrame, gpus: Mapping[str, GpuType
             registry.promote(version, fp.fingerprint)
         mlflow.set_tag("promoted", str(promoted))
     return TrainOutcome(predictor=final, version=version, promoted=promoted, run_id=run.info.run_id,
-                        errors=errors, variant_errors=table, augmented=aug)
+                        errors=errors, variant_errors=table, augmented=aug, hashes=logged.hashes)
 
 
 # --- the champion: the one predictor that plans ----------------------------------------------------
@@ -172,13 +180,13 @@ def champion_ref(fp: str, tracking_uri: str | None = None) -> dict[str, Any] | N
     if mv is None:
         return None
     return {"fingerprint": fp, "model_version": int(mv.version), "predictor_version": mv.tags.get("predictor_version", ""),
-            "variant": mv.tags.get("variant", ""), "run_id": mv.run_id, "tracking_uri": registry.tracking_uri(tracking_uri)}
+            "variant": mv.tags.get("variant", ""), "run_id": mv.run_id, "tracking_uri": registry.public_tracking_uri(tracking_uri)}
 
 
 def champion_predictor(fp: str, *, tracking_uri: str | None = None) -> tuple[CachedPredictor, dict[str, Any]]:
     """(the champion of `fp` in its prediction cache, its champion_ref); InputError when there is none."""
     ref = champion_ref(fp, tracking_uri)
     if ref is None:
-        raise InputError(f"no registered predictor for fingerprint {fp} in {registry.tracking_uri(tracking_uri)}; "
+        raise InputError(f"no registered predictor for fingerprint {fp} in {registry.public_tracking_uri(tracking_uri)}; "
                          "run `memx profile` then `memx train` first")
     return cached(registry.load_version(ref["model_version"]), fp, ref["model_version"]), ref

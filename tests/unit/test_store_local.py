@@ -3,6 +3,8 @@ endpoint resolution, content versions, and the `artifacts` CLI on a local store.
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import os
 from pathlib import Path
@@ -38,8 +40,10 @@ def test_round_trip_tables_files_manifest(store):
     assert store.get_file("profile", "abc", "plan.json") == b'{"dp": 2}'
     doc = store.manifest("profile", "abc")
     assert doc["inputs"] == {"cluster": "c"} and doc["metrics"] == {"mape": 0.1}
-    assert doc["tables"] == {"stage_runs": {"rows": 3, "columns": ["gpu", "tp", "time_ms"]}}
-    assert doc["files"] == {"plan.json": {"bytes": 9}}
+    table_sha = hashlib.sha256((store.root / "profile/abc/stage_runs.parquet").read_bytes()).hexdigest()
+    assert doc["tables"] == {"stage_runs": {"rows": 3, "columns": ["gpu", "tp", "time_ms"], "sha256": table_sha}}
+    assert doc["files"] == {"plan.json": {"bytes": 9, "sha256": hashlib.sha256(b'{"dp": 2}').hexdigest()}}
+    assert doc["format"] == 2
     assert Path(store.uri("profile", "abc", "stage_runs")) == store.root / "profile/abc/stage_runs.parquet"
     assert Path(store.uri("profile", "abc", "plan.json")) == store.root / "profile/abc/plan.json"
 
@@ -51,7 +55,8 @@ def test_crash_mid_put_leaves_no_complete_version(store):
     assert not store.has_step("augment", "v1")
     assert store.list_versions() == []
     assert not (store.root / "augment/v1/manifest.json").exists()
-    assert not [p for p in (store.root / "augment/v1").iterdir() if p.name.startswith(".")]  # no temp left
+    # every table is serialised before anything is written: nothing at all is left
+    assert not (store.root / "augment/v1").exists() or not list((store.root / "augment/v1").iterdir())
     with pytest.raises(ArtifactNotFound):
         store.get_table("augment", "v1", "first")  # written, but the version is not complete
     store.put_step("augment", "v1", tables={"first": runs(), "second": runs(1)}, manifest={})  # resume

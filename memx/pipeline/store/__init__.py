@@ -14,12 +14,12 @@ from pathlib import Path
 
 from memx.domain.errors import InputError
 from memx.domain.home import home_path
-from memx.pipeline.store.base import MANIFEST, ArtifactNotFound, ArtifactStore, Retry, StepRef, item_name
+from memx.pipeline.store.base import MANIFEST, ArtifactNotFound, ArtifactStore, CorruptArtifact, Retry, StepRef, item_name
 from memx.pipeline.store.local import LocalStore
 from memx.pipeline.store.s3 import S3Store, s3_endpoint, s3_env, s3_storage_options
 
 __all__ = ["MANIFEST", "ArtifactNotFound", "ArtifactStore", "LocalStore", "Retry", "S3Store", "StepRef", "default_store_uri",
-           "item_name", "s3_endpoint", "s3_env", "s3_storage_options", "store_from_uri"]
+           "CorruptArtifact", "item_name", "s3_endpoint", "s3_env", "s3_storage_options", "store_from_uri"]
 
 
 def default_store_uri() -> str:

@@ -7,9 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
-from memx.domain.io import atomic_write_bytes, atomic_write_parquet
+from memx.domain.io import atomic_write_bytes
 from memx.pipeline.store.base import MANIFEST, NAME, ArtifactNotFound, ArtifactStore
 
 
@@ -29,20 +27,11 @@ class LocalStore(ArtifactStore):
     def write_object(self, key: str, data: bytes) -> None:
         atomic_write_bytes(self._path(key), data)
 
-    def write_table(self, key: str, df: pd.DataFrame) -> None:
-        atomic_write_parquet(df, self._path(key))
-
     def read_object(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
         except FileNotFoundError:
             raise ArtifactNotFound(f"{self._path(key)} not found") from None
-
-    def read_table(self, key: str) -> pd.DataFrame:
-        path = self._path(key)
-        if not path.is_file():
-            raise ArtifactNotFound(f"{path} not found")
-        return pd.read_parquet(path)
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()

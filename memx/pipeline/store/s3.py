@@ -1,5 +1,5 @@
 """S3 backend of the artifact store (docs/architecture.md §Artifact store): boto3 for objects and
-listing, pyarrow's S3 filesystem for reading Parquet; and the one source of the S3 endpoint
+listing (tables are Parquet bytes, memx.pipeline.store.base); the one source of the S3 endpoint
 (:func:`s3_endpoint`) with the client factories that use it.
 
 Atomicity: every object is one PUT of its whole body (a table is serialised to Parquet in memory
@@ -11,20 +11,16 @@ the bound is this module's. boto3 and pyarrow.fs are imported inside functions: 
 
 from __future__ import annotations
 
-import io
 import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from memx.domain.errors import InputError
 from memx.pipeline.store.base import MANIFEST, NAME, ArtifactNotFound, ArtifactStore, Retry
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 __all__ = ["Retry", "S3Store", "is_transient", "s3_client", "s3_endpoint", "s3_env", "s3_filesystem",
            "s3_storage_options", "split_s3_uri"]
@@ -134,10 +130,6 @@ class S3Store(ArtifactStore):
     def _client(self) -> Any:
         return s3_client(self.endpoint, max_attempts=1)
 
-    @cached_property
-    def _fs(self) -> Any:
-        return s3_filesystem(self.endpoint, max_attempts=1)
-
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
@@ -147,11 +139,6 @@ class S3Store(ArtifactStore):
     def write_object(self, key: str, data: bytes) -> None:
         self.retry.call(lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data), transient=is_transient)
 
-    def write_table(self, key: str, df: pd.DataFrame) -> None:
-        buf = io.BytesIO()
-        df.to_parquet(buf, index=False)  # serialise fully first: a failure here writes nothing
-        self.write_object(key, buf.getvalue())
-
     def read_object(self, key: str) -> bytes:
         def get() -> bytes:
             return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
@@ -159,15 +146,6 @@ class S3Store(ArtifactStore):
         try:
             return self.retry.call(get, transient=is_transient)
         except self._client.exceptions.NoSuchKey:
-            raise ArtifactNotFound(f"{self.object_uri(key)} not found") from None
-
-    def read_table(self, key: str) -> pd.DataFrame:
-        import pandas as pd
-
-        path = f"{self.bucket}/{self._key(key)}"
-        try:
-            return self.retry.call(lambda: pd.read_parquet(path, filesystem=self._fs), transient=is_transient)
-        except FileNotFoundError:
             raise ArtifactNotFound(f"{self.object_uri(key)} not found") from None
 
     def exists(self, key: str) -> bool:
