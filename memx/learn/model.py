@@ -17,13 +17,14 @@ and memory comes from the analytic model; `memory_source == "analytic"` says so.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from memx.planner.cost import AnalyticStageModel
+from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json
 from memx.learn.features import feature_matrix, gpu_arrays, memory_bases, signature_arrays, time_bases
 from memx.planner.signatures import SIGNATURE_COLUMNS
 from memx.domain.hashing import bytes_hash, stable_hash
@@ -166,6 +167,7 @@ class LearnedStagePredictor:
     booster: Any | None  # xgboost.Booster; None for the calibrated prior alone
     memory_source: str = "learned"
     params: XgbParams = field(default_factory=XgbParams)
+    intervals: Intervals | None = None  # conformal bands (memx.learn.intervals); None: documented defaults
     name: str = ""
 
     def __post_init__(self):
@@ -182,7 +184,9 @@ class LearnedStagePredictor:
                 m = m * np.exp(r[:, 1])
         if self.memory_source == "analytic":
             m = p.analytic_mem_mib
-        return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib}, index=sigs.index)
+        bounds = interval_columns(self.intervals, sigs["gpu"].to_numpy(), t, m)
+        return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib, **bounds},
+                            index=sigs.index)
 
     @property
     def time_only(self) -> bool:
@@ -191,6 +195,7 @@ class LearnedStagePredictor:
     def to_json(self) -> dict[str, Any]:
         return {"variant": self.variant, "memory_source": self.memory_source, "params": asdict(self.params),
                 "calibration": None if self.calibration is None else asdict(self.calibration),
+                "intervals": None if self.intervals is None else self.intervals.to_json(),
                 "gpus": {k: asdict(v) for k, v in sorted(self.gpus.items())}}
 
     def booster_bytes(self) -> bytes:
@@ -207,6 +212,7 @@ def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredi
     return LearnedStagePredictor(
         variant=meta["variant"], memory_source=meta["memory_source"], params=XgbParams(**meta["params"]),
         calibration=None if cal is None else Calibration(**cal), booster=booster,
+        intervals=intervals_from_json(meta.get("intervals")),
         gpus={k: GpuType(**v) for k, v in meta["gpus"].items()})
 
 
@@ -259,6 +265,18 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
     booster = xgb.train(params.booster_params(seed, Y.shape[1]), dm, num_boost_round=params.n_rounds)
     return LearnedStagePredictor(variant=variant, gpus=dict(gpus), calibration=cal, booster=booster,
                                  memory_source=memory_source, params=params)
+
+
+def conformalize(predictor: LearnedStagePredictor, held_out: pd.DataFrame, *, coverage: float = 0.9,
+                 source: str = "held-out residuals") -> LearnedStagePredictor:
+    """The predictor with split-conformal bands from rows it never trained on (memx.learn.intervals)."""
+    df = training_rows(held_out)
+    yt, ym, _ = _targets(df)
+    pr = predictor.predict(df.loc[:, list(SIGNATURE_COLUMNS)])
+    pm = pr["peak_mem_mib"].to_numpy(np.float64)
+    iv = fit_intervals(df["gpu"].to_numpy(), pr["time_ms"].to_numpy(np.float64), yt, pm, ym, coverage=coverage,
+                       source=source)
+    return replace(predictor, intervals=iv)
 
 
 def stage_errors(predictor, rows: pd.DataFrame) -> dict[str, float]:

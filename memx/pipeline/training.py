@@ -25,6 +25,7 @@ from memx.learn.model import (
     VARIANTS,
     LearnedStagePredictor,
     XgbParams,
+    conformalize,
     fit_predictor,
     held_out_score,
     stage_errors,
@@ -135,12 +136,15 @@ def train_on(aug: AugmentResult, valid: pd.DataFrame, gpus: Mapping[str, GpuType
     import mlflow  # heavy: imported where a run is logged
 
     registry.setup(tracking_uri)
+    band_source = "held-out residuals"
     if valid.empty:
         valid = training_rows(aug.stage_runs)  # too few rows to hold any out: score on the training rows (stated)
+        band_source = "training rows (optimistic)"
     table, fitted = compare_variants(aug.stage_runs, valid, gpus, config.seed)
     with mlflow.start_run(run_name=f"train-{fp.fingerprint[:12]}") as run:
         _log_run_inputs(fp, aug, table, data_version)
         best_v, final = _final_predictor(aug, valid, gpus, config, table, fitted)
+        final = conformalize(final, valid, source=band_source)  # interval bands (issue #12; memx.learn.intervals)
         errors = stage_errors(final, valid)
         mlflow.log_params({"variant": best_v, **{f"xgb_{k}": v for k, v in dataclasses.asdict(final.params).items()}})
         mlflow.log_metrics({f"val_{k}": v for k, v in errors.items() if not math.isnan(v)}

@@ -13,6 +13,7 @@ from memx.planner.cost import AnalyticStageModel
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.report.evaluate import evaluate
 from memx.learn import VARIANTS, LearnedStagePredictor, fit_predictor, stage_errors
+from memx.learn.intervals import INTERVAL_COLUMNS
 from memx.profiling import profile
 from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor
 from memx.simulator import sample_plans
@@ -48,7 +49,8 @@ def test_every_variant_trains_and_predicts_positive_numbers(scenario):
     for v in VARIANTS:
         pred = fit_predictor(runs, gpus_of(cl), variant=v, seed=0)
         out = pred.predict(held.loc[:, list(SIGNATURE_COLUMNS)])
-        assert list(out.columns) == ["time_ms", "peak_mem_mib", "static_mem_mib"] and out.index.equals(held.index)
+        assert list(out.columns) == ["time_ms", "peak_mem_mib", "static_mem_mib", *INTERVAL_COLUMNS]
+        assert out.index.equals(held.index)
         assert (out.to_numpy() > 0).all()
         assert stage_errors(pred, held)["time_mape"] < 0.25, v
     with pytest.raises(ValueError, match="allowed"):
@@ -118,3 +120,43 @@ def test_serialised_form_round_trips_and_version_tracks_content(scenario):
     assert back.version == pred.version
     other = fit_predictor(runs, gpus_of(cl), variant="hybrid-calibrated", seed=1)
     assert isinstance(other, LearnedStagePredictor) and other.version != pred.version
+
+
+def test_conformal_band_uses_the_finite_sample_order_statistics():
+    from memx.learn.intervals import conformal_band
+
+    r = np.log(np.linspace(0.8, 1.2, 19))  # n = 19: upper = ⌈20·0.95⌉ = 19th, lower = ⌊20·0.05⌋ = 1st
+    b = conformal_band(r, 0.9, "t")
+    assert b.low == pytest.approx(0.8) and b.high == pytest.approx(1.2) and b.n == 19
+    assert conformal_band(r[:5], 0.9, "t") is None  # too few residuals: the documented default applies
+
+
+def test_conformal_intervals_cover_held_out_plans_and_round_trip(scenario):
+    """90 % bands from held-out stage rows cover ≥ 85 % of measured plans the profiler never ran (the
+    simulator's measurement, not the formulas; bench/coverage.py reports the figure)."""
+    from memx.learn.intervals import bound_view
+    from memx.learn.model import conformalize, from_json
+    from memx.pipeline.training import TrainConfig, split_and_augment
+    from memx.planner.estimate import estimate_plans
+    from memx.report.evaluate import _measured, _plans
+
+    cl, mo, _, runs, measured = scenario
+    aug, valid = split_and_augment(runs, TrainConfig(seed=0))
+    pred = conformalize(fit_predictor(aug.stage_runs, gpus_of(cl), variant="hybrid-calibrated", seed=0), valid)
+    band = pred.intervals.band("v100-16g", "time")
+    assert band.source == "held-out residuals" and band.low <= 1.0 <= band.high and band.n >= 10
+    plans, meas = _plans(measured, cl, mo), _measured(measured)
+    lo = estimate_plans(plans, cl, mo, bound_view(pred, "low"))
+    hi = estimate_plans(plans, cl, mo, bound_view(pred, "high"))
+    t = np.array([lo[i].iteration_time_ms <= m <= hi[i].iteration_time_ms for i, m in zip(meas.ok, meas.time_ms)])
+    mem = np.concatenate([(np.asarray(lo[i].peak_mem_mib) <= p) & (p <= np.asarray(hi[i].peak_mem_mib))
+                          for i, p in zip(meas.ok, meas.peaks)])
+    print("coverage time", t.mean(), "memory", mem.mean())
+    assert t.mean() >= 0.85 and mem.mean() >= 0.85
+    import xgboost as xgb
+
+    booster = xgb.Booster()
+    booster.load_model(bytearray(pred.booster_bytes()))
+    back = from_json(pred.to_json(), booster)
+    sigs = runs.loc[:, list(SIGNATURE_COLUMNS)].head(10)
+    assert np.allclose(back.predict(sigs).to_numpy(), pred.predict(sigs).to_numpy()) and back.version == pred.version
