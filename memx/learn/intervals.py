@@ -158,3 +158,19 @@ def bound_view(predictor: Any, end: str = "high") -> BoundView:
     if end not in ("low", "high"):
         raise ValueError(f"end {end!r}; allowed: low, high")
     return BoundView(inner=predictor, end=end)
+
+
+def layered(intervals: Intervals | None, *, closed_form_memory: list[str], forward_time: Mapping[str, tuple[float, float]],
+            unprofiled: list[str]) -> Intervals:
+    """The bands a prediction uses: conformal (or default) bands, then per GPU type the documented band
+    where a head's number is not learned from its own measurements (closed-form memory; a type never
+    profiled), and the backward model's spread on time derived from forward-only rows (memx.learn.phases)."""
+    iv = intervals or Intervals()
+    for g in closed_form_memory:
+        iv = iv.with_gpu(g, "memory", default_band("memory"))
+    for g, (lo, hi) in forward_time.items():
+        iv = iv.with_gpu(g, "time", iv.band(g, "time").widened(lo, hi, "backward/forward ratio"))
+    for g in unprofiled:
+        for head, (lo, hi) in UNPROFILED_BANDS.items():
+            iv = iv.with_gpu(g, head, Band(low=lo, high=hi, source="unprofiled GPU type (documented default)"))
+    return iv
