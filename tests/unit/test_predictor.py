@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from memx.planner.cost import AnalyticStageModel
@@ -225,3 +226,18 @@ def test_a_gpu_type_with_no_profile_is_flagged_unprofiled_with_wide_bands(scenar
     inside = (t4["time_ms"].to_numpy() >= out["time_ms_low"]) & (t4["time_ms"].to_numpy() <= out["time_ms_high"])
     print("unprofiled T4 time inside its band", inside.mean())
     assert inside.mean() >= 0.9
+
+
+def test_paired_forward_rows_give_the_ratio_and_iteration_rows_are_not_stage_labels(scenario):
+    from memx.learn.model import training_rows
+    from memx.learn.phases import fit_backward
+
+    cl, _, _, runs, _ = scenario
+    ok = runs[(runs["status"] == "ok") & (runs["recompute"] == "full")].head(8).reset_index(drop=True)
+    fwd = ok.assign(phase="forward", time_ms=ok["time_ms"] / 4.0)  # forward = 1/4 → backward / forward = 3
+    both = ok.assign(phase="forward_backward")
+    bw = fit_backward(pd.concat([fwd, both], ignore_index=True))
+    assert bw.ratio["full"] == pytest.approx(3.0) and "8 measured ratios" in bw.source["full"]
+    assert bw.source["none"].startswith("default") and bw.time_band("none")[1] > 1.0 > bw.time_band("none")[0]
+    it = ok.assign(phase="iteration", micro_batches=4)
+    assert len(training_rows(pd.concat([both, it], ignore_index=True))) == len(both)
