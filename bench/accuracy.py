@@ -61,10 +61,19 @@ def simulated(n_plans: int) -> tuple[dict, dict]:
     _show("registered", res)
     for name, b in res["baselines"].items():
         _show(name, b)
+    from bench.coverage import plan_coverage  # the interval coverage of the registered predictor (issue #12)
+    from memx.report.evaluate import _plans
+
+    print("registered 90 % interval coverage", plan_coverage(pred.inner, _plans(measured, cl, mo), measured, cl, mo))
     gpus = {g.name: g for g in cl.gpu_types}
     aug = augment(runs).stage_runs
     for v in VARIANTS:
         _show(f"variant {v}", evaluate(cl, mo, measured, fit_predictor(aug, gpus, variant=v, seed=0), "default"))
+    first = sorted(gpus)[0]  # labels people have (issue #16): one type without memory; no memory at all
+    no_mem = aug.assign(peak_mem_mib=aug["peak_mem_mib"].where(aug["gpu"] != first))
+    _show(f"no memory labels on {first}", evaluate(cl, mo, measured, fit_predictor(no_mem, gpus, seed=0), "default"))
+    _show("time-only labels", evaluate(cl, mo, measured, fit_predictor(aug.assign(peak_mem_mib=np.nan), gpus, seed=0),
+                                       "default"))
     for g in gpus:  # leave one GPU type out: train without its rows, evaluate on all plans
         rest = aug[aug["gpu"] != g]
         for v in ("hybrid", "hybrid-calibrated"):

@@ -38,7 +38,7 @@ def train_cmd(cluster: ClusterOpt,
               conf: ConfOpt = None,
               stage_runs: Annotated[Optional[Path], typer.Option("--stage-runs", help="stage_runs Parquet (default: the stored profile of this fingerprint).")] = None,
               trials: Annotated[int, typer.Option(min=1, help="Optuna trials.")] = 8,
-              seconds: Annotated[float, typer.Option(min=1.0, help="Optuna time budget (s).")] = 20.0,
+              seconds: Annotated[Optional[float], typer.Option(min=1.0, help="Optional wall-clock cap on tuning (s); stops early with a warning. Without it the result depends only on inputs and seed.")] = None,
               seed: SeedOpt = 0) -> None:
     """Train the stage predictor on stored stage_runs and register it (champion only if it is better)."""
     cl, mo, sp = load_specs(cluster, model, search, conf)

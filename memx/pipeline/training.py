@@ -25,6 +25,7 @@ from memx.learn.model import (
     VARIANTS,
     LearnedStagePredictor,
     XgbParams,
+    conformalize,
     fit_predictor,
     held_out_score,
     stage_errors,
@@ -142,13 +143,16 @@ def train_on(aug: AugmentResult, valid: pd.DataFrame, gpus: Mapping[str, GpuType
 
     client = registry.setup(tracking_uri)
     lifeline.mark_stale_runs(client, mlflow.get_experiment_by_name(registry.EXPERIMENT).experiment_id)
+    band_source = "held-out residuals"
     if valid.empty:
         valid = training_rows(aug.stage_runs)  # too few rows to hold any out: score on the training rows (stated)
+        band_source = "training rows (optimistic)"
     table, fitted = compare_variants(aug.stage_runs, valid, gpus, config.seed)
     # tagged with this process, host and home: a run left RUNNING by kill -9 is marked KILLED later
     with mlflow.start_run(run_name=f"train-{fp.fingerprint[:12]}", tags=lifeline.run_tags()) as run:
         _log_run_inputs(fp, aug, table, data_version)
         best_v, final = _final_predictor(aug, valid, gpus, config, table, fitted)
+        final = conformalize(final, valid, source=band_source)  # interval bands (issue #12; memx.learn.intervals)
         errors = stage_errors(final, valid)
         mlflow.log_params({"variant": best_v, **{f"xgb_{k}": v for k, v in dataclasses.asdict(final.params).items()}})
         mlflow.log_metrics({f"val_{k}": v for k, v in errors.items() if not math.isnan(v)}
