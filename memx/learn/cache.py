@@ -29,7 +29,10 @@ import numpy as np
 import pandas as pd
 
 from memx.domain.io import atomic_write_bytes
-from memx.planner.signatures import PREDICTION_COLUMNS, SIGNATURE_COLUMNS, StagePredictor
+from memx.planner.signatures import INTERVAL_COLUMNS, PREDICTION_COLUMNS, SIGNATURE_COLUMNS, StagePredictor
+
+# What is cached per signature: the prediction and, when the predictor gives one, its interval (NaN otherwise).
+CACHED_COLUMNS = PREDICTION_COLUMNS + INTERVAL_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +79,7 @@ class CachedPredictor:
         self.path = Path(path) if path is not None else None
         self.name = f"cached-{inner.name}"
         self._keys = pd.Index(np.empty(0, dtype=np.uint64))
-        self._values = np.empty((0, len(PREDICTION_COLUMNS)))
+        self._values = np.empty((0, len(CACHED_COLUMNS)))
         self.history: list[CacheStats] = []
         if self.path is not None and self.path.exists():
             self._load()
@@ -101,7 +104,7 @@ class CachedPredictor:
             df = pd.read_parquet(io.BytesIO(data))
             df = df[df["version"].astype(str) == self.version]
             keys = pd.Index(df["key"].to_numpy(np.uint64))
-            values = df.loc[:, list(PREDICTION_COLUMNS)].to_numpy(np.float64)
+            values = df.loc[:, list(CACHED_COLUMNS)].to_numpy(np.float64)
         except (OSError, ValueError, KeyError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             log.warning("memx: prediction cache %s discarded (%s); it is rebuilt from the predictor",
                         self.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -113,7 +116,7 @@ class CachedPredictor:
     def save(self) -> None:
         if self.path is None:
             return
-        df = pd.DataFrame(self._values, columns=list(PREDICTION_COLUMNS))
+        df = pd.DataFrame(self._values, columns=list(CACHED_COLUMNS))
         df.insert(0, "key", self._keys.to_numpy(np.uint64))
         df.insert(1, "version", self.version)
         buf = io.BytesIO()
@@ -130,19 +133,21 @@ class CachedPredictor:
         keys = signature_keys(sigs, self.version)
         pos = self._keys.get_indexer(keys) if len(self._keys) else np.full(len(keys), -1)
         hit = pos >= 0
-        out = np.empty((len(sigs), len(PREDICTION_COLUMNS)))
+        out = np.empty((len(sigs), len(CACHED_COLUMNS)))
         out[hit] = self._values[pos[hit]]
         if (~hit).any():
             miss_keys, first = np.unique(keys[~hit], return_index=True)
             rows = np.flatnonzero(~hit)[first]
             pred = self.inner.predict(sigs.iloc[rows].loc[:, list(SIGNATURE_COLUMNS)])
-            vals = pred.loc[:, list(PREDICTION_COLUMNS)].to_numpy(np.float64)
+            vals = pred.reindex(columns=list(CACHED_COLUMNS)).to_numpy(np.float64)
             self._keys = self._keys.append(pd.Index(miss_keys))
             self._values = np.vstack([self._values, vals])
             out[~hit] = vals[np.searchsorted(miss_keys, keys[~hit])]
             self.save()
         self.history.append(CacheStats(queries=len(sigs), hits=int(hit.sum())))
-        return pd.DataFrame(out, columns=list(PREDICTION_COLUMNS), index=sigs.index)
+        frame = pd.DataFrame(out, columns=list(CACHED_COLUMNS), index=sigs.index)
+        given = [c for c in INTERVAL_COLUMNS if not np.isnan(out[:, CACHED_COLUMNS.index(c)]).all()]
+        return frame.loc[:, [*PREDICTION_COLUMNS, *given]]  # interval columns only where the predictor gives them
 
     @property
     def last_hit_rate(self) -> float:

@@ -30,7 +30,6 @@ import pandas as pd
 GLOBAL = "*"
 HEADS = ("time", "memory")
 COVERAGE = 0.9  # issue #12: the 90 % interval
-INTERVAL_COLUMNS = ("time_ms_low", "time_ms_high", "peak_mem_mib_low", "peak_mem_mib_high")
 MIN_RESIDUALS = 10  # our choice: fewer held-out rows than this → the documented default band
 
 # The closed form's documented band (its own error, not learned): issue #12 measured the closed form

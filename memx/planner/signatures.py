@@ -14,9 +14,12 @@ from memx.domain.records import SIGNATURE_COLUMNS
 from memx.domain.specs import ModelArch
 from memx.planner.tables import NONE, SELECTIVE, StageContext
 
-__all__ = ["PREDICTION_COLUMNS", "SIGNATURE_COLUMNS", "StagePredictor", "signature_frame"]
+__all__ = ["INTERVAL_COLUMNS", "PREDICTION_COLUMNS", "SIGNATURE_COLUMNS", "StagePredictor", "signature_frame"]
 
 PREDICTION_COLUMNS = ("time_ms", "peak_mem_mib", "static_mem_mib")
+# Optional: a predictor with uncertainty also returns its 90 % interval (memx.learn.intervals;
+# docs/architecture.md §Stage model); NaN where a predictor gives none.
+INTERVAL_COLUMNS = ("time_ms_low", "time_ms_high", "peak_mem_mib_low", "peak_mem_mib_high")
 
 
 @runtime_checkable

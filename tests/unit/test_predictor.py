@@ -14,7 +14,7 @@ from memx.planner.cost import AnalyticStageModel
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.report.evaluate import evaluate
 from memx.learn import VARIANTS, LearnedStagePredictor, fit_predictor, stage_errors
-from memx.learn.intervals import INTERVAL_COLUMNS
+from memx.planner.signatures import INTERVAL_COLUMNS
 from memx.profiling import profile
 from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor
 from memx.simulator import sample_plans
