@@ -19,11 +19,11 @@ import pandas as pd
 
 from memx.domain.errors import InputError
 from memx.domain.plan import Recompute
-from memx.domain.records import RejectedRow, ok_row, row_problems, stage_runs_frame
+from memx.domain.records import (MEASUREMENT_COLUMNS, PHASES, RejectedRow, row_problems, stage_run_row,
+                                 stage_runs_frame)
 from memx.domain.specs import ModelArch
 
-PHASES = ("forward", "forward_backward", "iteration")  # what a row's time_ms measured (issue #16)
-EXTRA_COLUMNS = ("phase", "micro_batches", "forward_ms", "backward_ms")  # beside STAGE_RUN_COLUMNS
+EXTRA_COLUMNS = MEASUREMENT_COLUMNS  # phase, micro_batches, forward_ms, backward_ms: stage_runs columns now
 BACKEND = "records"
 UNIT_MS = {"s": 1e3, "ms": 1.0, "us": 1e-3}  # factor to ms
 MAX_LAYER_S = 3600.0  # a per-layer time above an hour is not a per-layer time: wrong unit or wrong file
@@ -146,10 +146,9 @@ def row(base: Mapping[str, Any], entry: Entry, *, layers: int, first: bool, last
         reason: str, micro_batches: int | None = None) -> dict[str, Any]:
     """A time-only stage row (peak_mem_mib null) with its phase and forward/backward split."""
     assert phase in PHASES, phase
-    out = ok_row({**base, "layers": layers, "first": first, "last": last}, time_ms=entry.total_ms,
-                 peak_mem_mib=None, static_mem_mib=None, backend=BACKEND, reason=reason)
-    out.update(phase=phase, micro_batches=micro_batches, forward_ms=entry.forward_ms, backward_ms=entry.backward_ms)
-    return out
+    return stage_run_row({**base, "layers": layers, "first": first, "last": last}, status="ok", backend=BACKEND,
+                         time_ms=entry.total_ms, reason=reason, phase=phase, micro_batches=micro_batches,
+                         forward_ms=entry.forward_ms, backward_ms=entry.backward_ms)
 
 
 def per_layer_rows(base: Mapping[str, Any], entries: Sequence[Entry], model: ModelArch, file: Path, *,
@@ -165,19 +164,14 @@ def per_layer_rows(base: Mapping[str, Any], entries: Sequence[Entry], model: Mod
 
 def to_frame(rows: Sequence[Mapping[str, Any]], files: Sequence[str]) -> tuple[pd.DataFrame, list[RejectedRow]]:
     """Validate rows one by one (memx.domain.records.row_problems); the kept ones as a stage_runs
-    frame plus EXTRA_COLUMNS (phase text, micro_batches Int64, forward_ms / backward_ms float64)."""
+    frame (its measurement columns: phase, micro_batches, forward_ms, backward_ms)."""
     good, rejects = [], []
     for i, (r, f) in enumerate(zip(rows, files)):
         problems = row_problems(r)
         rejects += [RejectedRow(row=i, column=c, reason=p, file=f) for c, p in problems]
         if not problems:
             good.append(r)
-    df = stage_runs_frame(good)
-    df["phase"] = pd.Series([r["phase"] for r in good], dtype="object")
-    df["micro_batches"] = pd.array([r.get("micro_batches") for r in good], dtype="Int64")
-    for col in ("forward_ms", "backward_ms"):
-        df[col] = pd.Series([r.get(col) for r in good], dtype="float64")
-    return df, rejects
+    return stage_runs_frame(good), rejects
 
 
 def backward_forward_ratios(frame: pd.DataFrame) -> pd.DataFrame:
