@@ -161,8 +161,11 @@ def stage_runs_frame(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> pd.Dat
 
 def with_record_defaults(df: pd.DataFrame) -> pd.DataFrame:
     """`df` with the option and measurement columns it lacks added at their defaults (tables written
-    before issues #14/#16); other columns and dtypes untouched."""
-    missing = {c: v for c, v in {**OPTION_DEFAULTS, "phase": DEFAULT_PHASE}.items() if c not in df.columns}
+    before issues #14/#16), nulls in them (rows concatenated from such tables) at their defaults too;
+    other columns untouched."""
+    missing = {c: (df[c].where(df[c].notna(), v) if c in df.columns else v)
+               for c, v in {**OPTION_DEFAULTS, "phase": DEFAULT_PHASE}.items()
+               if c not in df.columns or df[c].isna().any()}
     if "micro_batches" not in df.columns:
         missing["micro_batches"] = pd.Series(pd.NA, index=df.index, dtype="Int64")
     missing.update({c: np.nan for c in SPLIT_COLUMNS if c not in df.columns})
