@@ -4,9 +4,7 @@ read in place from ../shared/realdata/papers (skipped when absent).
 - Korthikanti et al. 2022 Fig. 7: activation memory with sequence parallelism alone, relative to TP
   only (GPT layers, eager attention, dropout), and Table 4: the 22B layer with and without sequence
   parallelism, alone and with selective recomputation.
-- Korthikanti et al. 2022 Fig. 1: params + grads + optimizer per GPU, which the paper's runs hold
-  replicated (no distributed optimizer): 18 B/param; with the distributed optimizer over the dp
-  of Narayanan et al. 2021 Table 1 the same accounting gives 6 + 12/dp.
+- Fig. 1 model states with the distributed optimizer: tests/validation/test_analytic_korthikanti2022.py.
 """
 
 from __future__ import annotations
@@ -18,17 +16,10 @@ import pandas as pd
 import pytest
 
 from memx.domain.runtime import load_runtime
-from memx.domain.specs import GpuType
-from memx.planner.cost import AnalyticStageModel, layer_params, static_bytes_per_param
+from memx.planner.cost import AnalyticStageModel
 from memx.planner.runtime_terms import activation_bytes, shapes
-
-A100 = GpuType(name="a100-80g", vendor="nvidia", memory_gib=80, peak_tflops_bf16=312, memory_bandwidth_gbps=2039,
-               intra_node_bandwidth_gbps=300)
-GIB = 2**30
-
-
-def _cfg(realdata):
-    return pd.read_csv(realdata / "papers" / "korthikanti2022_table3_configs.csv").set_index("model")
+from test_closed_form_published import A100, layer_signatures  # same folder: pytest puts it on sys.path
+from test_closed_form_published import _korthikanti as _cfg
 
 
 def test_fig7_sequence_parallel_alone(realdata):
@@ -56,14 +47,8 @@ def test_table4_sequence_parallel_layer_time(realdata, conf_root):
     c = _cfg(realdata).loc["22B"]
     prof = dataclasses.replace(load_runtime("a100-80g", "nvidia", conf_root), flash_attention=False)
     model = AnalyticStageModel(gpus={A100.name: A100}, runtime={A100.name: prof})
-    rows = [dict(gpu=A100.name, tp=int(c["tp"]), layers=1, micro_batch=int(c["microbatch"]), seq_len=int(c["seq"]),
-                 recompute=rc, recompute_layers=pd.NA, first=False, last=False, inflight=1, hidden=int(c["hidden"]),
-                 ffn_hidden=4 * int(c["hidden"]), heads=int(c["heads"]), query_groups=int(c["heads"]),
-                 vocab=int(c["vocab"]), mlp="gelu", distributed_optimizer=False, dp=1, sequence_parallel=sp)
-            for rc in ("none", "selective") for sp in (False, True)]
-    df = pd.DataFrame(rows)
-    df["recompute_layers"] = df["recompute_layers"].astype("Int64")
-    t = model.predict(df)["time_ms"].to_numpy()
+    variants = [dict(recompute=rc, sequence_parallel=sp) for rc in ("none", "selective") for sp in (False, True)]
+    t = model.predict(layer_signatures(c, variants))["time_ms"].to_numpy()
     print("Table 4 closed form (none, none+SP, selective, selective+SP) ms:", np.round(t, 2))
     measured = [1 - t4.loc[b, "combined_ms"] / t4.loc[a, "combined_ms"] for a, b in
                 (("baseline no recompute", "sequence parallelism"), ("selective recompute", "selective + sequence"))]
@@ -72,18 +57,3 @@ def test_table4_sequence_parallel_layer_time(realdata, conf_root):
     assert t[1] == pytest.approx(t4.loc["sequence parallelism", "combined_ms"], rel=0.15)
     assert t[3] == pytest.approx(t4.loc["selective + sequence", "combined_ms"], rel=0.15)
 
-
-def test_fig1_model_states_and_the_distributed_optimizer(realdata):
-    """Fig. 1's params+grads+optimizer per GPU is the 18 B/param accounting (no distributed optimizer
-    in the paper's runs): within 3 %. The 175B config (TP 8, PP 8, 64 GPUs per replica) at the dp of a
-    1,024-GPU job (dp 16) would hold 6 + 12/16 = 6.75 B/param: 37.5 % of it (Megatron-LM docs table)."""
-    fig1 = pd.read_csv(realdata / "papers" / "korthikanti2022_fig1_memory_per_gpu_gib.csv").drop_duplicates("model")
-    cfg = _cfg(realdata)
-    for _, row in fig1.iterrows():
-        c = cfg.loc[row["model"]]
-        params = (layer_params(c["hidden"], 4 * c["hidden"], c["heads"], c["heads"], "gelu") * c["layers"] / c["pp"]
-                  + (c["vocab"] * c["hidden"] if c["pp"] == 1 else 0)) / c["tp"]
-        assert params * static_bytes_per_param(False, 1) / GIB == pytest.approx(row["params_grads_optimizer_GiB"],
-                                                                                rel=0.03)
-        do16 = params * static_bytes_per_param(True, 16) / GIB
-        assert do16 == pytest.approx(row["params_grads_optimizer_GiB"] * 6.75 / 18, rel=0.03)
