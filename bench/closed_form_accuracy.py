@@ -11,7 +11,8 @@ memx.report.evaluate does), time MAPE over plans that ran, OOM called right over
 (feasible ⇔ measured without OOM) at the search's default reserve and at none, `unsafe` = share of
 plans predicted to fit that ran out of memory, `mem_bias` = median predicted/measured peak.
 
-Usage: PYTHONPATH=. .venv/bin/python bench/closed_form_accuracy.py [--plans 100] [--seed 7]
+Usage: PYTHONPATH=. .venv/bin/python bench/closed_form_accuracy.py [--plans 100] [--seed 7] [--options]
+`--options`: each plan draws the distributed optimizer and sequence parallelism on or off (issue #14).
 Output: one line per case and variant, then one line per variant pooled over the paper's cases
 (goals: mem_mape ≤ 0.10, time_mape ≤ 0.20, oom_right ≥ 0.95). gpt2-1024 on v100-t4-6 is printed as a
 stress case (a 350M model: fixed per-process overheads dominate) and kept out of the pooled line.
@@ -41,9 +42,11 @@ VARIANTS = {"flat (runtime=none)": "none", "runtime (catalog)": "catalog"}
 RESERVE_GIB = 1.0  # conf/search/default.yaml reserve_gib
 
 
-def measure(cluster_name: str, model_name: str, n: int, seed: int):
+def measure(cluster_name: str, model_name: str, n: int, seed: int, options: bool = False):
     cluster, model = load_cluster(cluster_name), load_model(model_name)
-    plans = draw_plans(cluster, model, load_search("default"), n=n, seed=seed)
+    both = (False, True) if options else (False,)
+    plans = draw_plans(cluster, model, load_search("default"), n=n, seed=seed, distributed_optimizer=both,
+                       sequence_parallel=both)
     runs = [simulate_plan(p, cluster, model, seed=seed * 100_003 + i) for i, p in enumerate(plans)]
     return cluster, model, plans, runs
 
@@ -74,11 +77,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=100, help="plans drawn per cluster and model")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--options", action="store_true", help="draw distributed optimizer / sequence parallel on or off")
     args = ap.parse_args()
     t0 = time.perf_counter()
     pooled: dict[str, list[dict[str, np.ndarray]]] = {v: [] for v in VARIANTS}
     for case in PAPER_CASES + STRESS_CASES:
-        measured = measure(*case, args.plans, args.seed)
+        measured = measure(*case, args.plans, args.seed, args.options)
         for label, runtime in VARIANTS.items():
             e = errors(*measured, runtime)
             print(line(f"{case[0]} {case[1]} {label}", e), flush=True)

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from memx.domain.io import atomic_write_bytes
+from memx.domain.records import with_record_defaults
 from memx.planner.signatures import INTERVAL_COLUMNS, PREDICTION_COLUMNS, SIGNATURE_COLUMNS, StagePredictor
 
 # What is cached per signature: the prediction and, when the predictor gives one, its interval (NaN otherwise).
@@ -36,14 +37,16 @@ CACHED_COLUMNS = PREDICTION_COLUMNS + INTERVAL_COLUMNS
 
 log = logging.getLogger(__name__)
 
-_INT = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab")
+_INT = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab",
+        "dp")
 
 
 def canonical_signatures(sigs: pd.DataFrame) -> pd.DataFrame:
     """Signature columns in fixed dtypes, so equal signatures hash equally whatever their source."""
+    sigs = with_record_defaults(sigs)  # option columns absent: their defaults (memx.domain.records)
     out = {c: sigs[c].to_numpy(dtype=np.int64) for c in _INT}
     out["recompute_layers"] = pd.to_numeric(sigs["recompute_layers"], errors="coerce").fillna(-1).to_numpy(np.int64)
-    for c in ("first", "last"):
+    for c in ("first", "last", "distributed_optimizer", "sequence_parallel"):
         out[c] = sigs[c].to_numpy(dtype=bool).astype(np.int64)
     for c in ("gpu", "recompute", "mlp"):
         out[c] = sigs[c].astype(str).to_numpy(dtype=object)
@@ -138,7 +141,7 @@ class CachedPredictor:
         if (~hit).any():
             miss_keys, first = np.unique(keys[~hit], return_index=True)
             rows = np.flatnonzero(~hit)[first]
-            pred = self.inner.predict(sigs.iloc[rows].loc[:, list(SIGNATURE_COLUMNS)])
+            pred = self.inner.predict(with_record_defaults(sigs.iloc[rows]).loc[:, list(SIGNATURE_COLUMNS)])
             vals = pred.reindex(columns=list(CACHED_COLUMNS)).to_numpy(np.float64)
             self._keys = self._keys.append(pd.Index(miss_keys))
             self._values = np.vstack([self._values, vals])

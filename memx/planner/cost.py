@@ -7,6 +7,11 @@ Sources:
 - Narayanan et al. 2021 (Megatron-LM PTD-P, arXiv:2104.04473) §5.1 / Appendix: FLOPs per layer.
 - Korthikanti et al. 2022 (arXiv:2205.05198) §4: activation memory per layer, Eq. 1–2 (TP + SP),
   §5 selective recomputation, §4.3 embedding / output-layer activations.
+- Distributed optimizer (Megatron-LM `--use-distributed-optimizer`): Megatron-LM docs, "Distributed
+  Optimizer" (docs/source/api-guide/dist_optimizer.md, bytes-per-parameter table: bf16 params with
+  fp32 grads 18 → 6 + 12/d); Rajbhandari et al. 2020 (ZeRO, arXiv:1910.02054) §5.1 (P_os: optimizer
+  states partitioned over N_d) and §7.1 (reduce-scatter + all-gather move the same volume as one
+  all-reduce, but the all-gather here moves bf16 params, Megatron's param_and_grad_buffer).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import pandas as pd
 
 from memx.domain.errors import InputError
 from memx.domain.plan import Recompute
+from memx.domain.records import OPTION_DEFAULTS
 from memx.domain.runtime import RuntimeProfile, load_runtime
 from memx.domain.specs import GpuType, ModelArch
 from memx.planner.runtime_terms import (
@@ -46,6 +52,56 @@ MIB = 1024.0 * 1024.0
 BYTES_PER_PARAM_STATIC = 18.0
 GRAD_BYTES_PER_PARAM = 4.0  # fp32 main grads are what DP all-reduces (Megatron DDP default for bf16)
 ACT_BYTES = 2.0  # bf16 activations
+# Distributed optimizer: bf16 params (2) and fp32 main grads (4) stay on every rank, fp32 main params
+# and Adam m, v (4 + 4 + 4) are sharded over the dp ranks (Megatron-LM dist_optimizer docs table).
+REPLICATED_BYTES_PER_PARAM_DO = 6.0
+SHARDED_BYTES_PER_PARAM_DO = 12.0
+PARAM_BYTES = 2.0  # bf16 params: what the distributed optimizer all-gathers after its step
+
+
+def option_columns(sigs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distributed_optimizer, dp, sequence_parallel) of signature rows; their defaults
+    (memx.domain.records.OPTION_DEFAULTS) where a frame predates them."""
+    def get(c: str) -> np.ndarray:
+        col = sigs[c] if c in sigs.columns else pd.Series(OPTION_DEFAULTS[c], index=sigs.index)
+        return col.where(col.notna(), OPTION_DEFAULTS[c]).to_numpy()
+
+    do = get("distributed_optimizer").astype(bool)
+    return do, np.where(do, get("dp").astype(np.float64), 1.0), get("sequence_parallel").astype(bool)
+
+
+def optimizer_shards(distributed_optimizer, dp) -> np.ndarray:
+    """Ranks one parameter's optimizer state is split over: dp with the distributed optimizer, else 1."""
+    return np.where(np.asarray(distributed_optimizer, dtype=bool), np.asarray(dp, dtype=np.float64), 1.0)
+
+
+def static_bytes_per_param(distributed_optimizer, dp) -> np.ndarray:
+    """Weights + grads + optimizer state per parameter: 18 B, or 6 + 12/dp with the distributed
+    optimizer (Megatron-LM dist_optimizer docs; ZeRO §5.1 P_os)."""
+    shards = optimizer_shards(distributed_optimizer, dp)
+    return np.where(shards > 1, REPLICATED_BYTES_PER_PARAM_DO + SHARDED_BYTES_PER_PARAM_DO / shards,
+                    BYTES_PER_PARAM_STATIC)
+
+
+def dp_step_ms(params_per_rank, dp, bandwidth_gbps, distributed_optimizer=False) -> np.ndarray:
+    """The data-parallel gradient step of a stage (the T_dp of paper §3.1.2). Plain: ring all-reduce
+    of the fp32 grads, 2(n−1)/n · 4P. Distributed optimizer: ring reduce-scatter of the fp32 grads,
+    (n−1)/n · 4P, then ring all-gather of the updated bf16 params, (n−1)/n · 2P (ZeRO §7.1; Megatron-LM
+    dist_optimizer docs) — 6P(n−1)/n instead of 8P(n−1)/n."""
+    n = np.asarray(dp, dtype=np.float64)
+    p = np.asarray(params_per_rank, dtype=np.float64)
+    plain = ring_allreduce_ms(p * GRAD_BYTES_PER_PARAM, n, bandwidth_gbps)
+    sharded = 0.5 * ring_allreduce_ms(p * (GRAD_BYTES_PER_PARAM + PARAM_BYTES), n, bandwidth_gbps)
+    return np.where(np.asarray(distributed_optimizer, dtype=bool), sharded, plain)
+
+
+def stepped_static_fraction(distributed_optimizer, dp) -> np.ndarray:
+    """The share of a rank's static memory its Adam step reads and writes, as a multiple of that
+    static memory: 1 plain; with the distributed optimizer each rank steps params/dp (ZeRO §5.1), whose
+    18 B/param are (18/dp) / (6 + 12/dp) of its static bytes. The optimizer step (schedule.optimizer_ms)
+    thus stays "read and write the stepped state once" whatever predicted the static memory."""
+    shards = optimizer_shards(distributed_optimizer, dp)
+    return BYTES_PER_PARAM_STATIC / shards / static_bytes_per_param(distributed_optimizer, dp)
 
 
 def layer_params(hidden, ffn_hidden, heads, query_groups, mlp):
@@ -251,7 +307,8 @@ def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu:
 
     # --- memory
     params = stage_params_per_rank(L, tp, first, last, *shape[:4], v, shape[4])
-    static = params * BYTES_PER_PARAM_STATIC
+    do, dp, _ = option_columns(sigs)  # this form keeps Korthikanti Eq. 4 (SP) activations in any case
+    static = params * static_bytes_per_param(do, dp)
     keep = act_none - selective * attention_scores_bytes(b, s, c["heads"]) / tp
     act_mb = (L - n_rec) * keep + n_rec * layer_input_bytes(b, s, h, tp)
     act_mb = act_mb + first * embedding_output_bytes(b, s, h, tp) + last * output_layer_bytes(b, s, h, v, tp)
@@ -331,7 +388,8 @@ def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
     the re-materialised layer under recomputation, Korthikanti 2022 §5) and the logits gradient."""
     c = {k: sigs[k].to_numpy() for k in sigs.columns}
     rc = RuntimeColumns.of(c["gpu"], gpus, profiles)
-    x = shapes(c, rc.sp)
+    do, dp, sp = option_columns(sigs)
+    x = shapes(c, sp | rc.sp)  # the stage's --sequence-parallel, or a GPU entry that always runs it
     L = c["layers"].astype(np.float64)
     first, last = c["first"].astype(bool), c["last"].astype(bool)
     n_rec = recomputed_layers(c["recompute"], c["recompute_layers"], L)
@@ -346,7 +404,7 @@ def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
     work = np.maximum((L > 0) * (backward_workspace_bytes(x, rc.flash) + rematerialised), last * logits_grad)
     params = stage_params_per_rank(L, x.t, first, last, c["hidden"], c["ffn_hidden"], c["heads"], c["query_groups"],
                                    c["vocab"], c["mlp"])
-    static = params * BYTES_PER_PARAM_STATIC
+    static = params * static_bytes_per_param(do, dp)
     allocated = static + c["inflight"].astype(np.float64) * act + work
     peak = allocated * (1.0 + rc.frag) / MIB + rc.fixed_mib + communicator_mib(first, last, x, rc)
     return pd.DataFrame({"time_ms": time_ms, "peak_mem_mib": peak, "static_mem_mib": static / MIB}, index=sigs.index)

@@ -15,13 +15,12 @@ import pandas as pd
 from memx.domain.catalog import load_gpu
 from memx.domain.errors import InputError
 from memx.domain.plan import Plan, plan_to_json
-from memx.domain.records import (CONFIG_RUN_COLUMNS, SIGNATURE_COLUMNS, STAGE_RUN_COLUMNS, config_runs_frame,
+from memx.domain.records import (CONFIG_RUN_COLUMNS, STAGE_RUN_COLUMNS, config_runs_frame,
                                  now_iso, stage_run_row, stage_runs_frame)
 from memx.domain.specs import Cluster, GpuType
 from memx.simulator.schedule import PlanRun
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
-    StageSignature,
     measure_stage,
     signature_from_dict,
 )
@@ -57,15 +56,6 @@ def _gpu_lookup(gpus: GpuCatalog, conf_root: Path | None):
     return get
 
 
-def _check_recordable(sig: StageSignature) -> None:
-    """A stage_runs row must say what was measured: refuse options its columns cannot hold yet."""
-    lost = [f for f in sig.options_in_effect() if f not in SIGNATURE_COLUMNS]
-    if lost:
-        raise InputError(f"stage signature: field(s) {', '.join(lost)} change the stage's cost but stage_runs has no "
-                         f"column for them yet (memx.domain.records.SIGNATURE_COLUMNS); measure such stages with "
-                         f"measure_stage / `memx simulate stage`")
-
-
 def measure_stages(signatures: pd.DataFrame | Sequence[Mapping[str, Any]], *, seed: int,
                    gpus: GpuCatalog = None, conf_root: Path | None = None,
                    traits: Mapping[str, GpuTraits] | None = None, repeats: int = 1,
@@ -84,7 +74,6 @@ def measure_stages(signatures: pd.DataFrame | Sequence[Mapping[str, Any]], *, se
     for i, raw in enumerate(records):
         try:
             sig = signature_from_dict(raw)
-            _check_recordable(sig)
         except InputError as exc:
             raise InputError(f"row {i}: {exc}") from exc
         gpu = get_gpu(sig.gpu)

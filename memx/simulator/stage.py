@@ -51,7 +51,7 @@ class StageSignature:
     vocab: int
     mlp: str
     # Job options that change a stage's cost (plan-level in the plan JSON); defaults = what older
-    # signatures meant. Not stage_runs columns yet (memx.domain.records.SIGNATURE_COLUMNS).
+    # signatures meant (memx.domain.records.OPTION_DEFAULTS: older stage_runs rows take them).
     distributed_optimizer: bool = False  # Adam states and fp32 master params sharded over `dp` (ZeRO-1)
     dp: int = 1  # data-parallel size of the stage: the sharding factor of the distributed optimizer
     sequence_parallel: bool = False  # Megatron SP; no effect at tp = 1
@@ -83,7 +83,7 @@ class StageSignature:
 
 
 OPTION_FIELDS = ("distributed_optimizer", "dp", "sequence_parallel")  # optional, with defaults
-SIGNATURE_FIELDS = tuple(f.name for f in fields(StageSignature) if f.name not in OPTION_FIELDS)  # the stage_runs columns
+SIGNATURE_FIELDS = tuple(f.name for f in fields(StageSignature))  # the stage_runs signature columns
 _INT_FIELDS = ("tp", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab")
 
 
@@ -109,7 +109,8 @@ def signature_from_dict(data: Mapping[str, Any]) -> StageSignature:
     """Parse and check a stage signature; InputError names the field."""
     if not isinstance(data, Mapping):
         raise InputError(f"stage signature: must be a JSON object, got {type(data).__name__}")
-    missing = [f for f in SIGNATURE_FIELDS if f not in data and f != "recompute_layers"]  # options may be absent
+    missing = [f for f in SIGNATURE_FIELDS if f not in data and f != "recompute_layers"
+               and f not in OPTION_FIELDS]  # options may be absent
     if missing:
         raise InputError(f"stage signature: missing field(s) {', '.join(missing)}")
     values: dict[str, Any] = {name: _as_int(name, data[name], 1) for name in _INT_FIELDS}

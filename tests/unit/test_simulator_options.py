@@ -59,12 +59,13 @@ def test_bad_option_names_the_field(field, value):
         sig(**{field: value})
 
 
-def test_stage_runs_cannot_record_the_options_yet():
+def test_stage_runs_record_the_options():
     base = sig().to_dict()
-    assert len(measure_stages([base], seed=0)) == 1
-    with pytest.raises(InputError, match="distributed_optimizer, dp"):
-        measure_stages([{**base, "distributed_optimizer": True, "dp": 4}], seed=0)
-    assert len(measure_stages([{**base, "sequence_parallel": True, "tp": 1}], seed=0)) == 1  # a no-op at tp 1
+    df = measure_stages([base, {**base, "distributed_optimizer": True, "dp": 4},
+                         {**base, "sequence_parallel": True, "tp": 1}], seed=0)
+    assert list(df.dp) == [1, 4, 1] and list(df.distributed_optimizer) == [False, True, False]
+    assert list(df.sequence_parallel) == [False, False, False]  # a no-op at tp 1: recorded canonical
+    assert df.static_mem_mib[1] < df.static_mem_mib[0]
 
 
 # ---------------------------------------------------------------- distributed optimizer

@@ -48,6 +48,18 @@ def _korthikanti(realdata):
     return pd.read_csv(realdata / "papers" / "korthikanti2022_table3_configs.csv").set_index("model")
 
 
+def layer_signatures(c, variants) -> pd.DataFrame:
+    """One GPT layer of a Korthikanti Table 3 config on the A100, one signature row per variant (dict of
+    columns to set: recompute, sequence_parallel, …)."""
+    base = dict(gpu=A100.name, tp=int(c["tp"]), layers=1, micro_batch=int(c["microbatch"]), seq_len=int(c["seq"]),
+                recompute="none", recompute_layers=pd.NA, first=False, last=False, inflight=1, hidden=int(c["hidden"]),
+                ffn_hidden=4 * int(c["hidden"]), heads=int(c["heads"]), query_groups=int(c["heads"]),
+                vocab=int(c["vocab"]), mlp="gelu")
+    df = pd.DataFrame([{**base, **v} for v in variants])
+    df["recompute_layers"] = df["recompute_layers"].astype("Int64")
+    return df
+
+
 def test_korthikanti_fig1_activations_with_runtime_flags(realdata):
     """Fig. 1: TP-only without recomputation and sequence parallel + selective, GPT layers with dropout
     and eager attention (the paper's setup): activation_bytes with sequence_parallel off / on matches
@@ -77,13 +89,8 @@ def test_korthikanti_table4_layer_time(realdata, conf_root):
     c = _korthikanti(realdata).loc["22B"]
     prof = dataclasses.replace(load_runtime("a100-80g", "nvidia", conf_root), flash_attention=False)
     model = AnalyticStageModel(gpus={A100.name: A100}, runtime={A100.name: prof})
-    rows = [dict(gpu=A100.name, tp=int(c["tp"]), layers=1, micro_batch=int(c["microbatch"]), seq_len=int(c["seq"]),
-                 recompute=rc, recompute_layers=pd.NA, first=False, last=False, inflight=1, hidden=int(c["hidden"]),
-                 ffn_hidden=4 * int(c["hidden"]), heads=int(c["heads"]), query_groups=int(c["heads"]),
-                 vocab=int(c["vocab"]), mlp="gelu") for rc in ("none", "full", "selective")]
-    df = pd.DataFrame(rows)
-    df["recompute_layers"] = df["recompute_layers"].astype("Int64")
-    t = model.predict(df)["time_ms"].to_numpy()
+    t = model.predict(layer_signatures(c, [dict(recompute=rc) for rc in ("none", "full", "selective")]))["time_ms"]
+    t = t.to_numpy()
     base = t4.loc["baseline no recompute", "combined_ms"]
     assert t[0] == pytest.approx(base, rel=0.15)
     assert t[1] / t[0] - 1 == pytest.approx(t4.loc["baseline with full recompute", "combined_ms"] / base - 1, abs=0.08)
