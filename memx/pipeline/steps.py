@@ -246,9 +246,3 @@ def search_champion(store: ArtifactStore, cluster: Cluster, model: ModelArch, sp
                             shard_by=shard_by, predictor_name=f"{ref['variant']} v{ref['model_version']}")
     result.manifest.update(champion=ref, experiment_id=registry.experiment_of(ref["run_id"]))
     return save(store, "search", version, result, {**(inputs or {}), "cluster": cluster.name, "model": model.name})
-
-
-def load_trained(manifest: dict[str, Any], tracking_uri: str | None):
-    """The predictor that plans for a train manifest's fingerprint: its registry champion, cached.
-    Kept for memx.cli.app until it calls memx.pipeline.local.registered_predictor."""
-    return champion_predictor(manifest["fingerprint"], tracking_uri=tracking_uri)[0]

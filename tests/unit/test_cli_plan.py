@@ -30,7 +30,9 @@ def test_table_and_markdown_and_megatron(tmp_path):
     assert md.exit_code == 0 and md.stdout.startswith("# MemX plan: llama-6l")
     meg = runner.invoke(app, ["plan", *SMALL, "--format", "megatron"])
     assert "--pipeline-model-parallel-size" in meg.stdout and "--global-batch-size 16" in meg.stdout
-    assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "plan.md", "megatron.sh"}
+    assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "plan.md", "megatron.sh", "report.html", "memory.png",
+                                                   "pareto.png", "timeline.png"}
+    assert (tmp_path / "megatron.sh").stat().st_mode & 0o111 and not (tmp_path / "plan.json").stat().st_mode & 0o111
     assert json.loads((tmp_path / "plan.json").read_text())["plan"]["model"] == "llama-6l"
 
 
