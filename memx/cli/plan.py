@@ -158,9 +158,10 @@ def warn_batch(cl: Cluster, sp: SearchSpace) -> None:
     if lost_mb or (most_dp > 1 and kept_dp == [1]):
         kept_mb = [mb for mb in sp.micro_batch_options if mb not in lost_mb]
         lost_dp = [dp for dp in range(1, most_dp + 1) if dp not in kept_dp]
-        typer.echo(f"warning: global_batch {gb} (search '{sp.name}') is divisible by no dp × micro batch with "
-                   f"micro batch {', '.join(map(str, lost_mb)) or 'none'} or dp {_ranges(lost_dp) or 'none'}; the "
-                   f"search keeps micro batch {', '.join(map(str, kept_mb))} and dp {_ranges(kept_dp)}", err=True)
+        typer.echo(f"warning: global_batch {gb} (search '{sp.name}') rules out micro batch "
+                   f"{', '.join(map(str, lost_mb)) or 'none'} and dp {_ranges(lost_dp) or 'none'} (dp × micro batch "
+                   f"must divide it); the search keeps micro batch {', '.join(map(str, kept_mb))} and dp "
+                   f"{_ranges(kept_dp)}", err=True)
 
 
 def _ranges(values: list[int]) -> str:
