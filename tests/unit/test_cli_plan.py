@@ -73,6 +73,8 @@ def test_check_same_better_worse_and_margin(tmp_path):
     same = runner.invoke(app, ["plan", *SMALL, "--format", "json", "--check", str(base), "--min-margin", "0",
                                "--summary", str(tmp_path / "s.md")])
     assert same.exit_code == 0 and "**same**" in (tmp_path / "s.md").read_text()
+    rows = {r.split("|")[1].strip(): r.split("|")[2:4] for r in (tmp_path / "s.md").read_text().splitlines() if r.startswith("| ")}
+    assert all(a == b for a, b in rows.values() if a.strip() != "new plan")  # unchanged input: identical figures, Φ too
     # A deliberately poor baseline (the fastest plan's layout with every stage fully recomputing)
     # is beaten: exit 0, verdict better.
     out = json.loads(res.stdout)
