@@ -220,9 +220,6 @@ def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | N
         typer.echo(render_megatron(plan_obj, model, cluster=cluster))
     else:
         print_table(obj, Console(width=160))
-    if "reused" in obj:
-        typer.echo(f"search reused (searched in {obj['reused']['search_s']:.0f} s on "
-                   f"{obj['reused']['created_at'][:16].replace('T', ' ')} UTC)", err=True)
     if out is not None:
         matplotlib_env()
         from memx.report.html import write_report  # matplotlib reads MPLCONFIGDIR when first imported: after matplotlib_env()

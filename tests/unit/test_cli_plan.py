@@ -145,3 +145,12 @@ def test_a_prime_global_batch_says_what_it_ruled_out(tmp_path):
 def test_a_divisible_global_batch_warns_nothing():
     res = runner.invoke(app, ["plan", *SMALL, "--format", "json"])
     assert res.exit_code == 0 and "warning: global_batch" not in res.stderr
+
+
+def test_a_reused_search_says_when_it_ran_not_a_search_time():
+    from memx.report.table import to_markdown
+
+    obj = json.loads(runner.invoke(app, ["plan", *SMALL, "--format", "json"]).stdout)
+    obj["reused"] = {"search_s": 173.4, "created_at": "2026-11-30T20:01:02.123456+00:00"}
+    text = to_markdown(obj)
+    assert "reused (searched in 173 s on 2026-11-30 20:01 UTC)" in text and "in 173.4 s" not in text
