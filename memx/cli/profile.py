@@ -44,6 +44,8 @@ def profile_options(backend: str, command: str | None, records: Path | None, *, 
         raise InputError("--backend command needs --command 'PROGRAM ARGS {tp} {layers} ...'")
     if backend == "records" and records is None:
         raise InputError("--backend records needs --records PATH (CSV, Parquet or JSONL)")
+    if records is not None and not Path(records).exists():  # before any service starts (Prefect: ~40 s)
+        raise InputError(f"--records {records}: no such file or folder")
     options: dict = {}
     if command:
         options.update(command=split_command(command), jobs=jobs)

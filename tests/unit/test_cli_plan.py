@@ -154,3 +154,9 @@ def test_a_reused_search_says_when_it_ran_not_a_search_time():
     obj["reused"] = {"search_s": 173.4, "created_at": "2026-11-30T20:01:02.123456+00:00"}
     text = to_markdown(obj)
     assert "reused (searched in 173 s on 2026-11-30 20:01 UTC)" in text and "in 173.4 s" not in text
+
+
+def test_missing_records_fail_before_any_service_starts(tmp_path):
+    res = runner.invoke(app, ["plan", *SMALL, "--backend", "records", "--records", str(tmp_path / "none.csv")])
+    assert res.exit_code == 2 and "--records" in res.stderr and "no such file" in res.stderr
+    assert not (tmp_path / "memx-home" / "prefect").exists()
