@@ -1,6 +1,6 @@
 """The `memx` command line (typer): the root group and where every command is mounted.
 
-Exit codes: 0 ok, 2 bad input, 3 no feasible plan, 4 check failed, 130 interrupted — all set by the
+Exit codes: 0 ok, 2 bad input, 3 no feasible plan, 4 check failed, 5 nothing usable, 130 interrupted — all set by the
 root group's one error handler (`memx.cli.options.MemxGroup`, docs/architecture.md §CLI). Each module
 in memx/cli/ exposes plain command functions and typer sub-groups; this module mounts them all.
 """
@@ -15,6 +15,7 @@ from memx.cli.options import new_app
 from memx.cli.plan import plan_cmd
 from memx.cli.profile import ingest_app, profile_cmd
 from memx.cli.simulate import simulate_app
+from memx.cli.ui import ui_cmd
 
 app = new_app("MemX: memory-aware parallel plans for mixed GPU clusters.")
 
@@ -24,6 +25,7 @@ app.command("train")(train_cmd)
 app.command("evaluate")(evaluate_cmd)
 app.command("profile")(profile_cmd)
 app.command("experiments")(experiments_cmd)
+app.command("ui")(ui_cmd)
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(simulate_app, name="simulate")
 app.add_typer(artifacts_app, name="artifacts")

@@ -1,6 +1,7 @@
 """`memx train`, `memx evaluate`, `memx models list|compare` (mounted by memx.cli.app).
 
     memx train --cluster C --model M [--search S] [--conf DIR] [--stage-runs FILE] [--trials N] [--seconds S]
+               [--seed S] [--store URI]
     memx evaluate --cluster C --model M --measured FILE [--format table|json] [--search S] [--conf DIR]
                   [--predictor registered|analytic]
     memx models list
@@ -18,12 +19,12 @@ from typing import Annotated, Optional
 import pandas as pd
 import typer
 
-from memx.cli.options import DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, SearchOpt, SeedOpt, WeightsOpt, load_specs, sub_app
+from memx.cli.options import (DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt,
+    load_specs, sub_app)
 from memx.domain.errors import InputError
-from memx.domain.specs import Cluster, ModelArch, SearchSpace
-from memx.learn.tuning import TuneBudget
 from memx.pipeline import registry
-from memx.pipeline.local import TrainConfig, cached, profile_path, train_and_register
+from memx.pipeline.local import registered_predictor, train_config, train_step
+from memx.pipeline.training import train_and_register
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.signatures import SIGNATURE_COLUMNS
 from memx.report.evaluate import evaluate, format_table, read_config_runs, to_json
@@ -36,24 +37,38 @@ def train_cmd(cluster: ClusterOpt,
               model: ModelOpt,
               search: SearchOpt = DEFAULT_SEARCH,
               conf: ConfOpt = None,
-              stage_runs: Annotated[Optional[Path], typer.Option("--stage-runs", help="stage_runs Parquet (default: the stored profile of this fingerprint).")] = None,
+              stage_runs: Annotated[Optional[Path], typer.Option("--stage-runs", help="stage_runs Parquet (default: the profiles `memx profile` stored for this cluster, model and search space).")] = None,
               trials: Annotated[int, typer.Option(min=1, help="Optuna trials.")] = 8,
               seconds: Annotated[Optional[float], typer.Option(min=1.0, help="Optional wall-clock cap on tuning (s); stops early with a warning. Without it the result depends only on inputs and seed.")] = None,
-              seed: SeedOpt = 0) -> None:
-    """Train the stage predictor on stored stage_runs and register it (champion only if it is better)."""
+              seed: SeedOpt = 0,
+              store: StoreOpt = None) -> None:
+    """Train the stage predictor on the stored profiles (or --stage-runs) and register it (champion only if better)."""
     cl, mo, sp = load_specs(cluster, model, search, conf)
-    fp = registry.fingerprint(cl, mo, sp.global_batch)
-    path = stage_runs or profile_path(fp.fingerprint)
-    if not path.is_file():
-        raise InputError(f"{path}: no stage_runs for cluster {cl.name}, model {mo.name}, global batch "
-                         f"{sp.global_batch}; run `memx profile` first or pass --stage-runs FILE")
-    out = train_and_register(_read_stage_runs(path), {g.name: g for g in cl.gpu_types}, fp,
-                             config=TrainConfig(seed=seed, budget=TuneBudget(trials=trials, seconds=seconds)))
-    typer.echo(out.variant_errors.to_string(index=False))
-    typer.echo(f"registered {registry.MODEL_NAME} version {out.version} ({out.predictor.variant}, "
-               f"memory {out.predictor.memory_source}); champion {'moved' if out.promoted else 'kept'}; "
-               f"held-out time_mape={out.errors['time_mape']:.4f} mem_mape={out.errors['mem_mape']:.4f}; "
-               f"rows {out.augmented.rows_before} -> {out.augmented.rows_after} after interpolation")
+    if stage_runs is not None:
+        if not stage_runs.is_file():
+            raise InputError(f"--stage-runs {stage_runs}: no such file")
+        fp = registry.fingerprint(cl, mo, sp.global_batch)
+        out = train_and_register(_read_stage_runs(stage_runs), {g.name: g for g in cl.gpu_types}, fp,
+                                 config=train_config(seed, trials, seconds))
+        typer.echo(out.variant_errors.to_string(index=False))
+        _trained_line(int(out.version), out.promoted, out.predictor.variant, out.errors,
+                      f"rows {out.augmented.rows_before} -> {out.augmented.rows_after} after interpolation")
+        return
+    res = train_step(cl, mo, sp, store=store, seed=seed, trials=trials, seconds=seconds,
+                     log=lambda line: typer.echo(line, err=True))
+    doc = res.train.manifest
+    aug = res.augment.manifest
+    _trained_line(res.model_version, res.promoted, doc.get("variant", ""), doc.get("held_out", {}),
+                  f"rows {aug.get('rows_before')} -> {aug.get('rows_after')} after interpolation"
+                  + ("; reused the stored training" if res.train.reused else ""))
+    typer.echo(f"champion of fingerprint {res.fingerprint}: version {res.champion.get('model_version')}")
+
+
+def _trained_line(version: int, promoted: bool, variant: str, errors: dict, extra: str) -> None:
+    held = " ".join(f"{k}={float(v):.4f}" for k, v in errors.items() if k in ("time_mape", "mem_mape"))
+    typer.echo(f"registered {registry.MODEL_NAME} version {version} ({variant}); "
+               f"{'promoted to champion' if promoted else 'not promoted (the champion is better)'}; "
+               f"held-out {held}; {extra}")
 
 
 def _read_stage_runs(path: Path) -> pd.DataFrame:
@@ -66,18 +81,6 @@ def _read_stage_runs(path: Path) -> pd.DataFrame:
         raise InputError(f"{path}: missing stage_runs column(s) {', '.join(missing)} "
                          "(docs/architecture.md §Measurement records)")
     return df
-
-
-def _registered(cl: Cluster, mo: ModelArch, sp: SearchSpace):
-    """The champion predictor registered for this cluster's GPU types, model and global batch."""
-    registry.setup()
-    fp = registry.fingerprint(cl, mo, sp.global_batch)
-    mv = registry.champion(fp.fingerprint)
-    if mv is None:
-        raise InputError(f"no registered predictor for cluster {cl.name} GPU types ({fp.gpu_types}), model "
-                         f"{mo.name}, global batch {sp.global_batch} (fingerprint {fp.fingerprint}); run "
-                         "`memx train` first or use --predictor analytic")
-    return cached(registry.load_version(mv.version), fp.fingerprint, int(mv.version))
 
 
 def _allowed(option: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -102,7 +105,7 @@ def evaluate_cmd(cluster: ClusterOpt,
     if predictor == "analytic":
         pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
     else:
-        pred = _registered(cl, mo, sp)
+        pred = registered_predictor(cl, mo, sp)
     result = evaluate(cl, mo, df, pred, weights or sp.weights, reserve_gib=sp.reserve_gib)
     typer.echo(to_json(result) if fmt == "json" else format_table(result))
 

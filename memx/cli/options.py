@@ -82,3 +82,13 @@ def split_command(command: str | None) -> list[str] | None:
         return shlex.split(command)
     except ValueError as exc:
         raise InputError(f"--command {command!r}: {exc}") from exc
+
+
+def check_out_dir(folder: Path, option: str) -> None:
+    """A folder to write into must be a folder or creatable (no file on its path): checked before any
+    work, InputError (exit 2) naming the option."""
+    for parent in (folder, *folder.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"{option} {folder}: {parent} exists and is not a folder")
+            return

@@ -1,7 +1,8 @@
 """The command line's door to the Prefect flows (docs/architecture.md §Local state, §CLI).
 
 Prefect reads its settings (PREFECT_HOME, …) once, when it is first imported, so `prefect_env()` runs
-before anything imports `prefect` or `flows`; that is why `run_pipeline` imports the flow lazily.
+before anything imports `prefect` or `flows`; that is why `run_pipeline` imports the flow lazily. The same
+holds for matplotlib (MPLCONFIGDIR, `matplotlib_env()`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ def prefect_env() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # The temporary server needs ~15 s on 2 busy cores; Prefect waits 20 s by default.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def matplotlib_env() -> None:
+    """matplotlib keeps its config and font cache under $MEMX_HOME, not ~/.config and ~/.cache (set before
+    matplotlib is imported)."""
+    os.environ.setdefault("MPLCONFIGDIR", str(memx_home() / "matplotlib"))
 
 
 def run_pipeline(**params: Any) -> dict[str, Any]:

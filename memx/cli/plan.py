@@ -2,16 +2,18 @@
 
     memx plan [--cluster C] [--model M] [--search S] [--conf DIR]               (Job)
               [--top K] [--weights W] [--format F] [--out DIR]                  (Output)
-              [--backend B] [--seed S] [--store URI] [--dask D] [--command ...] (Predictor)
+              [--predictor analytic|registered|pipeline]                       (Predictor)
+              [--backend B] [--seed S] [--store URI] [--dask D] [--command ...]
               [--records PATH] [--jobs N]
               [--check BASELINE.json] [--min-margin X] [--summary FILE]         (CI check)
 
-Exit codes: 0 ok, 2 bad input, 3 no feasible plan, 4 the check failed (raised as MemxError; the root
+Exit codes: 0 ok, 2 bad input, 3 no feasible plan, 4 the check failed, 5 nothing usable, 130 interrupted (raised as MemxError; the root
 group's handler prints them).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from enum import Enum
@@ -22,24 +24,28 @@ import typer
 from rich.console import Console
 
 from memx.cli.options import (DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_SEARCH, ClusterOpt, CommandOpt, ConfOpt,
-    JobsOpt, ModelOpt, RecordsOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt, in_panel, load_specs, split_command)
-from memx.cli.orchestration import run_pipeline
+    JobsOpt, ModelOpt, RecordsOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt, check_out_dir, in_panel, load_specs)
+from memx.cli.orchestration import matplotlib_env, run_pipeline
+from memx.cli.profile import profile_options
 from memx.domain.errors import CheckFailed, InputError
 from memx.domain.io import atomic_write_text
 from memx.domain.plan import Plan, plan_from_dict
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
-from memx.pipeline.steps import load_trained
+from memx.pipeline import registry
+from memx.pipeline.local import registered_predictor
 from memx.pipeline.store import store_from_uri
+from memx.pipeline.training import champion_ref
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.search import search as run_search
 from memx.profiling import BACKENDS as PROFILING_BACKENDS
+from memx.planner.result import search_result_to_dict
 from memx.report.check import check_report, load_baseline
 from memx.report.megatron import render_megatron
-from memx.planner.result import search_result_to_dict
 from memx.report.table import print_table, to_markdown
 
 JOB, OUTPUT, PREDICTOR, CI = "Job", "Output", "Predictor", "CI check"
 BACKENDS = ("analytic", *PROFILING_BACKENDS)
+PREDICTORS = ("analytic", "registered", "pipeline")
 
 
 class Fmt(str, Enum):
@@ -51,10 +57,14 @@ class Fmt(str, Enum):
 
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many plans to list.", rich_help_panel=OUTPUT)]
 FormatOpt = Annotated[Fmt, typer.Option("--format", help="Output format.", rich_help_panel=OUTPUT)]
-OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Also write plan.json, plan.md and megatron.sh here.", rich_help_panel=OUTPUT)]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Also write plan.json, plan.md, megatron.sh and report.html (with PNGs) here.", rich_help_panel=OUTPUT)]
+PredictorOpt = Annotated[Optional[str], typer.Option("--predictor", rich_help_panel=PREDICTOR, help=(
+    "analytic (closed form; the default) | registered (the registry champion of this cluster's GPU types, model "
+    "and batch, from `memx train`; no profiling) | pipeline (profile → train → search; implied by --backend "
+    "simulated|command|torch|records)."))]
 BackendOpt = Annotated[str, typer.Option("--backend", rich_help_panel=PREDICTOR, help=(
-    "Stage predictor: analytic (closed form), or a profiling backend — simulated|command|torch|records — for the "
-    "learned predictor via the Prefect pipeline."))]
+    "analytic (no profiling), or a profiling backend — simulated|command|torch|records — for the learned "
+    "predictor via the Prefect pipeline (--predictor pipeline)."))]
 DaskOpt = Annotated[Optional[str], typer.Option("--dask", help="Shard the search on Dask: 'local' (2 workers) or a scheduler address.", rich_help_panel=PREDICTOR)]
 CheckOpt = Annotated[Optional[Path], typer.Option("--check", help="Baseline plan JSON: exit 4 if the new plan is worse or its margin is below --min-margin.", rich_help_panel=CI)]
 MinMarginOpt = Annotated[float, typer.Option("--min-margin", help="With --check: the smallest acceptable memory margin.", rich_help_panel=CI)]
@@ -74,6 +84,7 @@ def plan_cmd(
     weights: OutWeights = None,
     fmt: FormatOpt = Fmt.table,
     out: OutOpt = None,
+    predictor: PredictorOpt = None,
     backend: BackendOpt = "analytic",
     seed: PredSeed = 0,
     store: PredStore = None,
@@ -87,49 +98,95 @@ def plan_cmd(
 ) -> None:
     """Search the plan space and recommend a plan."""
     cl, mo, sp = load_specs(cluster, model, search, conf)
+    mode = predictor_mode(predictor, backend)
+    check_outputs(out, check, summary)  # before any work: bad paths exit 2 with nothing written
     baseline = load_baseline(check) if check is not None else None
-    if backend == "analytic":
-        obj, predictor = _plan_analytic(cl, mo, sp, weights, top)
+    warn_batch(cl, sp)
+    if mode == "analytic":
+        pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+        obj = search_result_to_dict(run_search(cl, mo, sp, pred, weights=weights, top_k=top), "analytic")
+    elif mode == "registered":
+        pred = registered_predictor(cl, mo, sp)
+        ref = champion_ref(registry.fingerprint(cl, mo, sp.global_batch).fingerprint) or {}
+        name = f"registered {ref.get('variant', '')} v{ref.get('model_version', '?')}".replace("  ", " ")
+        obj = search_result_to_dict(run_search(cl, mo, sp, pred, weights=weights, top_k=top), name)
     else:
+        options = profile_options("simulated" if backend == "analytic" else backend, command, records, jobs=jobs)
         flow_params = dict(cluster=cluster, model=model, search=search, conf=str(conf) if conf else None,
-                           backend=backend, seed=seed, store=store, weights=weights, top_k=top, dask=dask,
-                           profile_options=_profile_options(backend, command, records, jobs))
-        obj, predictor = _plan_pipeline(flow_params)
-    _emit(obj, mo, fmt, out)
+                           backend="simulated" if backend == "analytic" else backend, seed=seed, store=store,
+                           weights=weights, top_k=top, dask=dask, profile_options=options)
+        obj = _plan_pipeline(flow_params)
+        pred = registered_predictor(cl, mo, sp) if baseline is not None else None  # the champion that planned
+    _emit(obj, mo, cl, fmt, out)
     if baseline is not None:
-        _check(obj, baseline, cl, mo, sp, predictor, min_margin, summary)
+        _check(obj, baseline, cl, mo, sp, pred, min_margin, summary)
 
 
-def _plan_analytic(cl: Cluster, mo: ModelArch, sp: SearchSpace, weights: str | None, top: int) -> tuple[dict, Any]:
-    """The closed-form stage model (docs/architecture.md §Stage model): no profiling, no training."""
-    predictor = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
-    return search_result_to_dict(run_search(cl, mo, sp, predictor, weights=weights, top_k=top), "analytic"), predictor
-
-
-def _profile_options(backend: str, command: str | None, records: Path | None, jobs: int) -> dict:
-    """What the profiling backend needs beyond the job (InputError when a backend's input is missing)."""
+def predictor_mode(predictor: str | None, backend: str) -> str:
+    """analytic | registered | pipeline: `--predictor`, else `pipeline` when `--backend` names a profiling
+    backend; InputError for an unknown name or a contradiction."""
     if backend not in BACKENDS:
         raise InputError(f"--backend {backend!r}; allowed: {', '.join(BACKENDS)}")
-    if backend == "command" and not command:
-        raise InputError("--backend command needs --command 'PROGRAM ARGS {tp} {layers} ...'")
-    if backend == "records" and records is None:
-        raise InputError("--backend records needs --records PATH (CSV, Parquet or JSONL)")
-    options: dict = {}
-    if command:
-        options.update(command=split_command(command), jobs=jobs)
-    if records is not None:
-        options["records"] = str(records.resolve())
-    return options
+    if predictor is None:
+        return "analytic" if backend == "analytic" else "pipeline"
+    if predictor not in PREDICTORS:
+        raise InputError(f"--predictor {predictor!r}; allowed: {', '.join(PREDICTORS)}")
+    if predictor != "pipeline" and backend != "analytic":
+        raise InputError(f"--backend {backend} profiles and trains (--predictor pipeline); it cannot be combined "
+                         f"with --predictor {predictor}")
+    return predictor
 
 
-def _plan_pipeline(flow_params: dict) -> tuple[dict, Any]:
-    """The learned predictor: the Prefect pipeline (profile → augment → train → search), every stage a
-    versioned artifact reused when its inputs are unchanged."""
+def check_outputs(out: Path | None, check: Path | None, summary: Path | None) -> None:
+    """Output and baseline paths are usable (InputError, exit 2), checked before the search."""
+    if out is not None:
+        check_out_dir(out, "--out")
+    if check is not None and check.is_dir():
+        raise InputError(f"--check {check}: is a folder; expected a baseline plan JSON file")
+    if summary is not None:
+        if summary.is_dir():
+            raise InputError(f"--summary {summary}: is a folder; expected a file to write")
+        check_out_dir(summary.parent, "--summary")
+
+
+def warn_batch(cl: Cluster, sp: SearchSpace) -> None:
+    """A warning on stderr when the global batch rules out micro-batch sizes or data-parallel degrees
+    (a layout needs global_batch divisible by dp × micro batch: memx.planner.space)."""
+    gb, most_dp = sp.global_batch, max(cl.gpu_count(g.name) for g in cl.gpu_types)
+    lost_mb = [mb for mb in sp.micro_batch_options if gb % mb]
+    kept_dp = [dp for dp in range(1, most_dp + 1) if any(gb % (dp * mb) == 0 for mb in sp.micro_batch_options)]
+    if lost_mb or (most_dp > 1 and kept_dp == [1]):
+        kept_mb = [mb for mb in sp.micro_batch_options if mb not in lost_mb]
+        lost_dp = [dp for dp in range(1, most_dp + 1) if dp not in kept_dp]
+        typer.echo(f"warning: global_batch {gb} (search '{sp.name}') rules out micro batch "
+                   f"{', '.join(map(str, lost_mb)) or 'none'} and dp {_ranges(lost_dp) or 'none'} (dp × micro batch "
+                   f"must divide it); the search keeps micro batch {', '.join(map(str, kept_mb))} and dp "
+                   f"{_ranges(kept_dp)}", err=True)
+
+
+def _ranges(values: list[int]) -> str:
+    """[1, 2, 3, 5] → '1-3, 5'."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _plan_pipeline(flow_params: dict) -> dict:
+    """The learned predictor: the Prefect pipeline (profile → augment → train → search), every step a
+    versioned artifact reused when its inputs are unchanged; a reused search says when it ran."""
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
     res = run_pipeline(**flow_params)
     obj = {k: v for k, v in res.items() if k not in ("profiles", "augment", "train", "version")}
     obj["artifacts"] = {k: res[k] for k in ("profiles", "augment", "train")} | {"search": res["version"]}
-    manifest = store_from_uri(flow_params["store"]).manifest("train", res["train"])
-    return obj, load_trained(manifest, None)
+    st = store_from_uri(flow_params["store"])
+    ref = next((r for r in st.list_versions("search") if r.version == res["version"]), None)
+    if ref is not None and ref.created_at < started:
+        obj["reused"] = {"search_s": obj.get("search_s"), "created_at": ref.created_at}
+    return obj
 
 
 def _check(obj: dict, baseline: Plan, cl: Cluster, mo: ModelArch, sp: SearchSpace, predictor: Any,
@@ -151,19 +208,25 @@ def _write_summary(markdown: str, summary: Path | None) -> None:
             fh.write(markdown)
 
 
-def _emit(obj: dict, model: ModelArch, fmt: Fmt, out: Path | None) -> None:
-    """The answer on stdout in `fmt`; with `--out`, plan.json, plan.md and megatron.sh too."""
+def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | None) -> None:
+    """The answer on stdout in `fmt`; with `--out`, plan.json, plan.md, megatron.sh (executable) and the
+    HTML report with its PNGs too."""
     plan_obj = plan_from_dict(obj["plan"])
     if fmt is Fmt.json:
         typer.echo(json.dumps(obj))
     elif fmt is Fmt.markdown:
         typer.echo(to_markdown(obj))
     elif fmt is Fmt.megatron:
-        typer.echo(render_megatron(plan_obj, model))
+        typer.echo(render_megatron(plan_obj, model, cluster=cluster))
     else:
         print_table(obj, Console(width=160))
     if out is not None:
-        atomic_write_text(out / "plan.json", json.dumps(obj, indent=2) + "\n")
-        atomic_write_text(out / "plan.md", to_markdown(obj))
-        atomic_write_text(out / "megatron.sh", render_megatron(plan_obj, model))
-        typer.echo(f"wrote {out / 'plan.json'}, {out / 'plan.md'}, {out / 'megatron.sh'}", err=True)
+        matplotlib_env()
+        from memx.report.html import write_report  # matplotlib reads MPLCONFIGDIR when first imported: after matplotlib_env()
+
+        written = [atomic_write_text(out / "plan.json", json.dumps(obj, indent=2) + "\n"),
+                   atomic_write_text(out / "plan.md", to_markdown(obj)),
+                   atomic_write_text(out / "megatron.sh", render_megatron(plan_obj, model, cluster=cluster),
+                                     executable=True),
+                   *write_report(obj, out)]
+        typer.echo(f"wrote {', '.join(str(p) for p in written)}", err=True)

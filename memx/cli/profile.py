@@ -2,11 +2,14 @@
 
     memx profile --cluster C --model M [--search default] [--conf DIR] [--backend simulated|command|torch|records]
                  [--command "prog arg {tp} ..."] [--records PATH] [--jobs N] [--timeout S] [--retries R]
-                 [--seed S] [--out DIR] [--progress/--no-progress]
+                 [--seed S] [--store URI] [--out DIR] [--progress/--no-progress]
     memx ingest megatron LOGDIR --model M --gpu G [--out FILE] [--conf DIR]
 
+`memx profile` stores one profile version per GPU type in the artifact store (default
+$MEMX_HOME/artifacts) through memx.pipeline.local.profile_step, where `memx train` finds them;
+`--out DIR` also exports the combined stage_runs and the sensitivity table there.
 Bad input: InputError, one message on stderr naming the file / field / allowed values, exit code 2.
-Ctrl-C: what was measured is kept under --out (the root group exits with code 130).
+Ctrl-C: GPU types already profiled stay stored (the root group exits with code 130).
 """
 
 from __future__ import annotations
@@ -14,21 +17,45 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
+import pandas as pd
 import typer
 
 from memx.cli.options import (DEFAULT_SEARCH, ClusterOpt, CommandOpt, ConfOpt, JobsOpt, ModelOpt, RecordsOpt,
-    SearchOpt, SeedOpt, load_specs, split_command, sub_app)
+    SearchOpt, SeedOpt, StoreOpt, check_out_dir, load_specs, split_command, sub_app)
 from memx.domain.catalog import known_names, load_gpu, load_model
-from memx.domain.home import home_path
-from memx.domain.io import atomic_write_parquet
-from memx.profiling import profile
-from memx.profiling.backends.imported import ingest_megatron
+from memx.domain.errors import InputError
+from memx.domain.io import atomic_write_parquet, atomic_write_text
 from memx.domain.records import format_rejects
+from memx.pipeline.local import profile_step
+from memx.pipeline.store import ArtifactStore, store_from_uri
+from memx.profiling import BACKENDS
+from memx.profiling.backends.imported import ingest_megatron, read_records
+from memx.profiling.sensitivity import sensitivity_markdown
 
 
-def default_out(cluster: str, model: str) -> Path:
-    """`$MEMX_HOME/profiles/<cluster>-<model>` (docs/architecture.md §Local state)."""
-    return home_path("profiles", f"{Path(cluster).stem}-{Path(model).stem}")
+def profile_options(backend: str, command: str | None, records: Path | None, *, jobs: int = 1,
+                    timeout_s: float | None = None, retries: int | None = None,
+                    progress: bool | None = None) -> dict:
+    """What the profiling backend needs beyond the job (`profile_step(options=...)`); InputError when a
+    backend's input is missing. `memx profile` and `memx plan --backend ...` share it."""
+    if backend not in BACKENDS:
+        raise InputError(f"--backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if backend == "command" and not command:
+        raise InputError("--backend command needs --command 'PROGRAM ARGS {tp} {layers} ...'")
+    if backend == "records" and records is None:
+        raise InputError("--backend records needs --records PATH (CSV, Parquet or JSONL)")
+    if records is not None and not Path(records).exists():  # before any service starts (Prefect: ~40 s)
+        raise InputError(f"--records {records}: no such file or folder")
+    options: dict = {}
+    if command:
+        options.update(command=split_command(command), jobs=jobs)
+    if records is not None:
+        options["records"] = str(Path(records).resolve())
+    if backend == "command":
+        options.update({k: v for k, v in (("timeout_s", timeout_s), ("retries", retries)) if v is not None})
+    if progress is not None:
+        options["progress"] = progress
+    return options
 
 
 def profile_cmd(
@@ -43,26 +70,48 @@ def profile_cmd(
     timeout: Annotated[float, typer.Option("--timeout", help="seconds per point (backend command)")] = 600.0,
     retries: Annotated[int, typer.Option("--retries", help="retries of a point that exits non-zero (backend command)")] = 1,
     seed: SeedOpt = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", help="output folder (default $MEMX_HOME/profiles/<cluster>-<model>)")] = None,
+    store: StoreOpt = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Also export the combined stage_runs.parquet and sensitivity.md here.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar with ETA on stderr")] = True,
 ) -> None:
-    """Profile every GPU type of a cluster: sweeps → sensitivity → 3-point grid → stage_runs Parquet."""
+    """Profile every GPU type of a cluster (sweeps → sensitivity → 3-point grid) and store one profile
+    version per GPU type in the artifact store, where `memx train` finds it."""
     c, m, s = load_specs(cluster, model, search, conf)
-    argv = split_command(command)
-    out_dir = out or default_out(cluster, model)
+    options = profile_options(backend, command, records, jobs=jobs, timeout_s=timeout, retries=retries, progress=progress)
+    if out is not None:
+        check_out_dir(out, "--out")
+    if backend == "records":
+        _, rejects = read_records(Path(records), gpu_memory_mib={g.name: g.memory_mib for g in c.gpu_types})
+        if rejects:
+            typer.echo(format_rejects(rejects), err=True)
+    st = store_from_uri(store)
     try:
-        result = profile(c, m, s, backend=backend, out_dir=out_dir, seed=seed, jobs=jobs, command=argv,
-                         records=records, timeout_s=timeout, retries=retries, conf_root=conf, progress=progress)
-    except KeyboardInterrupt:  # the profiler has saved what it measured; the root group exits 130
-        typer.echo(f"interrupted: measured points kept in {out_dir}; run again to resume", err=True)
+        versions = profile_step(c, m, s, backend=backend, store=st, seed=seed, conf_root=conf, options=options,
+                                log=lambda line: typer.echo(line, err=True))
+    except KeyboardInterrupt:  # the root group exits 130
+        typer.echo("interrupted: GPU types already profiled stay stored; run again to measure the rest", err=True)
         raise
-    if result.rejected:
-        typer.echo(format_rejects(result.rejected), err=True)
-    typer.echo(result.summary())
-    typer.echo(f"stage_runs: {result.path}")
-    typer.echo(f"sensitivity: {out_dir / 'sensitivity.md'}")
+    for gpu, version in versions.items():
+        doc = st.manifest("profile", version)
+        typer.echo(f"{gpu}: profile {version} rows={doc.get('rows')} runs={doc.get('runs')} "
+                   f"full_grid={doc.get('full_grid')} failed={doc.get('failed')}")
+    typer.echo(f"stored in {st.root_uri}; next: memx train --cluster {cluster} --model {model}"
+               + (f" --search {search}" if search != DEFAULT_SEARCH else ""))
+    if out is not None:
+        _export(st, versions, out)
 
 
+def _export(st: ArtifactStore, versions: dict[str, str], out: Path) -> None:
+    """`--out DIR`: the stored profiles' stage_runs in one Parquet file, and their sensitivity table."""
+    frames = []
+    for v in versions.values():  # a profile version is one GPU type's (records imports hold every type's rows)
+        df, gpu = st.get_table("profile", v, "stage_runs"), st.manifest("profile", v)["gpu"]
+        frames.append(df[df["gpu"] == gpu])
+    runs = pd.concat(frames, ignore_index=True)
+    sens = pd.concat([st.get_table("profile", v, "sensitivity") for v in versions.values()], ignore_index=True)
+    atomic_write_parquet(runs, out / "stage_runs.parquet")
+    atomic_write_text(out / "sensitivity.md", sensitivity_markdown(sens))
+    typer.echo(f"exported {len(runs)} stage_runs to {out / 'stage_runs.parquet'} and {out / 'sensitivity.md'}")
 def _known_memory_mib(gpu: str, conf: Path | None) -> float | None:
     """The catalog's memory of `gpu` (peaks above it are implausible rows), None for a GPU not in the catalog."""
     return load_gpu(gpu, conf).memory_mib if gpu in known_names("gpus", conf) else None

@@ -1,7 +1,9 @@
 """`memx simulate`: run a stage or a plan on the virtual cluster, or sample measured plans.
 
     memx simulate stage [STAGE.json]                 stage signature JSON (stdin when no file) → JSON
-    memx simulate plan [PLAN.json] --cluster C --model M [--conf DIR] [--seed S]
+    memx simulate plan [PLAN.json] [--cluster C] [--model M] [--conf DIR] [--seed S]
+                     PLAN.json: a `memx plan --format json` / `--out` plan.json, or a bare plan; cluster and
+                     model default to the ones the plan names
     memx simulate sample --cluster C --model M [--search S] --n N --seed S --out runs.parquet [--conf DIR]
 
 Bad input: InputError naming the field (one message on stderr, exit code 2), nothing written.
@@ -23,7 +25,7 @@ from memx.cli.options import DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, Sear
 from memx.domain.catalog import load_cluster, load_gpu, load_model
 from memx.domain.errors import InputError
 from memx.domain.io import atomic_write_parquet
-from memx.domain.plan import plan_from_json
+from memx.domain.plan import Plan, plan_from_dict
 from memx.simulator.sample import sample_plans
 from memx.simulator.schedule import simulate_plan
 from memx.simulator.stage import measure_stage, signature_from_dict
@@ -37,7 +39,21 @@ def _read_input(path: Optional[Path], what: str) -> str:
         return sys.stdin.read()
     if not path.is_file():
         raise InputError(f"{path}: no such {what} file")
-    return path.read_text()
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a UTF-8 text file ({what} JSON expected)") from exc
+
+
+def read_plan(text: str, source: str) -> Plan:
+    """A plan from `memx plan`'s answer (its "plan" field) or from a bare plan JSON."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{source}: not valid JSON: {exc}") from exc
+    if isinstance(data, dict) and isinstance(data.get("plan"), dict):
+        data = data["plan"]
+    return plan_from_dict(data, source=source)
 
 
 def _json_out(data: dict[str, Any]) -> None:
@@ -59,11 +75,14 @@ def stage(file: Annotated[Optional[Path], typer.Argument(help="stage signature J
 
 
 @simulate_app.command()
-def plan(file: Annotated[Optional[Path], typer.Argument(help="plan JSON (default: stdin)")] = None, *,
-         cluster: ClusterOpt, model: ModelOpt, seed: SeedOpt = 0, conf: ConfOpt = None) -> None:
+def plan(file: Annotated[Optional[Path], typer.Argument(help="plan JSON: memx plan's answer or a bare plan (default: stdin)")] = None, *,
+         cluster: Annotated[Optional[str], typer.Option("--cluster", help="Cluster name or YAML path (default: the plan's).")] = None,
+         model: Annotated[Optional[str], typer.Option("--model", help="Model name or YAML path (default: the plan's).")] = None,
+         seed: SeedOpt = 0, conf: ConfOpt = None) -> None:
     """Run one iteration of a plan: iteration_time_ms, per-GPU peak_mem_mib, oom, breakdown."""
-    p = plan_from_json(_read_input(file, "plan"), source=str(file or "plan"))
-    run = simulate_plan(p, load_cluster(cluster, conf), load_model(model, conf), seed=seed, conf_root=conf)
+    p = read_plan(_read_input(file, "plan"), str(file or "plan"))
+    run = simulate_plan(p, load_cluster(cluster or p.cluster, conf), load_model(model or p.model, conf), seed=seed,
+                        conf_root=conf)
     _json_out({**dataclasses.asdict(run), "seed": seed})
 
 

@@ -17,6 +17,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from memx.domain.errors import InputError, SpecError, short_repr
+from memx.domain.home import home_path
 from memx.domain.io import path_kind
 from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
 
@@ -26,12 +27,42 @@ KINDS = ("gpus", "clusters", "models", "search")
 MAX_CATALOG_BYTES = 16 * 2**20  # one catalog file; a 65,536-GPU cluster is ~0.5 MiB of YAML
 
 
+def packaged_conf_root() -> Path:
+    """The conf/ folder shipped beside the package."""
+    return Path(__file__).resolve().parents[2] / "conf"
+
+
 def default_conf_root() -> Path:
     """`$MEMX_CONF`, else the conf/ folder shipped beside the package."""
     env = os.environ.get("MEMX_CONF")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "conf"
+    return packaged_conf_root()
+
+
+def catalog_roots(conf_root: Path | None = None) -> list[Path]:
+    """The catalog folders an entry is looked up in, first match wins: the user's folder (`conf_root`,
+    else $MEMX_CONF), then $MEMX_HOME/conf (where `memx cluster add-node` writes changed clusters), then the
+    packaged conf/. A user folder that does not exist is bad input (InputError)."""
+    user = Path(conf_root) if conf_root is not None else (Path(os.environ["MEMX_CONF"]) if os.environ.get("MEMX_CONF") else None)
+    if user is not None and not user.is_dir():
+        raise InputError(f"catalog folder {user} (--conf or $MEMX_CONF): no such folder")
+    roots: list[Path] = []
+    for root in (user, home_path("conf"), packaged_conf_root()):
+        if root is not None and root.is_dir() and all(root.resolve() != r.resolve() for r in roots):
+            roots.append(root)
+    return roots
+
+
+def entry_sources(kind: str, conf_root: Path | None = None) -> dict[str, Path]:
+    """{name: the folder its entry comes from} over the layered catalog folders (the first one wins)."""
+    found: dict[str, Path] = {}
+    for root in catalog_roots(conf_root):
+        folder = root / kind
+        if folder.is_dir():
+            for p in sorted(folder.glob("*.yaml")):
+                found.setdefault(p.stem, folder)
+    return dict(sorted(found.items()))
 
 
 _NOT_GIVEN = object()
@@ -66,8 +97,7 @@ def _error_lines(err: ValidationError) -> dict[str, str]:
 
 
 def known_names(kind: str, conf_root: Path | None = None) -> list[str]:
-    folder = (conf_root or default_conf_root()) / kind
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return list(entry_sources(kind, conf_root))
 
 
 def _is_file(path: Path, kind: str) -> bool:
@@ -75,19 +105,21 @@ def _is_file(path: Path, kind: str) -> bool:
 
 
 def resolve(kind: str, name_or_path: str | Path, conf_root: Path | None = None) -> Path:
-    """A catalog entry by name (conf_root/kind/NAME.yaml) or by path to a YAML file."""
-    root = conf_root or default_conf_root()
+    """A catalog entry by path to a YAML file, or by name: KIND/NAME.yaml in the first of `catalog_roots`
+    that has it (the user's folder over $MEMX_HOME/conf over the packaged conf/)."""
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") or _is_file(candidate, kind):
         if not _is_file(candidate, kind):
             raise InputError(f"{candidate}: no such {kind[:-1] if kind != 'search' else 'search'} file")
         return candidate
-    path = root / kind / f"{name_or_path}.yaml"
-    if not _is_file(path, kind):
-        names = ", ".join(known_names(kind, root)) or "(none)"
-        raise InputError(f"unknown {kind.rstrip('s')} {short_repr(str(name_or_path))} in {root / kind}; "
-                         f"known: {names}")
-    return path
+    roots = catalog_roots(conf_root)
+    for root in roots:
+        path = root / kind / f"{name_or_path}.yaml"
+        if _is_file(path, kind):
+            return path
+    names = ", ".join(known_names(kind, conf_root)) or "(none)"
+    raise InputError(f"unknown {kind.rstrip('s')} {short_repr(str(name_or_path))} in "
+                     f"{', '.join(str(r / kind) for r in roots)}; known: {names}")
 
 
 def read_text(path: Path, *, limit: int = MAX_CATALOG_BYTES) -> str:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from memx.domain.errors import InputError
-from memx.domain.home import home_path
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.learn.cache import CachedPredictor
 from memx.learn.tuning import TuneBudget
@@ -151,13 +150,3 @@ def run_local(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend
         run, plan = search_step(cluster, model, space, store=st, tracking_uri=tracking_uri, weights=weights, top_k=top_k)
     log(run.line())
     return LocalRun(profiles=profiles, trained=trained, search=run, plan=plan)
-
-
-# --- kept until the CLI is rewired (issue #10): `memx train` without --stage-runs reads this file ----
-
-def profile_path(fp: str) -> Path:
-    """Where `memx train` (memx.cli.learn) still looks for stage_runs; nothing in memx/ writes it.
-    Delete with that caller: `train_step` reads the profiles from the store."""
-    return home_path("profiles", fp, "stage_runs.parquet")
-
-

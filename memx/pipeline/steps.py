@@ -275,8 +275,3 @@ def stored_plan_valid(store: ArtifactStore, version: str, cluster: Cluster, mode
         return False
     return True
 
-
-def load_trained(manifest: dict[str, Any], tracking_uri: str | None):
-    """The predictor that plans for a train manifest's fingerprint: its registry champion, cached.
-    Kept for memx.cli.app until it calls memx.pipeline.local.registered_predictor."""
-    return champion_predictor(manifest["fingerprint"], tracking_uri=tracking_uri)[0]

@@ -18,6 +18,7 @@ from memx.domain.hashing import bytes_hash, stable_hash
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 
 STEPS = ("profile", "augment", "train", "search")
+PRESENTATION_OPTIONS = ("progress", "jobs")  # profiling options that do not change what is measured
 
 # What each step's code version covers, as packages/modules under memx/: a change there re-versions the
 # step (and, through the upstream versions, everything after it); unrelated code (reports, experiments,
@@ -72,8 +73,10 @@ def profile_subject(cluster: Cluster, gpu: str, model: ModelArch, space: SearchS
 
 def profile_key(cluster: Cluster, gpu: str, model: ModelArch, space: SearchSpace, *, backend: str, seed: int,
                 options: dict[str, Any]) -> str:
-    """What a GPU type's profile depends on: its subject, the backend, seed, options and code."""
-    return content_version("profile", profile_subject(cluster, gpu, model, space), backend, seed, options,
+    """What a GPU type's profile depends on: its subject, the backend, seed, options and code (not how it
+    is shown or how many points run at once: PRESENTATION_OPTIONS)."""
+    measured = {k: v for k, v in options.items() if k not in PRESENTATION_OPTIONS}
+    return content_version("profile", profile_subject(cluster, gpu, model, space), backend, seed, measured,
                            code_version("profile"))
 
 

@@ -51,10 +51,15 @@ def check_report(obj: dict, baseline: Plan, cluster, model, predictor, *, reserv
 
 def check(new: PlanMetrics, baseline: Plan, cluster, model, predictor, *, weights: Weights,
           refs: tuple[float, float, float], epsilon_mib2: float, reserve_gib: float, min_margin: float) -> CheckOutcome:
-    """new: this run's pick, scored (phi) against this run's medians `refs`."""
+    """new: this run's pick; both plans are estimated and scored (Φ against this run's medians `refs`) the same way."""
     if baseline.model != model.name or baseline.cluster != cluster.name:
         raise InputError(f"baseline is for {baseline.model} on {baseline.cluster}, this run is {model.name} on {cluster.name}")
     reason = ""
+    # Both plans go through the same float64 estimate and Φ with this run's references, so an unchanged input
+    # gives an identical Φ on both sides (the search's own figures come from float32 tables: ~1e-5 apart).
+    new = estimate_plans([new.plan], cluster, model, predictor, reserve_gib=reserve_gib)[0]
+    new_phi = float(phi(new.iteration_time_ms, new.max_mem_mib, new.mem_variance_mib2, refs=refs, weights=weights,
+                        epsilon_mib2=epsilon_mib2))
     try:
         est = estimate_plans([baseline], cluster, model, predictor, reserve_gib=reserve_gib)[0]
     except InputError as exc:  # the baseline no longer fits the catalog: any feasible plan beats it
@@ -68,13 +73,13 @@ def check(new: PlanMetrics, baseline: Plan, cluster, model, predictor, *, weight
         verdict, code = "same", 0
     elif est is None or not est.feasible:
         verdict, code = "baseline-infeasible", 0
-    elif new.phi <= base_phi * (1 + 1e-4):  # Φ is reported to 5 digits
+    elif new_phi <= base_phi:
         verdict, code = "better", 0
     else:
         verdict, code = "worse", 4
     md = [f"## MemX plan check: **{verdict}** (exit {code})", "",
           f"{model.name} on {cluster.name}, weights `{weights.profile}`, margin threshold {min_margin:.0%}.", "",
-          *_comparison(new, est, base_phi)]
+          *_comparison(new, new_phi, est, base_phi)]
     if est is None:
         md += ["", f"Baseline no longer valid: {reason}"]
     elif not est.feasible:
@@ -82,13 +87,13 @@ def check(new: PlanMetrics, baseline: Plan, cluster, model, predictor, *, weight
     return CheckOutcome(verdict=verdict, exit_code=code, markdown="\n".join(md) + "\n")
 
 
-def _comparison(new: PlanMetrics, est: PlanMetrics | None, base_phi: float | None) -> list[str]:
+def _comparison(new: PlanMetrics, new_phi: float, est: PlanMetrics | None, base_phi: float | None) -> list[str]:
     """Markdown table: new plan against the baseline (n/a where the baseline has no estimate)."""
     def rows(m: PlanMetrics) -> list[float]:
         return [m.iteration_time_ms, m.max_mem_mib / 1024, m.mem_variance_mib2 ** 0.5 / 1024, m.min_margin]
 
     names = ("iteration time ms", "max memory GiB", "memory std-dev GiB", "smallest margin", "Φ")
-    ours = [*rows(new), new.phi]
+    ours = [*rows(new), new_phi]
     theirs = [None] * 5 if est is None else [*rows(est), base_phi]
     return ["| | new plan | baseline |", "|---|---|---|"] + [
         f"| {name} | {a:,.4g} | {'n/a' if b is None else f'{b:,.4g}'} |" for name, a, b in zip(names, ours, theirs)]

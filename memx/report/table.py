@@ -34,7 +34,15 @@ def _headline(obj: dict[str, Any]) -> str:
     sp, w = obj["space"], obj["weights"]
     return (f"Predictor `{obj['predictor']}`, weights `{w['profile']}` (wT, wM, wV) = {tuple(w['w'])}. "
             f"Searched {sp['evaluated']:,} layer splits over {sp['layouts']} layouts ({sp['total']:,} plans counting "
-            f"per-stage recompute) in {obj['search_s']:.1f} s; {sp['feasible']:,} feasible.")
+            f"per-stage recompute) {_search_time(obj)}; {sp['feasible']:,} feasible.")
+
+
+def _search_time(obj: dict[str, Any]) -> str:
+    """`in 1.2 s`, or for a stored search served again `reused (searched in 173 s on 2026-11-30 20:01 UTC)`."""
+    reused = obj.get("reused")
+    if not reused:
+        return f"in {obj['search_s']:.1f} s"
+    return f"reused (searched in {reused['search_s']:.0f} s on {reused['created_at'][:16].replace('T', ' ')} UTC)"
 
 
 def _summary(obj: dict[str, Any]) -> str:

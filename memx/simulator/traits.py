@@ -18,7 +18,7 @@ from typing import Annotated
 
 from annotated_types import Ge, Interval, Le
 
-from memx.domain.catalog import default_conf_root, parse_yaml
+from memx.domain.catalog import catalog_roots, parse_yaml
 from memx.domain.errors import InputError, short_repr
 from memx.domain.specs import MAX_GPU_MEMORY_MIB, MAX_LATENCY_MS, GpuName, gpu_name_problem
 from memx.domain.validation import check_spec
@@ -76,7 +76,9 @@ class GpuTraits:
 
 
 def traits_folder(conf_root: Path | None = None) -> Path:
-    return (conf_root or default_conf_root()) / "simulator"
+    """The first catalog folder (the user's over $MEMX_HOME/conf over the packaged conf/) with simulator traits."""
+    roots = catalog_roots(conf_root)
+    return next((r / "simulator" for r in roots if (r / "simulator").is_dir()), roots[-1] / "simulator")
 
 
 @functools.lru_cache(maxsize=256)

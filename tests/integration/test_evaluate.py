@@ -9,15 +9,12 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from memx.pipeline import registry
 from memx.planner.cost import AnalyticStageModel
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.report.evaluate import KEYS, evaluate, read_config_runs
 from memx.domain.io import atomic_write_parquet
 from memx.cli.app import app as memx_app
-from memx.profiling import profile
 from memx.simulator import sample_plans
-from memx.pipeline.local import profile_path
 
 ARGS = ["--cluster", "xy-2", "--model", "llama-6l", "--search", "small"]
 
@@ -64,11 +61,11 @@ def test_train_then_evaluate_cli(measured, cli, tmp_path, monkeypatch):
     app, runner = cli
     missing = runner.invoke(app, ["train", *ARGS])
     assert missing.exit_code == 2 and "memx profile" in missing.output
-    fp = registry.fingerprint(cl, mo, sp.global_batch).fingerprint
-    atomic_write_parquet(profile(cl, mo, sp, backend="simulated", seed=0).stage_runs, profile_path(fp))
+    prof = runner.invoke(app, ["profile", *ARGS, "--no-progress"])
+    assert prof.exit_code == 0, prof.output
     out = runner.invoke(app, ["train", *ARGS, "--trials", "1", "--seconds", "5"])
     assert out.exit_code == 0, out.output
-    assert "registered memx-stage-predictor version 1" in out.output and "champion moved" in out.output
+    assert "registered memx-stage-predictor version 1" in out.output and "promoted to champion" in out.output
     runs = tmp_path / "runs.parquet"
     atomic_write_parquet(df, runs)
     res = runner.invoke(app, ["evaluate", *ARGS, "--measured", str(runs), "--format", "json"])

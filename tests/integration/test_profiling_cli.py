@@ -26,12 +26,24 @@ def test_profile_simulated_writes_runs_and_report(tmp_path):
     assert len(df) > 20 and "| gpu | parameter |" in (tmp_path / "sensitivity.md").read_text()
 
 
-def test_profile_default_out_is_under_memx_home(tmp_path, monkeypatch):
+def test_profile_is_stored_in_memx_home_artifacts(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMX_HOME", str(tmp_path))
     res = CliRunner().invoke(_app(), ["profile", "--cluster", "xy-2", "--model", "llama-6l", "--search", "small",
                                       "--no-progress"])
     assert res.exit_code == 0, res.output
-    assert (tmp_path / "profiles" / "xy-2-llama-6l" / "stage_runs.parquet").is_file()
+    manifests = sorted((tmp_path / "artifacts" / "profile").glob("*/manifest.json"))
+    assert len(manifests) == 2  # one profile version per GPU type of xy-2
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "mlflow.db") == ["artifacts"]
+    again = CliRunner().invoke(_app(), ["profile", "--cluster", "xy-2", "--model", "llama-6l", "--search", "small"])
+    assert again.exit_code == 0 and again.output.count("reused") == 2  # --progress does not re-version
+
+
+def test_profile_out_under_a_file_exits_2_before_work(tmp_path):
+    (tmp_path / "f").write_text("x")
+    res = CliRunner().invoke(_app(), ["profile", "--cluster", "xy-2", "--model", "llama-6l", "--search", "small",
+                                      "--out", str(tmp_path / "f" / "sub")])
+    assert res.exit_code == 2 and "is not a folder" in res.output
+    assert not (tmp_path / "memx-home" / "artifacts").exists()
 
 
 def test_bad_input_exits_2_with_one_clear_message(tmp_path):
@@ -60,11 +72,12 @@ def test_profile_command_backend_from_cli(tmp_path):
 
 
 def test_profile_records_backend_reports_rejected_rows(tmp_path):
-    res = CliRunner().invoke(_app(), ["profile", "--cluster", "xy-2", "--model", "llama-6l", "--backend", "records",
-                                      "--records", str(FIX / "records_mixed.csv"), "--out", str(tmp_path)])
+    res = CliRunner().invoke(_app(), ["profile", "--cluster", "three-vendor-20", "--model", "llama-6l", "--backend",
+                                      "records", "--records", str(FIX / "records_mixed.csv"), "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert "4 row(s) rejected" in res.output and "column 'recompute'" in res.output
-    assert len(pd.read_parquet(tmp_path / "stage_runs.parquet")) == 4
+    df = pd.read_parquet(tmp_path / "stage_runs.parquet")
+    assert len(df) == 4 and set(df.gpu) == {"a100-80g"}  # the a100-80g profile holds them, once
 
 
 def test_ingest_megatron_logdir(tmp_path):

@@ -180,6 +180,6 @@ def test_cli_against_s3(store):
     app = memx_app
     out = CliRunner().invoke(app, ["artifacts", "ls", "--store", store.root_uri, "--json"])
     assert out.exit_code == 0, out.output
-    assert [(d["stage"], d["version"], d["tables"]["top"]["rows"]) for d in json.loads(out.output)] == [("search", "abc", 4)]
+    assert [(d["step"], d["version"], d["tables"]["top"]["rows"]) for d in json.loads(out.output)] == [("search", "abc", 4)]
     out = CliRunner().invoke(app, ["artifacts", "show", "search", "abc", "--store", store.root_uri, "--table", "top"])
     assert out.exit_code == 0 and '"best_ms": 1.0' in out.output and f"{store.root_uri}/search/abc/top.parquet" in out.output

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from memx.cli.app import app
@@ -24,13 +26,16 @@ def test_json_contract():
 
 
 def test_table_and_markdown_and_megatron(tmp_path):
+    tmp_path = tmp_path / "out"
     res = runner.invoke(app, ["plan", *SMALL])
     assert res.exit_code == 0 and "Top plans by Φ" in res.stdout and "capacity" in res.stdout
     md = runner.invoke(app, ["plan", *SMALL, "--format", "markdown", "--out", str(tmp_path)])
     assert md.exit_code == 0 and md.stdout.startswith("# MemX plan: llama-6l")
     meg = runner.invoke(app, ["plan", *SMALL, "--format", "megatron"])
     assert "--pipeline-model-parallel-size" in meg.stdout and "--global-batch-size 16" in meg.stdout
-    assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "plan.md", "megatron.sh"}
+    assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "plan.md", "megatron.sh", "report.html", "memory.png",
+                                                   "pareto.png", "timeline.png"}
+    assert (tmp_path / "megatron.sh").stat().st_mode & 0o111 and not (tmp_path / "plan.json").stat().st_mode & 0o111
     assert json.loads((tmp_path / "plan.json").read_text())["plan"]["model"] == "llama-6l"
 
 
@@ -68,6 +73,8 @@ def test_check_same_better_worse_and_margin(tmp_path):
     same = runner.invoke(app, ["plan", *SMALL, "--format", "json", "--check", str(base), "--min-margin", "0",
                                "--summary", str(tmp_path / "s.md")])
     assert same.exit_code == 0 and "**same**" in (tmp_path / "s.md").read_text()
+    rows = {r.split("|")[1].strip(): r.split("|")[2:4] for r in (tmp_path / "s.md").read_text().splitlines() if r.startswith("| ")}
+    assert all(a == b for a, b in rows.values() if a.strip() != "new plan")  # unchanged input: identical figures, Φ too
     # A deliberately poor baseline (the fastest plan's layout with every stage fully recomputing)
     # is beaten: exit 0, verdict better.
     out = json.loads(res.stdout)
@@ -96,3 +103,60 @@ def test_check_bad_baseline_exits_2(tmp_path):
     (tmp_path / "b.json").write_text("{not json")
     res = runner.invoke(app, ["plan", *SMALL, "--check", str(tmp_path / "b.json")])
     assert res.exit_code == 2 and "b.json" in res.stderr
+
+
+def test_plan_files_round_trip_through_simulate_plan(tmp_path):
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["plan", "--cluster", "xy-2", *SMALL, "--out", str(out)]).exit_code == 0
+    report = runner.invoke(app, ["simulate", "plan", str(out / "plan.json")])  # model and cluster from the plan
+    assert report.exit_code == 0, report.output
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(json.loads((out / "plan.json").read_text())["plan"]))
+    again = runner.invoke(app, ["simulate", "plan", str(bare), "--seed", "0"])
+    assert again.exit_code == 0 and json.loads(again.stdout) == json.loads(report.stdout)
+
+
+@pytest.mark.parametrize("option,make,needle", [
+    ("--out", lambda t: (t / "f").write_text("x") and t / "f" / "sub", "is not a folder"),
+    ("--out", lambda t: (t / "f").write_text("x") and t / "f", "is not a folder"),
+    ("--check", lambda t: t, "is a folder"),
+    ("--summary", lambda t: t, "is a folder"),
+])
+def test_output_paths_are_checked_before_the_search(tmp_path, option, make, needle):
+    path = make(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    res = runner.invoke(app, ["plan", *SMALL, option, str(path)])
+    assert res.exit_code == 2 and needle in res.stderr and "Traceback" not in res.output
+    assert "Searched" not in res.output and sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_prime_global_batch_says_what_it_ruled_out(tmp_path):
+    search = tmp_path / "odd.yaml"
+    search.write_text("name: odd\nglobal_batch: 127\ntp_options: [1, 2]\nmicro_batch_options: [1, 2, 4]\nmax_pp: 4\n"
+                      "use_all_gpus: false\n")
+    res = runner.invoke(app, ["plan", "--cluster", "three-vendor-20", "--model", "llama-6l", "--search", str(search),
+                              "--format", "json"])
+    assert res.exit_code == 0, res.output
+    warning = [line for line in res.stderr.splitlines() if line.startswith("warning: global_batch 127")]
+    assert len(warning) == 1 and "rules out micro batch 2, 4 and dp 2-8" in warning[0] and "keeps micro batch 1 and dp 1" in warning[0]
+    assert json.loads(res.stdout)["plan"]["dp"] == 1
+
+
+def test_a_divisible_global_batch_warns_nothing():
+    res = runner.invoke(app, ["plan", *SMALL, "--format", "json"])
+    assert res.exit_code == 0 and "warning: global_batch" not in res.stderr
+
+
+def test_a_reused_search_says_when_it_ran_not_a_search_time():
+    from memx.report.table import to_markdown
+
+    obj = json.loads(runner.invoke(app, ["plan", *SMALL, "--format", "json"]).stdout)
+    obj["reused"] = {"search_s": 173.4, "created_at": "2026-11-30T20:01:02.123456+00:00"}
+    text = to_markdown(obj)
+    assert "reused (searched in 173 s on 2026-11-30 20:01 UTC)" in text and "in 173.4 s" not in text
+
+
+def test_missing_records_fail_before_any_service_starts(tmp_path):
+    res = runner.invoke(app, ["plan", *SMALL, "--backend", "records", "--records", str(tmp_path / "none.csv")])
+    assert res.exit_code == 2 and "--records" in res.stderr and "no such file" in res.stderr
+    assert not (tmp_path / "memx-home" / "prefect").exists()
