@@ -52,6 +52,7 @@ def train_cmd(cluster: ClusterOpt,
                                  config=train_config(seed, trials, seconds))
         typer.echo(out.variant_errors.to_string(index=False))
         _trained_line(int(out.version), out.promoted, out.predictor.variant, out.errors,
+                      f"memory {out.predictor.memory_source}; "
                       f"rows {out.augmented.rows_before} -> {out.augmented.rows_after} after interpolation")
         return
     res = train_step(cl, mo, sp, store=store, seed=seed, trials=trials, seconds=seconds,

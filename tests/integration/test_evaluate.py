@@ -14,6 +14,7 @@ from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.report.evaluate import KEYS, evaluate, read_config_runs
 from memx.domain.io import atomic_write_parquet
 from memx.cli.app import app as memx_app
+from memx.profiling import profile
 from memx.simulator import sample_plans
 
 ARGS = ["--cluster", "xy-2", "--model", "llama-6l", "--search", "small"]
