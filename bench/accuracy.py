@@ -1,10 +1,11 @@
 """Predictor accuracy (issue 5 targets) on the simulated backend and on published measurements.
 
-1. three-vendor-20 + llama2-7b (conf/search/default.yaml): memx.pipeline.local.plan_predictor (profile ≤ 243
-   runs per GPU type → augment → variants → Optuna → MLflow registry, in a temporary $MEMX_HOME), then
+1. three-vendor-20 + llama2-7b (conf/search/default.yaml): memx.pipeline.local profile_step + train_step
+   (profile ≤ 243 runs per GPU type → augment → variants → Optuna → MLflow registry, in a temporary
+   $MEMX_HOME) and registered_predictor (the champion), then
    evaluated on plans from memx.simulator.sample_plans (a seed the profiler never used; ≥ 300 measured
    plans that did not OOM). Also: every variant at plan level (information only — selection is by
-   held-out stage rows inside train_and_register) and leave-one-GPU-out.
+   held-out stage rows in the train step) and leave-one-GPU-out.
 2. vTrain (../shared/realdata/vtrain/data/ground_truth_single.csv, A100, full recompute): per model, a
    3-point design profiled on the simulator with the vTrain-calibrated A100 traits (eager attention),
    predictor trained, every measured configuration predicted; MAPE and Spearman within groups of equal
@@ -39,26 +40,40 @@ from memx.simulator import sample_plans  # noqa: E402
 
 
 def simulated(n_plans: int) -> tuple[dict, dict]:
-    from memx.pipeline.local import plan_predictor
+    from memx.pipeline.local import profile_step, registered_predictor, train_step
+    from memx.pipeline.store import store_from_uri
 
     cl, mo, sp = load_cluster("three-vendor-20"), load_model("llama2-7b"), load_search("default")
     t0 = time.perf_counter()
-    pred, info = plan_predictor(cl, mo, sp, backend="simulated", seed=0)
+    profiles = profile_step(cl, mo, sp, backend="simulated", seed=0)
+    trained = train_step(cl, mo, sp, seed=0, profiles=profiles)
+    pred = registered_predictor(cl, mo, sp)
     train_s = time.perf_counter() - t0
-    runs = pd.read_parquet(Path(os.environ["MEMX_HOME"]) / "profiles" / info["fingerprint"] / "stage_runs.parquet")
+    store = store_from_uri()
+    runs = pd.concat([store.get_table("profile", v, "stage_runs") for v in sorted(profiles.values())], ignore_index=True)
     per_gpu = runs.groupby("gpu").size().to_dict()
-    print(f"profile: {len(runs)} runs {per_gpu}; augmented {info['rows_measured']} -> {info['rows_augmented']} "
-          f"(training split, x{info['growth']:.2f}); variant {info['variant']}; held-out {info['held_out']}; "
+    aug, tr = trained.augment.manifest, trained.train.manifest
+    print(f"profile: {len(runs)} runs {per_gpu}; augmented {aug['rows_before']} -> {aug['rows_after']} "
+          f"(training split, x{aug['growth']:.2f}); variant {tr['variant']}; held-out {tr['held_out']}; "
           f"pipeline {train_s:.1f}s")
     measured = sample_plans(cl, mo, sp, n=n_plans, seed=2024)
     res = evaluate(cl, mo, measured, pred, "default")
     _show("registered", res)
     for name, b in res["baselines"].items():
         _show(name, b)
+    from bench.coverage import plan_coverage  # the interval coverage of the registered predictor (issue #12)
+    from memx.report.evaluate import _plans
+
+    print("registered 90 % interval coverage", plan_coverage(pred.inner, _plans(measured, cl, mo), measured, cl, mo))
     gpus = {g.name: g for g in cl.gpu_types}
     aug = augment(runs).stage_runs
     for v in VARIANTS:
         _show(f"variant {v}", evaluate(cl, mo, measured, fit_predictor(aug, gpus, variant=v, seed=0), "default"))
+    first = sorted(gpus)[0]  # labels people have (issue #16): one type without memory; no memory at all
+    no_mem = aug.assign(peak_mem_mib=aug["peak_mem_mib"].where(aug["gpu"] != first))
+    _show(f"no memory labels on {first}", evaluate(cl, mo, measured, fit_predictor(no_mem, gpus, seed=0), "default"))
+    _show("time-only labels", evaluate(cl, mo, measured, fit_predictor(aug.assign(peak_mem_mib=np.nan), gpus, seed=0),
+                                       "default"))
     for g in gpus:  # leave one GPU type out: train without its rows, evaluate on all plans
         rest = aug[aug["gpu"] != g]
         for v in ("hybrid", "hybrid-calibrated"):

@@ -1,2 +1,3 @@
-"""Prefect flows: thin wrappers that chain memx's pipeline stages (profile → augment → train →
-search) as versioned artifacts in the artifact store. All logic lives in memx/."""
+"""Prefect flows: thin wrappers over memx's pipeline steps (memx.pipeline.steps: profile → augment →
+train → search, versioned artifacts in the store). Prefect adds tasks, retries and artifacts; all
+logic — versions, reuse, which model plans — lives in memx/."""

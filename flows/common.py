@@ -1,60 +1,37 @@
-"""Store I/O tasks (the only tasks with retries: transient S3/network faults) and catalog loading."""
+"""What every flow shares: the store from its URI, catalog loading, the retry policy of step tasks."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
 
-import pandas as pd
-from prefect import task
+from prefect.cache_policies import NO_CACHE
 
-from memx.pipeline.steps import StageResult
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.pipeline.local import train_config
+from memx.pipeline.store import ArtifactStore, store_from_uri
+from memx.pipeline.training import TrainConfig
 
-IO_RETRIES = dict(retries=3, retry_delay_seconds=[1, 2, 4], persist_result=False)
+# Steps are content-versioned and their store writes put the manifest last, so a retried step reuses
+# whatever completed: retries cover transient store/network faults (the S3 store retries each request too).
+STEP_RETRIES = dict(retries=2, retry_delay_seconds=[1, 2], persist_result=False, cache_policy=NO_CACHE)
+# Training registers a model version: a retry would register a second one, so it is not retried.
+NO_RETRY = dict(persist_result=False, cache_policy=NO_CACHE)
 
 
-def _store(uri: str | None):
-    from memx.pipeline.store import store_from_uri
-
+def store(uri: str | None) -> ArtifactStore:
     return store_from_uri(uri)
 
 
-@task(**IO_RETRIES)
-def stored_manifest(store_uri: str | None, stage: str, version: str) -> dict[str, Any] | None:
-    st = _store(store_uri)
-    return st.manifest(stage, version) if st.has_stage(stage, version) else None
-
-
-@task(**IO_RETRIES)
-def newest_with(store_uri: str | None, stage: str, key: str) -> tuple[str, dict[str, Any]] | None:
-    """The newest complete version of `stage` whose manifest has this key (profiles: per GPU type)."""
-    st = _store(store_uri)
-    for ref in st.list_versions(stage):
-        m = st.manifest(stage, ref.version)
-        if m.get("key") == key:
-            return ref.version, m
-    return None
-
-
-@task(**IO_RETRIES)
-def save_stage(store_uri: str | None, stage: str, version: str, result: StageResult, inputs: dict[str, Any]) -> dict[str, Any]:
-    st = _store(store_uri)
-    st.put_stage(stage, version, tables=result.tables, files=result.files, manifest={**result.manifest, "inputs": inputs})
-    return st.manifest(stage, version)
-
-
-@task(**IO_RETRIES)
-def load_table(store_uri: str | None, stage: str, version: str, name: str) -> pd.DataFrame:
-    return _store(store_uri).get_table(stage, version, name)
-
-
-@task(**IO_RETRIES)
-def load_file(store_uri: str | None, stage: str, version: str, name: str) -> bytes:
-    return _store(store_uri).get_file(stage, version, name)
-
-
 def load_specs(cluster: str, model: str, search: str, conf: str | None):
-    from memx.domain.catalog import load_cluster, load_model, load_search
-
     root = Path(conf) if conf else None
     return load_cluster(cluster, root), load_model(model, root), load_search(search, root)
+
+
+def conf_path(conf: str | None) -> Path | None:
+    return Path(conf) if conf else None
+
+
+def config(seed: int, **changes) -> TrainConfig:
+    """The runner's training configuration (memx.pipeline.local.train_config): the same versions."""
+    return dataclasses.replace(train_config(seed), **changes)

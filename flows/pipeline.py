@@ -1,5 +1,7 @@
-"""The whole pipeline: profile → augment → train → search, each stage reused when its inputs are
-unchanged; a crash leaves no partial artifact and a re-run resumes after the last complete stage."""
+"""The whole pipeline: profile → augment → train → search (memx.pipeline.steps, as
+memx.pipeline.local.run_local runs them in-process), each step reused when its inputs are unchanged;
+a crash leaves no partial artifact and a re-run resumes after the last complete step. The search plans
+with the registry champion of the fingerprint."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from flows.augment import augment_flow
 from flows.profile import profile_flow
 from flows.search import search_flow
 from flows.train import train_flow
+from memx.pipeline import lifeline
 
 
 def dask_runner(spec: str, workers: int = 2):
@@ -28,7 +31,17 @@ def pipeline_flow(cluster: str = "three-vendor-20", model: str = "llama2-7b", se
                   tracking_uri: str | None = None, weights: str | None = None, top_k: int = 10,
                   sharded: bool = False, dask: str | None = None, refresh: list[str] | None = None,
                   refresh_token: str = "", profile_options: dict | None = None) -> dict:
-    """`dask`: "local" (a 2-worker LocalCluster) or a scheduler address; implies a sharded search."""
+    """`dask`: "local" (a 2-worker LocalCluster) or a scheduler address; implies a sharded search.
+    One run per $MEMX_HOME at a time (lifeline.home_lock); the helper servers started so far (Prefect's
+    temporary API server) end with this process, kill -9 included (lifeline.adopt_children)."""
+    lifeline.adopt_children()
+    with lifeline.home_lock():
+        return _pipeline(cluster, model, search, conf, backend, seed, store, tracking_uri, weights, top_k, sharded, dask,
+                         refresh, refresh_token, profile_options)
+
+
+def _pipeline(cluster, model, search, conf, backend, seed, store, tracking_uri, weights, top_k, sharded, dask, refresh,
+              refresh_token, profile_options) -> dict:
     profiles = profile_flow(cluster, model, search, conf, backend, seed, store, refresh, refresh_token, profile_options)
     augmented = augment_flow(sorted(profiles.values()), seed=seed, store=store)
     trained = train_flow(augmented, cluster, model, search, conf, seed, store, tracking_uri)

@@ -13,20 +13,22 @@ from datetime import datetime, timezone
 
 from prefect import flow, task
 
-from flows.common import load_specs, newest_with
+from flows.common import load_specs, store as open_store
 from flows.pipeline import pipeline_flow
-from memx.pipeline import steps as stages
+from memx.pipeline import steps
+from memx.pipeline.versioning import profile_key
 
 
 @task(persist_result=False)
 def stale_types(cluster: str, model: str, search: str, conf: str | None, backend: str, seed: int, store: str | None,
                 max_age_days: float, options: dict | None = None) -> list[str]:
     cl, mo, sp = load_specs(cluster, model, search, conf)
+    st = open_store(store)
     now = datetime.now(timezone.utc)
     out = []
     for g in cl.gpu_types:
-        key = stages.profile_key(cl, g.name, mo, sp, backend=backend, seed=seed, options=dict(options or {}))
-        found = newest_with.fn(store, "profile", key)
+        key = profile_key(cl, g.name, mo, sp, backend=backend, seed=seed, options=dict(options or {}))
+        found = steps.newest_with(st, "profile", key=key)
         if found is None:
             continue  # never profiled: the pipeline profiles it anyway
         created = datetime.fromisoformat(found[1]["created_at"])

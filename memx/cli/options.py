@@ -1,25 +1,29 @@
 """Options shared by every `memx` command group, and the one error handler (docs/architecture.md §CLI).
 
 Every command raises `MemxError` subclasses for bad input (exit 2), no feasible plan (3) and a failed
-check (4); `MemxGroup.invoke` turns them into one `error: …` line on stderr and the exit code. No
-command catches them itself.
+check (4); `MemxGroup.invoke` turns them into one `error: …` line on stderr and the exit code, and
+Ctrl-C into exit code 130. No command catches them itself; sub-groups (`sub_app`) are plain typer
+groups mounted on the root, so every error passes through this one handler.
 """
 
 from __future__ import annotations
 
+import copy
+import shlex
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, get_args
 
 import typer
 import typer.core
 
 from memx.domain.catalog import load_cluster, load_model, load_search
-from memx.domain.errors import MemxError
+from memx.domain.errors import InputError, MemxError
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 
 DEFAULT_CLUSTER = "three-vendor-20"
 DEFAULT_MODEL = "llama2-7b"
 DEFAULT_SEARCH = "default"
+INTERRUPTED_EXIT = 130  # the shell's code for SIGINT (128 + 2)
 
 
 class MemxGroup(typer.core.TyperGroup):
@@ -31,21 +35,50 @@ class MemxGroup(typer.core.TyperGroup):
         except MemxError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(INTERRUPTED_EXIT) from None
 
 
 def new_app(help_text: str) -> typer.Typer:
-    """A command group; sub-groups are mounted on the root with `app.add_typer(sub, name=...)`."""
+    """The root command group (with the error handler); sub-groups are `sub_app`s mounted on it."""
     return typer.Typer(cls=MemxGroup, add_completion=False, no_args_is_help=True, help=help_text)
 
 
-ConfOpt = Annotated[Optional[Path], typer.Option("--conf", help="Your catalog folder (gpus/, clusters/, models/, search/); default: the packaged conf/.")]
+def sub_app(help_text: str) -> typer.Typer:
+    """A command group mounted on the root with `app.add_typer(sub, name=...)`; errors reach the root's handler."""
+    return typer.Typer(add_completion=False, no_args_is_help=True, help=help_text)
+
+
+def in_panel(option: Any, panel: str) -> Any:
+    """The same `Annotated[type, typer.Option(...)]` listed under `panel` in `--help`."""
+    base, info = get_args(option)
+    info = copy.copy(info)
+    info.rich_help_panel = panel
+    return Annotated[base, info]
+
+
+ConfOpt = Annotated[Optional[Path], typer.Option("--conf", help="Your catalog folder (gpus/, clusters/, models/, search/); default: $MEMX_CONF, else the packaged conf/.")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", help="Cluster name or YAML path.")]
 ModelOpt = Annotated[str, typer.Option("--model", help="Model name or YAML path.")]
 SearchOpt = Annotated[str, typer.Option("--search", help="Search space name or YAML path.")]
 StoreOpt = Annotated[Optional[str], typer.Option("--store", help="Artifact store: a folder or s3://bucket/prefix (default: $MEMX_STORE, else $MEMX_HOME/artifacts).")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for profiling, splitting, tuning and boosting.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for profiling, sampling, splitting, tuning and boosting (same seed, same result).")]
+WeightsOpt = Annotated[Optional[str], typer.Option("--weights", help="auto | default | safety | throughput | 'wT,wM,wV' (default: the search YAML's).")]
+CommandOpt = Annotated[Optional[str], typer.Option("--command", help="--backend command: the launcher per profile point, with {placeholders} (docs/profiling.md).")]
+RecordsOpt = Annotated[Optional[Path], typer.Option("--records", help="--backend records: measurements to import (CSV, Parquet, JSONL; a file or folder).")]
+JobsOpt = Annotated[int, typer.Option("--jobs", min=1, help="--backend command: points measured in parallel.")]
 
 
 def load_specs(cluster: str, model: str, search: str, conf: Path | None) -> tuple[Cluster, ModelArch, SearchSpace]:
     """The three catalog entries a command works on (InputError names the file and field)."""
     return load_cluster(cluster, conf), load_model(model, conf), load_search(search, conf)
+
+
+def split_command(command: str | None) -> list[str] | None:
+    """`--command 'PROGRAM ARGS {tp} ...'` as argv (shell quoting); unbalanced quotes are bad input."""
+    if not command:
+        return None
+    try:
+        return shlex.split(command)
+    except ValueError as exc:
+        raise InputError(f"--command {command!r}: {exc}") from exc

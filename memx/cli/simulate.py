@@ -4,7 +4,8 @@
     memx simulate plan [PLAN.json] --cluster C --model M [--conf DIR] [--seed S]
     memx simulate sample --cluster C --model M [--search S] --n N --seed S --out runs.parquet [--conf DIR]
 
-Bad input: one message naming the field on stderr, exit code 2, nothing written.
+Bad input: InputError naming the field (one message on stderr, exit code 2), nothing written.
+The simulator is the ground truth: nothing here imports memx.planner (docs/architecture.md §Layers).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import numpy as np
 import typer
 
-from memx.domain.catalog import load_cluster, load_gpu, load_model, load_search
+from memx.cli.options import DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, SearchOpt, SeedOpt, load_specs, sub_app
+from memx.domain.catalog import load_cluster, load_gpu, load_model
 from memx.domain.errors import InputError
 from memx.domain.io import atomic_write_parquet
 from memx.domain.plan import plan_from_json
@@ -27,10 +29,7 @@ from memx.simulator.schedule import simulate_plan
 from memx.simulator.stage import measure_stage, signature_from_dict
 from memx.simulator.traits import load_traits
 
-app = typer.Typer(help="The virtual cluster: simulate a stage, a plan, or sample measured plans.",
-                  no_args_is_help=True, add_completion=False)
-
-CONF = typer.Option(None, "--conf", help="catalog root (default: $MEMX_CONF or the shipped conf/)")
+simulate_app = sub_app("The virtual cluster: run stages and plans, sample measured plans.")
 
 
 def _read_input(path: Optional[Path], what: str) -> str:
@@ -41,60 +40,39 @@ def _read_input(path: Optional[Path], what: str) -> str:
     return path.read_text()
 
 
-def _fail(exc: InputError) -> None:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(code=exc.exit_code)
-
-
 def _json_out(data: dict[str, Any]) -> None:
     typer.echo(json.dumps(data, indent=2, default=lambda v: v.item() if isinstance(v, np.generic) else str(v)))
 
 
-@app.command()
-def stage(file: Optional[Path] = typer.Argument(None, help="stage signature JSON (default: stdin)"),
-          seed: int = typer.Option(0, "--seed"), conf: Optional[Path] = CONF) -> None:
+@simulate_app.command()
+def stage(file: Annotated[Optional[Path], typer.Argument(help="stage signature JSON (default: stdin)")] = None,
+          seed: SeedOpt = 0, conf: ConfOpt = None) -> None:
     """Run one stage alone on tp GPUs: time_ms, peak_mem_mib, static_mem_mib, status, reason."""
+    text = _read_input(file, "stage")
     try:
-        text = _read_input(file, "stage")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"stage: not valid JSON: {exc}") from exc
-        sig = signature_from_dict(data)
-        gpu = load_gpu(sig.gpu, conf)
-        run = measure_stage(sig, gpu, load_traits(sig.gpu, conf), rng=np.random.default_rng(seed))
-    except InputError as exc:
-        _fail(exc)
-        return
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"stage: not valid JSON: {exc}") from exc
+    sig = signature_from_dict(data)
+    run = measure_stage(sig, load_gpu(sig.gpu, conf), load_traits(sig.gpu, conf), rng=np.random.default_rng(seed))
     _json_out({**sig.to_dict(), **dataclasses.asdict(run), "backend": "simulated", "seed": seed})
 
 
-@app.command()
-def plan(file: Optional[Path] = typer.Argument(None, help="plan JSON (default: stdin)"),
-         cluster: str = typer.Option(..., "--cluster", help="cluster name or YAML path"),
-         model: str = typer.Option(..., "--model", help="model name or YAML path"),
-         seed: int = typer.Option(0, "--seed"), conf: Optional[Path] = CONF) -> None:
+@simulate_app.command()
+def plan(file: Annotated[Optional[Path], typer.Argument(help="plan JSON (default: stdin)")] = None, *,
+         cluster: ClusterOpt, model: ModelOpt, seed: SeedOpt = 0, conf: ConfOpt = None) -> None:
     """Run one iteration of a plan: iteration_time_ms, per-GPU peak_mem_mib, oom, breakdown."""
-    try:
-        p = plan_from_json(_read_input(file, "plan"), source=str(file or "plan"))
-        run = simulate_plan(p, load_cluster(cluster, conf), load_model(model, conf), seed=seed, conf_root=conf)
-    except InputError as exc:
-        _fail(exc)
-        return
+    p = plan_from_json(_read_input(file, "plan"), source=str(file or "plan"))
+    run = simulate_plan(p, load_cluster(cluster, conf), load_model(model, conf), seed=seed, conf_root=conf)
     _json_out({**dataclasses.asdict(run), "seed": seed})
 
 
-@app.command()
-def sample(cluster: str = typer.Option(..., "--cluster"), model: str = typer.Option(..., "--model"),
-           search: str = typer.Option("default", "--search"), n: int = typer.Option(..., "--n", min=1),
-           seed: int = typer.Option(..., "--seed"), out: Path = typer.Option(..., "--out"),
-           conf: Optional[Path] = CONF) -> None:
+@simulate_app.command()
+def sample(*, cluster: ClusterOpt, model: ModelOpt, search: SearchOpt = DEFAULT_SEARCH,
+           n: Annotated[int, typer.Option("--n", min=1, help="How many plans to sample.")],
+           seed: SeedOpt, out: Annotated[Path, typer.Option("--out", help="config_runs Parquet to write.")],
+           conf: ConfOpt = None) -> None:
     """Measure N random valid plans; write config_runs Parquet atomically."""
-    try:
-        df = sample_plans(load_cluster(cluster, conf), load_model(model, conf), load_search(search, conf),
-                          n=n, seed=seed, conf_root=conf)
-    except InputError as exc:
-        _fail(exc)
-        return
+    df = sample_plans(*load_specs(cluster, model, search, conf), n=n, seed=seed, conf_root=conf)
     atomic_write_parquet(df, out)
     typer.echo(f"wrote {len(df)} config_runs ({int(df.oom.sum())} OOM) to {out}")

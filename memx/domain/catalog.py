@@ -16,12 +16,14 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from memx.domain.errors import InputError, SpecError
+from memx.domain.errors import InputError, SpecError, short_repr
+from memx.domain.io import path_kind
 from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
 
 T = TypeVar("T")
 
 KINDS = ("gpus", "clusters", "models", "search")
+MAX_CATALOG_BYTES = 16 * 2**20  # one catalog file; a 65,536-GPU cluster is ~0.5 MiB of YAML
 
 
 def default_conf_root() -> Path:
@@ -36,7 +38,7 @@ _NOT_GIVEN = object()
 
 
 def _line(loc: str, msg: str, got: Any = _NOT_GIVEN) -> str:
-    return f"  field '{loc}': {msg}" + ("" if got is _NOT_GIVEN else f"; got {got!r}")
+    return f"field '{loc}': {msg}" + ("" if got is _NOT_GIVEN else f"; got {short_repr(got)}")
 
 
 def _message(error: dict[str, Any]) -> str:
@@ -68,26 +70,48 @@ def known_names(kind: str, conf_root: Path | None = None) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
+def _is_file(path: Path, kind: str) -> bool:
+    return path_kind(path, kind.rstrip("s")) == "file"
+
+
 def resolve(kind: str, name_or_path: str | Path, conf_root: Path | None = None) -> Path:
     """A catalog entry by name (conf_root/kind/NAME.yaml) or by path to a YAML file."""
     root = conf_root or default_conf_root()
     candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") or candidate.is_file():
-        if not candidate.is_file():
+    if candidate.suffix in (".yaml", ".yml") or _is_file(candidate, kind):
+        if not _is_file(candidate, kind):
             raise InputError(f"{candidate}: no such {kind[:-1] if kind != 'search' else 'search'} file")
         return candidate
     path = root / kind / f"{name_or_path}.yaml"
-    if not path.is_file():
+    if not _is_file(path, kind):
         names = ", ".join(known_names(kind, root)) or "(none)"
-        raise InputError(f"unknown {kind.rstrip('s')} '{name_or_path}' in {root / kind}; known: {names}")
+        raise InputError(f"unknown {kind.rstrip('s')} {short_repr(str(name_or_path))} in {root / kind}; "
+                         f"known: {names}")
     return path
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_text(path: Path, *, limit: int = MAX_CATALOG_BYTES) -> str:
+    """A UTF-8 text file, as bad input (naming the file) when it is too big, unreadable or binary."""
     try:
-        data = yaml.safe_load(path.read_text())
+        size = path.stat().st_size
+        if size > limit:
+            raise InputError(f"{path}: {size} bytes; a catalog file holds at most {limit}")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
+                         "catalog files are UTF-8 YAML") from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    text = read_text(path)
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML: {exc}") from exc
+        raise InputError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
@@ -114,8 +138,10 @@ def validate_entry(spec_type: type[T], data: dict[str, Any], path: Path, *,
     except ValidationError as exc:
         for loc, line in _error_lines(exc).items():
             lines.setdefault(loc, line)
+    if len(lines) == 1:
+        raise InputError(f"{path}: invalid catalog entry: {next(iter(lines.values()))}")
     if lines:
-        raise InputError("\n".join([f"{path}: invalid catalog entry", *lines.values()]))
+        raise InputError("\n".join([f"{path}: invalid catalog entry", *(f"  {line}" for line in lines.values())]))
     return spec
 
 

@@ -2,15 +2,19 @@
 
 Nothing is ever half-written: a crash leaves either the old file or the new one. Files get the
 permissions an ordinary `open()` would give (0666 less the umask, e.g. 0644), or 0777 less the umask
-for executables (`executable=True`, e.g. megatron.sh) — not mkstemp's private 0600.
+for executables (`executable=True`, e.g. megatron.sh) — not mkstemp's private 0600. Also:
+`path_kind`, which turns a path the OS refuses (too long, NUL byte) into bad input naming it.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from memx.domain.errors import InputError, short_repr
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -20,6 +24,19 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def path_kind(path: str | Path, what: str) -> Literal["file", "dir", "missing", "other"]:
+    """What is at `path`; InputError naming `what` and the path when the OS refuses the name itself
+    (longer than its limits, a NUL byte) or cannot look (permissions)."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InputError(f"{what} {short_repr(str(path))}: not a usable path: {why}") from None
+    return "file" if stat.S_ISREG(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else "other"
 
 
 def _tmp_beside(path: Path, executable: bool = False) -> Path:

@@ -2,36 +2,24 @@
 
 Plan JSON round-trips exactly through `plan_to_dict` / `plan_from_dict`; `validate_plan` checks a
 plan against its cluster and model and names every offending field.
+
+Plan-level job options (issue #14) have defaults that say what older plan files meant, and are
+written only when they differ from them, so an older file loads and re-serialises unchanged:
+`distributed_optimizer` (false: Adam states replicated on every data-parallel rank),
+`sequence_parallel` (false: norms/dropouts replicated across the TP group) and `idle_gpus`
+(absent: not recorded; a plan may use a subset of the cluster's GPUs either way).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memx.domain.errors import InputError
-
-if TYPE_CHECKING:  # annotations only: memx.domain.specs imports Recompute from here
-    from memx.domain.specs import Cluster, ModelArch
-
-
-class Recompute(StrEnum):
-    """Activation recomputation of a stage (docs/architecture.md §Plan JSON; Korthikanti et al. 2022).
-
-    A `StrEnum`: members compare equal to their JSON strings. `full` with `recompute_layers = N` is
-    Megatron-LM's block method (the first N layers of the stage recompute)."""
-
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-
-
-PLAN_RECOMPUTE = tuple(r.value for r in Recompute)
-# A search-level option only (conf/search `recompute_levels`), never a stage's `recompute`: search
-# Recompute.FULL with every block size recompute_layers = 1 .. layers − 1 (Megatron's block method).
-SEARCH_BLOCK = "block"
+from memx.domain.recompute import PLAN_RECOMPUTE, SEARCH_BLOCK, Recompute  # noqa: F401  (re-exported)
+from memx.domain.specs import Cluster, ModelArch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +41,9 @@ class Stage:
         return self.layers if self.recompute_layers is None else self.recompute_layers
 
 
+IdleGpus = tuple[tuple[str, int], ...]  # (gpu type, idle count) pairs, in the cluster's type order
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     model: str
@@ -62,6 +53,14 @@ class Plan:
     seq_len: int
     dp: int
     stages: tuple[Stage, ...]
+    distributed_optimizer: bool = False
+    """Megatron-LM `--use-distributed-optimizer` (ZeRO-1, Rajbhandari et al. 2020 §5): fp32 main params
+    and Adam m, v sharded over the dp ranks of every stage; grads reduce-scattered, params all-gathered."""
+    sequence_parallel: bool = False
+    """Megatron-LM `--sequence-parallel` (Korthikanti et al. 2022 §4.2.2): LayerNorm/dropout regions
+    split over the TP group along the sequence; a no-op on stages with tp = 1 (Megatron disables it)."""
+    idle_gpus: IdleGpus | None = None
+    """Optional record of the cluster's GPUs the plan leaves idle (`with_idle_gpus`); None: not recorded."""
 
     @property
     def pp(self) -> int:
@@ -83,6 +82,19 @@ class Plan:
         return out
 
 
+def idle_gpus(plan: Plan, cluster: Cluster) -> dict[str, int]:
+    """GPUs of each type of `cluster` that `plan` leaves idle (cluster count − dp × Σ tp; 0 when all
+    are used). Negative counts mean the plan uses more than the cluster has (`validate_plan` rejects it)."""
+    used = plan.gpus_per_type()
+    return {g.name: cluster.gpu_count(g.name) - used.get(g.name, 0) for g in cluster.gpu_types}
+
+
+def with_idle_gpus(plan: Plan, cluster: Cluster) -> Plan:
+    """`plan` carrying the record of the GPUs it leaves idle on `cluster` (types with none idle omitted)."""
+    idle = tuple((gpu, n) for gpu, n in idle_gpus(plan, cluster).items() if n > 0)
+    return dataclasses.replace(plan, idle_gpus=idle)
+
+
 def stage_to_dict(stage: Stage) -> dict[str, Any]:
     d: dict[str, Any] = {"gpu": stage.gpu, "tp": stage.tp, "layers": stage.layers, "recompute": stage.recompute.value}
     if stage.recompute_layers is not None:
@@ -99,7 +111,20 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "seq_len": plan.seq_len,
         "dp": plan.dp,
         "stages": [stage_to_dict(s) for s in plan.stages],
+        **_options_to_dict(plan),
     }
+
+
+def _options_to_dict(plan: Plan) -> dict[str, Any]:
+    """The job options that differ from their defaults (older plan files stay byte-identical)."""
+    out: dict[str, Any] = {}
+    if plan.distributed_optimizer:
+        out["distributed_optimizer"] = True
+    if plan.sequence_parallel:
+        out["sequence_parallel"] = True
+    if plan.idle_gpus is not None:
+        out["idle_gpus"] = dict(plan.idle_gpus)
+    return out
 
 
 def plan_to_json(plan: Plan) -> str:
@@ -107,6 +132,7 @@ def plan_to_json(plan: Plan) -> str:
 
 
 _PLAN_KEYS = ("model", "cluster", "global_batch", "micro_batch", "seq_len", "dp", "stages")
+_OPTION_KEYS = ("distributed_optimizer", "sequence_parallel")  # optional booleans, default false
 _STAGE_KEYS = ("gpu", "tp", "layers")
 
 
@@ -114,6 +140,20 @@ def _need_int(where: str, field: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InputError(f"{where}: field '{field}' must be an integer ≥ {minimum}, got {value!r}")
     return value
+
+
+def _need_bool(where: str, field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{where}: field '{field}' must be true or false, got {value!r}")
+    return value
+
+
+def _idle_from_dict(source: str, value: Any) -> IdleGpus | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InputError(f"{source}: field 'idle_gpus' must be an object {{gpu type: idle count}}, got {value!r}")
+    return tuple((str(gpu), _need_int(source, f"idle_gpus.{gpu}", n, 0)) for gpu, n in value.items())
 
 
 def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
@@ -159,6 +199,8 @@ def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
         seq_len=_need_int(source, "seq_len", data["seq_len"]),
         dp=_need_int(source, "dp", data["dp"]),
         stages=tuple(stages),
+        **{k: _need_bool(source, k, data[k]) for k in _OPTION_KEYS if k in data},
+        idle_gpus=_idle_from_dict(source, data.get("idle_gpus")),
     )
 
 
@@ -196,13 +238,29 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
             )
         if s.tp > max(cluster.node_sizes(s.gpu)):
             problems.append(f"stages[{i}].tp ({s.tp}) exceeds the largest {s.gpu} node ({max(cluster.node_sizes(s.gpu))} GPUs)")
+    # fewer GPUs than the cluster has is a valid plan (the rest stay idle); more is not
     for gpu, used in plan.gpus_per_type().items():
         if gpu in known and used > cluster.gpu_count(gpu):
             problems.append(f"plan uses {used} × {gpu} (dp × Σ tp), cluster {cluster.name} has {cluster.gpu_count(gpu)}")
+    problems += _idle_record_problems(plan, cluster)
     if not problems and place_plan(plan, cluster) is None:
         problems.append("the stages' TP groups cannot be placed on the cluster's nodes (a TP group must fit in one node)")
     if problems:
         raise InputError(f"{source}: invalid plan: " + "; ".join(problems))
+
+
+def _idle_record_problems(plan: Plan, cluster: Cluster) -> list[str]:
+    """A recorded `idle_gpus` must match what the plan leaves idle on the cluster (types with 0 may be omitted)."""
+    if plan.idle_gpus is None:
+        return []
+    recorded = dict(plan.idle_gpus)
+    actual = {gpu: n for gpu, n in idle_gpus(plan, cluster).items() if n > 0}
+    unknown = sorted(set(recorded) - {g.name for g in cluster.gpu_types})
+    if unknown:
+        return [f"field 'idle_gpus' names {', '.join(unknown)}, not in cluster {cluster.name}"]
+    if {g: n for g, n in recorded.items() if n} != actual:
+        return [f"field 'idle_gpus' is {recorded}, but the plan leaves {actual or 'no GPU'} idle on {cluster.name}"]
+    return []
 
 
 def place_plan(plan: Plan, cluster: Cluster) -> list[list[int]] | None:

@@ -6,6 +6,10 @@ are checked once, at construction (`__post_init__` → `memx.domain.validation.c
 with the cross-field checks; a bad spec raises one `SpecError` naming every offending field. Catalog
 YAML is validated against these same types at the edge (`memx.domain.catalog`); nothing here reads
 files.
+
+Every size has a documented upper bound (the `MAX_*` constants below), far above any real system,
+so that a typo or a hostile file (a node of 1e8 GPUs, a model of 1e8 layers, `seq_len: 1e308`) is
+refused at the edge before any work, and no number is NaN or ±inf.
 """
 
 from __future__ import annotations
@@ -14,14 +18,55 @@ import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from annotated_types import Ge, Gt, Interval, MinLen
+from annotated_types import Ge, Gt, Interval, Le, MaxLen, MinLen
 
-from memx.domain.plan import SEARCH_BLOCK, Recompute
-from memx.domain.validation import Problem, check_spec
+from memx.domain.recompute import SEARCH_BLOCK, Recompute
+from memx.domain.validation import Matches, Problem, check_spec, value_problems
 
-PositiveInt = Annotated[int, Gt(0)]
-PositiveFloat = Annotated[float, Gt(0)]
-NonNegativeFloat = Annotated[float, Ge(0)]
+# --- Upper bounds (docs/architecture.md §Catalogs). Each is far above the largest real value
+# (quoted), so only typos and hostile input hit them; they keep every later loop and array bounded.
+MAX_NAME_CHARS = 128  # catalog names (clusters, models, search spaces)
+MAX_GPU_NAME_CHARS = 64  # GPU names; they also name files (conf/simulator/NAME.yaml) and records rows
+GPU_NAME_PATTERN = r"[a-z0-9][a-z0-9._-]*"  # lower-case letters, digits, '.', '_', '-'; no path separators
+MAX_GPUS_PER_NODE = 1_024  # one node (one scale-up domain); largest sold: GB200 NVL576, 576 GPUs
+MAX_CLUSTER_GPUS = 65_536  # a whole cluster; largest published training job: 16,384 H100 (Llama 3, 2024)
+MAX_GPU_MEMORY_GIB = 16_384.0  # 16 TiB per GPU; largest today 288 GiB (MI355X, B300)
+MAX_GPU_MEMORY_MIB = MAX_GPU_MEMORY_GIB * 1024.0  # the same bound in MiB (measured peaks)
+MAX_TFLOPS = 100_000.0  # dense bf16 per GPU (100 PFLOP/s); B200: 2,250
+MAX_BANDWIDTH_GBPS = 1_000_000.0  # any bandwidth, GB/s (1 PB/s); B200 HBM3e: 8,000; NVLink 5: 900 per direction
+MAX_LATENCY_MS = 1_000.0  # one message or kernel overhead, ms; InfiniBand: ~0.005
+MAX_LAYERS = 1_024  # transformer layers; Llama 3 405B: 126, PaLM 540B: 118
+MAX_WIDTH = 262_144  # hidden and ffn_hidden; PaLM 540B: 18,432 and 73,728
+MAX_HEADS = 4_096  # attention heads and query groups; Llama 3 405B: 128
+MAX_VOCAB = 1_048_576  # vocabulary entries; Gemma: 256,000
+MAX_SEQ_LEN = 1_048_576  # tokens per sequence in training; long-context stages reach 1M (2^20)
+MAX_GLOBAL_BATCH = 1_048_576  # sequences per iteration; Llama 3 405B: 2,048 (16M tokens / 8,192)
+MAX_MICRO_BATCH = 65_536  # sequences per micro batch
+MAX_TP = MAX_GPUS_PER_NODE  # tensor parallelism stays inside a node
+MAX_PP = MAX_LAYERS  # pipeline stages (each holds at least one layer)
+MAX_OPTIONS = 64  # entries of tp_options / micro_batch_options
+MAX_SPLITS = 1_000_000_000  # max_splits_per_layout
+MAX_RATIO = 1_000.0  # max_time_ratio, max_stage_slowdown
+MAX_EPSILON_MIB2 = 1.0e12  # ε of Φ, MiB² (a 1 TiB std-dev)
+
+GpuName = Annotated[str, MaxLen(MAX_GPU_NAME_CHARS),
+                    Matches(GPU_NAME_PATTERN, f"must match {GPU_NAME_PATTERN} (lower case, no '/')")]
+SpecName = Annotated[str, MinLen(1), MaxLen(MAX_NAME_CHARS)]
+
+
+def gpu_name_problem(value: object) -> str | None:
+    """Why `value` is not a GPU name (`GPU_NAME_PATTERN`, ≤ 64 characters); None when it is one."""
+    if not isinstance(value, str):
+        return "must be a GPU name (text)"
+    return "; ".join(value_problems(GpuName, value)) or None
+
+Bandwidth = Annotated[float, Gt(0), Le(MAX_BANDWIDTH_GBPS)]
+Width = Annotated[int, Gt(0), Le(MAX_WIDTH)]
+Heads = Annotated[int, Gt(0), Le(MAX_HEADS)]
+SeqLen = Annotated[int, Gt(0), Le(MAX_SEQ_LEN)]
+Stages = Annotated[int, Gt(0), Le(MAX_PP)]
+Ratio = Annotated[float, Ge(0), Le(MAX_RATIO)]
+Exponent = Annotated[float, Interval(ge=0, le=1)]
 
 MlpKind = Literal["swiglu", "gelu"]
 MLP_KINDS: tuple[str, ...] = typing.get_args(MlpKind)
@@ -30,8 +75,9 @@ MLP_KINDS: tuple[str, ...] = typing.get_args(MlpKind)
 RECOMPUTE_LEVELS: tuple[str, ...] = (*(r.value for r in Recompute), SEARCH_BLOCK)
 RecomputeLevel = Literal[RECOMPUTE_LEVELS]  # type: ignore[valid-type]  # the search levels, built from Recompute
 
-# Read by pydantic when a catalog YAML is validated against a spec type: unknown keys are errors.
-_FORBID_EXTRA = {"extra": "forbid"}
+# Read by pydantic when a catalog YAML is validated against a spec type: unknown keys are errors,
+# and `.inf` / `.nan` are refused (`check_spec` refuses them in code-built specs).
+_FORBID_EXTRA = {"extra": "forbid", "allow_inf_nan": False}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,18 +86,18 @@ class GpuType:
 
     __pydantic_config__ = _FORBID_EXTRA
 
-    name: str
-    """Catalog name, e.g. `a100-80g`."""
-    vendor: str
+    name: GpuName
+    """Catalog name, e.g. `a100-80g`: `GPU_NAME_PATTERN`, ≤ 64 characters."""
+    vendor: SpecName
     """Maker, e.g. `nvidia`."""
-    memory_gib: PositiveFloat
-    """Device memory, GiB."""
-    peak_tflops_bf16: PositiveFloat
-    """Dense bf16 peak, TFLOP/s (no sparsity)."""
-    memory_bandwidth_gbps: PositiveFloat
-    """Device-memory bandwidth, GB/s."""
-    intra_node_bandwidth_gbps: PositiveFloat
-    """GPU↔GPU bandwidth inside a node, GB/s, one direction."""
+    memory_gib: Annotated[float, Gt(0), Le(MAX_GPU_MEMORY_GIB)]
+    """Device memory, GiB (≤ 16,384)."""
+    peak_tflops_bf16: Annotated[float, Gt(0), Le(MAX_TFLOPS)]
+    """Dense bf16 peak, TFLOP/s (no sparsity; ≤ 100,000)."""
+    memory_bandwidth_gbps: Bandwidth
+    """Device-memory bandwidth, GB/s (≤ 1,000,000)."""
+    intra_node_bandwidth_gbps: Bandwidth
+    """GPU↔GPU bandwidth inside a node, GB/s, one direction (≤ 1,000,000)."""
 
     def __post_init__(self) -> None:
         check_spec(self)
@@ -69,8 +115,8 @@ class Node:
 
     gpu: GpuType
     """The GPU type of every GPU in the node (catalog YAML names it; the catalog resolves the name)."""
-    count: PositiveInt
-    """GPUs in the node."""
+    count: Annotated[int, Gt(0), Le(MAX_GPUS_PER_NODE)]
+    """GPUs in the node (≤ 1,024)."""
 
     def __post_init__(self) -> None:
         check_spec(self)
@@ -82,17 +128,22 @@ class Cluster:
 
     __pydantic_config__ = _FORBID_EXTRA
 
-    name: str
+    name: SpecName
     """Catalog name, e.g. `three-vendor-20`."""
-    inter_node_bandwidth_gbps: PositiveFloat
-    """Bandwidth between nodes, GB/s."""
-    nodes: Annotated[tuple[Node, ...], MinLen(1)]
-    """The nodes, in catalog order (placement packs them first-fit in this order)."""
-    inter_node_latency_ms: NonNegativeFloat = 0.01
-    """Latency of one inter-node message, ms."""
+    inter_node_bandwidth_gbps: Bandwidth
+    """Bandwidth between nodes, GB/s (≤ 1,000,000)."""
+    nodes: Annotated[tuple[Node, ...], MinLen(1), MaxLen(MAX_CLUSTER_GPUS)]
+    """The nodes, in catalog order (placement packs them first-fit in this order); ≤ 65,536 GPUs in all."""
+    inter_node_latency_ms: Annotated[float, Ge(0), Le(MAX_LATENCY_MS)] = 0.01
+    """Latency of one inter-node message, ms (≤ 1,000)."""
 
     def __post_init__(self) -> None:
-        check_spec(self)
+        check_spec(self, self._cross_problems)
+
+    def _cross_problems(self) -> list[Problem]:
+        if self.total_gpus > MAX_CLUSTER_GPUS:
+            return [("nodes", f"hold at most {MAX_CLUSTER_GPUS} GPUs in all", f"{self.total_gpus} GPUs")]
+        return []
 
     @property
     def gpu_types(self) -> tuple[GpuType, ...]:
@@ -125,22 +176,22 @@ class ModelArch:
 
     __pydantic_config__ = _FORBID_EXTRA
 
-    name: str
+    name: SpecName
     """Catalog name, e.g. `llama2-7b`."""
-    layers: PositiveInt
-    """Transformer layers."""
-    hidden: PositiveInt
-    """Hidden size h; a multiple of `heads`."""
-    ffn_hidden: PositiveInt
-    """MLP inner size."""
-    heads: PositiveInt
-    """Attention (query) heads; a multiple of `query_groups`."""
-    query_groups: PositiveInt
+    layers: Annotated[int, Gt(0), Le(MAX_LAYERS)]
+    """Transformer layers (≤ 1,024)."""
+    hidden: Width
+    """Hidden size h; a multiple of `heads` (≤ 262,144)."""
+    ffn_hidden: Width
+    """MLP inner size (≤ 262,144)."""
+    heads: Heads
+    """Attention (query) heads; a multiple of `query_groups` (≤ 4,096)."""
+    query_groups: Heads
     """K/V heads (GQA); = heads for multi-head attention."""
-    vocab: PositiveInt
-    """Vocabulary size."""
-    seq_len: PositiveInt
-    """Sequence length, tokens."""
+    vocab: Annotated[int, Gt(0), Le(MAX_VOCAB)]
+    """Vocabulary size (≤ 1,048,576)."""
+    seq_len: SeqLen
+    """Sequence length, tokens (≤ 1,048,576)."""
     mlp: MlpKind = "swiglu"
     """`swiglu` (LLaMA: RMSNorm, gated MLP) or `gelu` (GPT-2: LayerNorm, ffn = 4·hidden)."""
     tied_embeddings: bool = False
@@ -186,12 +237,15 @@ class Weights:
 
     profile: str
     """`default`, `safety`, `throughput`, `custom` (from "wT,wM,wV") or the name `auto` chose."""
-    w_time: float
-    """wT: exponent of the normalised iteration time."""
-    w_mem: float
-    """wM: exponent of the normalised largest per-GPU peak memory."""
-    w_var: float
-    """wV: exponent of the normalised variance of per-GPU peak memory."""
+    w_time: Exponent
+    """wT: exponent of the normalised iteration time, in [0, 1]."""
+    w_mem: Exponent
+    """wM: exponent of the normalised largest per-GPU peak memory, in [0, 1]."""
+    w_var: Exponent
+    """wV: exponent of the normalised variance of per-GPU peak memory, in [0, 1]."""
+
+    def __post_init__(self) -> None:
+        check_spec(self)
 
     def as_tuple(self) -> tuple[float, float, float]:
         return (self.w_time, self.w_mem, self.w_var)
@@ -206,19 +260,20 @@ class SearchSpace:
 
     __pydantic_config__ = _FORBID_EXTRA
 
-    name: str
+    name: SpecName
     """Catalog name, e.g. `default`."""
-    global_batch: PositiveInt
-    """Sequences per iteration over all data-parallel replicas."""
-    tp_options: Annotated[tuple[PositiveInt, ...], MinLen(1)] = (1, 2, 4, 8)
-    """Tensor-parallel sizes a stage may use."""
-    micro_batch_options: Annotated[tuple[PositiveInt, ...], MinLen(1)] = (1, 2, 4)
-    """Micro-batch sizes, sequences."""
+    global_batch: Annotated[int, Gt(0), Le(MAX_GLOBAL_BATCH)]
+    """Sequences per iteration over all data-parallel replicas (≤ 1,048,576)."""
+    tp_options: Annotated[tuple[Annotated[int, Gt(0), Le(MAX_TP)], ...], MinLen(1), MaxLen(MAX_OPTIONS)] = (1, 2, 4, 8)
+    """Tensor-parallel sizes a stage may use (each ≤ 1,024; ≤ 64 of them)."""
+    micro_batch_options: Annotated[tuple[Annotated[int, Gt(0), Le(MAX_MICRO_BATCH)], ...], MinLen(1),
+                                   MaxLen(MAX_OPTIONS)] = (1, 2, 4)
+    """Micro-batch sizes, sequences (each ≤ 65,536; ≤ 64 of them)."""
     recompute_levels: Annotated[tuple[RecomputeLevel, ...], MinLen(1)] = RECOMPUTE_LEVELS
     """Per-stage recompute levels searched: the `Recompute` levels and `block`."""
-    max_pp: PositiveInt = 8
-    """Most pipeline stages."""
-    min_pp: PositiveInt = 1
+    max_pp: Stages = 8
+    """Most pipeline stages (≤ 1,024)."""
+    min_pp: Stages = 1
     """Fewest pipeline stages; at most `max_pp`."""
     use_all_gpus: bool = True
     """Plans must use every GPU of the cluster."""
@@ -228,19 +283,19 @@ class SearchSpace:
     """Training precision."""
     optimizer: Literal["adam"] = "adam"
     """Optimizer (sets the static bytes per parameter)."""
-    reserve_gib: NonNegativeFloat = 1.0
+    reserve_gib: Annotated[float, Ge(0), Le(MAX_GPU_MEMORY_GIB)] = 1.0
     """Kept free on every GPU (allocator slack, NCCL buffers), GiB."""
     target_margin: Annotated[float, Interval(ge=0, lt=1)] = 0.10
     """Refinement raises recompute while the smallest memory margin (a fraction) is below this."""
-    epsilon_mib2: PositiveFloat = 1.0e4
+    epsilon_mib2: Annotated[float, Gt(0), Le(MAX_EPSILON_MIB2)] = 1.0e4
     """ε added to V in Φ, MiB²: a 100 MiB std-dev noise floor."""
-    seq_len: PositiveInt | None = None
-    """Sequence length of the job; None: the model's."""
-    max_splits_per_layout: PositiveInt = 5_000_000
-    """Cap on layer splits enumerated per (pp, tp, dp) layout."""
-    max_time_ratio: NonNegativeFloat = 0.0
+    seq_len: SeqLen | None = None
+    """Sequence length of the job; None: the model's (≤ 1,048,576)."""
+    max_splits_per_layout: Annotated[int, Gt(0), Le(MAX_SPLITS)] = 5_000_000
+    """Cap on layer splits enumerated per (pp, tp, dp) layout (≤ 1e9)."""
+    max_time_ratio: Ratio = 0.0
     """> 0: Φ picks only among plans within this × the fastest; 0 = Φ alone (paper)."""
-    max_stage_slowdown: NonNegativeFloat = 2.0
+    max_stage_slowdown: Ratio = 2.0
     """Prune splits with a stage slower than this × the layout's best bottleneck; 0 = off."""
     extra: dict[str, object] = field(default_factory=dict)
     """Free-form additions carried with the space (not searched)."""

@@ -53,7 +53,8 @@ _PREDICTORS: dict[tuple, object] = {}
 
 def predictor_kind(scale: str, kind: str | None) -> str:
     """analytic: the closed form; quick: profile on the simulator + one hybrid-calibrated fit (seconds, no
-    Optuna/MLflow); registered: memx.pipeline.local.plan_predictor (profile → augment → Optuna → MLflow)."""
+    Optuna/MLflow); registered: the pipeline's steps in-process (memx.pipeline.local: profile → augment →
+Optuna → MLflow registry) and the champion of the fingerprint."""
     kind = kind or ("quick" if scale == "small" else "registered")
     if kind not in ("analytic", "quick", "registered"):
         raise ValueError(f"predictor {kind!r}: allowed values are analytic, quick, registered")
@@ -76,11 +77,18 @@ def get_predictor(cluster: Cluster, model: ModelArch, sp: SearchSpace, kind: str
         runs = profile(cluster, model, sp, backend="simulated", seed=seed).stage_runs
         pred = fit_predictor(augment(runs).stage_runs, gpus, seed=seed)
     else:
-        from memx.pipeline.local import plan_predictor
-
-        pred = plan_predictor(cluster, model, sp, backend="simulated", seed=seed)[0].inner
+        pred = registered(cluster, model, sp, seed)
     _PREDICTORS[key] = pred
     return pred
+
+
+def registered(cluster: Cluster, model: ModelArch, sp: SearchSpace, seed: int = 0):
+    """The registry champion after the profile and train steps (each reused when stored)."""
+    from memx.pipeline.local import profile_step, registered_predictor, train_step  # MLflow/XGBoost: only when asked
+
+    profiles = profile_step(cluster, model, sp, backend="simulated", seed=seed)
+    train_step(cluster, model, sp, seed=seed, profiles=profiles)
+    return registered_predictor(cluster, model, sp).inner
 
 
 def cached(pred) -> CachedPredictor:

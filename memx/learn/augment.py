@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from memx.domain.records import with_record_defaults
 from memx.planner.signatures import SIGNATURE_COLUMNS
 
 # What each parameter is gated on (paper §3.2: layers vs memory and micro batch vs throughput are
@@ -126,6 +127,7 @@ def _interpolate_param(measured: pd.DataFrame, param: str, lo: float, hi: float,
 
 def augment(stage_runs: pd.DataFrame, *, r2_threshold: float = R2_THRESHOLD, max_new_per_gap: int = 6) -> AugmentResult:
     """Gate, then interpolate; `max_new_per_gap` (our choice) bounds growth to the paper's 5–10×."""
+    stage_runs = with_record_defaults(stage_runs)  # older tables: option columns at their defaults
     gates = interpolation_gates(stage_runs, r2_threshold=r2_threshold)
     measured = _ok(stage_runs)
     measured = measured[pd.to_numeric(measured["time_ms"], errors="coerce") > 0]

@@ -1,4 +1,4 @@
-"""Stage-prediction cache (DESIGN.md §4 "Cache").
+"""Stage-prediction cache (docs/architecture.md §Cache).
 
 A prediction is stored under a 64-bit hash of its *full* signature (every SIGNATURE_COLUMNS field:
 layer count, recompute layers, inflight, first/last included — the paper leaves the fields open, we
@@ -6,27 +6,47 @@ don't) keyed with the predictor version, so two predictor versions never share e
 persisted as Parquet beside the registered model version (see memx.pipeline.registry.cache_path); the
 fingerprint of GPU types, model structure and global batch selects that version, so a change of any of
 the three uses a different version and a different cache.
+
+Integrity (issue #11): the sha256 of the Parquet bytes is written beside it (``predictions.parquet.sha256``,
+after the table) and checked on load. A cache that is truncated, does not parse, lacks its hash or fails
+the check is discarded with a warning naming it and rebuilt from the predictor: edited cached values
+never change a plan under the same version hash.
+
+The per-signature keys are pandas' vectorised 64-bit hash (`hash_pandas_object`), not
+memx.domain.hashing: millions of keys per search, where sha256 per row would dominate the search time.
+The predictor version (memx.domain.hashing) is the hash key, so the two families never mix.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from memx.domain.io import atomic_write_parquet
-from memx.planner.signatures import PREDICTION_COLUMNS, SIGNATURE_COLUMNS, StagePredictor
+from memx.domain.io import atomic_write_bytes
+from memx.domain.records import with_record_defaults
+from memx.planner.signatures import INTERVAL_COLUMNS, PREDICTION_COLUMNS, SIGNATURE_COLUMNS, StagePredictor
 
-_INT = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab")
+# What is cached per signature: the prediction and, when the predictor gives one, its interval (NaN otherwise).
+CACHED_COLUMNS = PREDICTION_COLUMNS + INTERVAL_COLUMNS
+
+log = logging.getLogger(__name__)
+
+_INT = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab",
+        "dp")
 
 
 def canonical_signatures(sigs: pd.DataFrame) -> pd.DataFrame:
     """Signature columns in fixed dtypes, so equal signatures hash equally whatever their source."""
+    sigs = with_record_defaults(sigs)  # option columns absent: their defaults (memx.domain.records)
     out = {c: sigs[c].to_numpy(dtype=np.int64) for c in _INT}
     out["recompute_layers"] = pd.to_numeric(sigs["recompute_layers"], errors="coerce").fillna(-1).to_numpy(np.int64)
-    for c in ("first", "last"):
+    for c in ("first", "last", "distributed_optimizer", "sequence_parallel"):
         out[c] = sigs[c].to_numpy(dtype=bool).astype(np.int64)
     for c in ("gpu", "recompute", "mlp"):
         out[c] = sigs[c].astype(str).to_numpy(dtype=object)
@@ -62,7 +82,7 @@ class CachedPredictor:
         self.path = Path(path) if path is not None else None
         self.name = f"cached-{inner.name}"
         self._keys = pd.Index(np.empty(0, dtype=np.uint64))
-        self._values = np.empty((0, len(PREDICTION_COLUMNS)))
+        self._values = np.empty((0, len(CACHED_COLUMNS)))
         self.history: list[CacheStats] = []
         if self.path is not None and self.path.exists():
             self._load()
@@ -72,19 +92,42 @@ class CachedPredictor:
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 
+    @property
+    def hash_path(self) -> Path:
+        """Where the sha256 of the cache file is kept (beside it)."""
+        return self.path.with_name(self.path.name + ".sha256")
+
     def _load(self) -> None:
-        df = pd.read_parquet(self.path)
-        df = df[df["version"].astype(str) == self.version]
-        self._keys = pd.Index(df["key"].to_numpy(np.uint64))
-        self._values = df.loc[:, list(PREDICTION_COLUMNS)].to_numpy(np.float64)
+        """The stored entries of this version, after the hash check; a bad cache is discarded."""
+        try:
+            data = self.path.read_bytes()
+            want = self.hash_path.read_text().strip() if self.hash_path.exists() else None
+            if want != hashlib.sha256(data).hexdigest():
+                raise ValueError("no recorded sha256" if want is None else "sha256 check failed")
+            df = pd.read_parquet(io.BytesIO(data))
+            df = df[df["version"].astype(str) == self.version]
+            keys = pd.Index(df["key"].to_numpy(np.uint64))
+            values = df.loc[:, list(CACHED_COLUMNS)].to_numpy(np.float64)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            log.warning("memx: prediction cache %s discarded (%s); it is rebuilt from the predictor",
+                        self.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            self.path.unlink(missing_ok=True)
+            self.hash_path.unlink(missing_ok=True)
+            return
+        self._keys, self._values = keys, values
 
     def save(self) -> None:
         if self.path is None:
             return
-        df = pd.DataFrame(self._values, columns=list(PREDICTION_COLUMNS))
+        df = pd.DataFrame(self._values, columns=list(CACHED_COLUMNS))
         df.insert(0, "key", self._keys.to_numpy(np.uint64))
         df.insert(1, "version", self.version)
-        atomic_write_parquet(df, self.path)
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        data = buf.getvalue()
+        # table first, hash last: a crash in between leaves a mismatch, i.e. a discarded cache, never a wrong one
+        atomic_write_bytes(self.path, data)
+        atomic_write_bytes(self.hash_path, (hashlib.sha256(data).hexdigest() + "\n").encode())
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -93,19 +136,21 @@ class CachedPredictor:
         keys = signature_keys(sigs, self.version)
         pos = self._keys.get_indexer(keys) if len(self._keys) else np.full(len(keys), -1)
         hit = pos >= 0
-        out = np.empty((len(sigs), len(PREDICTION_COLUMNS)))
+        out = np.empty((len(sigs), len(CACHED_COLUMNS)))
         out[hit] = self._values[pos[hit]]
         if (~hit).any():
             miss_keys, first = np.unique(keys[~hit], return_index=True)
             rows = np.flatnonzero(~hit)[first]
-            pred = self.inner.predict(sigs.iloc[rows].loc[:, list(SIGNATURE_COLUMNS)])
-            vals = pred.loc[:, list(PREDICTION_COLUMNS)].to_numpy(np.float64)
+            pred = self.inner.predict(with_record_defaults(sigs.iloc[rows]).loc[:, list(SIGNATURE_COLUMNS)])
+            vals = pred.reindex(columns=list(CACHED_COLUMNS)).to_numpy(np.float64)
             self._keys = self._keys.append(pd.Index(miss_keys))
             self._values = np.vstack([self._values, vals])
             out[~hit] = vals[np.searchsorted(miss_keys, keys[~hit])]
             self.save()
         self.history.append(CacheStats(queries=len(sigs), hits=int(hit.sum())))
-        return pd.DataFrame(out, columns=list(PREDICTION_COLUMNS), index=sigs.index)
+        frame = pd.DataFrame(out, columns=list(CACHED_COLUMNS), index=sigs.index)
+        given = [c for c in INTERVAL_COLUMNS if not np.isnan(out[:, CACHED_COLUMNS.index(c)]).all()]
+        return frame.loc[:, [*PREDICTION_COLUMNS, *given]]  # interval columns only where the predictor gives them
 
     @property
     def last_hit_rate(self) -> float:

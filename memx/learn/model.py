@@ -10,24 +10,32 @@ and `select` keeps the one with the lowest held-out error):
 - ``hybrid-calibrated``: trees on log(measured / calibrated prior).
 One booster, two outputs (`multi_strategy` one_output_per_tree or multi_output_tree, tree_method hist).
 
-Time-only data (every peak_mem_mib null, e.g. per-layer published profiles): the booster has one output
-and memory comes from the analytic model; `memory_source == "analytic"` says so.
+Each head trains on the rows that carry its label (issue #16): when every row has time and memory, one
+dual-output booster (paper §3.2); otherwise a time booster on every time-bearing row and a memory booster
+on the memory-bearing rows. A GPU type without memory labels takes memory from the closed form
+(memx.planner.cost.AnalyticStageModel, runtime "catalog": with the runtime overheads) and
+`memory_sources[gpu] == "closed-form"` says so; `memory_source` summarises ("learned", "analytic" when no
+type measured memory, "mixed"). Forward-only rows become stage times through memx.learn.phases. A GPU
+type in `gpus` with no training row is predicted from its spec-sheet features and what the other types
+taught (`unprofiled`), with the documented wide bands of memx.learn.intervals.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import base64
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from memx.planner.cost import AnalyticStageModel
+from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json, layered
+from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_only_gpus, phase_of, stage_time_labels
 from memx.learn.features import feature_matrix, gpu_arrays, memory_bases, signature_arrays, time_bases
 from memx.planner.signatures import SIGNATURE_COLUMNS
+from memx.domain.hashing import bytes_hash, stable_hash
 from memx.domain.specs import GpuType
 
 VARIANTS = ("xgb", "hybrid", "calibrated", "hybrid-calibrated")
@@ -139,7 +147,8 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
     a = signature_arrays(sigs)
     names = sigs["gpu"].astype(str).to_numpy()
     g = gpu_arrays(names, gpus)
-    an = AnalyticStageModel(gpus=gpus).predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
+    # the flat closed form stays the learned model's prior (issue 12 keeps the learned path unchanged)
+    an = AnalyticStageModel(gpus=gpus, runtime="none").predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
     if cal is not None:
         ct, cm, cs = apply_calibration(cal, a, g, names, an)
     else:
@@ -166,6 +175,11 @@ class LearnedStagePredictor:
     booster: Any | None  # xgboost.Booster; None for the calibrated prior alone
     memory_source: str = "learned"
     params: XgbParams = field(default_factory=XgbParams)
+    intervals: Intervals | None = None  # conformal bands (memx.learn.intervals); None: documented defaults
+    mem_booster: Any | None = None  # the memory head when rows differ in which labels they carry
+    memory_sources: dict[str, str] = field(default_factory=dict)  # profiled GPU → "measured" | "closed-form"
+    backward: BackwardModel = field(default_factory=BackwardModel)
+    forward_only: dict[str, list[str]] = field(default_factory=dict)  # GPU → recompute levels timed forward-only
     name: str = ""
 
     def __post_init__(self):
@@ -180,17 +194,61 @@ class LearnedStagePredictor:
             t = t * np.exp(r[:, 0])
             if r.shape[1] > 1:
                 m = m * np.exp(r[:, 1])
-        if self.memory_source == "analytic":
-            m = p.analytic_mem_mib
-        return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib}, index=sigs.index)
+        if self.mem_booster is not None and len(sigs):
+            m = m * np.exp(np.asarray(self.mem_booster.inplace_predict(p.X), dtype=np.float64).reshape(-1))
+        names = sigs["gpu"].astype(str).to_numpy()
+        closed = np.isin(names, self._closed_form_gpus())
+        if closed.any():
+            cf = AnalyticStageModel(gpus=self.gpus, runtime="catalog").predict(
+                sigs.loc[closed, list(SIGNATURE_COLUMNS)])  # the closed form with runtime overheads (issue #16)
+            m = m.copy()
+            m[closed] = cf["peak_mem_mib"].to_numpy(np.float64)
+        bounds = interval_columns(self.effective_intervals(), names, t, m)
+        return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib, **bounds},
+                            index=sigs.index)
 
     @property
     def time_only(self) -> bool:
         return self.memory_source == "analytic"
 
+    @property
+    def closed_form_memory(self) -> list[str]:
+        return sorted(g for g, s in self.memory_sources.items() if s == "closed-form")
+
+    @property
+    def unprofiled(self) -> list[str]:
+        """GPU types with a spec but no training row (empty for predictors trained before this was recorded)."""
+        return sorted(set(self.gpus) - set(self.memory_sources)) if self.memory_sources else []
+
+    def sources(self) -> dict[str, dict[str, str]]:
+        """Per GPU type where its time and memory come from: measured / forward×ratio / closed-form / unprofiled."""
+        out = {}
+        for g in sorted(self.gpus):
+            if g in self.unprofiled:
+                out[g] = {"time": "unprofiled", "memory": "unprofiled"}
+            else:
+                out[g] = {"time": "forward x backward ratio" if g in self.forward_only else "measured",
+                          "memory": "closed-form" if g in self._closed_form_gpus() else "measured"}
+        return out
+
+    def _closed_form_gpus(self) -> list[str]:
+        """GPU types whose memory is the closed form's: no memory label (every type when none had one)."""
+        return sorted(self.gpus) if self.time_only else self.closed_form_memory
+
+    def effective_intervals(self) -> Intervals:
+        fwd = {g: (min(self.backward.time_band(r)[0] for r in levels), max(self.backward.time_band(r)[1] for r in levels))
+               for g, levels in self.forward_only.items()}
+        return layered(self.intervals, closed_form_memory=self._closed_form_gpus(), forward_time=fwd,
+                       unprofiled=self.unprofiled)
+
     def to_json(self) -> dict[str, Any]:
         return {"variant": self.variant, "memory_source": self.memory_source, "params": asdict(self.params),
                 "calibration": None if self.calibration is None else asdict(self.calibration),
+                "intervals": None if self.intervals is None else self.intervals.to_json(),
+                "memory_sources": dict(sorted(self.memory_sources.items())), "backward": asdict(self.backward),
+                "forward_only": dict(sorted(self.forward_only.items())),
+                "mem_booster_ubj_b64": None if self.mem_booster is None else
+                base64.b64encode(bytes(self.mem_booster.save_raw("ubj"))).decode("ascii"),
                 "gpus": {k: asdict(v) for k, v in sorted(self.gpus.items())}}
 
     def booster_bytes(self) -> bytes:
@@ -199,9 +257,7 @@ class LearnedStagePredictor:
     @property
     def version(self) -> str:
         """Content hash of everything that determines predictions (keys the prediction cache)."""
-        h = hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode())
-        h.update(self.booster_bytes())
-        return h.hexdigest()[:16]
+        return stable_hash(self.to_json(), bytes_hash(self.booster_bytes()))
 
 
 def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredictor:
@@ -209,7 +265,20 @@ def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredi
     return LearnedStagePredictor(
         variant=meta["variant"], memory_source=meta["memory_source"], params=XgbParams(**meta["params"]),
         calibration=None if cal is None else Calibration(**cal), booster=booster,
+        intervals=intervals_from_json(meta.get("intervals")), memory_sources=dict(meta.get("memory_sources") or {}),
+        backward=BackwardModel(**meta["backward"]) if meta.get("backward") else BackwardModel(),
+        forward_only=dict(meta.get("forward_only") or {}), mem_booster=_booster(meta.get("mem_booster_ubj_b64")),
         gpus={k: GpuType(**v) for k, v in meta["gpus"].items()})
+
+
+def _booster(b64: str | None):
+    if not b64:
+        return None
+    import xgboost as xgb  # heavy: only when a memory head was stored
+
+    b = xgb.Booster()
+    b.load_model(bytearray(base64.b64decode(b64)))
+    return b
 
 
 def training_rows(stage_runs: pd.DataFrame) -> pd.DataFrame:
@@ -218,12 +287,14 @@ def training_rows(stage_runs: pd.DataFrame) -> pd.DataFrame:
     if "status" in df.columns:
         df = df[df["status"].fillna("ok").astype(str) == "ok"]
     df = df[pd.to_numeric(df["time_ms"], errors="coerce") > 0]
+    df = df[phase_of(df) != ITERATION]  # whole-iteration times are plan-level, not stage labels (memx.learn.phases)
     return df.reset_index(drop=True)
 
 
-def _targets(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _targets(df: pd.DataFrame, backward: BackwardModel | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(stage time — forward rows × (1 + backward/forward) —, peak memory, static memory); NaN where absent."""
     col = lambda c: pd.to_numeric(df[c], errors="coerce").to_numpy(np.float64) if c in df else np.full(len(df), np.nan)
-    return col("time_ms"), col("peak_mem_mib"), col("static_mem_mib")
+    return stage_time_labels(df, backward or BackwardModel()), col("peak_mem_mib"), col("static_mem_mib")
 
 
 def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, variant: str = "hybrid-calibrated",
@@ -237,36 +308,56 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
     df = training_rows(stage_runs)
     if df.empty:
         raise ValueError("no usable stage_runs rows (all failed or without time)")
-    yt, ym, ys = _targets(df)
-    has_mem = np.isfinite(ym)
-    memory_source = "learned" if has_mem.mean() >= 0.5 else "analytic"  # our choice: half the rows
+    backward = fit_backward(df)
+    yt, ym, ys = _targets(df, backward)
+    names = df["gpu"].astype(str).to_numpy()
+    has_mem = np.isfinite(ym) & (ym > 0)
+    measured = set(names[has_mem])
+    memory_sources = {str(g): "measured" if g in measured else "closed-form" for g in np.unique(names)}
+    memory_source = ("learned" if len(measured) == len(memory_sources) else "analytic" if not measured else "mixed")
+    ym = np.where(has_mem, ym, np.nan)
     cal = None
-    if variant in ("calibrated", "hybrid-calibrated") or variant == "xgb":
+    if variant in ("calibrated", "hybrid-calibrated", "xgb"):
         a = signature_arrays(df)
-        names = df["gpu"].astype(str).to_numpy()
-        an = AnalyticStageModel(gpus=gpus).predict(df.loc[:, list(SIGNATURE_COLUMNS)])
-        cal = fit_calibration(a, gpu_arrays(names, gpus), names, yt, ym if memory_source == "learned" else
-                              np.full(len(df), np.nan), ys, an["static_mem_mib"].to_numpy(np.float64))
-    pred = LearnedStagePredictor(variant=variant, gpus=dict(gpus), calibration=cal, booster=None,
-                                 memory_source=memory_source, params=params)
+        an = AnalyticStageModel(gpus=gpus, runtime="none").predict(df.loc[:, list(SIGNATURE_COLUMNS)])
+        cal = fit_calibration(a, gpu_arrays(names, gpus), names, yt, ym, ys, an["static_mem_mib"].to_numpy(np.float64))
+    base = LearnedStagePredictor(variant=variant, gpus=dict(gpus), calibration=cal, booster=None,
+                                 memory_source=memory_source, params=params, memory_sources=memory_sources,
+                                 backward=backward, forward_only=forward_only_gpus(df))
     if variant == "calibrated":
-        return pred
+        return base
     p = prepare(df, gpus, variant, cal)
-    rows = has_mem if memory_source == "learned" else np.ones(len(df), dtype=bool)
-    Y = [np.log(yt / p.prior_time_ms)]
-    if memory_source == "learned":
-        Y.append(np.log(ym / p.prior_mem_mib))
-    Y = np.column_stack(Y)[rows]
-    dm = xgb.DMatrix(p.X[rows], label=Y)
-    booster = xgb.train(params.booster_params(seed, Y.shape[1]), dm, num_boost_round=params.n_rounds)
-    return LearnedStagePredictor(variant=variant, gpus=dict(gpus), calibration=cal, booster=booster,
-                                 memory_source=memory_source, params=params)
+    lt = np.log(yt / p.prior_time_ms)
+    if has_mem.all():  # every row carries both labels: one dual-output booster (paper §3.2)
+        Y = np.column_stack([lt, np.log(ym / p.prior_mem_mib)])
+        return replace(base, booster=_train(xgb, params, seed, p.X, Y))
+    booster = _train(xgb, params, seed, p.X, lt[:, None])  # time head: every time-bearing row
+    mem_booster = None
+    if has_mem.sum() >= MIN_ROWS_PER_GPU:  # memory head: the memory-bearing rows
+        mem_booster = _train(xgb, params, seed, p.X[has_mem], np.log(ym[has_mem] / p.prior_mem_mib[has_mem])[:, None])
+    return replace(base, booster=booster, mem_booster=mem_booster)
+
+
+def _train(xgb, params: XgbParams, seed: int, X: np.ndarray, Y: np.ndarray):
+    return xgb.train(params.booster_params(seed, Y.shape[1]), xgb.DMatrix(X, label=Y), num_boost_round=params.n_rounds)
+
+
+def conformalize(predictor: LearnedStagePredictor, held_out: pd.DataFrame, *, coverage: float = 0.9,
+                 source: str = "held-out residuals") -> LearnedStagePredictor:
+    """The predictor with split-conformal bands from rows it never trained on (memx.learn.intervals)."""
+    df = training_rows(held_out)
+    yt, ym, _ = _targets(df, predictor.backward)
+    pr = predictor.predict(df.loc[:, list(SIGNATURE_COLUMNS)])
+    pm = pr["peak_mem_mib"].to_numpy(np.float64)
+    iv = fit_intervals(df["gpu"].to_numpy(), pr["time_ms"].to_numpy(np.float64), yt, pm, ym, coverage=coverage,
+                       source=source)
+    return replace(predictor, intervals=iv)
 
 
 def stage_errors(predictor, rows: pd.DataFrame) -> dict[str, float]:
     """Held-out stage errors (fractions): time MAPE and, where measured, memory MAPE."""
     df = training_rows(rows)
-    yt, ym, _ = _targets(df)
+    yt, ym, _ = _targets(df, getattr(predictor, "backward", None))
     pr = predictor.predict(df.loc[:, list(SIGNATURE_COLUMNS)])
     out = {"time_mape": float(np.mean(np.abs(pr["time_ms"].to_numpy() - yt) / yt))}
     ok = np.isfinite(ym)

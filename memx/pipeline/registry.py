@@ -1,37 +1,72 @@
-"""MLflow tracking and model registry for stage predictors; fingerprints (DESIGN.md §4 "Cache").
+"""MLflow tracking and model registry for stage predictors; fingerprints (docs/architecture.md
+§Model registry, §Versions and fingerprints).
 
 - Tracking URI: the argument, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///$MEMX_HOME/mlflow.db``
-  (``MEMX_HOME`` defaults to ``.memx``). SQLite, not the file store (ECOSYSTEM.md: MLflow 3).
+  (memx.domain.home). SQLite, not the file store (MLflow 3). Run artifacts of a SQLite store go to
+  ``mlartifacts/`` beside its database, never to ``./mlruns`` in the working directory.
 - One registered model, ``memx-stage-predictor``; each version is tagged ``gpu_types``,
   ``model_fingerprint``, ``global_batch``, ``fingerprint`` (hash of the three), ``data_version``,
   ``held_out`` (hash of the held-out rows), ``variant``, ``predictor_version`` and its metrics.
 - Aliases: ``champion-<fingerprint[:12]>`` per fingerprint and ``champion`` (the latest promotion). A new
   version is promoted only when it beats the current champion of its fingerprint on the new version's
   held-out set (the champion is re-scored on those very rows).
+- Models load as data only (issue #11): the booster is stored as a plain run artifact in XGBoost's own
+  UBJSON format (``booster.ubj``) beside ``predictor.json``, their sha256 recorded as model-version tags
+  (``booster_sha256``, ``predictor_sha256``) and in the train manifest, checked before anything is
+  parsed, and read with ``xgboost.Booster.load_model`` on the bytes. The logged MLflow model (MLmodel,
+  its ``code:`` folder, ``model_class``) is never loaded: a planted ``code/`` cannot run.
+- A version whose files are gone or fail the check is :class:`UnusableModel`; the champion rule treats
+  an unusable champion as absent (memx.pipeline.training).
+- Every tracking URI that is stored, logged or printed goes through :func:`redact_uri`.
 mlflow and xgboost are imported inside functions: ``import memx`` stays light.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 
+from memx.domain.errors import InputError
+from memx.domain.hashing import canonical_json, stable_hash
+from memx.domain.home import home_path, memx_home
 from memx.domain.specs import Cluster, GpuType, ModelArch
 
 MODEL_NAME = "memx-stage-predictor"
 EXPERIMENT = "memx"
 PREDICTOR_FILE = "predictor.json"
+BOOSTER_FILE = "booster.ubj"
+HASH_TAGS = {BOOSTER_FILE: "booster_sha256", PREDICTOR_FILE: "predictor_sha256"}
+
+log = logging.getLogger(__name__)
 
 
-def memx_home() -> Path:
-    return Path(os.environ.get("MEMX_HOME", ".memx"))
+class UnusableModel(InputError):
+    """A registered version whose files are missing, unreadable or fail their sha256 check."""
+
+
+def redact_uri(uri: str | None) -> str | None:
+    """`uri` without user info: ``http://user:pw@host:5000/x`` → ``http://***@host:5000/x`` (issue #11).
+    Anything that is not a URL with a network location is returned as it is."""
+    if not uri:
+        return uri
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def tracking_uri(uri: str | None = None) -> str:
@@ -40,9 +75,24 @@ def tracking_uri(uri: str | None = None) -> str:
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
-    home = memx_home().resolve()
+    home = memx_home()
     home.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{home / 'mlflow.db'}"
+
+
+def public_tracking_uri(uri: str | None = None) -> str:
+    """The tracking URI as it may be stored, logged or printed: credentials redacted."""
+    return redact_uri(tracking_uri(uri)) or ""
+
+
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment keeps run artifacts: beside a SQLite database, under $MEMX_HOME for other
+    database stores, the server's choice for an HTTP tracking server."""
+    if uri.startswith(("http://", "https://", "databricks")):
+        return None
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).absolute().parent / "mlartifacts").as_uri()
+    return home_path("mlartifacts").as_uri()
 
 
 def setup(uri: str | None = None):
@@ -50,6 +100,8 @@ def setup(uri: str | None = None):
     import mlflow
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keeps CLI stdout clean
+    # MLflow writes "View run … at: <URL with credentials>" to stdout after every run on a server (issue #11)
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     before = os.environ.get("MLFLOW_TRACKING_URI")
     resolved = tracking_uri(uri)
     mlflow.set_tracking_uri(resolved)
@@ -60,14 +112,9 @@ def setup(uri: str | None = None):
     else:
         os.environ["MLFLOW_TRACKING_URI"] = before
     if mlflow.get_experiment_by_name(EXPERIMENT) is None:
-        art = (memx_home().resolve() / "mlartifacts").as_uri() if not (uri or os.environ.get("MLFLOW_TRACKING_URI")) else None
-        mlflow.create_experiment(EXPERIMENT, artifact_location=art)
+        mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_location(resolved))
     mlflow.set_experiment(EXPERIMENT)
     return mlflow.MlflowClient()
-
-
-def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,32 +134,46 @@ def fingerprint(gpus: Cluster | Mapping[str, GpuType], model: ModelArch, global_
     """Hash of GPU types (names and specs, not counts: adding nodes of known types keeps it), model
     structure (ModelArch.structure) and global batch size."""
     table = {g.name: g for g in gpus.gpu_types} if isinstance(gpus, Cluster) else dict(gpus)
-    specs = {n: vars(g) for n, g in sorted(table.items())}
-    model_fp = _digest(model.structure())
-    gpu_fp = _digest(specs)
+    specs = {n: dataclasses.asdict(g) for n, g in sorted(table.items())}
+    model_fp = stable_hash(model.structure())
+    gpu_fp = stable_hash(specs)
     return Fingerprint(gpu_types=",".join(sorted(table)), gpu_specs=gpu_fp, model_fingerprint=model_fp,
-                       global_batch=int(global_batch), fingerprint=_digest([gpu_fp, model_fp, int(global_batch)]))
-
-
-def frame_version(df: pd.DataFrame) -> str:
-    """Content hash of a table (the data_version tag)."""
-    h = pd.util.hash_pandas_object(df.astype(str), index=False).to_numpy()
-    return hashlib.sha256(h.tobytes() + ",".join(map(str, df.columns)).encode()).hexdigest()[:16]
+                       global_batch=int(global_batch), fingerprint=stable_hash(gpu_fp, model_fp, int(global_batch)))
 
 
 def cache_path(fp: str, version: int | str) -> Path:
     """Where the prediction cache of a registered version lives: beside its other local artifacts."""
-    return memx_home() / "models" / fp / f"v{version}" / "predictions.parquet"
+    return home_path("models", fp, f"v{version}", "predictions.parquet")
 
 
 def champion_alias(fp: str) -> str:
     return f"champion-{fp[:12]}"
 
 
-def log_predictor(predictor, example: pd.DataFrame) -> Any:
-    """Inside an active run: the booster via mlflow.xgboost.log_model (signature and input example of the
-    feature matrix) and predictor.json (variant, calibration, GPU specs). Returns the ModelInfo."""
+@dataclass(frozen=True, kw_only=True)
+class LoggedPredictor:
+    """What log_predictor logged: the MLflow model (for the registry UI) and the sha256 of the two
+    files that load_version reads."""
+
+    info: Any
+    hashes: dict[str, str]  # tag name → sha256 hex
+
+    @property
+    def model_uri(self) -> str:
+        return self.info.model_uri
+
+
+def predictor_files(predictor) -> dict[str, bytes]:
+    """The files a predictor is stored as: its JSON description and its booster (UBJSON, may be empty)."""
+    return {PREDICTOR_FILE: canonical_json(predictor.to_json()).encode(), BOOSTER_FILE: predictor.booster_bytes()}
+
+
+def log_predictor(predictor, example: pd.DataFrame) -> LoggedPredictor:
+    """Inside an active run: booster.ubj and predictor.json as plain artifacts (what loads), their sha256,
+    and the booster via mlflow.xgboost.log_model (signature and input example, for registration and the
+    UI; never loaded)."""
     import mlflow
+    import xgboost
     from mlflow.models import infer_signature
 
     from memx.learn.features import FEATURE_NAMES
@@ -121,24 +182,26 @@ def log_predictor(predictor, example: pd.DataFrame) -> Any:
     X = prepare(example, predictor.gpus, predictor.variant, predictor.calibration).X
     frame = pd.DataFrame(X, columns=list(FEATURE_NAMES))
     out = predictor.booster.inplace_predict(X)
-    import xgboost
-
     # explicit requirements: mlflow's requirement inference costs seconds per model
     info = mlflow.xgboost.log_model(predictor.booster, name="model", input_example=frame.head(5),
                                     signature=infer_signature(frame, out), model_format="ubj",
                                     pip_requirements=[f"xgboost=={xgboost.__version__}"])
-    mlflow.log_dict(predictor.to_json(), PREDICTOR_FILE)
-    return info
+    files = predictor_files(predictor)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in files.items():
+            (Path(tmp) / name).write_bytes(data)
+            mlflow.log_artifact(str(Path(tmp) / name))
+    return LoggedPredictor(info=info, hashes={HASH_TAGS[n]: sha256(d) for n, d in files.items()})
 
 
-def register(info: Any, *, run_id: str, fp: Fingerprint, data_version: str, held_out: str,
+def register(logged: LoggedPredictor, *, run_id: str, fp: Fingerprint, data_version: str, held_out: str,
              predictor_version: str, variant: str, metrics: Mapping[str, float]) -> int:
     """Register a logged model as a new version of MODEL_NAME with its tags; returns the version number."""
     import mlflow
 
     client = mlflow.MlflowClient()
-    mv = mlflow.register_model(info.model_uri, MODEL_NAME, tags={
-        **fp.tags(), "data_version": data_version, "held_out": held_out, "variant": variant,
+    mv = mlflow.register_model(logged.model_uri, MODEL_NAME, tags={
+        **fp.tags(), **logged.hashes, "data_version": data_version, "held_out": held_out, "variant": variant,
         "predictor_version": predictor_version, "run_id": run_id,
         **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()}})
     client.set_model_version_tag(MODEL_NAME, mv.version, "gpu_specs", fp.gpu_specs)
@@ -164,20 +227,75 @@ def promote(version: int, fp: str) -> None:
     client.set_registered_model_alias(MODEL_NAME, "champion", str(version))
 
 
-def load_version(version: int | str):
-    """The LearnedStagePredictor of a registered version (booster from the registry, predictor.json
-    from its run)."""
+def _fetch(run_id: str, name: str, dst: str) -> bytes:
     import mlflow
+
+    try:
+        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=name, dst_path=dst)).read_bytes()
+    except Exception as exc:  # MlflowException, OSError, botocore errors: the file is not there to load
+        raise UnusableModel(f"model version files {name} of run {run_id} cannot be read: "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
+def load_version(version: int | str):
+    """The LearnedStagePredictor of a registered version, loaded as data only: predictor.json and
+    booster.ubj of its run, each checked against the sha256 tag recorded when it was registered, then
+    parsed (JSON; ``xgboost.Booster.load_model`` on the bytes). UnusableModel when a file is missing,
+    a hash is missing or differs, or the loaded predictor is not the registered one."""
+    import mlflow
+    import xgboost
 
     from memx.learn.model import from_json
 
-    client = mlflow.MlflowClient()
-    mv = client.get_model_version(MODEL_NAME, str(version))
-    booster = mlflow.xgboost.load_model(f"models:/{MODEL_NAME}/{version}")
+    mv = mlflow.MlflowClient().get_model_version(MODEL_NAME, str(version))
+    data = {}
     with tempfile.TemporaryDirectory() as tmp:
-        path = mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path=PREDICTOR_FILE, dst_path=tmp)
-        meta = json.loads(Path(path).read_text())
-    return from_json(meta, booster)
+        for name, tag in HASH_TAGS.items():
+            want = mv.tags.get(tag)
+            if not want:
+                raise UnusableModel(f"model version {version} has no {tag} tag (registered before integrity checks "
+                                    "or by another tool); it is not loaded — train again")
+            data[name] = _fetch(mv.run_id, name, tmp)
+            if sha256(data[name]) != want:
+                raise UnusableModel(f"model version {version}: {name} fails its sha256 check (expected {want[:12]}…, "
+                                    f"got {sha256(data[name])[:12]}…); it is not loaded")
+    booster = None
+    if data[BOOSTER_FILE]:
+        booster = xgboost.Booster()
+        booster.load_model(bytearray(data[BOOSTER_FILE]))
+    predictor = from_json(json.loads(data[PREDICTOR_FILE]), booster)
+    if predictor.version != mv.tags.get("predictor_version"):
+        raise UnusableModel(f"model version {version}: loaded predictor {predictor.version} is not the registered "
+                            f"{mv.tags.get('predictor_version')}")
+    return predictor
+
+
+def usable(version: int | str) -> bool:
+    """Whether a registered version loads (load_version); a warning names it when it does not."""
+    try:
+        load_version(version)
+    except UnusableModel as exc:
+        log.warning("memx: %s; treated as absent", exc)
+        return False
+    return True
+
+
+def predictor_version_of(version: int | str, tracking_uri_: str | None = None) -> str | None:
+    """The predictor_version tag of a registered version in this registry; None when it is not there."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    setup(tracking_uri_)
+    try:
+        return mlflow.MlflowClient().get_model_version(MODEL_NAME, str(version)).tags.get("predictor_version")
+    except MlflowException:
+        return None
+
+
+def experiment_of(run_id: str) -> str:
+    import mlflow
+
+    return mlflow.get_run(run_id).info.experiment_id
 
 
 def list_versions() -> pd.DataFrame:

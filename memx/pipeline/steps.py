@@ -1,191 +1,282 @@
-"""The pipeline's versioned stages: profile → augment → train → search (DESIGN.md §1).
+"""The pipeline's steps: profile → augment → train → search, each a versioned artifact in the store
+(docs/architecture.md §Artifact store, §Versions and fingerprints).
 
-Each stage's version is a content hash of its inputs — catalog specs, upstream versions, options
-and the code version — so the same inputs find the stored artifact and the stage is skipped.
-Functions here are plain library code: `version_*` names a stage's output, `compute_*` produces
-it; flows/ wraps them as Prefect tasks and does the store I/O (with retries) around them.
+This is the only code that profiles, augments, trains and searches as stored artifacts. Each step
+function takes a store, finds its version (memx.pipeline.versioning) and reuses a complete stored
+version when there is one; otherwise it computes (`compute_*`, plain library code) and stores the
+result, manifest last. memx.pipeline.local runs the steps in-process; flows/ wraps the same
+functions as Prefect tasks. The search step plans with the registry champion of the fingerprint
+(memx.pipeline.training), never with "the version just trained" (it may not have been promoted).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
+import logging
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from memx.domain.plan import plan_to_dict
-from memx.pipeline.store import content_version
+from memx.domain.errors import InputError
+from memx.domain.plan import plan_from_dict, plan_to_dict, validate_plan
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
+from memx.learn.augment import AugmentResult
+from memx.pipeline import registry
+from memx.pipeline.store import ArtifactStore
+from memx.pipeline.training import TrainConfig, champion_predictor, champion_ref, split_and_augment, train_on
+from memx.planner.result import search_result_to_dict
+from memx.planner.search import search
+from memx.pipeline.versioning import (
+    STEPS,
+    profile_key,
+    profile_subject,
+    single_type,
+    train_key,
+    version_augment,
+    version_profile,
+    version_search,
+    version_train,
+)
 
-STAGES = ("profile", "augment", "train", "search")
+log = logging.getLogger(__name__)
 
-
-# What each stage's code version covers, as packages/modules under memx/ (docs/architecture.md):
-# a change there re-versions the stage (and, through the upstream versions, everything after it);
-# unrelated code (reports, experiments, CLI) does not.
-STAGE_CODE = {
-    "profile": ("profiling", "simulator", "domain", "planner/cost.py", "planner/signatures.py", "../conf/simulator"),
-    "augment": ("learn/augment.py",),
-    "train": ("learn", "pipeline/local.py", "pipeline/registry.py", "planner/cost.py"),
-    "search": ("planner", "domain", "learn/cache.py", "report/table.py"),
-}
-
-
-@lru_cache(maxsize=None)
-def code_version(stage: str) -> str:
-    """Hash of the source files (and, for profiles, the simulator's trait catalog) a stage runs."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for part in STAGE_CODE[stage]:
-        target = (root / part).resolve()
-        files = sorted(target.rglob("*")) if target.is_dir() else [target]
-        for p in files:
-            if p.is_file() and p.suffix in (".py", ".yaml"):
-                h.update(str(p.relative_to(root.parent)).encode())
-                h.update(p.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def gpu_specs(cluster: Cluster) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(g) for g in sorted(cluster.gpu_types, key=lambda g: g.name)]
+__all__ = ["STEPS", "StepResult", "StepRun", "augment_profiles", "profile_all", "profile_one", "search_champion",
+           "stored_profiles", "train_augmented"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class StageResult:
-    """What a computed stage hands to the store: tables, files and its manifest."""
+class StepResult:
+    """What a computed step hands to the store: tables, files and its manifest."""
 
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
 
 
-# --- profile (one artifact per GPU type) -------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class StepRun:
+    """What running a step did: the version it stands for, whether it was reused, its manifest."""
 
-def single_type(cluster: Cluster, gpu: str) -> Cluster:
-    """The cluster's nodes of one GPU type: profiles measure single stages, so node counts of other
-    types do not matter and adding nodes of a known type re-profiles nothing."""
-    return dataclasses.replace(cluster, name=f"{cluster.name}:{gpu}", nodes=tuple(n for n in cluster.nodes if n.gpu.name == gpu))
+    step: str
+    version: str
+    reused: bool
+    manifest: dict[str, Any]
 
-
-def profile_key(cluster: Cluster, gpu: str, model: ModelArch, space: SearchSpace, *, backend: str, seed: int,
-                options: dict[str, Any]) -> str:
-    """What a GPU type's profile depends on: its spec and node size, the model, the search ranges."""
-    sub = single_type(cluster, gpu)
-    return content_version("profile", dataclasses.asdict(sub.gpu(gpu)), max(sub.node_sizes(gpu)),
-                           dataclasses.asdict(model), dataclasses.asdict(space), backend, seed, options,
-                           code_version("profile"))
+    def line(self) -> str:
+        what = self.manifest.get("gpu", "")
+        return f"{self.step}{' ' + what if what else ''}: {'reused' if self.reused else 'stored'} {self.version}"
 
 
-def version_profile(key: str, refresh: str = "") -> str:
-    """A profile version: its key, plus a refresh token when a re-profile is forced (nightly)."""
-    return content_version(key, refresh)
+def newest_with(store: ArtifactStore, step: str, **match: Any) -> tuple[str, dict[str, Any]] | None:
+    """The newest complete version of `step` whose manifest has these values, with its manifest."""
+    for ref in store.list_versions(step):
+        doc = store.manifest(step, ref.version)
+        if all(doc.get(k) == v for k, v in match.items()) and store.has_step(step, ref.version):
+            return ref.version, doc
+    return None
 
+
+def save(store: ArtifactStore, step: str, version: str, result: StepResult, inputs: dict[str, Any],
+         replace: bool = False) -> StepRun:
+    store.put_step(step, version, tables=result.tables, files=result.files, manifest={**result.manifest, "inputs": inputs},
+                   replace=replace)
+    return StepRun(step=step, version=version, reused=False, manifest=store.manifest(step, version))
+
+
+# --- profile: one artifact per GPU type ------------------------------------------------------------
 
 def compute_profile(cluster: Cluster, gpu: str, model: ModelArch, space: SearchSpace, *, backend: str, seed: int,
-                    conf_root: Path | None, options: dict[str, Any], key: str) -> StageResult:
-    from memx.profiling import profile
+                    conf_root: Path | None, options: dict[str, Any], key: str) -> StepResult:
+    from memx.profiling import profile  # the profiler pulls in every backend: only when a profile is measured
 
     t0 = time.perf_counter()
     res = profile(single_type(cluster, gpu), model, space, backend=backend, seed=seed, conf_root=conf_root, **options)
-    return StageResult(
+    return StepResult(
         tables={"stage_runs": res.stage_runs, "sensitivity": res.sensitivity},
-        manifest={"stage": "profile", "key": key, "gpu": gpu, "backend": backend, "seed": seed, "model": model.name,
-                  "rows": int(len(res.stage_runs)), "runs": res.runs, "full_grid": res.full_grid,
-                  "failed": res.failed, "seconds": round(time.perf_counter() - t0, 3)})
+        manifest={"key": key, "subject": profile_subject(cluster, gpu, model, space), "gpu": gpu, "backend": backend,
+                  "seed": seed, "model": model.name, "rows": int(len(res.stage_runs)), "runs": res.runs,
+                  "full_grid": res.full_grid, "failed": res.failed, "seconds": round(time.perf_counter() - t0, 3)})
 
 
-# --- augment -------------------------------------------------------------------------------------
+def profile_one(store: ArtifactStore, cluster: Cluster, gpu: str, model: ModelArch, space: SearchSpace, *,
+                backend: str, seed: int, conf_root: Path | None, options: dict[str, Any],
+                refresh_token: str | None = None) -> StepRun:
+    """One GPU type's profile: the newest stored one with the same key, else measured and stored.
+    With `refresh_token`, measured again under a new version (the nightly re-profile)."""
+    key = profile_key(cluster, gpu, model, space, backend=backend, seed=seed, options=options)
+    found = None if refresh_token is not None else newest_with(store, "profile", key=key)
+    if found is not None:
+        return StepRun(step="profile", version=found[0], reused=True, manifest=found[1])
+    result = compute_profile(cluster, gpu, model, space, backend=backend, seed=seed, conf_root=conf_root,
+                             options=options, key=key)
+    return save(store, "profile", version_profile(key, refresh_token or ""), result,
+                {"cluster": cluster.name, "gpu": gpu, "backend": backend})
 
-def version_augment(profile_versions: list[str], *, seed: int, r2_threshold: float, valid_fraction: float) -> str:
-    return content_version("augment", sorted(profile_versions), seed, r2_threshold, valid_fraction, code_version("augment"))
+
+def profile_all(store: ArtifactStore, cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: str,
+                seed: int, conf_root: Path | None, options: dict[str, Any], refresh: Collection[str] = (),
+                refresh_token: str = "", log: Callable[[str], None] = lambda _: None) -> dict[str, str]:
+    """{GPU type: profile version} for every GPU type of the cluster; types in `refresh` re-measured."""
+    out = {}
+    for g in cluster.gpu_types:
+        run = profile_one(store, cluster, g.name, model, space, backend=backend, seed=seed, conf_root=conf_root,
+                          options=options, refresh_token=refresh_token if g.name in refresh else None)
+        log(run.line())
+        out[g.name] = run.version
+    return out
 
 
-def compute_augment(stage_runs: pd.DataFrame, *, seed: int, r2_threshold: float, valid_fraction: float) -> StageResult:
+def stored_profiles(store: ArtifactStore, cluster: Cluster, model: ModelArch, space: SearchSpace) -> dict[str, str]:
+    """{GPU type: newest stored profile version} of this cluster's GPU types, model and search space,
+    whichever backend measured them; InputError naming the missing types and the fingerprint."""
+    out, missing = {}, []
+    for g in cluster.gpu_types:
+        found = newest_with(store, "profile", subject=profile_subject(cluster, g.name, model, space))
+        if found is None:
+            missing.append(g.name)
+        else:
+            out[g.name] = found[0]
+    if missing:
+        fp = registry.fingerprint(cluster, model, space.global_batch)
+        raise InputError(f"no stored profile for GPU type(s) {', '.join(missing)} of cluster {cluster.name}, model "
+                         f"{model.name}, global batch {space.global_batch} (fingerprint {fp.fingerprint}) in "
+                         f"{store.root_uri}; run `memx profile` first with the same cluster, model and search space")
+    return out
+
+
+# --- augment ---------------------------------------------------------------------------------------
+
+def compute_augment(stage_runs: pd.DataFrame, config: TrainConfig) -> StepResult:
     """Hold out measured rows first, then interpolate inside the training rows only (R² gate)."""
-    from memx.learn.augment import augment
-    from memx.pipeline.local import split_held_out
-
-    train, valid = split_held_out(stage_runs, valid_fraction, seed)
-    aug = augment(train, r2_threshold=r2_threshold)
-    return StageResult(
+    aug, valid = split_and_augment(stage_runs, config)
+    return StepResult(
         tables={"train": aug.stage_runs, "valid": valid, "gates": aug.gates},
-        manifest={"stage": "augment", "rows_before": aug.rows_before, "rows_after": aug.rows_after,
-                  "growth": round(aug.growth, 3), "held_out": int(len(valid)), "r2_threshold": r2_threshold})
+        manifest={"rows_before": aug.rows_before, "rows_after": aug.rows_after, "growth": round(aug.growth, 3),
+                  "held_out": int(len(valid)), "r2_threshold": config.r2_threshold})
 
 
-# --- train ---------------------------------------------------------------------------------------
+def augment_profiles(store: ArtifactStore, profile_versions: Collection[str], config: TrainConfig) -> StepRun:
+    """The augmented training rows and held-out rows of these profiles (all GPU types together)."""
+    versions = sorted(profile_versions)
+    version = version_augment(versions, seed=config.seed, r2_threshold=config.r2_threshold,
+                              valid_fraction=config.valid_fraction, max_new_per_gap=config.max_new_per_gap)
+    if store.has_step("augment", version):
+        return StepRun(step="augment", version=version, reused=True, manifest=store.manifest("augment", version))
+    by_gpu = sorted(versions, key=lambda v: (store.manifest("profile", v).get("gpu", ""), v))  # rows in GPU-type order
+    runs = pd.concat([store.get_table("profile", v, "stage_runs") for v in by_gpu], ignore_index=True)
+    return save(store, "augment", version, compute_augment(runs, config), {"profiles": versions})
 
-def version_train(augment_version: str, fingerprint: str, *, seed: int, budget: dict[str, Any]) -> str:
-    return content_version("train", augment_version, fingerprint, seed, budget, code_version("train"))
 
+# --- train -----------------------------------------------------------------------------------------
 
 def compute_train(augmented: dict[str, pd.DataFrame], augment_manifest: dict[str, Any], cluster: Cluster,
-                  model: ModelArch, space: SearchSpace, *, seed: int, tracking_uri: str | None) -> StageResult:
-    """augmented: the augment stage's tables (train, valid, gates)."""
-    from memx.pipeline import registry
-    from memx.learn.augment import AugmentResult
-    from memx.pipeline.local import TrainConfig, train_on
-
+                  model: ModelArch, space: SearchSpace, *, config: TrainConfig, tracking_uri: str | None) -> StepResult:
+    """augmented: the augment step's tables (train, valid, gates)."""
     fp = registry.fingerprint(cluster, model, space.global_batch)
     aug = AugmentResult(stage_runs=augmented["train"], gates=augmented["gates"],
                         rows_before=int(augment_manifest["rows_before"]), rows_after=int(augment_manifest["rows_after"]))
-    out = train_on(aug, augmented["valid"], {g.name: g for g in cluster.gpu_types}, fp, config=TrainConfig(seed=seed),
+    out = train_on(aug, augmented["valid"], {g.name: g for g in cluster.gpu_types}, fp, config=config,
                    tracking_uri=tracking_uri, data_version=augment_manifest["version"])
-    return StageResult(
+    return StepResult(
         tables={"variants": out.variant_errors},
-        manifest={"stage": "train", "model_version": int(out.version), "run_id": out.run_id, "promoted": out.promoted,
-                  "variant": out.predictor.variant, "fingerprint": fp.fingerprint,
-                  "experiment_id": _experiment_of(out.run_id),
-                  "held_out": {k: float(v) for k, v in out.errors.items()},
-                  "tracking_uri": registry.tracking_uri(tracking_uri)})
+        manifest={"model_version": int(out.version), "run_id": out.run_id, "promoted": out.promoted,
+                  "variant": out.predictor.variant, "predictor_version": out.predictor.version,
+                  "fingerprint": fp.fingerprint, "held_out": {k: float(v) for k, v in out.errors.items()},
+                  "sha256": dict(out.hashes),
+                  "tracking_uri": registry.public_tracking_uri(tracking_uri)})
 
 
-def _experiment_of(run_id: str) -> str:
-    import mlflow
-
-    return mlflow.get_run(run_id).info.experiment_id
-
-
-def load_trained(manifest: dict[str, Any], tracking_uri: str | None):
-    """The stage predictor a train manifest names, wrapped in its prediction cache."""
-    from memx.pipeline import registry
-    from memx.pipeline.local import cached
-
-    registry.setup(tracking_uri)
-    pred = registry.load_version(manifest["model_version"])
-    return cached(pred, manifest["fingerprint"], manifest["model_version"])
+def _registered(manifest: dict[str, Any], tracking_uri: str | None) -> bool:
+    """A stored train step is reusable only if this registry holds the very model it registered, that
+    model loads (files present, sha256 as recorded), and the fingerprint's champion loads too (else
+    training again promotes a usable one)."""
+    if registry.predictor_version_of(manifest["model_version"], tracking_uri) != manifest.get("predictor_version"):
+        return False
+    mv = registry.champion(manifest["fingerprint"])
+    return registry.usable(manifest["model_version"]) and (mv is None or registry.usable(mv.version))
 
 
-# --- search --------------------------------------------------------------------------------------
+def train_augmented(store: ArtifactStore, augment_version: str, cluster: Cluster, model: ModelArch,
+                    space: SearchSpace, *, config: TrainConfig, tracking_uri: str | None) -> StepRun:
+    """Train on an augment version and register the model (champion only if better, training.train_on);
+    reused when the same training is stored and its model is still in this registry."""
+    fp = registry.fingerprint(cluster, model, space.global_batch)
+    key = train_key(augment_version, fp.fingerprint, seed=config.seed, budget=dataclasses.asdict(config.budget))
+    found = newest_with(store, "train", key=key, tracking_uri=registry.public_tracking_uri(tracking_uri))
+    if found is not None and _registered(found[1], tracking_uri):
+        return StepRun(step="train", version=found[0], reused=True, manifest=found[1])
+    augmented = {n: store.get_table("augment", augment_version, n) for n in ("train", "valid", "gates")}
+    result = compute_train(augmented, store.manifest("augment", augment_version), cluster, model, space,
+                           config=config, tracking_uri=tracking_uri)
+    result.manifest["key"] = key
+    version = version_train(key, result.manifest["model_version"], result.manifest["tracking_uri"])
+    return save(store, "train", version, result, {"augment": augment_version, "fingerprint": fp.fingerprint})
 
-def version_search(train_version: str, cluster: Cluster, model: ModelArch, space: SearchSpace, *,
-                   weights: str | None, top_k: int) -> str:
-    return content_version("search", train_version, dataclasses.asdict(cluster), dataclasses.asdict(model),
-                           dataclasses.asdict(space), weights, top_k, code_version("search"))
 
+# --- search ----------------------------------------------------------------------------------------
 
 def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchSpace, *, weights: str | None,
-                   top_k: int, mapper=None, shard_by: str = "layout", predictor_name: str = "learned") -> StageResult:
-    from memx.report.table import to_json_obj, to_markdown
-    from memx.planner.search import search
-
+                   top_k: int, mapper=None, shard_by: str = "layout", predictor_name: str = "learned") -> StepResult:
     result = search(cluster, model, space, predictor, weights=weights, top_k=top_k, mapper=mapper, shard_by=shard_by)
-    obj = to_json_obj(result, predictor_name)
+    obj = search_result_to_dict(result, predictor_name)
     top = pd.DataFrame([{"rank": i + 1, "plan": json.dumps(plan_to_dict(c.plan)), "phi": c.phi,
                          "iteration_time_ms": c.iteration_time_ms, "max_mem_mib": c.max_mem_mib,
                          "mem_std_gib": c.mem_variance_mib2 ** 0.5 / 1024, "min_margin": c.min_margin}
                         for i, c in enumerate(result.top)])
     hit = getattr(predictor, "last_hit_rate", None)
-    return StageResult(
+    return StepResult(
         tables={"top": top},
-        files={"plan.json": json.dumps(obj, indent=2).encode(), "plan.md": to_markdown(obj).encode()},
-        manifest={"stage": "search", "search_s": round(result.search_s, 3), "evaluated": result.space.evaluated,
+        files={"plan.json": json.dumps(obj, indent=2).encode()},  # rendered (Markdown, HTML) by report/
+        manifest={"search_s": round(result.search_s, 3), "evaluated": result.space.evaluated,
                   "feasible": result.space.feasible, "weights": result.weights.profile,
                   "cache_hit_rate": None if hit is None else float(hit() if callable(hit) else hit),
                   "iteration_time_ms": result.best.iteration_time_ms, "min_margin": result.best.min_margin})
+
+
+def search_champion(store: ArtifactStore, cluster: Cluster, model: ModelArch, space: SearchSpace, *,
+                    tracking_uri: str | None, weights: str | None, top_k: int, mapper=None,
+                    shard_by: str = "layout", inputs: dict[str, Any] | None = None) -> StepRun:
+    """The best plans by the registry champion of the fingerprint; reused when the champion, the specs
+    and the options are unchanged."""
+    fp = registry.fingerprint(cluster, model, space.global_batch)
+    ref = champion_ref(fp.fingerprint, tracking_uri)
+    if ref is None:
+        raise InputError(f"no champion predictor for fingerprint {fp.fingerprint} (GPU types {fp.gpu_types}, "
+                         f"global batch {fp.global_batch}) in {registry.public_tracking_uri(tracking_uri)}; run the train step first")
+    planner = {k: ref[k] for k in ("model_version", "predictor_version", "tracking_uri")}
+    version = version_search(planner, cluster, model, space, weights=weights, top_k=top_k)
+    stored = store.has_step("search", version)
+    if stored and stored_plan_valid(store, version, cluster, model):
+        return StepRun(step="search", version=version, reused=True, manifest=store.manifest("search", version))
+    predictor, _ = champion_predictor(fp.fingerprint, tracking_uri=tracking_uri)
+    result = compute_search(predictor, cluster, model, space, weights=weights, top_k=top_k, mapper=mapper,
+                            shard_by=shard_by, predictor_name=f"{ref['variant']} v{ref['model_version']}")
+    result.manifest.update(champion=ref, experiment_id=registry.experiment_of(ref["run_id"]))
+    return save(store, "search", version, result, {**(inputs or {}), "cluster": cluster.name, "model": model.name},
+                replace=stored)
+
+
+def stored_plan_valid(store: ArtifactStore, version: str, cluster: Cluster, model: ModelArch) -> bool:
+    """Whether a stored search's plan.json holds valid plans for this cluster and model (the pick and
+    every top-k entry: memx.domain.plan.plan_from_dict + validate_plan). A hand-edited or otherwise
+    invalid plan is not served: a warning names it and the search runs again (issue #11)."""
+    try:
+        obj = json.loads(store.get_file("search", version, "plan.json"))
+        for entry in [obj, *obj["top"]]:
+            validate_plan(plan_from_dict(entry["plan"], source=f"search/{version}/plan.json"), cluster, model,
+                          source=f"search/{version}/plan.json")
+    except (InputError, ValueError, KeyError, TypeError) as exc:
+        log.warning("memx: stored plan search/%s is not served: %s", version, str(exc).splitlines()[0])
+        return False
+    return True
+
+
+def load_trained(manifest: dict[str, Any], tracking_uri: str | None):
+    """The predictor that plans for a train manifest's fingerprint: its registry champion, cached.
+    Kept for memx.cli.app until it calls memx.pipeline.local.registered_predictor."""
+    return champion_predictor(manifest["fingerprint"], tracking_uri=tracking_uri)[0]

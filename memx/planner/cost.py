@@ -7,18 +7,43 @@ Sources:
 - Narayanan et al. 2021 (Megatron-LM PTD-P, arXiv:2104.04473) §5.1 / Appendix: FLOPs per layer.
 - Korthikanti et al. 2022 (arXiv:2205.05198) §4: activation memory per layer, Eq. 1–2 (TP + SP),
   §5 selective recomputation, §4.3 embedding / output-layer activations.
+- Distributed optimizer (Megatron-LM `--use-distributed-optimizer`): Megatron-LM docs, "Distributed
+  Optimizer" (docs/source/api-guide/dist_optimizer.md, bytes-per-parameter table: bf16 params with
+  fp32 grads 18 → 6 + 12/d); Rajbhandari et al. 2020 (ZeRO, arXiv:1910.02054) §5.1 (P_os: optimizer
+  states partitioned over N_d) and §7.1 (reduce-scatter + all-gather move the same volume as one
+  all-reduce, but the all-gather here moves bf16 params, Megatron's param_and_grad_buffer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from memx.domain.errors import InputError
 from memx.domain.plan import Recompute
+from memx.domain.records import OPTION_DEFAULTS
+from memx.domain.runtime import RuntimeProfile, load_runtime
 from memx.domain.specs import GpuType, ModelArch
+from memx.planner.runtime_terms import (
+    BF16,
+    FP32,
+    RuntimeColumns,
+    Shapes,
+    activation_bytes,
+    attention_core_ms,
+    backward_workspace_bytes,
+    communicator_mib,
+    gemm_fwd_bwd_ms,
+    layer_elementwise_bytes,
+    layer_gemms_ms,
+    logits_bytes,
+    ring_ms,
+    shapes,
+)
 
 MIB = 1024.0 * 1024.0
 # Megatron-LM bf16 training with fp32 gradient accumulation and Adam: bf16 weights (2) + fp32 grads
@@ -27,6 +52,56 @@ MIB = 1024.0 * 1024.0
 BYTES_PER_PARAM_STATIC = 18.0
 GRAD_BYTES_PER_PARAM = 4.0  # fp32 main grads are what DP all-reduces (Megatron DDP default for bf16)
 ACT_BYTES = 2.0  # bf16 activations
+# Distributed optimizer: bf16 params (2) and fp32 main grads (4) stay on every rank, fp32 main params
+# and Adam m, v (4 + 4 + 4) are sharded over the dp ranks (Megatron-LM dist_optimizer docs table).
+REPLICATED_BYTES_PER_PARAM_DO = 6.0
+SHARDED_BYTES_PER_PARAM_DO = 12.0
+PARAM_BYTES = 2.0  # bf16 params: what the distributed optimizer all-gathers after its step
+
+
+def option_columns(sigs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distributed_optimizer, dp, sequence_parallel) of signature rows; their defaults
+    (memx.domain.records.OPTION_DEFAULTS) where a frame predates them."""
+    def get(c: str) -> np.ndarray:
+        col = sigs[c] if c in sigs.columns else pd.Series(OPTION_DEFAULTS[c], index=sigs.index)
+        return col.where(col.notna(), OPTION_DEFAULTS[c]).to_numpy()
+
+    do = get("distributed_optimizer").astype(bool)
+    return do, np.where(do, get("dp").astype(np.float64), 1.0), get("sequence_parallel").astype(bool)
+
+
+def optimizer_shards(distributed_optimizer, dp) -> np.ndarray:
+    """Ranks one parameter's optimizer state is split over: dp with the distributed optimizer, else 1."""
+    return np.where(np.asarray(distributed_optimizer, dtype=bool), np.asarray(dp, dtype=np.float64), 1.0)
+
+
+def static_bytes_per_param(distributed_optimizer, dp) -> np.ndarray:
+    """Weights + grads + optimizer state per parameter: 18 B, or 6 + 12/dp with the distributed
+    optimizer (Megatron-LM dist_optimizer docs; ZeRO §5.1 P_os)."""
+    shards = optimizer_shards(distributed_optimizer, dp)
+    return np.where(shards > 1, REPLICATED_BYTES_PER_PARAM_DO + SHARDED_BYTES_PER_PARAM_DO / shards,
+                    BYTES_PER_PARAM_STATIC)
+
+
+def dp_step_ms(params_per_rank, dp, bandwidth_gbps, distributed_optimizer=False) -> np.ndarray:
+    """The data-parallel gradient step of a stage (the T_dp of paper §3.1.2). Plain: ring all-reduce
+    of the fp32 grads, 2(n−1)/n · 4P. Distributed optimizer: ring reduce-scatter of the fp32 grads,
+    (n−1)/n · 4P, then ring all-gather of the updated bf16 params, (n−1)/n · 2P (ZeRO §7.1; Megatron-LM
+    dist_optimizer docs) — 6P(n−1)/n instead of 8P(n−1)/n."""
+    n = np.asarray(dp, dtype=np.float64)
+    p = np.asarray(params_per_rank, dtype=np.float64)
+    plain = ring_allreduce_ms(p * GRAD_BYTES_PER_PARAM, n, bandwidth_gbps)
+    sharded = 0.5 * ring_allreduce_ms(p * (GRAD_BYTES_PER_PARAM + PARAM_BYTES), n, bandwidth_gbps)
+    return np.where(np.asarray(distributed_optimizer, dtype=bool), sharded, plain)
+
+
+def stepped_static_fraction(distributed_optimizer, dp) -> np.ndarray:
+    """The share of a rank's static memory its Adam step reads and writes, as a multiple of that
+    static memory: 1 plain; with the distributed optimizer each rank steps params/dp (ZeRO §5.1), whose
+    18 B/param are (18/dp) / (6 + 12/dp) of its static bytes. The optimizer step (schedule.optimizer_ms)
+    thus stays "read and write the stepped state once" whatever predicted the static memory."""
+    shards = optimizer_shards(distributed_optimizer, dp)
+    return BYTES_PER_PARAM_STATIC / shards / static_bytes_per_param(distributed_optimizer, dp)
 
 
 def layer_params(hidden, ffn_hidden, heads, query_groups, mlp):
@@ -148,6 +223,10 @@ def ring_allreduce_ms(nbytes, ranks, bandwidth_gbps):
 class AnalyticStageModel:
     """Closed-form stage predictor (baseline and prior).
 
+    `runtime`: "catalog" (default) adds what a real process holds and achieves beyond the textbook
+    formulas, per GPU type from conf/runtime (memx.domain.runtime; memx.planner.runtime_terms);
+    a mapping GPU name → RuntimeProfile gives the profiles directly; "none" is the earlier closed
+    form, kept selectable so both can be measured side by side (bench/closed_form_accuracy.py):
     `mfu`: achieved fraction of bf16 peak for the GEMMs. Narayanan 2021 Table 1 reports 44–52% of
     peak on A100 for end-to-end Megatron training; we take 0.5 for the layer GEMMs.
     `elementwise_passes`: memory-bound kernels (norms, activations, dropout, residuals) read and write
@@ -158,10 +237,23 @@ class AnalyticStageModel:
     gpus: Mapping[str, GpuType]
     mfu: float = 0.5
     elementwise_passes: float = 2.0
+    runtime: str | Mapping[str, RuntimeProfile] = "catalog"
+    conf_root: Path | None = None
     name: str = "analytic"
 
+    def profiles(self) -> Mapping[str, RuntimeProfile]:
+        """The runtime profile of every GPU in `gpus` (InputError for a bad catalog entry)."""
+        if not isinstance(self.runtime, str):
+            return self.runtime
+        if self.runtime != "catalog":
+            raise InputError(f"AnalyticStageModel: field 'runtime' is {self.runtime!r}; allowed: catalog, none, "
+                             "or a mapping of GPU name to RuntimeProfile")
+        return {n: load_runtime(n, g.vendor, self.conf_root) for n, g in self.gpus.items()}
+
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
-        return predict_stage_frame(sigs, self.gpus, mfu=self.mfu, elementwise_passes=self.elementwise_passes)
+        if self.runtime == "none":
+            return predict_stage_frame(sigs, self.gpus, mfu=self.mfu, elementwise_passes=self.elementwise_passes)
+        return predict_runtime_frame(sigs, self.gpus, self.profiles())
 
 
 def _gpu_columns(names: np.ndarray, gpus: Mapping[str, GpuType]) -> dict[str, np.ndarray]:
@@ -215,7 +307,8 @@ def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu:
 
     # --- memory
     params = stage_params_per_rank(L, tp, first, last, *shape[:4], v, shape[4])
-    static = params * BYTES_PER_PARAM_STATIC
+    do, dp, _ = option_columns(sigs)  # this form keeps Korthikanti Eq. 4 (SP) activations in any case
+    static = params * static_bytes_per_param(do, dp)
     keep = act_none - selective * attention_scores_bytes(b, s, c["heads"]) / tp
     act_mb = (L - n_rec) * keep + n_rec * layer_input_bytes(b, s, h, tp)
     act_mb = act_mb + first * embedding_output_bytes(b, s, h, tp) + last * output_layer_bytes(b, s, h, v, tp)
@@ -232,3 +325,86 @@ def model_static_bytes(model: ModelArch) -> float:
     total = model.layers * layer_params(model.hidden, model.ffn_hidden, model.heads, model.query_groups, model.mlp)
     total = total + embedding_params(model.hidden, model.vocab) * (1 if model.tied_embeddings else 2)
     return float(total) * BYTES_PER_PARAM_STATIC
+
+
+def _end_layers_ms(x: Shapes, rc: RuntimeColumns, first: np.ndarray, last: np.ndarray) -> dict[str, np.ndarray]:
+    """Embedding (first stage) and output layer + cross entropy (last stage): device ms, host ops
+    and TP communication of the forward and backward passes.
+
+    Embedding: vocab-parallel lookup (read + write 2 B per element of b·s·h, GPT adds learned
+    positions and dropout) and one TP all-reduce of b·s·h (Shoeybi 2019 §3); backward scatter-adds
+    into the fp32 gradient rows (read-modify-write). Output: final norm, the logits GEMM
+    [b·s × h]·[h × v/t], Megatron's vocab-parallel cross entropy in fp32 (reads bf16 logits, writes
+    fp32, max / exp / sum passes: ~18 B per logit forward, ~10 B backward) with three small
+    all-reduces (max, sum-exp, target logit)."""
+    T, th = x.tokens, x.tokens * x.h / x.rep
+    logits = T * x.v / x.t
+    out_f, out_b = gemm_fwd_bwd_ms(T, x.v / x.t, x.h, rc)
+    mb = rc.membw_bytes_per_ms
+    return {
+        "fwd": first * ((4.0 + 6.0 * x.dropout) * th / mb) + last * (out_f + (4.0 * th + 18.0 * logits) / mb),
+        "bwd": first * (10.0 * th / mb) + last * (out_b + (8.0 * th + 10.0 * logits) / mb),
+        "ops_fwd": first * 3.0 + last * 7.0,
+        "ops_bwd": first * 3.0 + last * 5.0,
+        "comm": first * ring_ms(BF16 * T * x.h, x.t, rc) + last * 3.0 * ring_ms(FP32 * T, x.t, rc),
+    }
+
+
+def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, last) -> np.ndarray:
+    """Forward + backward of one micro batch. Each pass takes the longer of device time and host
+    dispatch (ops × host_op_ms: the host issues eager operators asynchronously), plus the blocking
+    TP collectives (2 all-reduces of b·s·h per layer and pass, Shoeybi 2019 §3 f/g operators; a
+    recomputed forward repeats its 2). Recomputation reruns the layer forward (full, Chen 2016) or the
+    attention core (selective, Korthikanti 2022 §5). In 1F1B with at most pp − s micro batches in
+    flight, the activation and gradient hops to the neighbours lie on the cycle every micro batch
+    goes around (Narayanan 2021 §2.2): 2 transfers per micro batch, latency + b·s·h/t bytes (scatter-
+    gather over TP) at the intra-node link, a lower bound the assembly completes with the real link."""
+    g_f, g_b = layer_gemms_ms(x, rc)
+    a_f, a_b, a_ops = attention_core_ms(x, rc)
+    ew_ops = 6.0 + x.swiglu  # 2 norms, 2 bias-dropout-adds, activation, 2 layout copies (+ RoPE)
+    ew = layer_elementwise_bytes(x) / rc.membw_bytes_per_ms + ew_ops * rc.launch_ms
+    comm = 2.0 * ring_ms(BF16 * x.tokens * x.h, x.t, rc)
+    lay_f, lay_b = g_f + a_f + ew, g_b + a_b + 2.0 * ew
+    ops_f = 4.0 + a_ops + ew_ops + 2.0 * (x.t > 1)
+    end = _end_layers_ms(x, rc, first, last)
+    sel = selective * L
+    dev_f = L * lay_f + end["fwd"]
+    dev_b = L * lay_b + n_rec * lay_f + sel * a_f + end["bwd"]
+    host_f = (L * ops_f + end["ops_fwd"]) * rc.host_ms
+    host_b = (L * 2.0 * ops_f + n_rec * ops_f + sel * a_ops + end["ops_bwd"]) * rc.host_ms
+    comm_f, comm_b = L * comm + end["comm"], (L + n_rec) * comm
+    p2p = 2.0 * ~(first & last) * (rc.p2p_ms + BF16 * x.tokens * x.h / x.t / rc.link_bytes_per_ms)
+    return np.maximum(dev_f, host_f) + comm_f + np.maximum(dev_b, host_b) + comm_b + p2p
+
+
+def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
+                          profiles: Mapping[str, RuntimeProfile]) -> pd.DataFrame:
+    """time_ms, peak_mem_mib, static_mem_mib with the runtime terms (memx.planner.runtime_terms).
+
+    Peak = driver reserve + context + communicator buffers + (static + inflight × stored activations +
+    backward workspace) × (1 + allocator overhead): the caching allocator's reserved/allocated ratio
+    applies to everything it holds (PyTorch CUDA memory management docs; measured 1.01–1.12 by Aceso
+    on Clariden, conf/runtime). The workspace is the larger of one layer's backward transients (plus
+    the re-materialised layer under recomputation, Korthikanti 2022 §5) and the logits gradient."""
+    c = {k: sigs[k].to_numpy() for k in sigs.columns}
+    rc = RuntimeColumns.of(c["gpu"], gpus, profiles)
+    do, dp, sp = option_columns(sigs)
+    x = shapes(c, sp | rc.sp)  # the stage's --sequence-parallel, or a GPU entry that always runs it
+    L = c["layers"].astype(np.float64)
+    first, last = c["first"].astype(bool), c["last"].astype(bool)
+    n_rec = recomputed_layers(c["recompute"], c["recompute_layers"], L)
+    selective = c["recompute"] == Recompute.SELECTIVE
+    time_ms = _runtime_time_ms(x, rc, L, n_rec, selective, first, last)
+
+    none, sel, full = activation_bytes(x, rc.flash)
+    keep = np.where(selective, sel, none)
+    kept_logits, logits_grad = logits_bytes(x)
+    act = (L - n_rec) * keep + n_rec * full + first * x.dropout * x.tokens * x.h / x.rep + last * kept_logits
+    rematerialised = np.where(n_rec > 0, none, np.where(selective, none - sel, 0.0))
+    work = np.maximum((L > 0) * (backward_workspace_bytes(x, rc.flash) + rematerialised), last * logits_grad)
+    params = stage_params_per_rank(L, x.t, first, last, c["hidden"], c["ffn_hidden"], c["heads"], c["query_groups"],
+                                   c["vocab"], c["mlp"])
+    static = params * static_bytes_per_param(do, dp)
+    allocated = static + c["inflight"].astype(np.float64) * act + work
+    peak = allocated * (1.0 + rc.frag) / MIB + rc.fixed_mib + communicator_mib(first, last, x, rc)
+    return pd.DataFrame({"time_ms": time_ms, "peak_mem_mib": peak, "static_mem_mib": static / MIB}, index=sigs.index)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch
-from memx.planner.cost import ACT_BYTES, GRAD_BYTES_PER_PARAM, ring_allreduce_ms
+from memx.planner.cost import ACT_BYTES, dp_step_ms, stepped_static_fraction
 
 
 def inflight_micro_batches(pp: int, s: int, micro_batches: int) -> int:
@@ -32,10 +32,12 @@ def p2p_ms(micro_batch: int, seq_len: int, hidden: int, bandwidth_gbps: np.ndarr
     return nbytes / (np.asarray(bandwidth_gbps, dtype=np.float64) * 1e9) * 1e3 + latency_ms
 
 
-def dp_allreduce_ms(params_per_rank: np.ndarray, dp: int, bandwidth_gbps: np.ndarray) -> np.ndarray:
-    """Ring all-reduce of a stage's fp32 gradients across its dp replicas: the T_dp term
-    (paper §3.1.2; docs/architecture.md §1F1B assembly)."""
-    return ring_allreduce_ms(params_per_rank * GRAD_BYTES_PER_PARAM, dp, bandwidth_gbps)
+def dp_allreduce_ms(params_per_rank: np.ndarray, dp: int, bandwidth_gbps: np.ndarray,
+                    distributed_optimizer: bool = False) -> np.ndarray:
+    """A stage's DP gradient step across its dp replicas: the T_dp term (paper §3.1.2; docs/architecture.md
+    §1F1B assembly): ring all-reduce of fp32 grads, or with the distributed optimizer reduce-scatter +
+    all-gather of bf16 params (memx.planner.cost.dp_step_ms)."""
+    return dp_step_ms(params_per_rank, dp, bandwidth_gbps, distributed_optimizer)
 
 
 def optimizer_ms(static_mib: np.ndarray, memory_bandwidth_gbps: np.ndarray) -> np.ndarray:
@@ -101,11 +103,13 @@ class Pipeline:
     memory_bandwidth_gbps: np.ndarray  # (pp,)
     dp: int
     dp_gbps: np.ndarray  # (pp,) bandwidth of each stage's DP all-reduce ring
+    distributed_optimizer: bool = False  # DP step RS + AG, Adam on params/dp (memx.planner.cost)
 
     def tail_ms(self, static_mib: np.ndarray, params_per_rank: np.ndarray) -> np.ndarray:
         """Per stage (rows) and column: optimizer step + T_dp, the terms after the last backward."""
         mbw, dbw = self.memory_bandwidth_gbps[:, None], self.dp_gbps[:, None]
-        return optimizer_ms(static_mib, mbw) + dp_allreduce_ms(params_per_rank, self.dp, dbw)
+        stepped = static_mib * stepped_static_fraction(self.distributed_optimizer, self.dp)
+        return optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, self.dp, dbw, self.distributed_optimizer)
 
     def assemble(self, stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         """(T, M/V/margin) of N plans from (pp, N) stage times, peaks and tails."""
@@ -115,7 +119,7 @@ class Pipeline:
 
 def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], stage_tp: Sequence[int], dp: int,
              micro_batch: int, micro_batches: int, seq_len: int, p2p_gbps: Sequence[float],
-             dp_gbps: Sequence[float]) -> Pipeline:
+             dp_gbps: Sequence[float], distributed_optimizer: bool = False) -> Pipeline:
     """The Pipeline of a layout or plan on `cluster` (p2p_gbps: between stage s and s+1)."""
     gpus = [cluster.gpu(g) for g in stage_gpus]
     p2p = p2p_ms(micro_batch, seq_len, model.hidden, np.asarray(p2p_gbps), cluster.inter_node_latency_ms)
@@ -123,4 +127,4 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
                     gpu_weight=np.asarray(stage_tp, dtype=np.float64),
                     capacity_mib=np.asarray([g.memory_mib for g in gpus], dtype=np.float64),
                     memory_bandwidth_gbps=np.asarray([g.memory_bandwidth_gbps for g in gpus], dtype=np.float64),
-                    dp=dp, dp_gbps=np.asarray(dp_gbps, dtype=np.float64))
+                    dp=dp, dp_gbps=np.asarray(dp_gbps, dtype=np.float64), distributed_optimizer=distributed_optimizer)

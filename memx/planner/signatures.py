@@ -14,9 +14,12 @@ from memx.domain.records import SIGNATURE_COLUMNS
 from memx.domain.specs import ModelArch
 from memx.planner.tables import NONE, SELECTIVE, StageContext
 
-__all__ = ["PREDICTION_COLUMNS", "SIGNATURE_COLUMNS", "StagePredictor", "signature_frame"]
+__all__ = ["INTERVAL_COLUMNS", "PREDICTION_COLUMNS", "SIGNATURE_COLUMNS", "StagePredictor", "signature_frame"]
 
 PREDICTION_COLUMNS = ("time_ms", "peak_mem_mib", "static_mem_mib")
+# Optional: a predictor with uncertainty also returns its 90 % interval (memx.learn.intervals;
+# docs/architecture.md §Stage model); NaN where a predictor gives none.
+INTERVAL_COLUMNS = ("time_ms_low", "time_ms_high", "peak_mem_mib_low", "peak_mem_mib_high")
 
 
 @runtime_checkable
@@ -37,7 +40,8 @@ def signature_frame(contexts: list[StageContext], layers: np.ndarray, codes: np.
                     model: ModelArch, seq_len: int) -> pd.DataFrame:
     """One signature row per (context, layers, option code); ctx_index points into `contexts`."""
     gpu = np.array([c.gpu for c in contexts], dtype=object)[ctx_index]
-    attr = {f: np.array([getattr(c, f) for c in contexts])[ctx_index] for f in ("tp", "micro_batch", "first", "last", "inflight")}
+    attr = {f: np.array([getattr(c, f) for c in contexts])[ctx_index]
+            for f in ("tp", "micro_batch", "first", "last", "inflight", "distributed_optimizer", "dp", "sequence_parallel")}
     recompute = np.where(codes == NONE, Recompute.NONE.value,
                          np.where(codes == SELECTIVE, Recompute.SELECTIVE.value, Recompute.FULL.value))
     block = (codes >= 1) & (codes < layers)
@@ -52,4 +56,6 @@ def signature_frame(contexts: list[StageContext], layers: np.ndarray, codes: np.
         "hidden": np.full(n, model.hidden, dtype=np.int64), "ffn_hidden": np.full(n, model.ffn_hidden, dtype=np.int64),
         "heads": np.full(n, model.heads, dtype=np.int64), "query_groups": np.full(n, model.query_groups, dtype=np.int64),
         "vocab": np.full(n, model.vocab, dtype=np.int64), "mlp": np.full(n, model.mlp, dtype=object),
+        "distributed_optimizer": attr["distributed_optimizer"].astype(bool), "dp": attr["dp"].astype(np.int64),
+        "sequence_parallel": attr["sequence_parallel"].astype(bool),
     })

@@ -29,20 +29,30 @@ class StageContext:
     first: bool
     last: bool
     inflight: int
+    # Job options in the stage signature (memx.domain.records.OPTION_DEFAULTS, canonical: dp 1 without
+    # the distributed optimizer, sequence_parallel false at tp 1).
+    distributed_optimizer: bool = False
+    dp: int = 1
+    sequence_parallel: bool = False
 
 
 def stage_contexts(stage_gpus: Sequence[str], stage_tp: Sequence[int], *, micro_batch: int,
-                   micro_batches: int) -> tuple[StageContext, ...]:
+                   micro_batches: int, distributed_optimizer: bool = False, dp: int = 1,
+                   sequence_parallel: bool = False) -> tuple[StageContext, ...]:
     """The context of every stage of a pipeline (a search layout or a given plan)."""
     pp = len(stage_gpus)
     return tuple(StageContext(gpu=g, tp=t, micro_batch=micro_batch, first=s == 0, last=s == pp - 1,
-                              inflight=inflight_micro_batches(pp, s, micro_batches))
+                              inflight=inflight_micro_batches(pp, s, micro_batches),
+                              distributed_optimizer=distributed_optimizer, dp=dp if distributed_optimizer else 1,
+                              sequence_parallel=sequence_parallel and t > 1)
                  for s, (g, t) in enumerate(zip(stage_gpus, stage_tp, strict=True)))
 
 
 def plan_contexts(plan: Plan) -> tuple[StageContext, ...]:
     return stage_contexts([st.gpu for st in plan.stages], [st.tp for st in plan.stages],
-                          micro_batch=plan.micro_batch, micro_batches=plan.micro_batches)
+                          micro_batch=plan.micro_batch, micro_batches=plan.micro_batches,
+                          distributed_optimizer=plan.distributed_optimizer, dp=plan.dp,
+                          sequence_parallel=plan.sequence_parallel)
 
 
 def stage_options(n: int, levels: tuple[str, ...]) -> list[int]:

@@ -6,19 +6,24 @@ Per GPU type: single-parameter sweeps around a centre point → sensitivity tabl
 the selected parameters plus embedding/output stages, block recompute, `inflight` coverage, and dense
 intervals on one representative GPU type for the interpolation gate. Every point becomes one
 `stage_runs` row (docs/architecture.md §Measurement records), failed ones included. See docs/profiling.md.
+
+Nothing usable → `NothingUsable` (exit 5): a records import where every row is rejected (nothing is
+written), or a profile whose sensitivity sweeps measured no point (every one failed or ran out of
+memory; the failed rows stay in stage_runs.parquet, with their reasons, and a rerun retries them).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, NothingUsable
 from memx.domain.io import atomic_write_parquet, atomic_write_text
-from memx.domain.records import RejectedRow, signature_key
+from memx.domain.records import RejectedRow, require_rows, signature_key
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.profiling.backends import BACKENDS, Backend, check_backend
 from memx.profiling.design import (dense_points, full_grid_size, gpu_axes, grid_points, inflight_points,
@@ -32,6 +37,9 @@ __all__ = ["BACKENDS", "ProfileResult", "profile"]
 STAGE_RUNS_FILE = "stage_runs.parquet"
 SENSITIVITY_FILE = "sensitivity.parquet"
 SENSITIVITY_MD = "sensitivity.md"
+MAX_JOBS = 1_024  # points measured at once (one thread each)
+MAX_TIMEOUT_S = 7 * 86_400.0  # one point may run a week at most
+MAX_RETRIES = 100  # retries of a point that exits non-zero
 SEARCHED = {"tp", "micro_batch", "recompute", "layers", "inflight", "position"}  # seq_len: one value per search
 
 
@@ -49,8 +57,7 @@ class ProfileResult:
     rejected: tuple[RejectedRow, ...] = ()  # records backend: rows that failed validation
 
     def failures_by_reason(self) -> dict[str, int]:
-        bad = self.stage_runs[self.stage_runs["status"] != "ok"]
-        return dict(Counter(f"{s}: {_reason_class(r)}" for s, r in zip(bad["status"], bad["reason"])))
+        return failures_by_reason(self.stage_runs)
 
     def summary(self) -> str:
         ratio = self.full_grid / self.runs if self.runs else float("nan")
@@ -61,6 +68,23 @@ class ProfileResult:
         for reason, n in sorted(self.failures_by_reason().items(), key=lambda kv: -kv[1]):
             lines.append(f"  {n} × {reason}")
         return "\n".join(lines)
+
+
+def failures_by_reason(stage_runs: pd.DataFrame) -> dict[str, int]:
+    """Rows not measured (status oom/failed), counted per status and reason class."""
+    bad = stage_runs[stage_runs["status"] != "ok"]
+    return dict(Counter(f"{s}: {_reason_class(r)}" for s, r in zip(bad["status"], bad["reason"])))
+
+
+def _require_measured(stage_runs: pd.DataFrame, backend: str) -> None:
+    """NothingUsable when no row is 'ok': counts per reason and the first three points."""
+    if (stage_runs["status"] == "ok").any():
+        return
+    bad = stage_runs[stage_runs["status"] != "ok"].head(3)
+    examples = [f"{r.gpu} tp={r.tp} layers={r.layers} micro_batch={r.micro_batch} {r.recompute}: {r.status}, "
+                f"{r.reason[:160]}" for r in bad.itertuples(index=False)]
+    raise NothingUsable(f"backend '{backend}' measured none of {len(stage_runs)} point(s)",
+                        failures_by_reason(stage_runs), examples)
 
 
 def _reason_class(reason: str) -> str:
@@ -82,9 +106,12 @@ def _make_backend(name: str, *, cluster: Cluster, model: ModelArch, seed: int, c
         if not command:
             raise InputError("backend 'command' needs --command (the program and its arguments)")
         check_template(list(command))
-        if timeout_s <= 0 or retries < 0:
-            raise InputError(f"--timeout must be > 0 and retries ≥ 0; got {timeout_s}, {retries}")
-        return CommandBackend(argv=tuple(command), model_name=model.name, timeout_s=timeout_s, retries=retries)
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise InputError(f"--timeout must be in (0, {MAX_TIMEOUT_S:g}] seconds; got {timeout_s!r}")
+        if not 0 <= retries <= MAX_RETRIES:
+            raise InputError(f"--retries must be in 0..{MAX_RETRIES}; got {retries!r}")
+        return CommandBackend(argv=tuple(command), model_name=model.name, timeout_s=timeout_s, retries=retries,
+                              gpu_memory_mib={g.name: g.memory_mib for g in cluster.gpu_types})
     from memx.profiling.backends.torch import TorchBackend
     return TorchBackend(seed=seed)
 
@@ -100,11 +127,12 @@ def _torch_model(model: ModelArch) -> ModelArch:
     return scale_model(model, auto_scale(model, device))
 
 
-def _import_records(records: Path | None, out_path: Path | None) -> tuple[pd.DataFrame, list]:
+def _import_records(records: Path | None, out_path: Path | None, cluster: Cluster) -> tuple[pd.DataFrame, list]:
     from memx.profiling.backends.imported import read_records
     if records is None:
         raise InputError("backend 'records' needs --records PATH (CSV, Parquet or JSONL)")
-    df, rejects = read_records(Path(records))
+    df, rejects = read_records(Path(records), gpu_memory_mib={g.name: g.memory_mib for g in cluster.gpu_types})
+    require_rows(df, rejects, what=f"records {records}")
     if out_path is not None:
         atomic_write_parquet(df, out_path)
     return df, rejects
@@ -116,15 +144,15 @@ def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: 
             conf_root: Path | None = None, progress: bool = False) -> ProfileResult:
     """Profile every GPU type of `cluster` for `model` over `space`; see the module docstring."""
     check_backend(backend)
-    if jobs < 1:
-        raise InputError(f"--jobs must be ≥ 1, got {jobs}")
+    if not 1 <= jobs <= MAX_JOBS:
+        raise InputError(f"--jobs must be in 1..{MAX_JOBS}, got {jobs!r}")
     if backend == "torch":
         model = _torch_model(model)
     axes = {g.name: gpu_axes(cluster, model, space, g) for g in cluster.gpu_types}
     full_by_gpu = {g: full_grid_size(a) for g, a in axes.items()}
     out_path = Path(out_dir) / STAGE_RUNS_FILE if out_dir is not None else None
     if backend == "records":
-        df, rejects = _import_records(records, out_path)
+        df, rejects = _import_records(records, out_path, cluster)
         return _result(df, sensitivity_frame([]), runs_by_gpu=dict(Counter(df["gpu"])), full_by_gpu=full_by_gpu,
                        path=out_path, rejected=rejects, out_dir=out_dir)
     be = _make_backend(backend, cluster=cluster, model=model, seed=seed, conf_root=conf_root, command=command,
@@ -132,8 +160,26 @@ def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: 
     plans = {g: sweep_plan(a, model) for g, a in axes.items()}
     phase1 = dense_points(axes[representative_gpu(cluster).name], model)
     phase1 += [p for g in axes for p in sweep_points(plans[g])]
-    df = run_points(phase1, be, existing=load_existing(out_path), out_path=out_path, jobs=jobs, progress=progress,
-                    label="sensitivity sweeps")
+    with _launch_guard(backend):
+        df = run_points(phase1, be, existing=load_existing(out_path), out_path=out_path, jobs=jobs,
+                        progress=progress, label="sensitivity sweeps")
+        _require_measured(df, backend)  # nothing measured: the 3-point grid would fail the same way
+        df, sens, runs_by_gpu = _phase2(model, axes, plans, phase1, df, be, out_path, jobs, progress)
+    return _result(df, sensitivity_frame(sens), runs_by_gpu=runs_by_gpu,
+                   full_by_gpu=full_by_gpu, path=out_path, rejected=[], out_dir=out_dir)
+
+
+def _launch_guard(backend: str) -> contextlib.AbstractContextManager:
+    """Command launches: killed on SIGTERM, Ctrl-C and errors (memx.profiling.backends.launches)."""
+    if backend != "command":
+        return contextlib.nullcontext()
+    from memx.profiling.backends.launches import guard
+    return guard()
+
+
+def _phase2(model: ModelArch, axes: dict, plans: dict, phase1: list, df: pd.DataFrame,
+            be: Backend, out_path: Path | None, jobs: int, progress: bool) -> tuple[pd.DataFrame, list, dict]:
+    """Sensitivity of each GPU type → the 3-point grid over the selected parameters, measured."""
     sens, phase2 = [], []
     for g, a in axes.items():
         rows = sensitivity_rows(g, plans[g], df, SEARCHED)
@@ -142,8 +188,7 @@ def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: 
         phase2 += grid_points(a, model, selected) + inflight_points(a, model, selected)
     df = run_points(phase2, be, existing=df, out_path=out_path, jobs=jobs, progress=progress, label="3-point grid")
     unique = {signature_key(p): p["gpu"] for p in phase1 + phase2}
-    return _result(df, sensitivity_frame(sens), runs_by_gpu=dict(Counter(unique.values())),
-                   full_by_gpu=full_by_gpu, path=out_path, rejected=[], out_dir=out_dir)
+    return df, sens, dict(Counter(unique.values()))
 
 
 def _result(df: pd.DataFrame, sens: pd.DataFrame, *, runs_by_gpu: dict[str, int], full_by_gpu: dict[str, int],

@@ -80,7 +80,7 @@ def fitting_layers(gpu: GpuType, model: ModelArch, space: SearchSpace, combos: l
     n = np.arange(1, model.layers + 1)
     sigs = pd.DataFrame([point(gpu.name, model, tp=tp, layers=k, micro_batch=mb, seq_len=seq_len, recompute=rc,
                                source="") for tp, mb, rc in combos for k in n])
-    peak = AnalyticStageModel(gpus={gpu.name: gpu}).predict(sigs)["peak_mem_mib"].to_numpy()
+    peak = AnalyticStageModel(gpus={gpu.name: gpu}, runtime="none").predict(sigs)["peak_mem_mib"].to_numpy()
     fits = peak.reshape(len(combos), len(n)) <= FIT_SHARE * (gpu.memory_mib - space.reserve_gib * 1024.0)
     return {c: int(n[row].max()) if row.any() else 0 for c, row in zip(combos, fits)}
 

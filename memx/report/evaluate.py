@@ -131,7 +131,11 @@ def evaluate(cluster: Cluster, model: ModelArch, measured: pd.DataFrame, predict
     }
     out["weights"] = {"profile": w.profile, "w_time": w.w_time, "w_mem": w.w_mem, "w_var": w.w_var}
     out["predictor"] = getattr(predictor, "name", type(predictor).__name__)
-    out["memory_source"] = getattr(predictor, "memory_source", "learned")
+    out["memory_source"] = getattr(predictor, "memory_source", "closed-form" if isinstance(predictor, AnalyticStageModel)
+                                   else "learned")
+    sources = getattr(predictor, "sources", None)
+    if callable(sources):  # per GPU type: measured / closed-form / unprofiled (memx.learn.model)
+        out["sources"] = sources()
     return out
 
 
@@ -145,5 +149,20 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _plain(obj: Any) -> Any:
+    """JSON-ready values: NaN and infinities become null (a metric that could not be computed), numpy
+    scalars plain numbers."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (np.integer, np.bool_)):
+        return obj.item()
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    return obj
+
+
 def to_json(result: dict[str, Any]) -> str:
-    return json.dumps(result, indent=2, sort_keys=False, default=float)
+    """Strict JSON (allow_nan=False): never NaN, null where a metric is undefined."""
+    return json.dumps(_plain(result), indent=2, sort_keys=False, allow_nan=False)

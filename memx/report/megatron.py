@@ -1,19 +1,68 @@
-"""Megatron-LM arguments for a plan, with notes where stock Megatron-LM cannot express it.
+"""A launchable Megatron-LM `pretrain_gpt.py` command for a plan (`memx plan --format megatron`, megatron.sh).
 
-Uneven layer splits use `--pipeline-model-parallel-layout` (Megatron Core ≥ 0.13, "Custom Pipeline
-Model Parallel Layout": stages split by `|`, `E` embedding, `t` decoder layer, `L` loss, `t*N`
-repeats), e.g. "Et*12|t*10|t*10,L".
+Argument names, types and combinations follow Megatron-LM at commit `MEGATRON_COMMIT`:
+megatron/training/arguments.py and the config dataclasses its argument groups are generated from
+(TransformerConfig, ModelParallelConfig, megatron/training/config/training_config.py).
+tests/fixtures/megatron_arguments.json lists them; tests/unit/test_megatron_command.py parses every
+emitted command against that list. What stock Megatron-LM cannot express (a different tp per stage,
+per-stage recomputation, mixed vendors in one NCCL job) becomes a NOTE in the script.
+
+Uneven layer splits: `--decoder-first/last-pipeline-num-layers` when only the end stages differ,
+else `--pipeline-model-parallel-layout` (Megatron Core ≥ 0.13, "custom pipeline layout": stages split
+by `|`, `E` embedding, `t` decoder layer, `L` loss, `t*N` repeats), e.g. "Et*12|t*10|t*10,L".
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 
-from memx.domain.plan import Plan
-from memx.domain.specs import ModelArch
+from memx.domain.catalog import load_gpu
+from memx.domain.errors import InputError
+from memx.domain.plan import Plan, Recompute, Stage, idle_gpus
+from memx.domain.specs import Cluster, GpuType, ModelArch
+
+MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"  # NVIDIA/Megatron-LM, read 2026-08 (core 0.20)
+# NVIDIA families with FlashAttention-2 kernels: Ampere, Ada, Hopper, Blackwell (sm80+; Dao 2023, README)
+FLASH_ATTENTION_FAMILIES = frozenset({
+    "a10", "a16", "a30", "a40", "a100", "a800", "a6000", "rtx3090", "rtx4090", "l4", "l20", "l40", "l40s",
+    "h100", "h800", "h20", "h200", "gh200", "b100", "b200", "gb200",
+})
+# Shell variables the user must set; the script stops with this message when one is missing.
+DATA_PLACEHOLDERS = (
+    ("DATA_PATH", "Megatron dataset prefix (the .bin/.idx pair from tools/preprocess_data.py)"),
+    ("CHECKPOINT_DIR", "folder where checkpoints are saved and resumed from"),
+)
+TOKENIZER_PLACEHOLDERS = {
+    "swiglu": (("TOKENIZER_MODEL", "Hugging Face tokenizer name or folder of the model"),),
+    "gelu": (("VOCAB_FILE", "GPT-2 BPE vocab.json"), ("MERGE_FILE", "GPT-2 BPE merges.txt")),
+}
+# Example training hyper-parameters (LLaMA 2 paper §2.2: AdamW β 0.9/0.95, cosine, weight decay 0.1,
+# clip 1.0): needed to launch, not chosen by MemX.
+EXAMPLE_TRAINING_ARGS = (
+    "--train-iters", "1000", "--lr", "3.0e-4", "--min-lr", "3.0e-5", "--lr-decay-style", "cosine",
+    "--lr-warmup-iters", "100", "--weight-decay", "0.1", "--clip-grad", "1.0", "--adam-beta1", "0.9",
+    "--adam-beta2", "0.95", "--init-method-std", "0.02", "--log-interval", "10", "--save-interval", "1000",
+    "--eval-interval", "1000", "--eval-iters", "10",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronCommand:
+    """What a launch needs: pretrain_gpt.py arguments, notes, environment and placeholders."""
+
+    args: tuple[str, ...]
+    """pretrain_gpt.py arguments; a placeholder value is written `${NAME}`."""
+    notes: tuple[str, ...]
+    """What stock Megatron-LM cannot express, or what the user must arrange."""
+    env: tuple[tuple[str, str], ...]
+    """Environment variables exported before the launch."""
+    placeholders: tuple[tuple[str, str], ...]
+    """(shell variable, what to set it to)."""
 
 
 def pipeline_layout(plan: Plan) -> str:
+    """The `--pipeline-model-parallel-layout` string of the plan's layer split."""
     parts = []
     for s, st in enumerate(plan.stages):
         body = f"t*{st.layers}" if st.layers else ""
@@ -23,6 +72,24 @@ def pipeline_layout(plan: Plan) -> str:
             body = body + (",L" if body else "L")
         parts.append(body)
     return "|".join(parts)
+
+
+def _split_args(plan: Plan) -> tuple[list[str], list[str]]:
+    layers = [st.layers for st in plan.stages]
+    if len(set(layers)) == 1:
+        return [], []
+    if len(set(layers[1:-1])) <= 1:  # only the end stages differ: expressible on older releases too
+        return ["--decoder-first-pipeline-num-layers", str(layers[0]),
+                "--decoder-last-pipeline-num-layers", str(layers[-1])], []
+    note = (f"the layer split {layers} has uneven middle stages: --pipeline-model-parallel-layout needs Megatron "
+            "Core ≥ 0.13; older releases can only give the first and last stages their own size.")
+    return ["--pipeline-model-parallel-layout", pipeline_layout(plan)], [note]
+
+
+def _rc(st: Stage) -> str:
+    if st.recompute == Recompute.FULL and st.recompute_layers is not None:
+        return f"full block {st.recompute_layers}/{st.layers}"
+    return st.recompute.value
 
 
 def _recompute_args(plan: Plan) -> tuple[list[str], list[str]]:
@@ -36,79 +103,193 @@ def _recompute_args(plan: Plan) -> tuple[list[str], list[str]]:
             "memory-saving stage's setting; apply the per-stage setting with a patched "
             "`--recompute-num-layers` per pipeline rank."
         )
-        st = max(plan.stages, key=lambda x: (x.recompute == "full", x.recompute == "selective", x.recomputed_layers))
+        st = max(plan.stages, key=lambda x: (x.recompute == Recompute.FULL, x.recompute == Recompute.SELECTIVE,
+                                              x.recomputed_layers))
     else:
         st = plan.stages[0]
-    if st.recompute == "selective":
+    if st.recompute == Recompute.SELECTIVE:
         return ["--recompute-granularity", "selective"], notes
-    if st.recompute == "full":
-        if st.recompute_layers is None:
+    if st.recompute == Recompute.FULL and st.recomputed_layers:
+        if st.recompute_layers is None:  # every layer: uniform chunks of one layer
             return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"], notes
         return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
                 str(st.recompute_layers)], notes
     return [], notes
 
 
-def _rc(st) -> str:
-    if st.recompute == "full" and st.recompute_layers is not None:
-        return f"full block {st.recompute_layers}/{st.layers}"
-    return st.recompute
-
-
-def megatron_args(plan: Plan, model: ModelArch) -> tuple[list[str], list[str]]:
-    """(arguments for pretrain_gpt.py, notes on what stock Megatron-LM cannot express)."""
-    notes: list[str] = []
-    tps = {st.tp for st in plan.stages}
-    if len(tps) > 1:
-        notes.append(
-            f"stages use different tensor-parallel sizes {[st.tp for st in plan.stages]}; stock Megatron-LM needs "
-            "one --tensor-model-parallel-size for all stages. Launch with a heterogeneous-TP runtime, or take "
-            "the largest size below and accept the difference."
-        )
-    gpus = {st.gpu for st in plan.stages}
-    if len(gpus) > 1:
-        notes.append(
-            "stages run on different GPU types; order ranks so that pipeline rank s lands on "
-            + ", ".join(f"{s}→{st.gpu}" for s, st in enumerate(plan.stages))
-            + " (Megatron's default rank order is tp-cp-ep-dp-pp)."
-        )
+def _model_args(plan: Plan, model: ModelArch) -> list[str]:
+    llama = model.mlp == "swiglu"
     args = [
-        "--tensor-model-parallel-size", str(max(tps)),
-        "--pipeline-model-parallel-size", str(plan.pp),
-        "--micro-batch-size", str(plan.micro_batch),
-        "--global-batch-size", str(plan.global_batch),
-        "--seq-length", str(plan.seq_len),
-        "--max-position-embeddings", str(plan.seq_len),
         "--num-layers", str(model.layers),
         "--hidden-size", str(model.hidden),
         "--ffn-hidden-size", str(model.ffn_hidden),
         "--num-attention-heads", str(model.heads),
-        "--bf16",
     ]
     if model.query_groups != model.heads:
         args += ["--group-query-attention", "--num-query-groups", str(model.query_groups)]
-    if model.mlp == "swiglu":
-        args += ["--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
-    if max(tps) > 1:
+    args += ["--seq-length", str(plan.seq_len), "--max-position-embeddings", str(plan.seq_len),
+             "--position-embedding-type", "rope" if llama else "learned_absolute"]
+    if llama:  # LLaMA: SwiGLU, RMSNorm, no biases, no dropout (Touvron et al. 2023 §2)
+        args += ["--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
+                 "--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+    else:
+        args += ["--normalization", "LayerNorm"]
+    if not model.tied_embeddings:
+        args += ["--untie-embeddings-and-output-weights"]
+    return args + ["--bf16"]
+
+
+def _parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
+    tp = max(st.tp for st in plan.stages)
+    args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(plan.pp),
+            "--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
+    notes = []
+    if plan.sequence_parallel and tp > 1:
         args += ["--sequence-parallel"]
-    if plan.pp > 1 and len({st.layers for st in plan.stages}) > 1:
-        args += ["--pipeline-model-parallel-layout", pipeline_layout(plan)]
-    rc, rc_notes = _recompute_args(plan)
-    return args + rc, notes + rc_notes
+    elif plan.sequence_parallel:
+        notes.append("the plan asks for sequence parallelism, a no-op at tp = 1 (Megatron-LM disables it): not emitted.")
+    if plan.distributed_optimizer:
+        args += ["--use-distributed-optimizer"]
+    return args, notes
 
 
-def render_megatron(plan: Plan, model: ModelArch) -> str:
-    args, notes = megatron_args(plan, model)
-    lines = [f"# Megatron-LM arguments for {plan.model} on {plan.cluster} (dp={plan.dp}: world size = "
-             f"{plan.gpus_used} GPUs)"]
-    lines += [f"# NOTE: {n}" for n in notes]
-    pairs, i = [], 0
+def _gpu_types(plan: Plan, cluster: Cluster | None) -> dict[str, GpuType | None]:
+    """GPU type of each stage GPU name: from the cluster, else the packaged catalog, else unknown (None)."""
+    out: dict[str, GpuType | None] = {}
+    for name in dict.fromkeys(st.gpu for st in plan.stages):
+        if cluster is not None and name in {g.name for g in cluster.gpu_types}:
+            out[name] = cluster.gpu(name)
+            continue
+        try:
+            out[name] = load_gpu(name)
+        except InputError:
+            out[name] = None
+    return out
+
+
+def _has_flash_attention(gpu: GpuType) -> bool:
+    return gpu.vendor == "nvidia" and gpu.name.split("-")[0] in FLASH_ATTENTION_FAMILIES
+
+
+def _attention_args(gpus: dict[str, GpuType | None]) -> tuple[list[str], list[str]]:
+    known = {n: g for n, g in gpus.items() if g is not None}
+    if len(known) == len(gpus) and all(_has_flash_attention(g) for g in known.values()):
+        return ["--use-flash-attn"], []
+    without = sorted(n for n, g in gpus.items() if g is None or not _has_flash_attention(g))
+    vendors = {g.vendor for g in known.values()}
+    hint = ("; on AMD, ROCm's Megatron-LM fork provides FlashAttention (CK) behind the same --use-flash-attn"
+            if "amd" in vendors else "")
+    verb = "has" if len(without) == 1 else "have"
+    return [], [f"no --use-flash-attn: {', '.join(without)} {verb} no FlashAttention-2 build for stock Megatron-LM "
+                f"(NVIDIA Ampere or newer only){hint}; the attention backend is left to --attention-backend auto."]
+
+
+def _heterogeneity_notes(plan: Plan, gpus: dict[str, GpuType | None]) -> list[str]:
+    notes = []
+    tps = [st.tp for st in plan.stages]
+    if len(set(tps)) > 1:
+        notes.append(f"stages use different tensor-parallel sizes {tps}; stock Megatron-LM needs one "
+                     "--tensor-model-parallel-size for all stages. Launch with a heterogeneous-TP runtime, or take "
+                     "the largest size below and accept the difference.")
+    if len(gpus) > 1:
+        notes.append("stages run on different GPU types; with Megatron's default rank order tp-cp-ep-dp-pp, pipeline "
+                     "stage s holds the global ranks s·tp·dp … (s+1)·tp·dp − 1: start ranks so that "
+                     + ", ".join(f"stage {s} → {st.gpu}" for s, st in enumerate(plan.stages)) + ".")
+    vendors = sorted({g.vendor for g in gpus.values() if g is not None})
+    if len(vendors) > 1:
+        notes.append(f"stages span GPU vendors ({', '.join(vendors)}): one NCCL job cannot join them (NCCL, RCCL and "
+                     "the other vendors' libraries do not interoperate). Stock Megatron-LM cannot launch this plan; "
+                     "it needs a runtime with a cross-vendor collective library.")
+    return notes
+
+
+def _data_args(model: ModelArch) -> tuple[list[str], tuple[tuple[str, str], ...]]:
+    tokenizer = TOKENIZER_PLACEHOLDERS[model.mlp]
+    if model.mlp == "swiglu":
+        tok = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "${TOKENIZER_MODEL}"]
+    else:
+        tok = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "${VOCAB_FILE}", "--merge-file", "${MERGE_FILE}"]
+    args = ["--data-path", "${DATA_PATH}", "--split", "949,50,1", *tok,
+            "--save", "${CHECKPOINT_DIR}", "--load", "${CHECKPOINT_DIR}"]
+    return args, DATA_PLACEHOLDERS[:1] + tokenizer + DATA_PLACEHOLDERS[1:]
+
+
+def megatron_command(plan: Plan, model: ModelArch, cluster: Cluster | None = None) -> MegatronCommand:
+    """The complete pretrain_gpt.py launch of `plan` for `model`; `cluster` (else the packaged GPU catalog)
+    tells the GPU vendors and families (flash attention, mixed-vendor notes)."""
+    gpus = _gpu_types(plan, cluster)
+    parallel, parallel_notes = _parallel_args(plan)
+    split, split_notes = _split_args(plan)
+    recompute, rc_notes = _recompute_args(plan)
+    attention, attn_notes = _attention_args(gpus)
+    data, placeholders = _data_args(model)
+    args = _model_args(plan, model) + parallel + split + recompute + attention + data + list(EXAMPLE_TRAINING_ARGS)
+    notes = _heterogeneity_notes(plan, gpus) + split_notes + rc_notes + parallel_notes + attn_notes
+    # Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp > 1 before Blackwell (arguments.py validate_args)
+    env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),) if max(st.tp for st in plan.stages) > 1 else ()
+    return MegatronCommand(args=tuple(args), notes=tuple(notes), env=env, placeholders=placeholders)
+
+
+def megatron_args(plan: Plan, model: ModelArch, cluster: Cluster | None = None) -> tuple[list[str], list[str]]:
+    """(arguments for pretrain_gpt.py, notes on what stock Megatron-LM cannot express)."""
+    cmd = megatron_command(plan, model, cluster)
+    return list(cmd.args), list(cmd.notes)
+
+
+def _quote(value: str) -> str:
+    return f'"{value}"' if value.startswith("${") else shlex.quote(value)
+
+
+def _arg_lines(args: tuple[str, ...]) -> list[str]:
+    """One `--flag [value]` per line."""
+    lines, i = [], 0
     while i < len(args):
         if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            pairs.append(f"{args[i]} {shlex.quote(args[i + 1])}")
+            lines.append(f"{args[i]} {_quote(args[i + 1])}")
             i += 2
         else:
-            pairs.append(args[i])
+            lines.append(args[i])
             i += 1
-    lines.append(" \\\n  ".join(["torchrun ... pretrain_gpt.py", *pairs]))
+    return lines
+
+
+def _header(plan: Plan, cluster: Cluster | None) -> list[str]:
+    tp = "/".join(str(t) for t in dict.fromkeys(st.tp for st in plan.stages))
+    lines = [f"# Megatron-LM launch for {plan.model} on {plan.cluster} (MemX plan): tp {tp}, pp {plan.pp}, "
+             f"dp {plan.dp}, {plan.gpus_used} GPUs in all (world size).",
+             "# Stages: " + "; ".join(f"{s}: {st.layers} layer{'s' if st.layers != 1 else ''} on {st.gpu} "
+                                      f"(tp {st.tp}, recompute {_rc(st)})"
+                                      for s, st in enumerate(plan.stages))]
+    if cluster is not None:
+        idle = {g: n for g, n in idle_gpus(plan, cluster).items() if n > 0}
+        if idle:
+            lines.append("# Left idle by this plan: " + ", ".join(f"{n} × {g}" for g, n in idle.items()))
+    lines.append(f"# Argument names: NVIDIA/Megatron-LM megatron/training/arguments.py at {MEGATRON_COMMIT[:10]}.")
+    return lines
+
+
+def render_megatron(plan: Plan, model: ModelArch, cluster: Cluster | None = None) -> str:
+    """megatron.sh: a bash script that checks its placeholders and runs torchrun … pretrain_gpt.py."""
+    cmd = megatron_command(plan, model, cluster)
+    lines = ["#!/usr/bin/env bash", *_header(plan, cluster)]
+    lines += [f"# NOTE: {n}" for n in cmd.notes]
+    lines += ["#", "# Set before launching (the script stops when one is missing):"]
+    lines += [f"#   {name:<16} {what}" for name, what in cmd.placeholders]
+    lines += ["#   NNODES, NODE_RANK, GPUS_PER_NODE, MASTER_ADDR, MASTER_PORT: torchrun rendezvous (default: one node)",
+              "# Without data: replace the data/tokenizer arguments with --mock-data --tokenizer-type NullTokenizer "
+              f"--vocab-size {model.vocab}",
+              "# --train-iters … --eval-iters: example hyper-parameters (LLaMA 2 §2.2), not chosen by MemX.",
+              "set -euo pipefail"]
+    lines += [f': "${{{name}:?set {name}: {what}}}"' for name, what in cmd.placeholders]
+    lines += [f"export {k}={v}" for k, v in cmd.env]
+    launcher = ('torchrun --nnodes "${NNODES:-1}" --node-rank "${NODE_RANK:-0}" --nproc-per-node "${GPUS_PER_NODE:-'
+                f'{_gpus_per_node(plan, cluster)}}}" --master-addr "${{MASTER_ADDR:-localhost}}" '
+                '--master-port "${MASTER_PORT:-6000}"')
+    lines.append(" \\\n  ".join([launcher, "pretrain_gpt.py", *_arg_lines(cmd.args)]))
     return "\n".join(lines) + "\n"
+
+
+def _gpus_per_node(plan: Plan, cluster: Cluster | None) -> int:
+    """Default processes per node: the largest node of the plan's GPU types, at most the world size."""
+    sizes = [n for st in plan.stages for n in (cluster.node_sizes(st.gpu) if cluster is not None else ())]
+    return min(max(sizes, default=8), plan.gpus_used)

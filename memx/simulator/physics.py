@@ -1,9 +1,10 @@
 """First-principles costs of one transformer layer, the embedding and the output layer on one GPU.
 
 Everything is per GPU of a tensor-parallel group of `tp` GPUs, for one micro batch, in ms and bytes.
-Megatron-style tensor parallelism without sequence parallelism: norms, residuals and dropouts are
-replicated across the TP group (Korthikanti 2022 §4.2.2); GEMMs and attention are split by heads
-(Shoeybi 2019 §3, Narayanan 2021 §2.3). Effects a closed-form model leaves out are here on
+Megatron-style tensor parallelism: GEMMs and attention are split by heads (Shoeybi 2019 §3, Narayanan
+2021 §2.3). Without sequence parallelism norms, residuals and dropouts are replicated across the TP
+group and each TP boundary is an all-reduce; with it (`Dims.sequence_parallel`, tp > 1) they run on
+s/t tokens per GPU and each all-reduce becomes an all-gather + reduce-scatter (Korthikanti 2022 §4.2.2). Effects a closed-form model leaves out are here on
 purpose: GEMM efficiency falling for small GEMMs, a roofline on bytes moved, eager attention that
 writes and stores the s² scores when the part has no fused attention kernel, memory-bound
 elementwise kernels, kernel launch cost and link efficiency.
@@ -54,6 +55,17 @@ class Dims:
     vocab: int
     mlp: str
     tp: int
+    sequence_parallel: bool = False
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallelism in effect: Megatron disables it when tp = 1 (arguments.py validate_args)."""
+        return self.sequence_parallel and self.tp > 1
+
+    @property
+    def sp_share(self) -> float:
+        """Share of the b·s·h tensors of norm/dropout regions held per GPU: 1/t with SP, else 1."""
+        return 1.0 / self.tp if self.sp else 1.0
 
     @property
     def tokens(self) -> int:
@@ -114,8 +126,29 @@ def ring_allreduce_ms(nbytes: float, ranks: int, bytes_per_ms: float, step_laten
     return 2.0 * (ranks - 1) / ranks * nbytes / bytes_per_ms + 2 * (ranks - 1) * step_latency_ms
 
 
+def ring_collective_ms(nbytes: float, ranks: int, bytes_per_ms: float, step_latency_ms: float) -> float:
+    """Ring reduce-scatter or all-gather of a `nbytes` tensor: (r−1)/r · bytes, r−1 latency steps — one
+    half of a ring all-reduce (Patarasuk & Yuan 2009; Korthikanti 2022 §4.2.2)."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return (ranks - 1) / ranks * nbytes / bytes_per_ms + (ranks - 1) * step_latency_ms
+
+
 def tp_allreduce_ms(dev: Device, d: Dims, nbytes: float) -> float:
     return ring_allreduce_ms(nbytes, d.tp, dev.link_bytes_per_ms, dev.traits.collective_step_latency_ms)
+
+
+def tp_collective_ms(dev: Device, d: Dims, nbytes: float) -> float:
+    """One TP all-gather or reduce-scatter of a (gathered) `nbytes` tensor."""
+    return ring_collective_ms(nbytes, d.tp, dev.link_bytes_per_ms, dev.traits.collective_step_latency_ms)
+
+
+def tp_boundary_ms(dev: Device, d: Dims, nbytes: float) -> float:
+    """One TP boundary (f/g operator) of b·s·h: an all-reduce, or with SP a reduce-scatter + all-gather
+    (g + ḡ, Korthikanti 2022 §4.2.2 Fig. 5): the same ring bytes and steps, one more kernel."""
+    if d.sp:
+        return 2 * tp_collective_ms(dev, d, nbytes) + dev.traits.kernel_launch_overhead_ms
+    return tp_allreduce_ms(dev, d, nbytes)
 
 
 # ---------------------------------------------------------------- one transformer layer
@@ -127,6 +160,7 @@ class LayerCost:
     bwd_ms: float  # backward of one layer (no recomputation), device time
     attn_core_fwd_ms: float  # the part selective recomputation reruns (QKᵀ, softmax, dropout, ·V)
     comm_ms: float  # TP all-reduces inside fwd_ms (the same again inside bwd_ms)
+    regather_ms: float  # with SP: the backward's re-gathers of saved s/t inputs, also inside bwd_ms
     fwd_kernels: int  # operations the host issues for the forward (for the host-bound floor)
     bwd_kernels: int
     attn_core_kernels: int
@@ -164,8 +198,9 @@ def _attention_core(dev: Device, d: Dims) -> tuple[float, float, int]:
 def _layer_elementwise_bytes(d: Dims) -> float:
     """Forward bytes of the memory-bound kernels of one layer (per GPU)."""
     th, tf = d.tokens * d.hidden, d.tokens * d.ffn_hidden / d.tp
-    norms = 2 * 4.0 * th  # two (RMS/Layer)Norms, read 2 B + write 2 B, replicated across TP
-    residual = 2 * (6.0 * th + (1.0 * th if d.dropout else 0.0))  # bias-dropout-add: read 2×2 B, write 2 B (+mask)
+    # two (RMS/Layer)Norms, read 2 B + write 2 B; replicated across TP, or on s/t tokens with SP (Korthikanti §4.2.2)
+    norms = 2 * 4.0 * th * d.sp_share
+    residual = 2 * (6.0 * th + (1.0 * th if d.dropout else 0.0)) * d.sp_share  # bias-dropout-add: read 2×2 B, write 2 B (+mask)
     act = 6.0 * tf if d.mlp == "swiglu" else 4.0 * tf  # SwiGLU reads gate+up, writes one; GeLU read+write
     rotary = 4.0 * d.tokens * (d.hidden + d.kv_hidden) / d.tp if d.mlp == "swiglu" else 0.0  # RoPE on q, k
     return norms + residual + act + rotary
@@ -183,19 +218,25 @@ def layer_cost(dev: Device, d: Dims) -> LayerCost:
     core_fwd, core_bwd, core_kernels = _attention_core(dev, d)
     ew_bytes = _layer_elementwise_bytes(d)
     ew_kernels = 5 + (1 if d.mlp == "swiglu" else 0)
-    # two TP all-reduces of b·s·h in forward and two in backward (Shoeybi 2019 §3, f/g operators)
-    comm = 2 * tp_allreduce_ms(dev, d, BF16_BYTES * th)
+    # two TP boundaries of b·s·h in forward and two in backward (Shoeybi 2019 §3, f/g operators); with SP
+    # the backward also all-gathers again the two saved s/t inputs of the QKV and MLP-up GEMMs for their
+    # weight gradients (Korthikanti 2022 §4.2.2). Megatron issues them asynchronously, but Table 4 shows
+    # SP saving 0.5 ms of forward and only 0.1 ms of backward: they are counted as exposed here.
+    comm = 2 * tp_boundary_ms(dev, d, BF16_BYTES * th)
+    regather = 2 * tp_collective_ms(dev, d, BF16_BYTES * th) if d.sp else 0.0
     fwd = gemms + core_fwd + membound_ms(dev, ew_bytes, ew_kernels) + comm
     # backward: dgrad + wgrad GEMMs (2× forward FLOPs, Narayanan 2021 §5.1); elementwise kernels read the
     # saved input and the incoming gradient and write a gradient: 2× forward bytes (simulator assumption)
-    bwd = 2 * gemms + core_bwd + membound_ms(dev, 2 * ew_bytes, 2 * ew_kernels) + comm
-    # host-issued ops: 4 GEMMs, attention core, elementwise, 2 all-reduces (tp > 1), 2 layout copies
-    fwd_kernels = 4 + core_kernels + ew_kernels + (2 if t > 1 else 0) + 2
+    bwd = 2 * gemms + core_bwd + membound_ms(dev, 2 * ew_bytes, 2 * ew_kernels) + comm + regather
+    # host-issued ops: 4 GEMMs, attention core, elementwise, 2 all-reduces (tp > 1; 4 collectives with SP),
+    # 2 layout copies; backward issues twice as many (with SP: 4 collectives + 2 re-gathers, also 2×)
+    fwd_kernels = 4 + core_kernels + ew_kernels + (2 if t > 1 else 0) + (2 if d.sp else 0) + 2
     return LayerCost(
         fwd_ms=fwd,
         bwd_ms=bwd,
         attn_core_fwd_ms=0.0 if dev.traits.flash_attention else core_fwd,
         comm_ms=comm,
+        regather_ms=regather,
         fwd_kernels=fwd_kernels,
         bwd_kernels=2 * fwd_kernels,
         attn_core_kernels=0 if dev.traits.flash_attention else core_kernels,
@@ -214,10 +255,12 @@ def layer_params(d: Dims) -> float:
 
 def _layer_memory(dev: Device, d: Dims) -> dict[str, float]:
     """Activation bytes one layer keeps per micro batch (Korthikanti 2022 Eq. 1–2, §4.1, generalised to
-    GQA and SwiGLU): replicated 2sbh inputs of LN1, QKV, LN2, MLP (+1-byte dropout masks); per-TP-rank
-    Q, K, V, context, MLP intermediates; eager attention adds softmax output (+ mask + dropout output)."""
+    GQA and SwiGLU): replicated 2sbh inputs of LN1, QKV, LN2, MLP (+1-byte dropout masks) — divided by t
+    with sequence parallelism (Korthikanti 2022 §4.2.2, Table 2: sbh(10 + 24/t + 5as/ht) → sbh(34/t +
+    5as/ht)); per-TP-rank Q, K, V, context, MLP intermediates; eager attention adds softmax output (+
+    mask + dropout output)."""
     t, th = d.tp, d.tokens * d.hidden
-    replicated = 8.0 * th + (2.0 * th if d.dropout else 0.0)
+    replicated = (8.0 * th + (2.0 * th if d.dropout else 0.0)) * d.sp_share
     qkv_ctx = BF16_BYTES * d.tokens * (2 * d.hidden + 2 * d.kv_hidden) / t
     mlp_width = 3 if d.mlp == "swiglu" else 2  # swiglu: gate, up, product; gelu: gelu input, linear2 input
     mlp = BF16_BYTES * mlp_width * d.tokens * d.ffn_hidden / t
@@ -245,6 +288,7 @@ class EndCost:
     fwd_ms: float
     bwd_ms: float
     comm_ms: float  # TP collectives inside fwd_ms
+    bwd_comm_ms: float  # TP collectives inside bwd_ms
     fwd_kernels: int
     bwd_kernels: int
     params: float
@@ -253,49 +297,58 @@ class EndCost:
 
 
 def embedding_cost(dev: Device, d: Dims) -> EndCost:
-    """Vocab-parallel embedding (Shoeybi 2019 §3): gather rows, all-reduce b·s·h across TP; GPT-style
-    models add learned positions and dropout (simulator assumption)."""
+    """Vocab-parallel embedding (Shoeybi 2019 §3): gather rows, all-reduce b·s·h across TP — with SP a
+    reduce-scatter to s/t tokens, whose backward is an all-gather of the gradient (Korthikanti 2022
+    §4.2.2); GPT-style models add learned positions and dropout (simulator assumption)."""
     th = d.tokens * d.hidden
     positions = d.seq_len * d.hidden if d.mlp == "gelu" else 0
-    comm = tp_allreduce_ms(dev, d, BF16_BYTES * th)
+    comm = tp_collective_ms(dev, d, BF16_BYTES * th) if d.sp else tp_allreduce_ms(dev, d, BF16_BYTES * th)
+    bwd_comm = tp_collective_ms(dev, d, BF16_BYTES * th) if d.sp else 0.0
     fwd = membound_ms(dev, 8.0 * th, 2) + comm
-    bwd = membound_ms(dev, 10.0 * th, 2)  # scatter-add into fp32 gradient rows (read-modify-write)
+    bwd = membound_ms(dev, 10.0 * th, 2) + bwd_comm  # scatter-add into fp32 gradient rows (read-modify-write)
     return EndCost(
         fwd_ms=fwd,
         bwd_ms=bwd,
         comm_ms=comm,
+        bwd_comm_ms=bwd_comm,
         fwd_kernels=3,
-        bwd_kernels=3,
+        bwd_kernels=3 + (1 if d.sp else 0),
         params=d.vocab * d.hidden / d.tp + positions,
-        act_bytes=1.0 * th if d.dropout else 0.0,  # dropout mask
+        act_bytes=1.0 * th * d.sp_share if d.dropout else 0.0,  # dropout mask (on s/t tokens with SP)
         workspace_bytes=FP32_BYTES * th,
     )
 
 
 def output_cost(dev: Device, d: Dims) -> EndCost:
     """Final norm, vocab-parallel logits GEMM, fp32 cross entropy with three small all-reduces
-    (max, sum-exp, target logit; Shoeybi 2019 §3). Untied output weights (simulator assumption)."""
-    th = d.tokens * d.hidden
+    (max, sum-exp, target logit; Shoeybi 2019 §3). Untied output weights (simulator assumption).
+    With SP the norm runs on s/t tokens and an all-gather of b·s·h feeds the GEMM, a reduce-scatter of
+    its input gradient in backward (Korthikanti 2022 §4.2.2); the GEMM input is kept as the s/t shard.
+    (Without SP the backward all-reduce of the GEMM's input gradient is not modelled — a known gap.)"""
+    th, share = d.tokens * d.hidden, d.sp_share
     logits = d.tokens * d.vocab / d.tp
     gemm = gemm_ms(dev, d.tokens, d.vocab / d.tp, d.hidden)
-    small = 3 * tp_allreduce_ms(dev, d, FP32_BYTES * d.tokens)
+    gather = tp_collective_ms(dev, d, BF16_BYTES * th) if d.sp else 0.0
+    small = 3 * tp_allreduce_ms(dev, d, FP32_BYTES * d.tokens) + gather
     # forward: norm 4 B/elt of b·s·h; CE reads bf16 logits, writes fp32, two fp32 passes
-    fwd = gemm + membound_ms(dev, 4.0 * th + 14.0 * logits, 4) + small
-    bwd = 2 * gemm + membound_ms(dev, 8.0 * th + 6.0 * logits, 3)
+    fwd = gemm + membound_ms(dev, 4.0 * th * share + 14.0 * logits, 4) + small
+    bwd = 2 * gemm + membound_ms(dev, 8.0 * th * share + 6.0 * logits, 3) + gather
     return EndCost(
         fwd_ms=fwd,
         bwd_ms=bwd,
         comm_ms=small,
-        fwd_kernels=8,
-        bwd_kernels=6,
+        bwd_comm_ms=gather,
+        fwd_kernels=8 + (1 if d.sp else 0),
+        bwd_kernels=6 + (1 if d.sp else 0),
         params=d.vocab * d.hidden / d.tp + d.hidden,
-        act_bytes=4.0 * th + FP32_BYTES * logits,  # norm + GEMM inputs, fp32 softmax kept for backward
+        act_bytes=4.0 * th * share + FP32_BYTES * logits,  # norm + GEMM inputs, fp32 softmax kept for backward
         workspace_bytes=(FP32_BYTES + BF16_BYTES) * logits,  # fp32 logit grads + bf16 copy for the GEMM
     )
 
 
 def adam_step_ms(dev: Device, params: float) -> float:
-    """Fused Adam step: reads fp32 master, grad, m, v and writes master, m, v, bf16 weights
-    (30 B/param) at the optimizer's achieved bandwidth (simulator assumption)."""
+    """Fused Adam step over `params` (with the distributed optimizer: this rank's 1/dp shard, ZeRO §5):
+    reads fp32 master, grad, m, v and writes master, m, v, bf16 weights (30 B/param) at the
+    optimizer's achieved bandwidth (simulator assumption)."""
     bw = dev.memory_bytes_per_ms / dev.traits.memory_bound_efficiency * dev.traits.optimizer_efficiency
     return 30.0 * params / bw + 4 * dev.traits.kernel_launch_overhead_ms

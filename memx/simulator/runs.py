@@ -15,8 +15,8 @@ import pandas as pd
 from memx.domain.catalog import load_gpu
 from memx.domain.errors import InputError
 from memx.domain.plan import Plan, plan_to_json
-from memx.domain.records import (CONFIG_RUN_COLUMNS, STAGE_RUN_COLUMNS, config_runs_frame, now_iso, stage_run_row,
-                                 stage_runs_frame)
+from memx.domain.records import (CONFIG_RUN_COLUMNS, STAGE_RUN_COLUMNS, config_runs_frame,
+                                 now_iso, stage_run_row, stage_runs_frame)
 from memx.domain.specs import Cluster, GpuType
 from memx.simulator.schedule import PlanRun
 from memx.simulator.stage import (

@@ -4,15 +4,18 @@ The space (conf/search; docs/architecture.md §Search): pp in [min_pp, max_pp]; 
 contiguous groups of stages (type order random); per type one tp from the search's options that
 divides heads and query_groups and fits a node; one dp for the plan; a micro batch with global_batch % (dp·mb) == 0; with use_all_gpus,
 dp·Σtp over a type's stages equals that type's GPU count; a random layer split (≥ 1 layer per stage)
-and random per-stage recomputation (none / selective / full, sometimes full of the first N layers).
+and random per-stage recomputation (none / selective / full, sometimes full of the first N layers);
+the distributed optimizer and sequence parallelism drawn from the options given (default: off only,
+which draws nothing, so the random stream and the plans of older seeds stay the same).
 Plans that fail `validate_plan` are drawn again; plans that OOM are kept as measured OOM rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import pandas as pd
 
@@ -24,6 +27,7 @@ from memx.simulator.traits import GpuTraits
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 
 MAX_TRIES_PER_PLAN = 2000
+OFF_ONLY = (False,)  # the default option set: the plans every sampler drew before issue #14
 
 
 def _tp_choices(search: SearchSpace, model: ModelArch, cluster: Cluster, gpu: str) -> list[int]:
@@ -74,7 +78,15 @@ def _recompute(rnd: random.Random, search: SearchSpace, layers: int) -> tuple[Re
     return Recompute(level), None
 
 
-def draw_plan(rnd: random.Random, cluster: Cluster, model: ModelArch, search: SearchSpace) -> Plan | None:
+def _option(rnd: random.Random, options: Sequence[bool]) -> bool:
+    """One of `options`; a single option draws nothing from the stream."""
+    if not options:
+        raise InputError("an option set (distributed_optimizer / sequence_parallel) must hold true and/or false")
+    return bool(options[0]) if len(options) == 1 else bool(rnd.choice(list(options)))
+
+
+def draw_plan(rnd: random.Random, cluster: Cluster, model: ModelArch, search: SearchSpace, *,
+              distributed_optimizer: Sequence[bool] = OFF_ONLY, sequence_parallel: Sequence[bool] = OFF_ONLY) -> Plan | None:
     """One random plan, or None when this draw does not satisfy the space's constraints."""
     drawn = _groups(rnd, cluster, model, search)
     if drawn is None:
@@ -93,17 +105,22 @@ def draw_plan(rnd: random.Random, cluster: Cluster, model: ModelArch, search: Se
             level, rl = _recompute(rnd, search, split[s])
             stages.append(Stage(gpu=gpu, tp=tp, layers=split[s], recompute=level, recompute_layers=rl))
             s += 1
-    return Plan(model=model.name, cluster=cluster.name, global_batch=search.global_batch,
+    plan = Plan(model=model.name, cluster=cluster.name, global_batch=search.global_batch,
                 micro_batch=rnd.choice(mbs), seq_len=search.seq_len or model.seq_len, dp=dp, stages=tuple(stages))
+    return dataclasses.replace(plan, distributed_optimizer=_option(rnd, distributed_optimizer),
+                               sequence_parallel=_option(rnd, sequence_parallel))
 
 
-def draw_plans(cluster: Cluster, model: ModelArch, search: SearchSpace, *, n: int, seed: int) -> list[Plan]:
-    """`n` distinct valid plans (fewer only if the space holds fewer); deterministic for a seed."""
+def draw_plans(cluster: Cluster, model: ModelArch, search: SearchSpace, *, n: int, seed: int,
+               distributed_optimizer: Sequence[bool] = OFF_ONLY, sequence_parallel: Sequence[bool] = OFF_ONLY) -> list[Plan]:
+    """`n` distinct valid plans (fewer only if the space holds fewer); deterministic for a seed.
+    `distributed_optimizer` / `sequence_parallel`: the values each plan draws from ((False, True): both)."""
     rnd, plans, seen = random.Random(seed), [], set()
     tries = 0
     while len(plans) < n and tries < MAX_TRIES_PER_PLAN * max(n, 1):
         tries += 1
-        plan = draw_plan(rnd, cluster, model, search)
+        plan = draw_plan(rnd, cluster, model, search, distributed_optimizer=distributed_optimizer,
+                         sequence_parallel=sequence_parallel)
         if plan is None:
             continue
         key = plan_to_json(plan)
@@ -119,11 +136,14 @@ def draw_plans(cluster: Cluster, model: ModelArch, search: SearchSpace, *, n: in
 
 
 def sample_plans(cluster: Cluster, model: ModelArch, search: SearchSpace, *, n: int, seed: int,
-                 conf_root: Path | None = None, traits: Mapping[str, GpuTraits] | None = None) -> pd.DataFrame:
+                 conf_root: Path | None = None, traits: Mapping[str, GpuTraits] | None = None,
+                 distributed_optimizer: Sequence[bool] = OFF_ONLY, sequence_parallel: Sequence[bool] = OFF_ONLY
+                 ) -> pd.DataFrame:
     """Draw `n` plans and measure each once (its own noise seed): a config_runs DataFrame."""
     if n < 1:
         raise InputError(f"field 'n' must be ≥ 1, got {n}")
-    plans = draw_plans(cluster, model, search, n=n, seed=seed)
+    plans = draw_plans(cluster, model, search, n=n, seed=seed, distributed_optimizer=distributed_optimizer,
+                       sequence_parallel=sequence_parallel)
     if not plans:
         raise InputError(f"no valid plan found for cluster {cluster.name}, model {model.name}, search {search.name}")
     stamp, rows = now_iso(), []

@@ -8,6 +8,9 @@ after a point-to-point transfer over the intra-node link when both stages sit on
 (`place_plan`) and over the inter-node network otherwise. Every forward and backward of every micro
 batch gets its own noise draw. After its last backward each stage all-reduces its gradients over
 its DP replicas (ring), then runs the Adam step; the iteration ends when the last stage is done.
+With the distributed optimizer (`Plan.distributed_optimizer`) the all-reduce becomes a reduce-scatter
+of the fp32 gradients, the Adam step updates the rank's 1/dp shard, and an all-gather of the bf16
+parameters follows (Megatron-LM docs, "Distributed Optimizer"; ZeRO-1, Rajbhandari et al. 2020 §5).
 
 Per-GPU peak memory: stage s holds min(pp−s, m) micro batches of activations at its peak (1F1B).
 GPU order in `peak_mem_mib`: replica-major, then stage, then TP rank.
@@ -24,7 +27,7 @@ from typing import Mapping
 import numpy as np
 
 from memx.domain.plan import Plan, place_plan, validate_plan
-from memx.simulator.physics import BF16_BYTES, FP32_BYTES, ring_allreduce_ms
+from memx.simulator.physics import BF16_BYTES, FP32_BYTES, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
     StageCost,
@@ -49,7 +52,7 @@ class PlanRun:
     stage_time_ms: tuple[float, ...]  # noise-free fwd+bwd of one micro batch per stage
     stage_busy_fraction: tuple[float, ...]  # share of the iteration each stage computes (replica mean)
     p2p_ms: tuple[float, ...]  # per stage boundary, one transfer, slowest replica
-    dp_allreduce_ms: tuple[float, ...]  # per stage
+    dp_allreduce_ms: tuple[float, ...]  # per stage: the DP step (all-reduce, or reduce-scatter + all-gather)
     optimizer_ms: tuple[float, ...]  # per stage
 
 
@@ -62,6 +65,7 @@ def stage_signatures(plan: Plan, model: ModelArch) -> list[StageSignature]:
             recompute=st.recompute, recompute_layers=st.recompute_layers, first=s == 0, last=s == plan.pp - 1,
             inflight=min(plan.pp - s, m), hidden=model.hidden, ffn_hidden=model.ffn_hidden, heads=model.heads,
             query_groups=model.query_groups, vocab=model.vocab, mlp=model.mlp,
+            distributed_optimizer=plan.distributed_optimizer, dp=plan.dp, sequence_parallel=plan.sequence_parallel,
         )
         for s, st in enumerate(plan.stages)
     ]
@@ -144,8 +148,10 @@ def _p2p_ms(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int
 def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs: list[StageCost],
                      tr: dict[str, GpuTraits]) -> list[float]:
     """Ring all-reduce of each stage's fp32 gradients over its dp replicas (the T_dp term,
-    docs/architecture.md §1F1B assembly). When the replicas span nodes, the stage's tp concurrent
-    rings share the node's network link (simulator assumption)."""
+    docs/architecture.md §1F1B assembly); with the distributed optimizer a reduce-scatter of the fp32
+    gradients plus an all-gather of the bf16 parameters: 6 B instead of 8 B per parameter × (r−1)/r
+    on the wire (Megatron-LM docs, "Distributed Optimizer", key steps). When the replicas span nodes,
+    the stage's tp concurrent rings share the node's network link (simulator assumption)."""
     out = []
     for s, st in enumerate(plan.stages):
         nodes = {where[r][s] for r in range(plan.dp)}
@@ -156,7 +162,12 @@ def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs
         else:
             bw, lat = _link(cluster, -1, -2)
             per_ring = bw * t.link_efficiency / st.tp
-        out.append(ring_allreduce_ms(FP32_BYTES * costs[s].params, plan.dp, per_ring, t.collective_step_latency_ms + lat))
+        step = t.collective_step_latency_ms + lat
+        if plan.distributed_optimizer:
+            out.append(ring_collective_ms(FP32_BYTES * costs[s].params, plan.dp, per_ring, step)
+                       + ring_collective_ms(BF16_BYTES * costs[s].params, plan.dp, per_ring, step))
+        else:
+            out.append(ring_allreduce_ms(FP32_BYTES * costs[s].params, plan.dp, per_ring, step))
     return out
 
 

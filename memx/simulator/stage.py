@@ -23,7 +23,10 @@ from memx.domain.specs import GpuType
 
 MIB = 1024.0 * 1024.0
 STAGE_RECOMPUTE = PLAN_RECOMPUTE  # a stage's recompute: the plan JSON's values
-# fp32 master weights 4 + bf16 weights 2 + fp32 grads 4 + Adam m, v 8 (Korthikanti 2022 §4 / ZeRO §3.1: 16–18 B)
+# bf16 weights 2 + fp32 main grads 4: held whole on every data-parallel rank, with or without the
+# distributed optimizer (Megatron-LM docs, "Distributed Optimizer": bf16 params, fp32 grads → 6 + 12/d)
+REPLICATED_BYTES_PER_PARAM = 6.0
+# + fp32 master weights 4 + Adam m 4, v 4 = 18 B (Megatron-LM docs, non-distributed: 18; ZeRO §3.1: 16 B + 2 B)
 ADAM_STATIC_BYTES_PER_PARAM = 18.0
 
 
@@ -47,6 +50,11 @@ class StageSignature:
     query_groups: int
     vocab: int
     mlp: str
+    # Job options that change a stage's cost (plan-level in the plan JSON); defaults = what older
+    # signatures meant (memx.domain.records.OPTION_DEFAULTS: older stage_runs rows take them).
+    distributed_optimizer: bool = False  # Adam states and fp32 master params sharded over `dp` (ZeRO-1)
+    dp: int = 1  # data-parallel size of the stage: the sharding factor of the distributed optimizer
+    sequence_parallel: bool = False  # Megatron SP; no effect at tp = 1
 
     @property
     def recomputed_layers(self) -> int:
@@ -58,13 +66,24 @@ class StageSignature:
     def dims(self) -> Dims:
         return Dims(micro_batch=self.micro_batch, seq_len=self.seq_len, hidden=self.hidden,
                     ffn_hidden=self.ffn_hidden, heads=self.heads, query_groups=self.query_groups,
-                    vocab=self.vocab, mlp=self.mlp, tp=self.tp)
+                    vocab=self.vocab, mlp=self.mlp, tp=self.tp, sequence_parallel=self.sequence_parallel)
+
+    @property
+    def optimizer_shards(self) -> int:
+        """Ranks the optimizer states are split over: dp with the distributed optimizer, else 1."""
+        return self.dp if self.distributed_optimizer else 1
+
+    def options_in_effect(self) -> tuple[str, ...]:
+        """The option fields that change this stage's cost (set, and not a no-op)."""
+        out = ("distributed_optimizer", "dp") if self.distributed_optimizer and self.dp > 1 else ()
+        return out + (("sequence_parallel",) if self.sequence_parallel and self.tp > 1 else ())
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-SIGNATURE_FIELDS = tuple(f.name for f in fields(StageSignature))
+OPTION_FIELDS = ("distributed_optimizer", "dp", "sequence_parallel")  # optional, with defaults
+SIGNATURE_FIELDS = tuple(f.name for f in fields(StageSignature))  # the stage_runs signature columns
 _INT_FIELDS = ("tp", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab")
 
 
@@ -90,7 +109,8 @@ def signature_from_dict(data: Mapping[str, Any]) -> StageSignature:
     """Parse and check a stage signature; InputError names the field."""
     if not isinstance(data, Mapping):
         raise InputError(f"stage signature: must be a JSON object, got {type(data).__name__}")
-    missing = [f for f in SIGNATURE_FIELDS if f not in data and f != "recompute_layers"]
+    missing = [f for f in SIGNATURE_FIELDS if f not in data and f != "recompute_layers"
+               and f not in OPTION_FIELDS]  # options may be absent
     if missing:
         raise InputError(f"stage signature: missing field(s) {', '.join(missing)}")
     values: dict[str, Any] = {name: _as_int(name, data[name], 1) for name in _INT_FIELDS}
@@ -101,6 +121,11 @@ def signature_from_dict(data: Mapping[str, Any]) -> StageSignature:
     values["mlp"] = str(data["mlp"])
     rl = data.get("recompute_layers")
     values["recompute_layers"] = None if _is_missing(rl) else _as_int("recompute_layers", rl, 0)
+    for name in ("distributed_optimizer", "sequence_parallel"):
+        if not _is_missing(data.get(name)):
+            values[name] = _as_bool(name, data[name])
+    if not _is_missing(data.get("dp")):
+        values["dp"] = _as_int("dp", data["dp"], 1)
     sig = StageSignature(**values)
     _check(sig)
     return sig
@@ -163,6 +188,15 @@ class StageRun:
     reason: str
 
 
+def static_bytes_per_param_of(sig: StageSignature, static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM) -> float:
+    """Static bytes per parameter on one GPU. The bytes beyond the 6 B of bf16 weights + fp32 main grads
+    are optimizer state (fp32 master params + Adam m, v); the distributed optimizer keeps 1/dp of them:
+    6 + 12/dp for Adam (Megatron-LM docs, "Distributed Optimizer"; ZeRO-1, Rajbhandari et al. 2020 §5).
+    A lowered `static_bytes_per_param` (optimizer offloaded, e.g. 4) has no state left to shard."""
+    states = max(static_bytes_per_param - REPLICATED_BYTES_PER_PARAM, 0.0)
+    return static_bytes_per_param - states + states / sig.optimizer_shards
+
+
 @functools.lru_cache(maxsize=65536)
 def stage_cost(sig: StageSignature, gpu: GpuType, traits: GpuTraits,
                static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM) -> StageCost:
@@ -180,7 +214,7 @@ def stage_cost(sig: StageSignature, gpu: GpuType, traits: GpuTraits,
         # full = the whole layer (Chen 2016), selective = the attention core only (Korthikanti 2022 §5)
         bwd += sig.layers * lc.bwd_ms + pen * (n_full * lc.fwd_ms + n_sel * lc.attn_core_fwd_ms)
         comm_fwd += sig.layers * lc.comm_ms
-        comm_bwd += (sig.layers + pen * n_full) * lc.comm_ms
+        comm_bwd += (sig.layers + pen * n_full) * lc.comm_ms + sig.layers * lc.regather_ms
         fwd_ops += sig.layers * lc.fwd_kernels
         bwd_ops += sig.layers * lc.bwd_kernels + n_full * lc.fwd_kernels + n_sel * lc.attn_core_kernels
         params += sig.layers * lc.params
@@ -192,7 +226,7 @@ def stage_cost(sig: StageSignature, gpu: GpuType, traits: GpuTraits,
             ec = end(dev, d)
             fwd, bwd, params, act = fwd + ec.fwd_ms, bwd + ec.bwd_ms, params + ec.params, act + ec.act_bytes
             fwd_ops, bwd_ops = fwd_ops + ec.fwd_kernels, bwd_ops + ec.bwd_kernels
-            comm_fwd += ec.comm_ms
+            comm_fwd, comm_bwd = comm_fwd + ec.comm_ms, comm_bwd + ec.bwd_comm_ms
             workspace = max(workspace, ec.workspace_bytes)
     # the host issues operations asynchronously: a pass takes the longer of device compute and host
     # dispatch, plus the blocking TP collectives, which wait for the slowest rank's host (simulator
@@ -203,9 +237,9 @@ def stage_cost(sig: StageSignature, gpu: GpuType, traits: GpuTraits,
     return StageCost(
         fwd_ms=fwd,
         bwd_ms=bwd,
-        optimizer_ms=adam_step_ms(dev, params),
+        optimizer_ms=adam_step_ms(dev, params / sig.optimizer_shards),  # each rank updates its shard (ZeRO §5)
         params=params,
-        static_mem_mib=params * static_bytes_per_param / MIB,
+        static_mem_mib=params * static_bytes_per_param_of(sig, static_bytes_per_param) / MIB,
         act_mem_mib=act / MIB,
         workspace_mem_mib=workspace / MIB,
         context_mem_mib=traits.context_memory_mib,

@@ -16,15 +16,18 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated
 
-from annotated_types import Ge, Interval
+from annotated_types import Ge, Interval, Le
 
 from memx.domain.catalog import default_conf_root, parse_yaml
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, short_repr
+from memx.domain.specs import MAX_GPU_MEMORY_MIB, MAX_LATENCY_MS, GpuName, gpu_name_problem
 from memx.domain.validation import check_spec
 
 DEFAULT_TRAITS = "default"
+MAX_HALF_EFFICIENCY_GFLOP = 1.0e6  # a GEMM of 1 PFLOP; real half-efficiency sizes are 1–100 GFLOP
+MAX_RECOMPUTE_PENALTY = 100.0  # a recomputed forward at most 100× its first forward (real: ~1)
 Fraction = Annotated[float, Interval(gt=0, le=1)]  # an achieved share of a nominal peak
-NonNegative = Annotated[float, Ge(0)]
+Milliseconds = Annotated[float, Ge(0), Le(MAX_LATENCY_MS)]  # a fixed overhead, ms (≤ 1,000)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,35 +36,35 @@ class GpuTraits:
     calibrated where published measurements exist; see docs/simulator.md). Constraints are checked
     at construction; conf/simulator YAML is validated against this type (`catalog.parse_yaml`)."""
 
-    __pydantic_config__ = {"extra": "forbid"}  # read by pydantic at the YAML edge
+    __pydantic_config__ = {"extra": "forbid", "allow_inf_nan": False}  # read by pydantic at the YAML edge
 
-    name: str
+    name: GpuName
     """GPU catalog name, or `default`."""
     gemm_efficiency_large: Fraction
     """Achieved fraction of peak on large GEMMs."""
-    gemm_half_efficiency_gflop: NonNegative
-    """GEMM size (GFLOP) at which efficiency is half the large value."""
+    gemm_half_efficiency_gflop: Annotated[float, Ge(0), Le(MAX_HALF_EFFICIENCY_GFLOP)]
+    """GEMM size (GFLOP) at which efficiency is half the large value (≤ 1e6)."""
     flash_attention: bool
     """Fused attention kernel; False: eager attention storing the s² scores."""
     attention_efficiency: Fraction
     """Fraction of peak a fused attention kernel achieves."""
     memory_bound_efficiency: Fraction
     """Fraction of memory bandwidth elementwise kernels achieve."""
-    context_memory_mib: NonNegative
+    context_memory_mib: Annotated[float, Ge(0), Le(MAX_GPU_MEMORY_MIB)]
     """CUDA/ROCm context, NCCL/HCCL buffers, workspace held on every GPU, MiB."""
     fragmentation_fraction: Annotated[float, Interval(ge=0, lt=1)]
     """Caching-allocator overhead, as a fraction of allocated bytes."""
     link_efficiency: Fraction
     """Achieved fraction of nominal link bandwidth by collectives / p2p."""
-    collective_step_latency_ms: NonNegative
+    collective_step_latency_ms: Milliseconds
     """Latency of one ring step (one hop of a collective), ms."""
-    kernel_launch_overhead_ms: NonNegative
+    kernel_launch_overhead_ms: Milliseconds
     """Device-side gap + tail per kernel, ms."""
-    host_dispatch_ms_per_kernel: NonNegative
+    host_dispatch_ms_per_kernel: Milliseconds
     """Host (framework) time to issue one operation, ms: the host-bound floor."""
-    p2p_overhead_ms: NonNegative
+    p2p_overhead_ms: Milliseconds
     """Fixed cost of one stage-to-stage send/recv (setup, host sync), ms."""
-    recompute_penalty_factor: Annotated[float, Ge(1)]
+    recompute_penalty_factor: Annotated[float, Ge(1), Le(MAX_RECOMPUTE_PENALTY)]
     """A recomputed forward costs this × its first forward (paper §3.1.1)."""
     optimizer_efficiency: Fraction
     """Fraction of memory bandwidth the fused Adam step achieves."""
@@ -89,7 +92,11 @@ def _load_cached(gpu_name: str, folder: str) -> GpuTraits:
 
 
 def load_traits(gpu_name: str, conf_root: Path | None = None) -> GpuTraits:
-    """Traits of `gpu_name` from conf/simulator/NAME.yaml, else conf/simulator/default.yaml."""
+    """Traits of `gpu_name` from conf/simulator/NAME.yaml, else conf/simulator/default.yaml.
+
+    `gpu_name` names a file: it must be a catalog GPU name (`GPU_NAME_PATTERN`), never a path."""
+    if problem := gpu_name_problem(gpu_name):
+        raise InputError(f"simulator traits: GPU name {short_repr(gpu_name)}: {problem}")
     return _load_cached(gpu_name, str(traits_folder(conf_root).resolve()))
 
 

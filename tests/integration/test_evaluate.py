@@ -7,7 +7,6 @@ import json
 
 import pandas as pd
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from memx.pipeline import registry
@@ -15,7 +14,7 @@ from memx.planner.cost import AnalyticStageModel
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.report.evaluate import KEYS, evaluate, read_config_runs
 from memx.domain.io import atomic_write_parquet
-from memx.cli.learn import register
+from memx.cli.app import app as memx_app
 from memx.profiling import profile
 from memx.simulator import sample_plans
 from memx.pipeline.local import profile_path
@@ -31,9 +30,7 @@ def measured():
 
 @pytest.fixture()
 def cli():
-    app = typer.Typer()
-    register(app)
-    return app, CliRunner()
+    return memx_app, CliRunner()
 
 
 def test_evaluate_returns_every_key_for_predictor_and_baselines(measured):
@@ -101,3 +98,26 @@ def test_bad_input_exits_2_with_a_clear_message(measured, cli, tmp_path, argv, n
     argv = [a.replace("{bad}", str(bad)).replace("{runs}", str(runs)) for a in argv]
     out = runner.invoke(app, ["evaluate", *ARGS, *argv])
     assert out.exit_code == 2 and needle in out.output
+
+
+def test_time_only_stage_runs_train_and_evaluate_to_strict_json(measured, cli, tmp_path, monkeypatch):
+    """Per-layer-style records without memory (issue #16): `memx train` trains (no XGBoost NaN-label
+    crash), memory comes from the closed form per GPU type, and `memx evaluate --format json` is strict
+    JSON — undefined metrics are null, never NaN."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cl, mo, sp, df = measured
+    app, runner = cli
+    runs = profile(cl, mo, sp, backend="simulated", seed=0).stage_runs
+    time_only = tmp_path / "time_only.parquet"
+    atomic_write_parquet(runs.assign(peak_mem_mib=float("nan"), static_mem_mib=float("nan")), time_only)
+    out = runner.invoke(app, ["train", *ARGS, "--stage-runs", str(time_only), "--trials", "1"])
+    assert out.exit_code == 0, out.output
+    assert "memory analytic" in out.output
+    few = tmp_path / "few.parquet"  # two measured plans: Spearman is undefined
+    atomic_write_parquet(df[~df["oom"]].head(2), few)
+    res = runner.invoke(app, ["evaluate", *ARGS, "--measured", str(few), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert "NaN" not in res.stdout
+    data = json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert data["spearman_time"] is None and data["n"] == 2
+    assert {s["memory"] for s in data["sources"].values()} == {"closed-form"}

@@ -118,17 +118,9 @@ def test_robustness(out, results):
 
 
 def test_cli(tmp_path):
-    import typer
     from typer.testing import CliRunner
 
-    from memx.cli.experiments import register
-
-    app = typer.Typer()
-    register(app)
-
-    @app.command()
-    def noop() -> None:  # a second command so `experiments` stays a subcommand
-        pass
+    from memx.cli.app import app
 
     r = CliRunner().invoke(app, ["experiments", "table1", "--out", str(tmp_path), "--scale", "small"])
     assert r.exit_code == 0, r.output

@@ -65,7 +65,7 @@ def test_add_node_event_triggers_replanning(prefect_api, conf_root, tmp_path):
                     break
                 time.sleep(2)
         assert runs and runs[0].state.is_completed(), [r.state for r in runs]
-        stored = {r.stage for r in store_from_uri(store).list_versions()}
+        stored = {r.step for r in store_from_uri(store).list_versions()}
         assert stored == {"profile", "augment", "train", "search"}
     finally:
         runner.terminate()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -20,7 +21,7 @@ def local_store(tmp_path):
 
 def _versions(store_uri):
     st = store_from_uri(store_uri)
-    return {(r.stage, r.version): r.created_at for r in st.list_versions()}
+    return {(r.step, r.version): r.created_at for r in st.list_versions()}
 
 
 def test_pipeline_runs_then_reuses_every_stage(prefect_api, local_store, tmp_path):
@@ -56,8 +57,11 @@ def test_crash_mid_pipeline_leaves_no_partial_stage_and_resumes(prefect_api, loc
     # The tracking server is down when the train stage starts: training crashes.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
-    with pytest.raises(Exception):
-        pipeline_flow(**SMALL, store=local_store, tracking_uri=f"http://127.0.0.1:{free_port()}")
+    from mlflow.exceptions import MlflowException
+
+    port = free_port()
+    with pytest.raises(MlflowException, match=rf"API request to http://127.0.0.1:{port}/api/2.0/mlflow/.* failed"):
+        pipeline_flow(**SMALL, store=local_store, tracking_uri=f"http://127.0.0.1:{port}")
     after_crash = _versions(local_store)
     assert {s for s, _ in after_crash} == {"profile", "augment"}  # complete stages only, no train/search
     good_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -66,7 +70,25 @@ def test_crash_mid_pipeline_leaves_no_partial_stage_and_resumes(prefect_api, loc
     for key, created in after_crash.items():  # profile and augment were reused, not redone
         assert resumed[key] == created
     assert {s for s, _ in resumed} == {"profile", "augment", "train", "search"}
-    assert res["plan"]["model"] == "llama-6l"
+    _check_trained(store_from_uri(local_store), res, good_uri)
+
+
+def _check_trained(st, res, tracking_uri):
+    """The stored train step registered version 1, promoted, with the hashes the registry holds, and
+    the plan served is the one the search step stored: a valid plan of all six layers."""
+    from mlflow import MlflowClient
+
+    from memx.pipeline import registry
+
+    train = st.manifest("train", res["train"])
+    assert (train["model_version"], train["promoted"]) == (1, True)
+    mv = MlflowClient(tracking_uri=tracking_uri).get_model_version(registry.MODEL_NAME, "1")
+    assert mv.tags["predictor_version"] == train["predictor_version"] and mv.tags["fingerprint"] == train["fingerprint"]
+    assert {k: mv.tags[k] for k in registry.HASH_TAGS.values()} == train["sha256"]
+    stored = json.loads(st.get_file("search", res["version"], "plan.json"))
+    assert res["plan"] == stored["plan"] and res["plan"]["model"] == "llama-6l"
+    assert sum(stage["layers"] for stage in res["plan"]["stages"]) == 6
+    assert res["predicted"]["iteration_time_ms"] == stored["predicted"]["iteration_time_ms"] > 0
 
 
 def test_pipeline_on_s3_and_mlflow_server_survives_s3_restart(prefect_api, tmp_path, monkeypatch):
@@ -92,9 +114,9 @@ def test_pipeline_on_s3_and_mlflow_server_survives_s3_restart(prefect_api, tmp_p
                 trained = train_flow(aug, **SMALL, store=store, tracking_uri=ml.url)
                 res = search_flow(trained, **SMALL, store=store, tracking_uri=ml.url)
                 st = store_from_uri(store)
-                assert {r.stage for r in st.list_versions()} == {"profile", "augment", "train", "search"}
+                assert {r.step for r in st.list_versions()} == {"profile", "augment", "train", "search"}
                 assert st.manifest("train", trained)["tracking_uri"] == ml.url
-                assert res["plan"]["model"] == "llama-6l"
+                _check_trained(st, {**res, "train": trained}, ml.url)
 
 
 def test_nightly_reprofiles_only_stale_gpu_types(prefect_api, local_store, tmp_path):

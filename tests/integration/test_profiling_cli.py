@@ -6,18 +6,15 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import typer
 from typer.testing import CliRunner
 
-from memx.cli.profile import register
+from memx.cli.app import app as memx_app
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "profiling"
 
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
+def _app():
+    return memx_app  # the root app: its group turns InputError into exit 2
 
 
 def test_profile_simulated_writes_runs_and_report(tmp_path):

@@ -6,10 +6,11 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from memx.domain.catalog import load_cluster, load_model, load_search
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, NothingUsable
 from memx.profiling import profile
 from memx.profiling.backends.command import CommandBackend, check_template
 from memx.profiling.design import point
@@ -86,14 +87,18 @@ def test_unknown_placeholder_is_bad_input():
         check_template(["prog", "--pp={pp}"])
 
 
-def test_profile_with_failing_command_continues_and_counts(conf_root, tmp_path):
+def test_profile_where_every_point_fails_is_nothing_usable(conf_root, tmp_path):
+    """Every point fails: each is still measured and kept (failed, with why), then NothingUsable (exit 5)
+    summarises the reasons; the 3-point grid is not run (it would fail the same way)."""
     c, m, s = load_cluster("xy-2", conf_root), load_model("llama-6l", conf_root), load_search("small", conf_root)
-    r = profile(c, m, s, backend="command", command=[PY, str(FIX / "garbage.py")], jobs=4, timeout_s=20,
+    with pytest.raises(NothingUsable) as e:
+        profile(c, m, s, backend="command", command=[PY, str(FIX / "garbage.py")], jobs=4, timeout_s=20,
                 out_dir=tmp_path)
-    assert r.failed == len(r.stage_runs) == r.runs
-    assert r.failures_by_reason() == {"failed: unparseable output": r.runs}
-    assert r.stage_runs.time_ms.isna().all()  # failures are never numbers
-    assert "failed: unparseable output" in r.summary()
+    runs = pd.read_parquet(tmp_path / "stage_runs.parquet")
+    assert e.value.exit_code == 5 and e.value.counts == {"failed: unparseable output": len(runs)}
+    assert (runs.status == "failed").all() and runs.time_ms.isna().all()  # failures are never numbers
+    assert "measured none of" in str(e.value) and "unparseable output" in str(e.value)
+    assert len(e.value.examples) == 3 and not (tmp_path / "sensitivity.md").exists()
 
 
 @pytest.mark.slow
@@ -114,3 +119,14 @@ def test_shipped_megatron_template_is_valid_and_expands(model, conf_root):
     joined = " ".join(args)
     assert "--nproc-per-node 4" in joined and "--num-layers 3" in joined
     assert "--recompute-granularity selective" in joined and "--global-batch-size 16" in joined
+
+
+def test_implausible_numbers_fail_the_point(model):
+    """A 6e9 MiB peak on an 80 GiB GPU, or an infinite time, is not a measurement."""
+    for output, column in (('{"time_ms": 5.0, "peak_mem_mib": 6e9}', "peak_mem_mib"),
+                           ('{"time_ms": 1e300, "peak_mem_mib": 100}', "time_ms")):
+        program = f"print({output!r})".replace("{", "{{").replace("}", "}}")  # braces are placeholders
+        be = CommandBackend(argv=(PY, "-c", program), model_name=model.name, timeout_s=20,
+                            gpu_memory_mib={"a100-80g": 80 * 1024.0})
+        row = be.measure(_pt(model))
+        assert row["status"] == "failed" and f"column '{column}'" in row["reason"] and row["time_ms"] is None

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from memx.pipeline import registry
 from memx.domain.catalog import load_cluster, load_model, load_search
-from memx.cli.learn import register as register_cli
+from memx.cli.app import app as memx_app
 from memx.learn.model import XgbParams
 from memx.learn.tuning import TuneBudget
 from memx.profiling import profile
 from memx.planner.signatures import SIGNATURE_COLUMNS
-from memx.pipeline.local import TrainConfig, train_and_register
+from memx.pipeline.training import TrainConfig, train_and_register
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +56,9 @@ def test_register_load_and_champion_rule(scenario, monkeypatch):
     assert back.version == mv.tags["predictor_version"]
     # a deliberately weak model (one shallow round) on the same data and held-out rows: registered, not champion
     weak_cfg = TrainConfig(budget=TuneBudget(trials=1, seconds=5))
-    monkeypatch.setattr("memx.pipeline.local.XgbParams", lambda: XgbParams(n_rounds=1, max_depth=1, learning_rate=0.01))
-    monkeypatch.setattr("memx.pipeline.local.VARIANTS", ("hybrid",))
-    monkeypatch.setattr("memx.pipeline.local.TREE_VARIANTS", ("hybrid",))
+    monkeypatch.setattr("memx.pipeline.training.XgbParams", lambda: XgbParams(n_rounds=1, max_depth=1, learning_rate=0.01))
+    monkeypatch.setattr("memx.pipeline.training.VARIANTS", ("hybrid",))
+    monkeypatch.setattr("memx.pipeline.training.TREE_VARIANTS", ("hybrid",))
     monkeypatch.setattr("memx.learn.tuning.suggest", lambda trial: XgbParams(n_rounds=1, max_depth=1, learning_rate=0.01))
     weak = train_and_register(runs, gpus, fp, config=weak_cfg)
     assert weak.version == 2 and not weak.promoted
@@ -73,8 +72,7 @@ def test_models_cli_lists_and_compares(scenario, monkeypatch):
     cl, mo, sp, runs = scenario
     train_and_register(runs, {g.name: g for g in cl.gpu_types}, registry.fingerprint(cl, mo, sp.global_batch),
                        config=TrainConfig(budget=TuneBudget(trials=1, seconds=5)))
-    app = typer.Typer()
-    register_cli(app)
+    app = memx_app
     cli = CliRunner()
     out = cli.invoke(app, ["models", "list"])
     assert out.exit_code == 0 and "champion" in out.output and "time_mape" in out.output

@@ -5,7 +5,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from support.services import FAKE_AWS_ENV, free_port, s3_server, start_mlflow, start_s3
+from support.services import FAKE_AWS_ENV, free_port, listening_hosts, s3_server, start_mlflow, start_s3
 
 
 @pytest.fixture(autouse=True)
@@ -17,6 +17,7 @@ def fake_aws(monkeypatch):
 def test_s3_server_on_loopback_with_buckets():
     with s3_server(buckets=("one", "two")) as s3:
         assert s3.host == "127.0.0.1" and s3.endpoint == f"http://127.0.0.1:{s3.port}"
+        assert listening_hosts(s3.port) == {"127.0.0.1"}  # the socket really is bound to loopback only
         client = boto3.client("s3", endpoint_url=s3.endpoint)
         assert {"one", "two"} <= {b["Name"] for b in client.list_buckets()["Buckets"]}
         assert s3.env()["MLFLOW_S3_ENDPOINT_URL"] == s3.endpoint == s3.env()["MEMX_S3_ENDPOINT_URL"]

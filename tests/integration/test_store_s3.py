@@ -13,11 +13,10 @@ from contextlib import contextmanager
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-import typer
 from botocore.exceptions import ClientError, EndpointConnectionError
 from typer.testing import CliRunner
 
-from memx.cli.artifacts import register
+from memx.cli.app import app as memx_app
 from support.services import FAKE_AWS_ENV, S3Server, free_port, s3_server, start_s3
 from memx.pipeline.store import store_from_uri
 from memx.pipeline.store.s3 import Retry, S3Store, is_transient, s3_client, s3_filesystem
@@ -72,7 +71,7 @@ def test_endpoint_is_loopback(s3, store):
 
 
 def test_round_trip(store):
-    ref = store.put_stage("profile", "v1", tables={"stage_runs": runs()}, files={"plan.json": b"{}"}, manifest={"inputs": {"gpu": "a100"}, "rows": 3})
+    ref = store.put_step("profile", "v1", tables={"stage_runs": runs()}, files={"plan.json": b"{}"}, manifest={"inputs": {"gpu": "a100"}, "rows": 3})
     assert ref.uri == f"s3://{store.bucket}/{store.prefix}/profile/v1"
     assert keys(store) == ["profile/v1/manifest.json", "profile/v1/plan.json", "profile/v1/stage_runs.parquet"]
     pd.testing.assert_frame_equal(store.get_table("profile", "v1", "stage_runs"), runs(), check_dtype=False)
@@ -82,31 +81,31 @@ def test_round_trip(store):
     # Anyone can read the table by URI with pyarrow, given the shared endpoint function.
     uri = store.uri("profile", "v1", "stage_runs")
     assert pq.read_table(uri.removeprefix("s3://"), filesystem=s3_filesystem()).num_rows == 3
-    assert [(r.stage, r.version) for r in store.list_versions()] == [("profile", "v1")]
+    assert [(r.step, r.version) for r in store.list_versions()] == [("profile", "v1")]
 
 
 def test_crash_mid_put_leaves_no_complete_version(store):
     with pytest.raises(Exception):
-        store.put_stage("augment", "v1", tables={"first": runs(), "second": pd.DataFrame({"x": [Unwritable()]})}, manifest={})
+        store.put_step("augment", "v1", tables={"first": runs(), "second": pd.DataFrame({"x": [Unwritable()]})}, manifest={})
     assert "augment/v1/manifest.json" not in keys(store)
-    assert not store.has_stage("augment", "v1") and store.list_versions() == []
-    store.put_stage("augment", "v1", tables={"first": runs(), "second": runs(1)}, manifest={})
+    assert not store.has_step("augment", "v1") and store.list_versions() == []
+    store.put_step("augment", "v1", tables={"first": runs(), "second": runs(1)}, manifest={})
     assert [r.version for r in store.list_versions("augment")] == ["v1"]
 
 
 def test_reput_is_a_noop(store):
-    first = store.put_stage("train", "v", tables={"t": runs(2)}, manifest={"n": 1})
+    first = store.put_step("train", "v", tables={"t": runs(2)}, manifest={"n": 1})
     head = s3_client().head_object(Bucket=store.bucket, Key=f"{store.prefix}/train/v/manifest.json")
-    again = store.put_stage("train", "v", tables={"t": runs(5)}, manifest={"n": 2})
+    again = store.put_step("train", "v", tables={"t": runs(5)}, manifest={"n": 2})
     assert again == first and len(store.get_table("train", "v", "t")) == 2
     assert s3_client().head_object(Bucket=store.bucket, Key=f"{store.prefix}/train/v/manifest.json")["ETag"] == head["ETag"]
 
 
 def test_list_versions_newest_first_and_isolated_by_prefix(store):
-    for stage, version in [("profile", "a"), ("train", "b"), ("profile", "c")]:
-        store.put_stage(stage, version, tables={"t": runs(1)}, manifest={})
+    for step, version in [("profile", "a"), ("train", "b"), ("profile", "c")]:
+        store.put_step(step, version, tables={"t": runs(1)}, manifest={})
     s3_client().put_object(Bucket=store.bucket, Key=f"{store.prefix}/profile/partial/t.parquet", Body=b"x")
-    assert [(r.stage, r.version) for r in store.list_versions()] == [("profile", "c"), ("train", "b"), ("profile", "a")]
+    assert [(r.step, r.version) for r in store.list_versions()] == [("profile", "c"), ("train", "b"), ("profile", "a")]
     assert [r.version for r in store.list_versions("profile")] == ["c", "a"]
     assert S3Store(bucket=store.bucket, prefix=store.prefix + "-other").list_versions() == []
 
@@ -115,7 +114,7 @@ def test_endpoint_from_aws_endpoint_url_s3(s3, monkeypatch):
     monkeypatch.delenv("MEMX_S3_ENDPOINT_URL")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)  # boto3 reads it; pyarrow gets it from us
     st = store_from_uri(f"s3://{BUCKET}/aws-var-{uuid.uuid4().hex[:6]}")
-    st.put_stage("s", "v", tables={"t": runs(2)}, manifest={})
+    st.put_step("s", "v", tables={"t": runs(2)}, manifest={})
     assert len(st.get_table("s", "v", "t")) == 2
 
 
@@ -134,24 +133,23 @@ def down_for(server: S3Server, delay_s: float) -> Iterator[list[S3Server]]:
 
 def test_store_survives_server_restart_between_puts(monkeypatch):
     """Put, stop the server, start the second put while it is down; the server comes back on the
-    same port a moment later and the put goes through on retries; the same for a Parquet read
-    (pyarrow). moto keeps its data in the process, as a real S3 keeps it on disk, so the first
+    same port a moment later and the put goes through on retries; the same for a table read. moto keeps its data in the process, as a real S3 keeps it on disk, so the first
     version is still there."""
     servers = [start_s3(buckets=("restart",))]
     monkeypatch.setenv("MEMX_S3_ENDPOINT_URL", servers[0].endpoint)
     store = S3Store(bucket="restart", prefix=uuid.uuid4().hex[:8], retry=Retry(attempts=10, base_s=0.05, max_s=0.5))
     try:
-        store.put_stage("profile", "v1", tables={"t": runs(2)}, manifest={})
+        store.put_step("profile", "v1", tables={"t": runs(2)}, manifest={})
         with down_for(servers[-1], 0.6) as servers:
             with pytest.raises(EndpointConnectionError):
-                S3Store(bucket="restart", retry=Retry(attempts=1)).has_stage("profile", "v1")
+                S3Store(bucket="restart", retry=Retry(attempts=1)).has_step("profile", "v1")
             started = time.monotonic()
-            store.put_stage("augment", "v2", tables={"t": runs(3)}, manifest={"upstream": "v1"})
+            store.put_step("augment", "v2", tables={"t": runs(3)}, manifest={"upstream": "v1"})
             assert time.monotonic() - started >= 0.4  # it did wait for the server
         assert {r.version for r in store.list_versions()} == {"v1", "v2"}
         with down_for(servers[-1], 0.6) as servers:
             started = time.monotonic()
-            assert len(store._read_table("augment/v2/t.parquet")) == 3  # pyarrow's read, retried
+            assert len(store.get_table("augment", "v2", "t")) == 3  # a table read (checked), retried
             assert time.monotonic() - started >= 0.4
     finally:
         for server in servers:
@@ -163,7 +161,7 @@ def test_retries_are_bounded(monkeypatch):
     store = S3Store(bucket="nowhere", retry=Retry(attempts=3, base_s=0.01))
     started = time.monotonic()
     with pytest.raises(EndpointConnectionError):
-        store.put_stage("s", "v", tables={"t": runs(1)}, manifest={})
+        store.put_step("s", "v", tables={"t": runs(1)}, manifest={})
     assert time.monotonic() - started < 5
 
 
@@ -178,9 +176,8 @@ def test_transient_error_classification():
 
 
 def test_cli_against_s3(store):
-    store.put_stage("search", "abc", tables={"top": runs(4)}, manifest={"metrics": {"best_ms": 1.0}})
-    app = typer.Typer()
-    register(app)
+    store.put_step("search", "abc", tables={"top": runs(4)}, manifest={"metrics": {"best_ms": 1.0}})
+    app = memx_app
     out = CliRunner().invoke(app, ["artifacts", "ls", "--store", store.root_uri, "--json"])
     assert out.exit_code == 0, out.output
     assert [(d["stage"], d["version"], d["tables"]["top"]["rows"]) for d in json.loads(out.output)] == [("search", "abc", 4)]

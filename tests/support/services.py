@@ -306,3 +306,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def listening_hosts(port: int) -> set[str]:
+    """The IPv4/IPv6 addresses with a socket listening on `port` (from /proc/net/tcp{,6}): what a
+    service actually bound, not what it was asked for."""
+    hosts = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            addr, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port and len(addr) == width:  # 0A: LISTEN
+                raw = bytes.fromhex(addr)
+                if width == 8:
+                    hosts.add(str(ipaddress.IPv4Address(raw[::-1])))
+                else:  # four little-endian 32-bit words
+                    hosts.add(str(ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))))
+    return hosts

@@ -59,13 +59,18 @@ def test_recompute_ladder_trades_time_for_memory(conf_root):
     assert np.all(p["static_mem_mib"].to_numpy() == p["static_mem_mib"].iloc[0])
 
 
-def test_more_layers_inflight_and_tp_behave(conf_root):
+@pytest.mark.parametrize("runtime", ["none", "catalog"])
+def test_more_layers_inflight_and_tp_behave(conf_root, runtime):
     c = load_cluster("three-vendor-20", conf_root)
-    model = AnalyticStageModel(gpus={g.name: g for g in c.gpu_types})
-    df = pd.DataFrame([_sigs(layers=4), _sigs(layers=8), _sigs(inflight=4), _sigs(tp=4), _sigs(last=True)])
+    model = AnalyticStageModel(gpus={g.name: g for g in c.gpu_types}, runtime=runtime)
+    df = pd.DataFrame([_sigs(layers=4), _sigs(layers=8), _sigs(inflight=4), _sigs(tp=4), _sigs(last=True),
+                       _sigs(layers=12)])
     p = model.predict(df)
     t, m = p["time_ms"].to_numpy(), p["peak_mem_mib"].to_numpy()
-    assert t[1] == pytest.approx(2 * t[0], rel=1e-9)  # time additive in layers
+    if runtime == "none":
+        assert t[1] == pytest.approx(2 * t[0], rel=1e-9)  # time additive in layers
+    # time affine in layers: the runtime model adds a per-micro-batch p2p hop per stage, not per layer
+    assert t[5] - t[1] == pytest.approx(t[1] - t[0], rel=1e-9)
     assert m[1] > m[0] and m[2] > m[1] and m[3] < m[1]
     assert t[4] > t[1] and m[4] > m[1]  # output layer + loss on the last stage
 

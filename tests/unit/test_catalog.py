@@ -173,3 +173,23 @@ def test_one_class_per_spec():
     domain = Path(memx.domain.specs.__file__).parent
     assert not [p for p in domain.glob("*.py") if "Yaml(" in p.read_text()]
     assert type(load_gpu("a100-80g")) is GpuType and type(load_model("llama2-7b")) is ModelArch
+
+
+def test_size_bounds_are_inclusive_and_documented(tmp_path):
+    """A bound itself is accepted, one above it is refused naming the field and the bound."""
+    from memx.domain import specs
+
+    per_node = specs.MAX_GPUS_PER_NODE
+    nodes = "\n".join([f"  - {{gpu: h100-80g, count: {per_node}}}"] * (specs.MAX_CLUSTER_GPUS // per_node))
+    big = tmp_path / "big.yaml"
+    big.write_text(f"name: big\ninter_node_bandwidth_gbps: 50\nnodes:\n{nodes}\n")
+    assert load_cluster(big).total_gpus == specs.MAX_CLUSTER_GPUS
+    big.write_text(big.read_text() + "  - {gpu: h100-80g, count: 1}\n")
+    with pytest.raises(InputError, match=r"field 'nodes': hold at most 65536 GPUs"):
+        load_cluster(big)
+    arch = dict(name="m", hidden=64, ffn_hidden=64, heads=4, query_groups=4, vocab=8, seq_len=8)
+    assert ModelArch(layers=specs.MAX_LAYERS, **arch).layers == 1024
+    with pytest.raises(SpecError, match=r"field 'layers': must be ≤ 1024; got 1025$"):
+        ModelArch(layers=specs.MAX_LAYERS + 1, **arch)
+    for name in ("MAX_GPUS_PER_NODE", "MAX_CLUSTER_GPUS", "MAX_LAYERS", "MAX_WIDTH", "MAX_SEQ_LEN", "MAX_VOCAB"):
+        assert f"{name} = " in Path(specs.__file__).read_text()  # each bound is one named, commented constant

@@ -3,18 +3,20 @@ endpoint resolution, content versions, and the `artifacts` CLI on a local store.
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import os
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from memx.cli.artifacts import register
+from memx.cli.app import app as memx_app
 from memx.domain.errors import InputError
-from memx.pipeline.store import ArtifactNotFound, LocalStore, content_version, s3_endpoint, s3_env, store_from_uri
+from memx.pipeline.store import ArtifactNotFound, LocalStore, s3_endpoint, s3_env, store_from_uri
+from memx.pipeline.versioning import content_version
 
 
 class Unwritable:
@@ -31,15 +33,17 @@ def store(tmp_path) -> LocalStore:
 
 
 def test_round_trip_tables_files_manifest(store):
-    ref = store.put_stage("profile", "abc", tables={"stage_runs": runs()}, files={"plan.json": b'{"dp": 2}'}, manifest={"inputs": {"cluster": "c"}, "metrics": {"mape": 0.1}})
-    assert ref.stage == "profile" and ref.version == "abc" and ref.created_at
-    assert store.has_stage("profile", "abc")
+    ref = store.put_step("profile", "abc", tables={"stage_runs": runs()}, files={"plan.json": b'{"dp": 2}'}, manifest={"inputs": {"cluster": "c"}, "metrics": {"mape": 0.1}})
+    assert ref.step == "profile" and ref.stage == ref.step and ref.version == "abc" and ref.created_at
+    assert store.has_step("profile", "abc")
     pd.testing.assert_frame_equal(store.get_table("profile", "abc", "stage_runs"), runs(), check_dtype=False)
     assert store.get_file("profile", "abc", "plan.json") == b'{"dp": 2}'
     doc = store.manifest("profile", "abc")
     assert doc["inputs"] == {"cluster": "c"} and doc["metrics"] == {"mape": 0.1}
-    assert doc["tables"] == {"stage_runs": {"rows": 3, "columns": ["gpu", "tp", "time_ms"]}}
-    assert doc["files"] == {"plan.json": {"bytes": 9}}
+    table_sha = hashlib.sha256((store.root / "profile/abc/stage_runs.parquet").read_bytes()).hexdigest()
+    assert doc["tables"] == {"stage_runs": {"rows": 3, "columns": ["gpu", "tp", "time_ms"], "sha256": table_sha}}
+    assert doc["files"] == {"plan.json": {"bytes": 9, "sha256": hashlib.sha256(b'{"dp": 2}').hexdigest()}}
+    assert doc["format"] == 2
     assert Path(store.uri("profile", "abc", "stage_runs")) == store.root / "profile/abc/stage_runs.parquet"
     assert Path(store.uri("profile", "abc", "plan.json")) == store.root / "profile/abc/plan.json"
 
@@ -47,60 +51,61 @@ def test_round_trip_tables_files_manifest(store):
 def test_crash_mid_put_leaves_no_complete_version(store):
     bad = pd.DataFrame({"x": [Unwritable()]})
     with pytest.raises(Exception):
-        store.put_stage("augment", "v1", tables={"first": runs(), "second": bad}, manifest={})
-    assert not store.has_stage("augment", "v1")
+        store.put_step("augment", "v1", tables={"first": runs(), "second": bad}, manifest={})
+    assert not store.has_step("augment", "v1")
     assert store.list_versions() == []
     assert not (store.root / "augment/v1/manifest.json").exists()
-    assert not [p for p in (store.root / "augment/v1").iterdir() if p.name.startswith(".")]  # no temp left
+    # every table is serialised before anything is written: nothing at all is left
+    assert not (store.root / "augment/v1").exists() or not list((store.root / "augment/v1").iterdir())
     with pytest.raises(ArtifactNotFound):
         store.get_table("augment", "v1", "first")  # written, but the version is not complete
-    store.put_stage("augment", "v1", tables={"first": runs(), "second": runs(1)}, manifest={})  # resume
+    store.put_step("augment", "v1", tables={"first": runs(), "second": runs(1)}, manifest={})  # resume
     assert [r.version for r in store.list_versions("augment")] == ["v1"]
 
 
 def test_reput_is_a_noop(store):
-    first = store.put_stage("train", "v", tables={"t": runs(2)}, manifest={"n": 1})
+    first = store.put_step("train", "v", tables={"t": runs(2)}, manifest={"n": 1})
     mtime = (store.root / "train/v/manifest.json").stat().st_mtime_ns
-    again = store.put_stage("train", "v", tables={"t": runs(5)}, manifest={"n": 2})
+    again = store.put_step("train", "v", tables={"t": runs(5)}, manifest={"n": 2})
     assert again == first
     assert store.manifest("train", "v")["n"] == 1 and len(store.get_table("train", "v", "t")) == 2
     assert (store.root / "train/v/manifest.json").stat().st_mtime_ns == mtime
 
 
-def test_list_versions_newest_first_and_by_stage(store):
-    for stage, version in [("profile", "a"), ("train", "b"), ("profile", "c")]:
-        store.put_stage(stage, version, tables={"t": runs(1)}, manifest={})
+def test_list_versions_newest_first_and_by_step(store):
+    for step, version in [("profile", "a"), ("train", "b"), ("profile", "c")]:
+        store.put_step(step, version, tables={"t": runs(1)}, manifest={})
     (store.root / "profile/incomplete").mkdir()
     (store.root / "profile/incomplete/t.parquet").write_bytes(b"junk")
-    assert [(r.stage, r.version) for r in store.list_versions()] == [("profile", "c"), ("train", "b"), ("profile", "a")]
+    assert [(r.step, r.version) for r in store.list_versions()] == [("profile", "c"), ("train", "b"), ("profile", "a")]
     assert [r.version for r in store.list_versions("profile")] == ["c", "a"]
     assert store.list_versions("search") == []
 
 
 def test_missing_items_and_bad_names(store):
-    store.put_stage("s", "v", tables={"t": runs(1)}, manifest={})
+    store.put_step("s", "v", tables={"t": runs(1)}, manifest={})
     with pytest.raises(ArtifactNotFound):
         store.manifest("s", "nope")
     with pytest.raises(ArtifactNotFound):
         store.get_table("s", "v", "other")
     with pytest.raises(ArtifactNotFound):
         store.get_file("s", "v", "x.json")
-    for stage, version in [("../x", "v"), ("s", "a/b"), (".hidden", "v"), ("", "v")]:
+    for step, version in [("../x", "v"), ("s", "a/b"), (".hidden", "v"), ("", "v")]:
         with pytest.raises(InputError):
-            store.put_stage(stage, version, manifest={})
+            store.put_step(step, version, manifest={})
     with pytest.raises(InputError):
-        store.put_stage("s", "w", files={"manifest.json": b"{}"}, manifest={})
+        store.put_step("s", "w", files={"manifest.json": b"{}"}, manifest={})
     with pytest.raises(InputError):
-        store.put_stage("s", "w", tables={"t": runs(1)}, files={"t.parquet": b""}, manifest={})
+        store.put_step("s", "w", tables={"t": runs(1)}, files={"t.parquet": b""}, manifest={})
     with pytest.raises(InputError):
-        store.put_stage("s", "w", tables={"a.b": runs(1)}, manifest={})
-    assert [r.version for r in store.list_versions("s")] == ["v"] and not store.has_stage("s", "w")
+        store.put_step("s", "w", tables={"a.b": runs(1)}, manifest={})
+    assert [r.version for r in store.list_versions("s")] == ["v"] and not store.has_step("s", "w")
 
 
 def test_reserved_manifest_keys_are_the_store_s(store):
-    store.put_stage("s", "v", tables={"t": runs(2)}, manifest={"tables": "mine", "stage": "other", "code_version": "abc"})
+    store.put_step("s", "v", tables={"t": runs(2)}, manifest={"tables": "mine", "step": "other", "code_version": "abc"})
     doc = store.manifest("s", "v")
-    assert doc["stage"] == "s" and doc["tables"]["t"]["rows"] == 2 and doc["code_version"] == "abc"
+    assert doc["step"] == "s" and doc["tables"]["t"]["rows"] == 2 and doc["code_version"] == "abc"
 
 
 def test_content_version_is_stable():
@@ -139,15 +144,13 @@ def test_s3_endpoint_precedence(monkeypatch):
     assert s3_env()["MLFLOW_S3_ENDPOINT_URL"] == "http://memx:3"
 
 
-def _cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
+def _cli():
+    return memx_app
 
 
 def test_cli_ls_and_show(store):
-    store.put_stage("profile", "v1", tables={"stage_runs": runs(4)}, files={"notes.txt": b"hi"}, manifest={"inputs": {"gpu": "a100"}})
-    store.put_stage("train", "v2", tables={"metrics": runs(2)}, manifest={})
+    store.put_step("profile", "v1", tables={"stage_runs": runs(4)}, files={"notes.txt": b"hi"}, manifest={"inputs": {"gpu": "a100"}})
+    store.put_step("train", "v2", tables={"metrics": runs(2)}, manifest={})
     cli = CliRunner()
     out = cli.invoke(_cli(), ["artifacts", "ls", "--store", str(store.root)])
     assert out.exit_code == 0, out.output
@@ -165,6 +168,6 @@ def test_cli_ls_and_show(store):
 
 def test_cli_uses_memx_home_by_default(monkeypatch):
     monkeypatch.delenv("MEMX_STORE", raising=False)
-    store_from_uri().put_stage("search", "v9", tables={"top": runs(1)}, manifest={})
+    store_from_uri().put_step("search", "v9", tables={"top": runs(1)}, manifest={})
     out = CliRunner().invoke(_cli(), ["artifacts", "ls"])
     assert out.exit_code == 0 and "search" in out.output and "v9" in out.output

@@ -1,32 +1,58 @@
-"""S3 backend of the artifact store (boto3 for objects and listing, pyarrow's S3 filesystem for
-reading Parquet), plus the shared client factories that take their endpoint from
-``memx.pipeline.store.s3_endpoint()``.
+"""S3 backend of the artifact store (docs/architecture.md §Artifact store): boto3 for objects and
+listing (tables are Parquet bytes, memx.pipeline.store.base); the one source of the S3 endpoint
+(:func:`s3_endpoint`) with the client factories that use it.
 
 Atomicity: every object is one PUT of its whole body (a table is serialised to Parquet in memory
 first), and S3 makes an object visible only once its PUT completes; the manifest goes last.
 Transient errors (connection refused/reset, timeouts, 5xx, throttling) are retried with bounded
-exponential backoff; the clients' own retries are switched off so the bound is this module's.
+exponential backoff (memx.pipeline.store.base.Retry); the clients' own retries are switched off so
+the bound is this module's. boto3 and pyarrow.fs are imported inside functions: optional, heavy.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from memx.domain.errors import InputError
-from memx.pipeline.store import MANIFEST, _PART, ArtifactNotFound, ArtifactStore, s3_endpoint
+from memx.pipeline.store.base import MANIFEST, NAME, ArtifactNotFound, ArtifactStore, Retry
 
-if TYPE_CHECKING:
-    import pandas as pd
+__all__ = ["Retry", "S3Store", "is_transient", "s3_client", "s3_endpoint", "s3_env", "s3_filesystem",
+           "s3_storage_options", "split_s3_uri"]
 
-T = TypeVar("T")
+
+def s3_endpoint() -> str | None:
+    """The S3 endpoint URL for boto3, pyarrow, pandas, MLflow and Prefect alike.
+
+    ``MEMX_S3_ENDPOINT_URL``, else ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``, else None
+    (real AWS). pyarrow ignores the AWS variables, so always pass this value explicitly.
+    """
+    for var in ("MEMX_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            return value.rstrip("/")
+    return None
+
+
+def s3_env(endpoint: str | None = None) -> dict[str, str]:
+    """Environment variables that point MLflow (server or client), boto3 and Prefect's S3 blocks
+    at the same endpoint; empty for real AWS. Merge into a subprocess's env."""
+    endpoint = endpoint or s3_endpoint()
+    if not endpoint:
+        return {}
+    return {"MEMX_S3_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint, "MLFLOW_S3_ENDPOINT_URL": endpoint}
+
+
+def s3_storage_options(endpoint: str | None = None) -> dict[str, Any]:
+    """``storage_options`` for ``pandas.read_parquet("s3://...")`` (needs s3fs) with the same endpoint."""
+    endpoint = endpoint or s3_endpoint()
+    return {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
+
 
 _TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling", "ThrottlingException", "RequestTimeTooSkewed"}
 _TRANSIENT_ARROW = re.compile(r"NETWORK_CONNECTION|curlCode|SERVICE_UNAVAILABLE|SLOW_DOWN|INTERNAL_FAILURE|REQUEST_TIMEOUT|THROTTLING|HTTP status 5\d\d")
@@ -45,25 +71,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
         return bool(_TRANSIENT_ARROW.search(str(exc)))  # pyarrow reports S3 errors as OSError
     return False
-
-
-@dataclass(frozen=True, kw_only=True)
-class Retry:
-    """Bounded exponential backoff: `attempts` tries, sleeping base_s·2^i (at most max_s) between."""
-
-    attempts: int = 7
-    base_s: float = 0.1
-    max_s: float = 2.0
-
-    def call(self, fn: Callable[[], T]) -> T:
-        for i in range(self.attempts):
-            try:
-                return fn()
-            except Exception as exc:
-                if i + 1 >= self.attempts or not is_transient(exc):
-                    raise
-                time.sleep(min(self.max_s, self.base_s * 2**i))
-        raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _region() -> str | None:
@@ -103,7 +110,7 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
 
 @dataclass(frozen=True, kw_only=True)
 class S3Store(ArtifactStore):
-    """Stage versions under ``s3://bucket/prefix``."""
+    """Step versions under ``s3://bucket/prefix``."""
 
     bucket: str
     prefix: str = ""
@@ -123,47 +130,29 @@ class S3Store(ArtifactStore):
     def _client(self) -> Any:
         return s3_client(self.endpoint, max_attempts=1)
 
-    @cached_property
-    def _fs(self) -> Any:
-        return s3_filesystem(self.endpoint, max_attempts=1)
-
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _uri(self, key: str) -> str:
+    def object_uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
 
-    def _write_bytes(self, key: str, data: bytes) -> None:
-        self.retry.call(lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
+    def write_object(self, key: str, data: bytes) -> None:
+        self.retry.call(lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data), transient=is_transient)
 
-    def _write_table(self, key: str, df: pd.DataFrame) -> None:
-        buf = io.BytesIO()
-        df.to_parquet(buf, index=False)  # serialise fully first: a failure here writes nothing
-        self._write_bytes(key, buf.getvalue())
-
-    def _read_bytes(self, key: str) -> bytes:
+    def read_object(self, key: str) -> bytes:
         def get() -> bytes:
             return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
 
         try:
-            return self.retry.call(get)
+            return self.retry.call(get, transient=is_transient)
         except self._client.exceptions.NoSuchKey:
-            raise ArtifactNotFound(f"{self._uri(key)} not found") from None
+            raise ArtifactNotFound(f"{self.object_uri(key)} not found") from None
 
-    def _read_table(self, key: str) -> pd.DataFrame:
-        import pandas as pd
-
-        path = f"{self.bucket}/{self._key(key)}"
-        try:
-            return self.retry.call(lambda: pd.read_parquet(path, filesystem=self._fs))
-        except FileNotFoundError:
-            raise ArtifactNotFound(f"{self._uri(key)} not found") from None
-
-    def _exists(self, key: str) -> bool:
+    def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
 
         try:
-            self.retry.call(lambda: self._client.head_object(Bucket=self.bucket, Key=self._key(key)))
+            self.retry.call(lambda: self._client.head_object(Bucket=self.bucket, Key=self._key(key)), transient=is_transient)
         except ClientError as exc:
             if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
                 return False
@@ -175,11 +164,11 @@ class S3Store(ArtifactStore):
             pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
             return [obj["Key"] for page in pages for obj in page.get("Contents", ())]
 
-        return self.retry.call(listing)
+        return self.retry.call(listing, transient=is_transient)
 
-    def _manifest_keys(self, stage: str | None) -> Iterator[tuple[str, str]]:
+    def manifest_keys(self, step: str | None) -> Iterator[tuple[str, str]]:
         base = self._key("")
-        for key in self._list_keys(base + (f"{stage}/" if stage else "")):
+        for key in self._list_keys(base + (f"{step}/" if step else "")):
             parts = key[len(base):].split("/")
-            if len(parts) == 3 and parts[2] == MANIFEST and _PART.fullmatch(parts[0]) and _PART.fullmatch(parts[1]):
+            if len(parts) == 3 and parts[2] == MANIFEST and NAME.fullmatch(parts[0]) and NAME.fullmatch(parts[1]):
                 yield parts[0], parts[1]

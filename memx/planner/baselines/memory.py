@@ -22,7 +22,7 @@ def analytic_memory(gpus: Mapping[str, GpuType], factor: float = 1.0):
     """The closed-form stage model's memory (memx.planner.cost: 18 B/param static + in-flight activations,
     Korthikanti 2022 generalised to GQA/SwiGLU) times `factor`. It knows nothing of the runtime context,
     allocator fragmentation or workspaces a real GPU adds."""
-    model = AnalyticStageModel(gpus=gpus)
+    model = AnalyticStageModel(gpus=gpus, runtime="none")  # the baselines' own (flat) memory model
 
     def memory(sigs: pd.DataFrame) -> pd.DataFrame:
         p = model.predict(sigs)

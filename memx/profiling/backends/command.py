@@ -8,24 +8,25 @@ any point field ({tp} {layers} {micro_batch} {seq_len} {recompute} {recompute_la
 An argument that is exactly `{recompute_args}` expands to Megatron's recompute flags (none: nothing;
 selective; full uniform over 1 layer; block: the first N layers).
 
-Per point: a timeout (the whole process group is killed), retries for transient failures (a
-non-zero exit without an OOM message), and output parsed by memx.profiling.megatron_logs.
+Per point: a timeout, retries for transient failures (a non-zero exit without an OOM message), and
+output parsed by memx.profiling.megatron_logs (an OOM is a real out-of-memory message, not the
+words). Each launch runs in its own process group, killed when the point ends or times out, on
+SIGTERM / Ctrl-C / exit of memx, and by a watchdog when memx is killed (memx.profiling.backends.launches).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import string
-import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from subprocess import PIPE
 from typing import Any, Mapping
 
 from memx.domain.errors import InputError
 from memx.domain.plan import Recompute
-from memx.domain.records import SIGNATURE_COLUMNS, failed_row, ok_row
-from memx.profiling.megatron_logs import parse_output
+from memx.domain.records import SIGNATURE_COLUMNS, failed_row, measurement_problems, ok_row
+from memx.profiling.backends.launches import LAUNCHES, communicate
+from memx.profiling.megatron_logs import Parsed, parse_output
 
 EXTRA_FIELDS = ("model", "micro_batches", "global_batch", "nproc", "point_json", "recompute_args")
 # micro batches per profiling iteration: enough to amortise the optimizer step over (our choice);
@@ -68,6 +69,8 @@ class CommandBackend:
     timeout_s: float = 600.0
     retries: int = 1
     name: str = "command"
+    gpu_memory_mib: Mapping[str, float] = field(default_factory=dict)
+    """Device memory per GPU name, MiB: a reported peak above it is implausible (the point fails)."""
 
     def job(self, point: Mapping[str, Any]) -> dict[str, Any]:
         job = {c: point.get(c) for c in SIGNATURE_COLUMNS}
@@ -89,24 +92,15 @@ class CommandBackend:
     def _run_once(self, args: list[str], stdin: str) -> tuple[int | None, str, str, str]:
         """(exit code or None, stdout, stderr, failure reason)."""
         try:
-            proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, start_new_session=True)
+            proc = LAUNCHES.start(args, stdin=PIPE, stdout=PIPE, stderr=PIPE, text=True, errors="replace")
         except FileNotFoundError:
             return None, "", "", f"command not found: {args[0]}"
         except PermissionError:
             return None, "", "", f"command not executable: {args[0]}"
         except OSError as exc:
             return None, "", "", f"command could not start: {args[0]}: {exc}"
-        try:
-            out, err = proc.communicate(stdin, timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            out, err = proc.communicate()
-            return None, out, err, f"timeout after {self.timeout_s:g} s"
-        except BaseException:
-            _kill_group(proc)
-            raise
-        return proc.returncode, out, err, ""
+        code, out, err = communicate(proc, stdin, self.timeout_s)
+        return code, out, err, "" if code is not None else f"timeout after {self.timeout_s:g} s"
 
     def measure(self, point: Mapping[str, Any]) -> dict[str, Any]:
         job = self.job(point)
@@ -116,22 +110,33 @@ class CommandBackend:
             code, out, err, reason = self._run_once(args, stdin)
             if code is None:  # not started or timed out: not transient, no retry
                 return failed_row(point, status="failed", reason=reason, backend=self.name)
-            parsed = parse_output(out, err, micro_batches=job["micro_batches"])
+            parsed = _parse(out, err, job["micro_batches"])
             if parsed.status == "oom":
                 return failed_row(point, status="oom", reason=parsed.reason, backend=self.name)
             if code == 0:
                 if parsed.status != "ok":
                     return failed_row(point, status="failed", reason=parsed.reason, backend=self.name)
-                return ok_row(point, time_ms=parsed.time_ms, peak_mem_mib=parsed.peak_mem_mib,
-                              static_mem_mib=parsed.static_mem_mib, backend=self.name, reason=parsed.reason)
+                return self._checked(ok_row(point, time_ms=parsed.time_ms, peak_mem_mib=parsed.peak_mem_mib,
+                                            static_mem_mib=parsed.static_mem_mib, backend=self.name,
+                                            reason=parsed.reason))
             last = (err.strip().splitlines() or [""])[-1][:160]
             reason = f"exit code {code}" + (f": {last}" if last else "")
         return failed_row(point, status="failed", reason=f"{reason} (after {self.retries} retries)",
                           backend=self.name)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+    def _checked(self, row: dict[str, Any]) -> dict[str, Any]:
+        """An ok row whose numbers are plausible (finite, within bounds, peak ≤ the GPU's memory), else failed."""
+        problems = measurement_problems(row, self.gpu_memory_mib)
+        if not problems:
+            return row
+        why = "; ".join(f"column '{c}': {p}" for c, p in problems)
+        return failed_row(row, status="failed", reason=f"implausible output: {why}"[:300], backend=self.name)
+
+
+def _parse(out: str, err: str, micro_batches: int) -> Parsed:
+    """The launch's output; a malformed number in it makes the point failed, with the line and field."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
+        return parse_output(out, err, micro_batches=micro_batches)
+    except InputError as exc:
+        return Parsed(status="failed", reason=str(exc)[:300])

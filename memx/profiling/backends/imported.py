@@ -5,7 +5,9 @@
   (layers 0, first) and output-only (layers 0, last) rows are valid.
 - `ingest_megatron(logdir, model=, gpu=)`: a folder of Megatron-LM logs, one run per file.
 - `read_sailor_profiles(root)`: Sailor's published per-layer profiles (time only; mapping below).
-Imported rows keep their own `source`, else get `records:<file name>`.
+Imported rows keep their own `source`, else get `records:<file name>`. Implausible rows are rejected
+one by one (`memx.domain.records.validate_stage_runs`); `ingest_megatron` raises `NothingUsable` when
+no row survives, and `InputError` (file, line, field) for a malformed number in a log.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, short_repr
+from memx.domain.io import path_kind
 from memx.domain.plan import Recompute
-from memx.domain.records import (RejectedRow, empty_stage_runs, failed_row, ok_row, stage_runs_frame,
+from memx.domain.records import (RejectedRow, empty_stage_runs, failed_row, ok_row, require_rows, stage_runs_frame,
                                  validate_stage_runs)
-from memx.domain.specs import ModelArch
+from memx.domain.specs import MAX_GLOBAL_BATCH, ModelArch, gpu_name_problem
 from memx.profiling.megatron_logs import megatron_args, parse_output, point_from_args, point_from_header
 
 FORMATS = (".csv", ".parquet", ".jsonl", ".json")
@@ -41,29 +44,34 @@ def _read_table(path: Path) -> pd.DataFrame:
     raise InputError(f"{path}: unknown records format {suffix!r}; allowed: {', '.join(FORMATS)}")
 
 
-def read_records(path: Path) -> tuple[pd.DataFrame, list[RejectedRow]]:
-    """Import one file or every records file of a folder; rows are validated one by one."""
+def read_records(path: Path, *, gpu_memory_mib: dict[str, float] | None = None
+                 ) -> tuple[pd.DataFrame, list[RejectedRow]]:
+    """Import one file or every records file of a folder; rows are validated one by one.
+
+    `gpu_memory_mib` (GPU name → memory, MiB; e.g. the cluster's GPUs): peaks must fit in it."""
     path = Path(path)
-    if path.is_dir():
+    kind = path_kind(path, "--records")
+    if kind == "dir":
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in FORMATS)
         if not files:
             raise InputError(f"{path}: no records files ({', '.join(FORMATS)}) in this folder")
-    elif path.is_file():
+    elif kind == "file":
         files = [path]
     else:
         raise InputError(f"--records {path}: no such file or folder")
     frames, rejects = [], []
     for f in files:
-        df, bad = validate_stage_runs(_read_table(f), backend="records", source=f"records:{f.name}", file=str(f))
+        df, bad = validate_stage_runs(_read_table(f), backend="records", source=f"records:{f.name}", file=str(f),
+                                      gpu_memory_mib=gpu_memory_mib)
         frames.append(df)
         rejects.extend(bad)
     frames = [f for f in frames if len(f)]
     return (stage_runs_frame(pd.concat(frames, ignore_index=True)) if frames else empty_stage_runs()), rejects
 
 
-def _log_point(text: str, model: ModelArch, gpu: str) -> tuple[dict, str]:
+def _log_point(text: str, model: ModelArch, gpu: str, source: str) -> tuple[dict, str]:
     """The point a log measured: header line, else Megatron's argument dump; problem text or ''."""
-    point = point_from_header(text)
+    point = point_from_header(text, source=source)
     if point is None:
         args = megatron_args(text)
         if not args:
@@ -80,10 +88,26 @@ def _log_point(text: str, model: ModelArch, gpu: str) -> tuple[dict, str]:
     return point, problem
 
 
-def ingest_megatron(logdir: Path, *, model: ModelArch, gpu: str) -> tuple[pd.DataFrame, list[RejectedRow]]:
-    """One stage_runs row per Megatron-LM log in `logdir` (*.log, *.txt, *.out)."""
+def _micro_batches(point: dict, source: str) -> int:
+    """Micro batches per logged iteration (header or argument dump; 1 when neither says)."""
+    m = point.pop("micro_batches", None)
+    m = 1 if m is None or m == 0 else m
+    if not 1 <= m <= MAX_GLOBAL_BATCH:
+        raise InputError(f"{source}: field 'micro_batches': must be an integer in 1..{MAX_GLOBAL_BATCH}; "
+                         f"got {short_repr(m)}")
+    return int(m)
+
+
+def ingest_megatron(logdir: Path, *, model: ModelArch, gpu: str, gpu_memory_mib: float | None = None
+                    ) -> tuple[pd.DataFrame, list[RejectedRow]]:
+    """One stage_runs row per Megatron-LM log in `logdir` (*.log, *.txt, *.out).
+
+    `gpu_memory_mib`: the GPU's memory, when known (peaks must fit in it). NothingUsable when every
+    log is rejected; InputError for a bad `gpu` name or a malformed value in a log (file, line, field)."""
     logdir = Path(logdir)
-    if not logdir.is_dir():
+    if problem := gpu_name_problem(gpu):
+        raise InputError(f"--gpu {short_repr(gpu)}: {problem}")
+    if path_kind(logdir, "log folder") != "dir":
         raise InputError(f"{logdir}: no such log folder")
     files = sorted(p for p in logdir.iterdir() if p.suffix.lower() in LOG_SUFFIXES)
     if not files:
@@ -91,24 +115,24 @@ def ingest_megatron(logdir: Path, *, model: ModelArch, gpu: str) -> tuple[pd.Dat
     rows, rejects, row_files = [], [], []
     for i, f in enumerate(files):
         text = f.read_text(errors="replace")
-        point, problem = _log_point(text, model, gpu)
+        point, problem = _log_point(text, model, gpu, str(f))
         if problem:
             rejects.append(RejectedRow(row=i, column="point", reason=problem, file=str(f)))
             continue
         point["source"] = point.get("source") or f"records:{f.name}"
-        m = int(point.pop("micro_batches", 1) or 1)
-        parsed = parse_output(text, micro_batches=m)  # OOM or unparseable → a row that says why
+        m = _micro_batches(point, str(f))
+        parsed = parse_output(text, micro_batches=m, source=str(f))  # OOM or unparseable → a row that says why
         row_files.append(f)
         if parsed.status == "ok":
             rows.append(ok_row(point, time_ms=parsed.time_ms, peak_mem_mib=parsed.peak_mem_mib,
                                static_mem_mib=parsed.static_mem_mib, backend="records", reason=parsed.reason))
         else:
             rows.append(failed_row(point, status=parsed.status, reason=parsed.reason, backend="records"))
-    if not rows:
-        return empty_stage_runs(), rejects
-    df, bad = validate_stage_runs(pd.DataFrame(rows), backend="records")
-    return df, rejects + [RejectedRow(row=r.row, column=r.column, reason=r.reason, file=str(row_files[r.row]))
-                          for r in bad]
+    df, bad = (validate_stage_runs(pd.DataFrame(rows), backend="records",
+                                   gpu_memory_mib=None if gpu_memory_mib is None else {gpu: gpu_memory_mib})
+               if rows else (empty_stage_runs(), []))
+    rejects += [RejectedRow(row=r.row, column=r.column, reason=r.reason, file=str(row_files[r.row])) for r in bad]
+    return require_rows(df, rejects, what=f"Megatron logs in {logdir}"), rejects
 
 
 # --- Sailor's published profiles (../shared/realdata/sailor/profiles_*) -------------------------

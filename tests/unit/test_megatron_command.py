@@ -1,0 +1,245 @@
+"""megatron.sh is a launchable pretrain_gpt.py command: every argument is one Megatron-LM knows, with a
+valid value (an argparse parser built from tests/fixtures/megatron_arguments.json, written from
+Megatron-LM's arguments.py), the combinations Megatron requires hold, and the script runs torchrun
+with those arguments once its placeholders are set."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from memx.domain.catalog import load_cluster, load_model
+from memx.domain.plan import Plan, Stage
+from memx.report.megatron import MEGATRON_COMMIT, megatron_command, pipeline_layout, render_megatron
+
+FIXTURE = json.loads((Path(__file__).parent.parent / "fixtures" / "megatron_arguments.json").read_text())
+TYPES = {"int": int, "float": float, "str": str}
+PLACEHOLDER_VALUES = {"DATA_PATH": "/data/corpus_text_document", "TOKENIZER_MODEL": "meta-llama/Llama-2-7b-hf",
+                      "CHECKPOINT_DIR": "/ckpt", "VOCAB_FILE": "/tok/vocab.json", "MERGE_FILE": "/tok/merges.txt"}
+
+
+def parser() -> argparse.ArgumentParser:
+    """pretrain_gpt.py's arguments as the fixture lists them (abbreviations off, as Megatron's parser)."""
+    p = argparse.ArgumentParser(prog="pretrain_gpt.py", allow_abbrev=False, add_help=False, exit_on_error=False)
+    for name, spec in FIXTURE["arguments"].items():
+        if spec["kind"] == "flag":
+            p.add_argument(name, action=spec["action"], **({"dest": spec["dest"]} if "dest" in spec else {}))
+        else:
+            p.add_argument(name, type=TYPES[spec["type"]], choices=spec.get("choices"), nargs=spec.get("nargs"))
+    return p
+
+
+def parse(args: list[str]) -> argparse.Namespace:
+    """Parse like Megatron; unknown flags and bad values raise."""
+    ns, unknown = parser().parse_known_args(args)
+    if unknown:
+        raise ValueError(f"unknown to Megatron-LM@{MEGATRON_COMMIT[:10]}: {unknown}")
+    return ns
+
+
+def _holds(cond: str, args: list[str], ns: argparse.Namespace) -> bool:
+    if ">" in cond:
+        flag, bound = cond.split(">")
+        return flag in args and getattr(ns, flag[2:].replace("-", "_")) > int(bound)
+    flag, _, value = cond.partition("=")
+    if flag not in args:
+        return False
+    return not value or str(getattr(ns, flag[2:].replace("-", "_"))) == value
+
+
+def rule_problems(args: list[str]) -> list[str]:
+    ns, problems = parse(args), []
+    for rule in FIXTURE["rules"]:
+        if not _holds(rule["if"], args, ns):
+            continue
+        problems += [f"{rule['if']} needs {c}" for c in rule.get("requires", []) if not _holds(c, args, ns)]
+        problems += [f"{rule['if']} excludes {c}" for c in rule.get("excludes", []) if _holds(c, args, ns)]
+    return problems + layer_problems(ns) + batch_problems(ns)
+
+
+def layer_problems(ns: argparse.Namespace) -> list[str]:
+    """The layer-split checks of Megatron's TransformerConfig / PipelineParallelLayerLayout."""
+    pp, layers = ns.pipeline_model_parallel_size, ns.num_layers
+    if ns.pipeline_model_parallel_layout:
+        flat = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), ns.pipeline_model_parallel_layout.replace(",", ""))
+        stages = flat.split("|")
+        ok = len(stages) == pp and flat.count("t") == layers and flat.startswith("E") and flat.endswith("L")
+        return [] if ok else [f"layout {ns.pipeline_model_parallel_layout} does not hold {layers} layers on {pp} stages"]
+    first, last = ns.decoder_first_pipeline_num_layers, ns.decoder_last_pipeline_num_layers
+    if first is None and last is None:
+        return [] if layers % pp == 0 else [f"{layers} layers do not divide over {pp} stages"]
+    middle_layers = layers - (first or 0) - (last or 0)
+    middle_stages = pp - (first is not None) - (last is not None)
+    if min(first or 1, last or 1) <= 0 or bool(middle_layers) != bool(middle_stages) or (
+            middle_stages and middle_layers % middle_stages):
+        return [f"first/last {first}/{last}: {middle_layers} middle layers on {middle_stages} stages"]
+    return []
+
+
+def batch_problems(ns: argparse.Namespace, world: int | None = None) -> list[str]:
+    problems = []
+    if ns.max_position_embeddings < ns.seq_length:
+        problems.append("max-position-embeddings < seq-length")
+    if world is not None:
+        dp = world // (ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size)
+        if ns.global_batch_size % (ns.micro_batch_size * dp):
+            problems.append("global batch not divisible by micro batch × dp")
+    return problems
+
+
+def script_args(script: str) -> list[str]:
+    """The pretrain_gpt.py arguments of a rendered megatron.sh (placeholders stay `${NAME}`)."""
+    return shlex.split(script.split("pretrain_gpt.py", 1)[1].replace("\\\n", " "))
+
+
+def plan(stages, *, dp=1, mb=1, gb=16, seq=4096, model="llama2-7b", cluster="three-vendor-20", **options) -> Plan:
+    return Plan(model=model, cluster=cluster, global_batch=gb, micro_batch=mb, seq_len=seq, dp=dp,
+                stages=tuple(Stage(gpu=g, tp=t, layers=n, recompute=rc, recompute_layers=rl)
+                             for g, t, n, rc, rl in stages), **options)
+
+
+A100 = "a100-80g"
+CASES = {
+    "even-llama-gqa-do-sp": ("llama2-70b", plan([(A100, 8, 40, "none", None)] * 2, dp=2, model="llama2-70b",
+                                                 distributed_optimizer=True, sequence_parallel=True)),
+    "first-last-selective": ("llama2-7b", plan([(A100, 2, 12, "selective", None), (A100, 2, 10, "selective", None),
+                                                (A100, 2, 10, "selective", None)])),
+    "middle-uneven-layout-block": ("llama2-7b", plan([(A100, 1, 8, "full", 3), (A100, 1, 12, "full", 3),
+                                                      (A100, 1, 7, "full", 3), (A100, 1, 5, "full", 3)],
+                                                     sequence_parallel=True)),
+    "gpt-tied-full": ("gpt2-1024", plan([(A100, 4, 24, "full", None)], seq=1024, model="gpt2-1024")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_emitted_command_parses_against_megatron_arguments(case):
+    model_name, p = CASES[case]
+    script = render_megatron(p, load_model(model_name))
+    args = script_args(script)
+    assert rule_problems(args) == []
+    ns = parse(args)
+    model = load_model(model_name)
+    assert (ns.num_layers, ns.hidden_size, ns.ffn_hidden_size, ns.num_attention_heads) == (
+        model.layers, model.hidden, model.ffn_hidden, model.heads)
+    assert ns.tensor_model_parallel_size == max(s.tp for s in p.stages) and ns.pipeline_model_parallel_size == p.pp
+    assert (ns.micro_batch_size, ns.global_batch_size, ns.seq_length) == (p.micro_batch, p.global_batch, p.seq_len)
+    assert batch_problems(ns, world=p.gpus_used) == []
+    assert ns.bf16 and ns.use_distributed_optimizer == p.distributed_optimizer
+    assert ns.sequence_parallel == (p.sequence_parallel and ns.tensor_model_parallel_size > 1)
+    assert ns.data_path == ["${DATA_PATH}"] and ns.save == ns.load == "${CHECKPOINT_DIR}"
+
+
+def test_llama_arguments_rope_swiglu_rmsnorm_gqa_untied():
+    ns = parse(script_args(render_megatron(CASES["even-llama-gqa-do-sp"][1], load_model("llama2-70b"))))
+    assert ns.position_embedding_type == "rope" and ns.swiglu and ns.normalization == "RMSNorm"
+    assert ns.add_bias_linear is False and ns.untie_embeddings_and_output_weights
+    assert ns.group_query_attention and ns.num_query_groups == 8
+    assert ns.attention_dropout == ns.hidden_dropout == 0.0
+    assert ns.tokenizer_type == "HuggingFaceTokenizer" and ns.tokenizer_model == "${TOKENIZER_MODEL}"
+    assert ns.use_flash_attn  # A100: NVIDIA Ampere
+
+
+def test_gpt_arguments_learned_positions_layernorm_tied_gpt2_tokenizer():
+    ns = parse(script_args(render_megatron(CASES["gpt-tied-full"][1], load_model("gpt2-1024"))))
+    assert ns.position_embedding_type == "learned_absolute" and not ns.swiglu and ns.normalization == "LayerNorm"
+    assert not ns.untie_embeddings_and_output_weights and not ns.group_query_attention and ns.num_query_groups is None
+    assert ns.tokenizer_type == "GPT2BPETokenizer" and ns.vocab_file == "${VOCAB_FILE}"
+    assert (ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers) == ("full", "uniform", 1)
+
+
+def test_uneven_splits_use_first_last_or_the_layout():
+    ns = parse(script_args(render_megatron(CASES["first-last-selective"][1], load_model("llama2-7b"))))
+    assert (ns.decoder_first_pipeline_num_layers, ns.decoder_last_pipeline_num_layers) == (12, 10)
+    assert ns.pipeline_model_parallel_layout is None and ns.recompute_granularity == "selective"
+    p = CASES["middle-uneven-layout-block"][1]
+    cmd = megatron_command(p, load_model("llama2-7b"))
+    ns = parse(list(cmd.args))
+    assert ns.pipeline_model_parallel_layout == pipeline_layout(p) == "Et*8|t*12|t*7|t*5,L"
+    assert ns.decoder_first_pipeline_num_layers is None and any("Megatron Core ≥ 0.13" in n for n in cmd.notes)
+    assert (ns.recompute_method, ns.recompute_num_layers) == ("block", 3)
+    assert not ns.sequence_parallel and any("no-op at tp = 1" in n for n in cmd.notes)
+
+
+def test_what_stock_megatron_cannot_express_is_noted():
+    p = plan([(A100, 2, 12, "none", None), ("vendor-b-32g", 4, 10, "full", None), ("vendor-c-32g", 4, 10, "full", 6)],
+             dp=2, gb=128, mb=2)
+    cmd = megatron_command(p, load_model("llama2-7b"), load_cluster("three-vendor-20"))
+    text = " ".join(cmd.notes)
+    for needle in ("different tensor-parallel sizes", "per-stage recomputation", "GPU vendors", "stage 1 → vendor-b-32g",
+                   "no --use-flash-attn"):
+        assert needle in text
+    assert "--use-flash-attn" not in cmd.args and rule_problems(list(cmd.args)) == []
+
+
+def test_flash_attention_only_on_ampere_or_newer_nvidia():
+    old = plan([("v100-32g", 2, 32, "none", None)], cluster="v100-t4-6")
+    amd = plan([("mi300x-192g", 8, 32, "none", None)], cluster="h100-mi300x-32")
+    assert "--use-flash-attn" not in megatron_command(old, load_model("llama2-7b")).args
+    amd_cmd = megatron_command(amd, load_model("llama2-7b"))
+    assert "--use-flash-attn" not in amd_cmd.args and any("ROCm" in n for n in amd_cmd.notes)
+    h100 = plan([("h100-80g", 8, 32, "none", None)], cluster="h100-mi300x-32")
+    assert "--use-flash-attn" in megatron_command(h100, load_model("llama2-7b")).args
+
+
+BASE = ["--num-layers", "32", "--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "1",
+        "--seq-length", "8", "--max-position-embeddings", "8"]
+
+
+@pytest.mark.parametrize("bad", [["--use-flash-attention"],   # not a Megatron argument
+                                 ["--num-layer", "32"]])      # abbreviations are off in Megatron's parser
+def test_unknown_flags_are_rejected(bad):
+    with pytest.raises(ValueError, match="unknown"):
+        rule_problems(BASE + bad)
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (["--num-query-groups", "8"], "--group-query-attention"),  # GQA groups without GQA are ignored by Megatron
+    (["--recompute-granularity", "full"], "--recompute-method"),
+    (["--recompute-granularity", "selective", "--recompute-method", "block"], "--recompute-granularity=full"),
+    (["--pipeline-model-parallel-layout", "Et*16|t*16,L", "--decoder-first-pipeline-num-layers", "16"], "excludes"),
+    (["--sequence-parallel"], "--tensor-model-parallel-size>1"),
+    (["--pipeline-model-parallel-layout", "Et*16|t*15,L"], "layout"),
+    (["--decoder-first-pipeline-num-layers", "5", "--pipeline-model-parallel-size", "3"], "middle layers"),
+])
+def test_required_combinations_are_checked(bad, needle):
+    problems = rule_problems(BASE + bad)
+    assert any(needle in p for p in problems), problems
+
+
+def test_bad_values_are_rejected():
+    with pytest.raises(argparse.ArgumentError):
+        parse(["--normalization", "BatchNorm"])
+    with pytest.raises(argparse.ArgumentError):
+        parse(["--tensor-model-parallel-size", "two"])
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_script_stops_on_missing_placeholders_and_runs_torchrun_when_set(tmp_path):
+    p, model = CASES["even-llama-gqa-do-sp"][1], load_model("llama2-70b")
+    script = tmp_path / "megatron.sh"
+    script.write_text(render_megatron(p, model))
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    bare = {"PATH": os.environ["PATH"]}
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=bare, cwd=tmp_path)
+    assert out.returncode != 0 and "DATA_PATH" in out.stderr
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "torchrun").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\necho "$CUDA_DEVICE_MAX_CONNECTIONS" > "$ENV_OUT"\n')
+    (fake / "torchrun").chmod(0o755)
+    env = {**bare, **PLACEHOLDER_VALUES, "PATH": f"{fake}:{os.environ['PATH']}",
+           "ARGS_OUT": str(tmp_path / "args"), "ENV_OUT": str(tmp_path / "env")}
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    argv = (tmp_path / "args").read_text().splitlines()
+    assert argv[argv.index("--nproc-per-node") + 1] == "8"
+    ns = parse(argv[argv.index("pretrain_gpt.py") + 1:])
+    assert ns.data_path == [PLACEHOLDER_VALUES["DATA_PATH"]] and ns.load == "/ckpt"
+    assert (tmp_path / "env").read_text().strip() == "1"  # Megatron asserts it with tp > 1
