@@ -12,9 +12,8 @@ For each method's pick, on the virtual cluster:
   sequence length ×2, each re-run (OOM or not).
 Counted per method over all scenarios.
 
-Full scale runs 9 planners per scenario; on three-vendor-20 and h100-h20-16 the `default` space takes
-≈ 45 s per search on two cores (≈ 7 min per scenario), so there the space is BOUNDED (`BOUND`:
-max_pp 4, micro batch 1 or 2) — every planner searches the same bounded space.
+Full scale runs 9 planners per scenario, every one over the whole `default` space (the exact
+branch-and-bound search, issue #13; the space was bounded to max_pp 4 and micro batch 1–2 before).
 """
 
 from __future__ import annotations
@@ -33,13 +32,12 @@ from memx.experiments.deployment import picks
 from memx.simulator import load_traits, simulate_plan, stage_cost, stage_signatures
 
 SPIKE, JITTER, ITERATIONS = 0.10, 0.05, 1000
-BOUND = {"max_pp": 4, "micro_batch_options": (1, 2)}
-SCENARIOS = {  # (cluster, model, search space, weights, space changes)
-    "small": [("v100-t4-6", "llama-6l", "default", "safety", {}), ("three-vendor-20", "llama2-7b", "small", "default", {})],
-    "full": [("v100-t4-6", "llama-6l", "default", "safety", {}),
-             ("three-vendor-20", "llama2-7b", "default", "default", BOUND),
-             ("three-vendor-20", "llama3-8b", "default", "default", BOUND),
-             ("h100-h20-16", "llama2-13b", "default", "auto", BOUND)],
+SCENARIOS = {  # (cluster, model, search space, weights)
+    "small": [("v100-t4-6", "llama-6l", "default", "safety"), ("three-vendor-20", "llama2-7b", "small", "default")],
+    "full": [("v100-t4-6", "llama-6l", "default", "safety"),
+             ("three-vendor-20", "llama2-7b", "default", "default"),
+             ("three-vendor-20", "llama3-8b", "default", "default"),
+             ("h100-h20-16", "llama2-13b", "default", "auto")],
 }
 
 
@@ -67,12 +65,12 @@ def run(out: Path, *, scale: str = "small", seed: int = 0, predictor: str | None
     kind = predictor_kind(scale, predictor)
     rng = np.random.default_rng(seed)
     rows, timing = [], []
-    for cl_name, mo_name, sp_name, weights, bound in SCENARIOS[scale]:
-        cl, mo, sp = load_cluster(cl_name), load_model(mo_name), space(sp_name, **bound)
+    for cl_name, mo_name, sp_name, weights in SCENARIOS[scale]:
+        cl, mo, sp = load_cluster(cl_name), load_model(mo_name), space(sp_name)
         pred = get_predictor(cl, mo, sp, kind, seed)
         t0, n0 = elapsed(), len(rows)
         for name, pk in picks(cl, mo, sp, pred, weights).items():
-            row = {"scenario": f"{cl_name}/{mo_name}" + (" (bounded)" if bound else ""), "method": name,
+            row = {"scenario": f"{cl_name}/{mo_name}", "method": name,
                    "plan": describe(pk.plan)}
             if pk.plan is None:
                 rows.append({**row, "note": pk.note[:60]})
@@ -86,7 +84,7 @@ def run(out: Path, *, scale: str = "small", seed: int = 0, predictor: str | None
             rows.append({**row, "time_ms": run0.iteration_time_ms, "oom": run0.oom, "headroom": j,
                          "oom_spike_10pct": bool(j < SPIKE), "jitter_oom_iters": int((draws > j).sum()),
                          "oom_mb_x2": _oom(mb2, cl, mo, seed), "oom_seq_x2": _oom(seq2, cl, mo, seed)})
-        timing.append({"scenario": f"{cl_name}/{mo_name}", "space": sp_name + (" max_pp 4, mb 1-2" if bound else ""),
+        timing.append({"scenario": f"{cl_name}/{mo_name}", "space": sp_name,
                        "weights": weights, "planners": len(rows) - n0, "seconds": elapsed() - t0})
     df = pd.DataFrame(rows)
     res.tables["picks"] = df

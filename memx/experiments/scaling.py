@@ -4,8 +4,9 @@ Clusters grow by adding nodes of the three-vendor-20 GPU types (same fingerprint
 trained on the 20-GPU profile is reused, as the paper's cache argument assumes); at full scale the
 512- and 1024-GPU clusters add a fourth type (h100-80g) and a larger global batch (new fingerprint:
 profiled and trained once on a 32-GPU proxy of the same four types: the fingerprint ignores GPU counts).
-At full scale the 512- and 1024-GPU spaces are BOUNDED (`LARGE`: max_pp 6, micro batch 1 or 2): the
-`default` space there takes > 2.5 min per search on two cores. For each cluster: MemX search time (fresh cache), space size, and the
+Every cluster searches the whole `default` space (the exact branch-and-bound search, issue #13; the
+512/1024-GPU spaces were bounded to max_pp 6 and micro batch 1–2 before). For each cluster: MemX
+search time (fresh cache), space size, and the
 accuracy of the same predictor on plans drawn from that cluster and run on the virtual cluster —
 unlike the paper, whose larger clusters were extrapolated from 20-GPU measurements, the ground truth
 here is simulated at every size (with its own cross-node communication).
@@ -33,21 +34,20 @@ from memx.planner.search import search
 from memx.simulator import sample_plans
 
 PAPER = {20: (0.1217, 0.90), 40: (0.1422, 0.87), 60: (0.1619, None)}
-LARGE = {"max_pp": 6, "micro_batch_options": (1, 2)}  # the bound on the 512/1024-GPU spaces (full scale)
 
 
 def clusters(scale: str):
     base = load_cluster("three-vendor-20")
     a100, b, c = (load_gpu(n) for n in ("a100-80g", "vendor-b-32g", "vendor-c-32g"))
-    """(cluster, global batch or None, space changes, proxy cluster the predictor is trained on)."""
-    out = [(base, None, {}, base), (grow(base, 2, "three-vendor-40"), None, {}, base)]
+    """(cluster, global batch or None, proxy cluster the predictor is trained on)."""
+    out = [(base, None, base), (grow(base, 2, "three-vendor-40"), None, base)]
     if scale == "full":
         h100 = load_gpu("h100-80g")
         four = build_cluster("four-vendor-32", {a100: 8, h100: 8, b: 8, c: 8})
-        out += [(grow(base, 3, "three-vendor-60"), 192, {}, base),  # dp 3 needs a batch divisible by 3
-                (build_cluster("three-vendor-128", {a100: 32, b: 48, c: 48}), None, {}, base),
-                (build_cluster("four-vendor-512", {a100: 128, h100: 128, b: 128, c: 128}), 1024, LARGE, four),
-                (build_cluster("four-vendor-1024", {a100: 256, h100: 256, b: 256, c: 256}), 1024, LARGE, four)]
+        out += [(grow(base, 3, "three-vendor-60"), 192, base),  # dp 3 needs a batch divisible by 3
+                (build_cluster("three-vendor-128", {a100: 32, b: 48, c: 48}), None, base),
+                (build_cluster("four-vendor-512", {a100: 128, h100: 128, b: 128, c: 128}), 1024, four),
+                (build_cluster("four-vendor-1024", {a100: 256, h100: 256, b: 256, c: 256}), 1024, four)]
     return out
 
 
@@ -60,11 +60,11 @@ def run(out: Path, *, scale: str = "small", seed: int = 0, predictor: str | None
     n = 120 if scale == "small" else 300
     w = parse_weights("default")
     rows = []
-    for cl, gb, bound, proxy in clusters(scale):
-        sp = dataclasses.replace(base_sp, **({"global_batch": gb} if gb else {}), **bound)
+    for cl, gb, proxy in clusters(scale):
+        sp = dataclasses.replace(base_sp, **({"global_batch": gb} if gb else {}))
         pred = get_predictor(proxy, mo, base_sp, kind, seed)  # trained once per GPU-type set, on the proxy
         row = {"cluster": cl.name, "gpus": cl.total_gpus, "gpu_types": len(cl.gpu_types), "global_batch": sp.global_batch,
-               "space": "default" + (" max_pp 6, mb 1-2" if bound else "")}
+               "space": base_sp.name}
         try:
             r = search(cl, mo, sp, cached(pred), weights="default", top_k=5)
             row.update(layouts=r.space.layouts, configurations=r.space.evaluated, search_s=r.search_s,

@@ -1,5 +1,18 @@
-"""Candidates kept while searching: medians for Φ's references, top-k by Φ and by time, and a pool
-for the (T, M, V) Pareto front (docs/architecture.md §Search)."""
+"""What a search keeps while scoring plans: the exact decision sets, in memory independent of the space.
+
+Every plan has a key (layout index, split) that breaks ties, so each set below is defined exactly
+and does not depend on the order plans are scored in, the batches, the shards or the pruning:
+* top-k by time: the k smallest (T, key);
+* Φ's candidates: with max_time_ratio r > 0, the plans that fewer than k plans beat in (log Φ, key)
+  while being no slower ("k-staircase"): every plan of the final top-k by Φ among the plans within
+  r × the fastest is one of them, whatever the fastest turns out to be (a plan q no slower than an
+  eligible plan p is eligible too); with r = 0, simply the k smallest (log Φ, key);
+* the Pareto front of (T, M, V): plans no other plan dominates (≤ everywhere, < somewhere); of equal
+  points the smallest key; with r > 0 restricted to plans within r × the fastest (a plan that
+  dominates one inside the window is inside it, so this is the front of the window).
+Log Φ up to the median constant (memx.planner.objective.log_score) ranks plans, so no set needs the
+medians. `Keeper.needs` is the pruning test of the branch-and-bound search on a box's lower bounds.
+"""
 
 from __future__ import annotations
 
@@ -8,113 +21,210 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memx.planner.bounds import SCORE_SLACK, Corner
 from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
-from memx.planner.schedule import MemoryStats
+
+BLOCK = 4096  # rows checked against the kept sets at once (the sets tighten between blocks)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChunkKeep:
-    """What one evaluated chunk contributes: T, M, V of all its feasible plans (for the medians)
-    and the few rows that can reach a top-k list or the Pareto pool."""
+class Scored:
+    """Plans of one layout after the recompute assignment: splits (N, pp), assignment, log Φ (or None)."""
 
-    time_ms: np.ndarray
-    max_mib: np.ndarray
-    variance_mib2: np.ndarray
-    splits: np.ndarray  # (n_kept, pp)
+    layout: int
+    splits: np.ndarray
     assignment: Assignment
-    score: np.ndarray
+    score: np.ndarray | None
 
 
-def keep_chunk(S: np.ndarray, a: Assignment, score: np.ndarray, *, per_chunk: int, max_time_ratio: float) -> ChunkKeep:
-    """Runs in the worker threads. A plan slower than max_time_ratio × this chunk's fastest can
-    never be within max_time_ratio of the overall fastest, so it is dropped from Φ's candidates here."""
-    st = a.stats
-    eligible = score if max_time_ratio <= 0 else np.where(a.time_ms <= max_time_ratio * a.time_ms.min(), score, np.inf)
-    keys = (eligible, a.time_ms, st.max_mib, st.variance_mib2)
-    idx = np.unique(np.concatenate([_smallest(k, per_chunk) for k in keys]))
-    return ChunkKeep(time_ms=a.time_ms, max_mib=st.max_mib, variance_mib2=st.variance_mib2, splits=S[idx],
-                     assignment=a.take(idx), score=score[idx])
+@dataclass(frozen=True, slots=True)
+class Cand:
+    """One kept plan: its key, its metrics and what is needed to rebuild it."""
+
+    time_ms: float
+    max_mib: float
+    var_mib2: float
+    score: float
+    margin: float
+    layout: int
+    split: tuple[int, ...]
+    level: np.ndarray
+    stage_ms: np.ndarray
+    stage_mib: np.ndarray
+
+    @property
+    def key(self) -> tuple[int, tuple[int, ...]]:
+        return (self.layout, self.split)
 
 
-class CandidatePool:
-    """Collects chunk contributions; answers top-k by Φ (optionally within max_time_ratio of the
-    fastest), top-k by time, the Pareto pool and the medians."""
+def _cands(sc: Scored, rows: np.ndarray) -> list[Cand]:
+    a = sc.assignment
+    return [Cand(time_ms=float(a.time_ms[i]), max_mib=float(a.stats.max_mib[i]), var_mib2=float(a.stats.variance_mib2[i]),
+                 score=float(sc.score[i]) if sc.score is not None else 0.0, margin=float(a.stats.min_margin[i]),
+                 layout=sc.layout, split=tuple(int(x) for x in sc.splits[i]), level=a.level[:, i].copy(),
+                 stage_ms=a.stage_ms[:, i].copy(), stage_mib=a.stage_mib[:, i].copy()) for i in rows]
 
-    def __init__(self, *, top_k: int, max_time_ratio: float = 0.0, pareto_per_chunk: int = 64):
-        self.top_k = max(top_k, 1)
-        self.per_chunk = max(pareto_per_chunk, self.top_k)
-        self.max_time_ratio = max_time_ratio
+
+class Keeper:
+    """The decision sets of one search (or shard); `offer` scored plans, `needs` prunes boxes, `merge` shards.
+
+    `timed_only`: keep only the top-k by time (the step-1 pre-pass of the auto profile)."""
+
+    def __init__(self, *, top_k: int, max_time_ratio: float = 0.0, timed_only: bool = False):
+        self.k, self.ratio, self.timed_only = max(top_k, 1), max_time_ratio, timed_only
         self.fastest_ms = np.inf
-        self._stats: tuple[list[np.ndarray], ...] = ([], [], [])  # T, M, V of every feasible plan
-        self._rows: list[tuple[int, np.ndarray, Assignment, np.ndarray]] = []
+        self.by_time: list[Cand] = []
+        self.phi: list[Cand] = []
+        self.front: list[Cand] = []
+        self._refresh()
 
-    def add(self, layout: int, kept: ChunkKeep) -> None:
-        for store, values in zip(self._stats, (kept.time_ms, kept.max_mib, kept.variance_mib2)):
-            store.append(values)
-        self.fastest_ms = min(self.fastest_ms, float(kept.time_ms.min()))
-        self._rows.append((layout, kept.splits, kept.assignment, kept.score))
+    # --- thresholds ---------------------------------------------------------------------------
+    def window_ms(self) -> float:
+        return self.ratio * self.fastest_ms if self.ratio > 0 else np.inf
 
-    def _eligible_score(self, a: Assignment, score: np.ndarray) -> np.ndarray:
-        """Φ's ranking key; +inf for plans slower than max_time_ratio × the fastest."""
-        if self.max_time_ratio <= 0:
-            return score
-        return np.where(a.time_ms <= self.max_time_ratio * self.fastest_ms, score, np.inf)
+    def _refresh(self) -> None:
+        self.kth_time = self.by_time[self.k - 1].time_ms if len(self.by_time) >= self.k else np.inf
+        stair = sorted(self.phi, key=lambda c: (c.time_ms, c.score))
+        self._stair_t = np.array([c.time_ms for c in stair])
+        best: list[float] = []
+        kth = []
+        for c in stair:  # k-th smallest score among members no slower than this one
+            bisect.insort(best, c.score)
+            del best[self.k:]
+            kth.append(best[-1] if len(best) >= self.k else np.inf)
+        self._stair_kth = np.array(kth)
+        self._front = np.array([[c.time_ms, c.max_mib, c.var_mib2] for c in self.front]).reshape(-1, 3)
 
-    def medians(self) -> tuple[float, float, float]:
-        """Medians of T, M and V over every feasible plan: Φ's reference values."""
-        med = [float(np.median(np.concatenate(store))) for store in self._stats]
-        return med[0], med[1], med[2]
+    def _phi_threshold(self, time_ms: np.ndarray) -> np.ndarray:
+        """k-th smallest log Φ among kept candidates no slower than time_ms (inf where fewer than k)."""
+        if self.ratio <= 0:
+            return np.full(time_ms.shape, self._stair_kth[-1] if len(self._stair_kth) else np.inf)
+        i = np.searchsorted(self._stair_t, time_ms, side="right") - 1
+        return np.where(i >= 0, self._stair_kth[np.maximum(i, 0)] if len(self._stair_kth) else np.inf, np.inf)
 
-    def _select(self, key_of, k: int):
-        keyed = []
-        for layout, S, a, score in self._rows:
-            key = key_of(a, score)
-            for i in _smallest(key, k):
-                if not np.isfinite(key[i]):
-                    continue
-                keyed.append((float(key[i]), layout, S[i], a.take(np.array([i]))))
-        # Ties broken by layout and split, so the answer does not depend on how layouts were sharded.
-        keyed.sort(key=lambda x: (x[0], x[1], tuple(int(v) for v in x[2])))
-        return [(layout, S, _squeeze(a)) for _, layout, S, a in keyed[:k]]
-
-    def best_by_score(self):
-        return self._select(self._eligible_score, self.top_k)
-
-    def best_by_time(self):
-        return self._select(lambda a, score: a.time_ms, self.top_k)
-
-    def pareto_pool(self):
-        """Rows not dominated in (T, M, V) among the kept rows."""
-        rows = sorted(self._rows, key=lambda r: r[0])  # layout order, whatever the shard order
-        arrs = [np.stack([a.time_ms, a.stats.max_mib, a.stats.variance_mib2], axis=1) for _, _, a, _ in rows]
-        pts = np.concatenate(arrs)
-        keep = _non_dominated(pts)
-        out, offset = [], 0
-        for layout, S, a, _ in rows:
-            n = len(S)
-            for i in np.nonzero(keep[offset:offset + n])[0]:
-                out.append((layout, S[i], _squeeze(a.take(np.array([i])))))
-            offset += n
+    def _dominated(self, pts: np.ndarray) -> np.ndarray:
+        """Rows of pts (N, 3) strictly dominated by a kept front point."""
+        f = self._front
+        out = np.zeros(len(pts), dtype=bool)
+        if len(f) == 0 or len(pts) == 0:
+            return out
+        step = max(1, (1 << 20) // len(f))
+        fT, fM, fV = f[None, :, 0], f[None, :, 1], f[None, :, 2]
+        for i in range(0, len(pts), step):
+            t, m, v = pts[i:i + step, 0:1], pts[i:i + step, 1:2], pts[i:i + step, 2:3]
+            le = (fT <= t) & (fM <= m) & (fV <= v)
+            out[i:i + step] = (le & ((fT < t) | (fM < m) | (fV < v))).any(axis=1)
         return out
 
+    def time_needed(self, time_lb: np.ndarray) -> np.ndarray:
+        """Boxes whose time bound alone does not rule them out (before bounding memory)."""
+        if self.timed_only:
+            return time_lb <= self.kth_time
+        return (time_lb <= self.kth_time) | (time_lb <= self.window_ms())
 
-def _smallest(key: np.ndarray, k: int) -> np.ndarray:
-    if key.size <= k:
-        return np.arange(key.size)
-    return np.argpartition(key, k)[:k]
+    def needs(self, c: Corner, score_lb: np.ndarray | None) -> np.ndarray:
+        """Boxes (by their lower bounds) that may still hold a plan of a decision set."""
+        need = c.time_ms <= self.kth_time
+        if self.timed_only:
+            return need
+        window = c.time_ms <= self.window_ms()
+        phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
+        front = window & ~self._dominated(np.stack([c.time_ms, c.max_mib, c.var_mib2], axis=1))
+        return need | phi | front
+
+    # --- offers --------------------------------------------------------------------------------
+    def offer(self, sc: Scored) -> None:
+        a = sc.assignment
+        if a.time_ms.size == 0:
+            return
+        order = np.argsort(a.time_ms, kind="stable")
+        for i in range(0, order.size, BLOCK):
+            self._offer_block(sc, order[i:i + BLOCK])
+
+    def _offer_block(self, sc: Scored, rows: np.ndarray) -> None:
+        a = sc.assignment
+        t = a.time_ms[rows].astype(np.float64)
+        self.fastest_ms = min(self.fastest_ms, float(t.min()))
+        keep_t = rows[t <= self.kth_time]
+        changed = False
+        if keep_t.size:
+            self.by_time = self._top(self.by_time + _cands(sc, keep_t), lambda c: (c.time_ms, c.key))
+            changed = True
+        if not self.timed_only:
+            inside = t <= self.window_ms()
+            s = sc.score[rows].astype(np.float64)
+            phi_rows = rows[inside & ~(self._phi_threshold(t) < s)]
+            if phi_rows.size:
+                self.phi = self._staircase(self.phi + _cands(sc, phi_rows))
+                changed = True
+            pts = np.stack([t, a.stats.max_mib[rows], a.stats.variance_mib2[rows]], axis=1).astype(np.float64)
+            front_rows = rows[inside & ~self._dominated(pts)]
+            if front_rows.size:
+                self.front = self._pareto(self.front + _cands(sc, front_rows))
+                changed = True
+        if changed:
+            self._refresh()
+
+    def merge(self, other: Keeper) -> None:
+        """Fold another keeper (a shard's) into this one."""
+        self.fastest_ms = min(self.fastest_ms, other.fastest_ms)
+        self.by_time = self._top(self.by_time + other.by_time, lambda c: (c.time_ms, c.key))
+        if not self.timed_only:
+            self.phi = self._staircase(self.phi + other.phi)
+            self.front = self._pareto(self.front + other.front)
+        self._refresh()
+
+    # --- exact set maintenance (small lists) ---------------------------------------------------
+    def _top(self, cands: list[Cand], key) -> list[Cand]:
+        return sorted(_unique(cands), key=key)[: self.k]
+
+    def _staircase(self, cands: list[Cand]) -> list[Cand]:
+        window = self.window_ms()
+        cands = [c for c in _unique(cands) if c.time_ms <= window]
+        if self.ratio <= 0:
+            return self._top(cands, lambda c: (c.score, c.key))
+        out, best = [], []
+        for c in sorted(cands, key=lambda c: (c.time_ms, c.score, c.key)):
+            rank = (c.score, c.key)
+            if len(best) < self.k or rank < best[self.k - 1]:
+                out.append(c)
+            bisect.insort(best, rank)
+            del best[self.k:]
+        return out
+
+    def _pareto(self, cands: list[Cand]) -> list[Cand]:
+        window = self.window_ms()
+        cands = sorted((c for c in _unique(cands) if c.time_ms <= window),
+                       key=lambda c: (c.time_ms, c.max_mib, c.var_mib2, c.key))
+        keep = non_dominated(np.array([[c.time_ms, c.max_mib, c.var_mib2] for c in cands]).reshape(-1, 3))
+        return [c for c, k in zip(cands, keep) if k]
+
+    # --- the answer ----------------------------------------------------------------------------
+    def best_by_time(self) -> list[Cand]:
+        return self.by_time[: self.k]
+
+    def best_by_score(self) -> list[Cand]:
+        fastest = self.by_time[0].time_ms if self.by_time else np.inf
+        eligible = [c for c in self.phi if self.ratio <= 0 or c.time_ms <= self.ratio * fastest]
+        return sorted(eligible, key=lambda c: (c.score, c.key))[: self.k]
+
+    def pareto(self) -> list[Cand]:
+        fastest = self.by_time[0].time_ms if self.by_time else np.inf
+        return [c for c in self.front if self.ratio <= 0 or c.time_ms <= self.ratio * fastest]
 
 
-def _squeeze(a: Assignment) -> Assignment:
-    """One-row assignment → scalars / 1-D rows."""
-    return Assignment(level=a.level[:, 0], stage_ms=a.stage_ms[:, 0], stage_mib=a.stage_mib[:, 0], time_ms=a.time_ms[0],
-                      stats=MemoryStats(max_mib=a.stats.max_mib[0], variance_mib2=a.stats.variance_mib2[0],
-                                        min_margin=a.stats.min_margin[0]))
+def _unique(cands: list[Cand]) -> list[Cand]:
+    seen: dict = {}
+    for c in cands:
+        seen.setdefault(c.key, c)
+    return list(seen.values())
 
 
-def _non_dominated(pts: np.ndarray) -> np.ndarray:
-    """Mask of points no other point dominates in (T, M, V): sweep in order of T, keeping a
-    staircase of the (M, V) front of the points seen so far (Kung et al. 1975, 3-D maxima)."""
+def non_dominated(pts: np.ndarray) -> np.ndarray:
+    """Mask of points no other point dominates in (T, M, V); of equal points the first is kept. Sweep in
+    order of T, keeping a staircase of the (M, V) front of the points seen so far (Kung et al. 1975,
+    3-D maxima)."""
     order = np.lexsort((pts[:, 2], pts[:, 1], pts[:, 0]))
     keep = np.zeros(len(pts), dtype=bool)
     stair_m: list[float] = []  # M ascending

@@ -20,6 +20,9 @@ class SpaceCount:
     splits_total: int  # layouts × layer splits, before pruning
     evaluated: int  # splits left after the static-memory and slowdown bounds (each gets step 1)
     feasible: int  # plans with a feasible recompute assignment
+    # Work done, not properties of the space (so two searches of one space compare equal):
+    scored: int = field(default=0, compare=False)  # plans enumerated and assigned (the rest: discarded by bound)
+    discarded: int = field(default=0, compare=False)  # evaluated − scored: discarded by bound (memx.planner.bnb)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +30,7 @@ class SearchResult:
     weights: Weights
     space: SpaceCount
     refs: tuple[float, float, float]  # medians of T, M, V over feasible plans
+    refs_sample: int  # 0: the medians are exact; else the feasible plans sampled for them (memx.planner.medians)
     top: list[PlanMetrics]  # by Φ
     top_time: list[PlanMetrics]  # by iteration time
     pareto: list[PlanMetrics]
@@ -71,11 +75,12 @@ def search_result_to_dict(r: SearchResult, predictor_name: str) -> dict[str, Any
         "predicted": best["predicted"],
         "weights": {"profile": r.weights.profile, "w": list(r.weights.as_tuple())},
         "space": {"total": r.space.total, "feasible": r.space.feasible, "layouts": r.space.layouts,
-                  "splits": r.space.splits_total, "evaluated": r.space.evaluated},
+                  "splits": r.space.splits_total, "evaluated": r.space.evaluated, "scored": r.space.scored,
+                  "discarded_by_bound": r.space.discarded},
         "search_s": round(r.search_s, 3),
         "predictor": predictor_name,
         "references": {"time_ms": r.refs[0], "max_mem_mib": r.refs[1], "mem_variance_mib2": r.refs[2],
-                       "epsilon_mib2": r.epsilon_mib2},
+                       "epsilon_mib2": r.epsilon_mib2, "sample": r.refs_sample},
         "stages": best["stages"],
         "top": [_entry(c) for c in r.top],
         "fastest": _entry(r.fastest),

@@ -54,7 +54,17 @@ def iteration_time_ms(stage_ms: np.ndarray, m: int, p2p_total_ms: float, tail_ms
     iteration ends when the slowest stage has done both, so overhead + T_dp = max_s tail_s (the
     largest stage's all-reduce and its optimizer step).
     """
-    return (m - 1) * stage_ms.max(axis=0) + stage_ms.sum(axis=0) + (p2p_total_ms + tail_ms.max(axis=0))
+    return (m - 1) * stage_ms.max(axis=0) + stage_sum(stage_ms) + (p2p_total_ms + tail_ms.max(axis=0))
+
+
+def stage_sum(x: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+    """Σ_s weight_s·x_s over the stage rows, added row by row: every column's result is bit-identical
+    however many columns (plans) the batch has and however it is laid out in memory, so a plan
+    scores the same in any batch (the exact search compares plans scored in different batches)."""
+    out = x[0] * weight[0] if weight is not None else x[0].copy()
+    for s in range(1, x.shape[0]):
+        out += x[s] * weight[s] if weight is not None else x[s]
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,10 +81,12 @@ class MemoryStats:
 def memory_stats(stage_peak_mib: np.ndarray, gpu_weight: np.ndarray, capacity_mib: np.ndarray) -> MemoryStats:
     """M, V and the smallest margin over GPUs. Every GPU of a stage (its tp ranks, in each of the dp
     replicas) has the stage's peak, so V is the variance weighted by each stage's GPU count
-    (paper §3.1.2; docs/architecture.md §Score: variance over GPUs, absolute MiB): V = E[x²] − E[x]²."""
+    (paper §3.1.2; docs/architecture.md §Score: variance over GPUs, absolute MiB): V = E[(x − E[x])²],
+    two-pass (no cancellation in float32), row by row (batch-independent, see stage_sum)."""
     w = (gpu_weight / gpu_weight.sum()).astype(stage_peak_mib.dtype)
-    mean = w @ stage_peak_mib
-    var = np.maximum(w @ (stage_peak_mib * stage_peak_mib) - mean * mean, 0.0)
+    mean = stage_sum(stage_peak_mib, w)
+    dev = stage_peak_mib - mean
+    var = stage_sum(dev * dev, w)
     inv_cap = (1.0 / np.asarray(capacity_mib)).astype(stage_peak_mib.dtype)
     margin = 1.0 - (stage_peak_mib * inv_cap[:, None]).max(axis=0)
     return MemoryStats(max_mib=stage_peak_mib.max(axis=0), variance_mib2=var, min_margin=margin)

@@ -1,117 +1,217 @@
-"""The vectorised search engine: every layout × every layer split, recompute assignment, Φ, top-k.
+"""The search: every layout × every layer split × per-stage recompute, exactly, in bounded memory.
 
-Per layout, all layer splits are one numpy array (N, pp); stage times and memory are gathered
-from the stage tables in one indexing operation, and the 1F1B totals, recompute fit/refine and Φ
-are array expressions — never a Python loop per plan (docs/architecture.md §Search).
+1. Layouts, stage contexts, one batch of stage predictions, per-layout stacked tables (`prepare`).
+2. Exact counts of the space and of its feasible plans (generating functions, no enumeration).
+3. The decision sets — top-k by time, top-k by Φ (within max_time_ratio of the fastest), the Pareto
+   front of (T, M, V) — by branch-and-bound over boxes of layer splits (memx.planner.bnb): boxes whose
+   lower bounds (memx.planner.bounds) prove that none of their plans can enter a set are discarded;
+   the rest are enumerated and scored by the vectorised engine. `exhaustive=True` scores every plan
+   instead (the reference; memx.planner.exhaustive) and must give the same answer.
+4. Φ's reference medians (memx.planner.medians): exact when the space has ≤ `exact_medians_max` splits,
+   else from a seeded uniform sample of feasible plans with a stated quantile bound.
+Memory is bounded by the chunk and the kept sets, never by the size of the space (docs/planner.md
+§Search, docs/architecture.md §Search).
 """
 
 from __future__ import annotations
 
-import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from contextlib import nullcontext
 from functools import partial
 
 import numpy as np
 
 from memx.domain.errors import InfeasibleError
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
-from memx.planner.candidates import CandidatePool, keep_chunk, pareto_front
+from memx.planner.bnb import Work, explore
+from memx.planner.bounds import LayoutBounds
+from memx.planner.candidates import Cand, Keeper, pareto_front
 from memx.planner.cost import model_static_bytes
+from memx.planner.exhaustive import exhaustive_search
+from memx.planner.medians import exact_medians, sampled_medians
 from memx.planner.metrics import PlanMetrics, plan_metrics
-from memx.planner.objective import auto_profile, log_score, parse_weights, phi
+from memx.planner.objective import auto_profile, parse_weights, phi
 from memx.planner.predictions import PredictedTables, predict_tables
-from memx.planner.recompute import Assignment, fit, refine
+from memx.planner.prepared import Prepared, chunks, layout_contexts, prepare, score_splits
 from memx.planner.result import SearchResult, SpaceCount
-from memx.planner.schedule import pipeline
-from memx.planner.signatures import StagePredictor
-from memx.planner.space import Layout, check_space_input, count_compositions, count_with_options, enumerate_layouts, splits
-from memx.planner.tables import LayoutTables, StageContext, decode_option, stage_options
+from memx.planner.schedule import MemoryStats
+from memx.planner.space import Layout, check_space_input, count_compositions, count_with_options, enumerate_layouts
+from memx.planner.tables import LayoutTables, decode_option, stage_options
 
 __all__ = ["SearchResult", "SpaceCount", "search", "shard_layouts"]
 
+MEDIAN_SAMPLE = 1 << 17  # feasible plans drawn for the medians of a large space
+EXACT_MEDIANS_MAX = 1 << 18  # spaces with at most this many splits get exact medians
+Progress = Callable[[int, int], None]
 
-def _contexts(layouts: list[Layout], n_layers: int) -> dict[StageContext, int]:
-    """Every stage context of the layouts, with the most layers any layout may give it."""
-    out: dict[StageContext, int] = {}
-    for lay in layouts:
-        for c in lay.contexts():
-            out[c] = max(out.get(c, 0), n_layers - lay.pp + 1)
-    return out
+# Names the tests and benchmarks use.
+_Prepared, _prepare, _chunks, _contexts = Prepared, prepare, chunks, layout_contexts
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Prepared:
-    lay: Layout
-    tables: LayoutTables
-    hi: np.ndarray  # per-stage layer cap
+def shard_layouts(prepared: list[Prepared], by: str = "layout") -> list[list[int]]:
+    """Indices of `prepared` grouped into shards: one per layout, or one per (pp, GPU-type order)."""
+    if by == "layout":
+        return [[i] for i in range(len(prepared))]
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(prepared):
+        order = tuple(dict.fromkeys(p.lay.stage_gpus))
+        groups.setdefault((p.lay.pp, order), []).append(i)
+    return list(groups.values())
 
 
-def _prepare(lay: Layout, pt: PredictedTables, cluster: Cluster, model: ModelArch, seq: int,
-             slowdown: float) -> _Prepared | None:
-    ctxs = lay.contexts()
-    if any(c not in pt.tables for c in ctxs):
-        return None
-    pipe = pipeline(cluster, model, stage_gpus=lay.stage_gpus, stage_tp=lay.stage_tp, dp=lay.dp,
-                    micro_batch=lay.micro_batch, micro_batches=lay.micro_batches, seq_len=seq, p2p_gbps=lay.p2p_gbps,
-                    dp_gbps=lay.dp_gbps)
-    lt = LayoutTables.stack([pt.tables[c] for c in ctxs], pipe)
-    hi = np.array([pt.max_layers[c] for c in ctxs])
-    if slowdown > 0:
-        hi = np.minimum(hi, _slowdown_caps(lt, model.layers, slowdown))
-    return _Prepared(lay=lay, tables=lt, hi=hi)
+def _root_order(shard: list[tuple[int, Prepared]], total: int, space: SearchSpace) -> list[tuple[float, int]]:
+    """(lower bound of T over the layout, position in the shard), most promising first."""
+    out = []
+    for j, (_, prep) in enumerate(shard):
+        bounds = LayoutBounds(prep.build(), prep.hi, total, space.target_margin)
+        a, b = bounds.root()
+        out.append((float(bounds.time_lb(a, b).min()) if len(a) else np.inf, j))
+    return sorted(out)
 
 
-def _slowdown_caps(lt: LayoutTables, total: int, factor: float) -> np.ndarray:
-    """Per-stage layer caps: a stage whose fitted time exceeds factor × B* (B* = the smallest
-    achievable bottleneck stage time of this layout) makes the plan ≥ factor× slower in the
-    steady 1F1B phase than the balanced split; such splits are pruned before evaluation."""
-    n = np.arange(lt.rows)
-    fitted = np.full((lt.pp, lt.rows), np.inf)
-    for s in range(lt.pp):
-        f = lt.fit[s * lt.rows + n]
-        ok = (f >= 0) & (n > 0)
-        fitted[s, ok] = lt.time_ms[(s * lt.rows + n[ok]) * lt.k + f[ok]]
-    cand = np.unique(fitted[np.isfinite(fitted)])
-    if cand.size == 0:
-        return np.zeros(lt.pp, dtype=np.int64)
+def _explore_shard(shard: list[tuple[int, Prepared]], *, weights: Weights | None, space: SearchSpace, top_k: int,
+                   total: int, order: list[tuple[float, int]] | None = None,
+                   tick: Callable[[int], None] | None = None) -> tuple[Keeper, Work]:
+    """Branch-and-bound over a shard's layouts, the most promising first (by the root time bound); a
+    layout whose root bound already rules it out is discarded without building its tables."""
+    keeper = Keeper(top_k=1 if weights is None else top_k, max_time_ratio=space.max_time_ratio,
+                    timed_only=weights is None)
+    work = Work()
+    for root_lb, j in order if order is not None else _root_order(shard, total, space):
+        li, prep = shard[j]
+        if np.isfinite(root_lb) and keeper.time_needed(np.array([root_lb]))[0]:
+            lt = prep.build()
+            bounds = LayoutBounds(lt, prep.hi, total, space.target_margin)
+            evaluate = partial(score_splits, lt, li, weights=weights, space=space)
+            work.add(explore(bounds, keeper, lambda S, f=evaluate: f(S), weights, space.epsilon_mib2))
+        if tick is not None:
+            tick(1)
+    return keeper, work
 
-    def capacity(bound: float) -> np.ndarray:
-        return np.array([(n * (fitted[s] <= bound)).max() for s in range(lt.pp)])
 
-    lo, hi = 0, cand.size - 1
-    while lo < hi:  # smallest B with Σ_s max{n : t_s(n) ≤ B} ≥ total
-        mid = (lo + hi) // 2
-        if capacity(cand[mid]).sum() >= total:
-            hi = mid
+def _run_phase(prepared: list[Prepared], shards: list[list[int]], run_map, tick, order, **kw) -> tuple[Keeper, Work]:
+    """One branch-and-bound phase: in-process with one shared keeper, or through `run_map` per shard."""
+    if run_map is None:
+        return _explore_shard(list(enumerate(prepared)), tick=tick, order=order, **kw)
+    parts = [[(i, prepared[i]) for i in sh] for sh in shards]
+    keeper, work = None, Work()
+    for sh, (k, w) in zip(shards, run_map(partial(_explore_shard, **kw), parts)):  # in order: deterministic
+        if keeper is None:
+            keeper = k
         else:
-            lo = mid + 1
-    return np.maximum(capacity(cand[lo] * factor), 1)
+            keeper.merge(k)
+        work.add(w)
+        tick(len(sh))
+    return keeper, work
 
 
-def _chunks(prep: _Prepared, total: int, chunk: int):
-    S = splits(total, np.ones(prep.lay.pp, dtype=np.int64), prep.hi)
-    for i in range(0, len(S), chunk):
-        yield S[i:i + chunk]
+def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *, weights: str | None = None,
+           top_k: int = 10, chunk: int = 1 << 17, workers: int | None = None, mapper=None, shard_by: str = "layout",
+           exhaustive: bool = False, on_progress: Progress | None = None, median_sample: int = MEDIAN_SAMPLE,
+           exact_medians_max: int = EXACT_MEDIANS_MAX) -> SearchResult:
+    """Search the plan space; raises InfeasibleError (exit 3) with the reason when nothing fits.
+
+    `mapper(fn, shards)` (results in order; Prefect's task runner, threads or Dask) runs the shards
+    (`shard_by`: "layout" or "pp-order") each with its own kept sets, merged in shard order; without a
+    mapper the layouts share one keeper in this process, most promising first (`workers` is accepted
+    for compatibility: one shared keeper prunes far more than parallel shards would gain on few cores).
+    `on_progress(done, total)` is called as layouts finish (units: layouts per phase, plus the medians).
+    The answer is the same in every mode, and the same as `exhaustive=True`.
+    """
+    t0 = time.perf_counter()
+    check_space_input(model, space)
+    chosen = parse_weights(weights or space.weights)
+    seq, total = space.seq_len or model.seq_len, model.layers
+    layouts = enumerate_layouts(cluster, model, space)
+    if not layouts:
+        raise InfeasibleError(f"no layout of {model.name} on {cluster.name}: with use_all_gpus={space.use_all_gpus}, "
+                              f"tp {list(space.tp_options)}, pp {space.min_pp}..{space.max_pp} and global batch "
+                              f"{space.global_batch} no dp × Σtp uses the GPUs as required")
+    pt = predict_tables(layout_contexts(layouts, total), cluster, model, seq, space.recompute_levels,
+                        space.reserve_gib, predictor)
+    t_pred = time.perf_counter()
+    prepared = [p for lay in layouts if (p := prepare(lay, pt, cluster, model, seq, space.max_stage_slowdown))]
+    counts = [p.counts(total) for p in prepared]
+    evaluated, feasible = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    if feasible == 0:
+        raise InfeasibleError(_infeasible_reason(cluster, model, space, pt))
+    phases = (1 if chosen is not None else 2) + (1 if exhaustive else 0)
+    done = [0]
+    units = phases * len(prepared) + 1
+
+    def tick(n: int) -> None:
+        done[0] += n
+        if on_progress is not None:
+            on_progress(min(done[0], units), units)
+
+    timings = {"predict_tables_s": t_pred - t0}
+    if exhaustive:
+        keeper, chosen, refs, work = exhaustive_search(prepared, total=total, space=space, cluster=cluster,
+                                                       weights=chosen, top_k=top_k, chunk=chunk, tick=tick)
+        sample = 0
+    else:
+        shards = shard_layouts(prepared, shard_by)
+        order = _root_order(list(enumerate(prepared)), total, space) if mapper is None else None
+        with nullcontext(mapper) as run_map, ThreadPoolExecutor(max_workers=1) as side:
+            if chosen is None:  # auto: the fastest plan after step 1 and its smallest margin decide
+                first, _ = _run_phase(prepared, shards, run_map, tick, order, weights=None, space=space, top_k=1,
+                                      total=total)
+                chosen = auto_profile(cluster, first.by_time[0].margin if first.by_time else None)
+            t_pre = time.perf_counter()
+            # The medians need no bound: computed beside the branch-and-bound (numpy releases the GIL).
+            medians = side.submit(_medians, prepared, chosen, space, total, evaluated, median_sample, exact_medians_max)
+            keeper, work = _run_phase(prepared, shards, run_map, tick, order, weights=chosen, space=space,
+                                      top_k=top_k, total=total)
+            timings["branch_and_bound_s"] = time.perf_counter() - t_pre
+            refs, sample = medians.result()
+            timings["medians_wait_s"] = time.perf_counter() - t_pre - timings["branch_and_bound_s"]
+    tick(1)
+    if not keeper.by_time:
+        raise InfeasibleError(_infeasible_reason(cluster, model, space, pt))
+
+    tables: dict[int, LayoutTables] = {}
+
+    def build(items: list[Cand]) -> list[PlanMetrics]:
+        for c in items:
+            if c.layout not in tables:
+                tables[c.layout] = prepared[c.layout].build()
+        return [_candidate(prepared[c.layout].lay, tables[c.layout], c, model, cluster, space, seq, refs, chosen)
+                for c in items]
+
+    return SearchResult(
+        weights=chosen,
+        space=SpaceCount(layouts=len(layouts), total=_space_total(layouts, total, space.recompute_levels),
+                         splits_total=sum(count_compositions(total, lay.pp) for lay in layouts), evaluated=evaluated,
+                         feasible=feasible, scored=work.scored, discarded=evaluated - work.scored),
+        refs=refs, refs_sample=sample, top=build(keeper.best_by_score()), top_time=build(keeper.best_by_time()),
+        pareto=pareto_front(build(keeper.pareto())),
+        search_s=time.perf_counter() - t0, predict_s=pt.predict_s, signatures=pt.signatures,
+        epsilon_mib2=space.epsilon_mib2, timings=timings,
+    )
 
 
-def _fastest_step1(prep: _Prepared, *, total: int, chunk: int) -> tuple[float, float | None]:
-    """(time, smallest margin) of one layout's fastest plan after step 1."""
-    best_t, best_margin = np.inf, None
-    for S in _chunks(prep, total, chunk):
-        _, _, a = fit(prep.tables, prep.tables.base(S))
-        if a.time_ms.size and a.time_ms.min() < best_t:
-            i = int(a.time_ms.argmin())
-            best_t, best_margin = float(a.time_ms[i]), float(a.stats.min_margin[i])
-    return best_t, best_margin
+def _medians(prepared: list[Prepared], w: Weights, space: SearchSpace, total: int, evaluated: int, sample: int,
+             exact_max: int) -> tuple[tuple[float, float, float], int]:
+    """(medians of T, M, V over the feasible plans, sample size or 0 when exact)."""
+    def stats(li: int, S: np.ndarray):
+        sc = score_splits(prepared[li].build(), li, S, w, space)
+        if sc is None:
+            return None
+        a = sc.assignment
+        return a.time_ms, a.stats.max_mib, a.stats.variance_mib2
+
+    if evaluated <= exact_max:
+        values = [v for li, p in enumerate(prepared) for S in chunks(p, total, exact_max) if (v := stats(li, S))]
+        return exact_medians(values), 0
+    refs, n = sampled_medians([p.allowed(feasible=True) for p in prepared], total, sample, 0, stats)
+    return refs, n
 
 
-def _space_total(layouts: list[Layout], total: int, levels: tuple[str, ...]) -> tuple[int, int]:
+def _space_total(layouts, total: int, levels: tuple[str, ...]) -> int:
     opts = tuple([0] + [len(stage_options(n, levels)) for n in range(1, total + 1)])
-    with_rc = sum(count_with_options(total, lay.pp, opts) for lay in layouts)
-    return with_rc, sum(count_compositions(total, lay.pp) for lay in layouts)
+    return sum(count_with_options(total, lay.pp, opts) for lay in layouts)
 
 
 def _infeasible_reason(cluster: Cluster, model: ModelArch, space: SearchSpace, pt: PredictedTables) -> str:
@@ -128,118 +228,13 @@ def _infeasible_reason(cluster: Cluster, model: ModelArch, space: SearchSpace, p
             f"(micro batch {list(space.micro_batch_options)}, tp {list(space.tp_options)}, pp ≤ {space.max_pp})")
 
 
-def _default_workers() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
-
-
-def _evaluate_layout(prep: _Prepared, *, total: int, chunk: int, weights: Weights, space: SearchSpace,
-                     per_chunk: int):
-    """Step 1 + step 2 and Φ for every split of one layout, chunk by chunk."""
-    out = []
-    for S in _chunks(prep, total, chunk):
-        ok, base, a = fit(prep.tables, prep.tables.base(S))
-        if not ok.any():
-            out.append((len(S), None))
-            continue
-        a = refine(prep.tables, base, a, weights, epsilon_mib2=space.epsilon_mib2, target_margin=space.target_margin)
-        score = log_score(a.time_ms, a.stats.max_mib, a.stats.variance_mib2, weights, space.epsilon_mib2)
-        out.append((len(S), keep_chunk(S[ok], a, score, per_chunk=per_chunk, max_time_ratio=space.max_time_ratio)))
-    return out
-
-
-def shard_layouts(prepared: list[_Prepared], by: str = "layout") -> list[list[int]]:
-    """Indices of `prepared` grouped into shards: one per layout, or one per (pp, GPU-type order)."""
-    if by == "layout":
-        return [[i] for i in range(len(prepared))]
-    groups: dict[tuple, list[int]] = {}
-    for i, p in enumerate(prepared):
-        order = tuple(dict.fromkeys(p.lay.stage_gpus))
-        groups.setdefault((p.lay.pp, order), []).append(i)
-    return list(groups.values())
-
-
-def _prepass_shard(preps: list[_Prepared], *, total: int, chunk: int) -> list[tuple[float, float | None]]:
-    return [_fastest_step1(p, total=total, chunk=chunk) for p in preps]
-
-
-def _evaluate_shard(preps: list[_Prepared], **kw) -> list[list]:
-    return [_evaluate_layout(p, **kw) for p in preps]
-
-
-def _thread_mapper(workers: int | None):
-    @contextmanager
-    def ctx():
-        with ThreadPoolExecutor(max_workers=workers or _default_workers()) as ex:  # numpy releases the GIL
-            yield ex.map
-    return ctx()
-
-
-def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor: StagePredictor, *,
-           weights: str | None = None, top_k: int = 10, chunk: int = 1 << 19, workers: int | None = None,
-           mapper=None, shard_by: str = "layout") -> SearchResult:
-    """Search the plan space; raises InfeasibleError (exit 3) with the reason when nothing fits.
-
-    Layouts are evaluated in shards (`shard_by`: "layout" or "pp-order") through `mapper(fn, shards)`,
-    which must return results in order — a thread pool by default; the Prefect search flow passes
-    its task runner (threads or Dask). Merging in shard order makes the result independent of it.
-    """
-    t0 = time.perf_counter()
-    check_space_input(model, space)
-    chosen = parse_weights(weights or space.weights)
-    seq = space.seq_len or model.seq_len
-    layouts = enumerate_layouts(cluster, model, space)
-    if not layouts:
-        raise InfeasibleError(f"no layout of {model.name} on {cluster.name}: with use_all_gpus={space.use_all_gpus}, "
-                              f"tp {list(space.tp_options)}, pp {space.min_pp}..{space.max_pp} and global batch "
-                              f"{space.global_batch} no dp × Σtp uses the GPUs as required")
-    pt = predict_tables(_contexts(layouts, model.layers), cluster, model, seq, space.recompute_levels,
-                        space.reserve_gib, predictor)
-    t_pred = time.perf_counter()
-    prepared = [p for lay in layouts if (p := _prepare(lay, pt, cluster, model, seq, space.max_stage_slowdown))]
-    shards = shard_layouts(prepared, shard_by)
-    pool = CandidatePool(top_k=top_k, max_time_ratio=space.max_time_ratio)
-    evaluated = feasible = 0
-    with (nullcontext(mapper) if mapper is not None else _thread_mapper(workers)) as run_map:
-        parts_of = [[prepared[i] for i in sh] for sh in shards]
-        if chosen is None:  # auto: a step-1 pre-pass finds the fastest plan and its smallest margin
-            firsts = [x for res in run_map(partial(_prepass_shard, total=model.layers, chunk=chunk), parts_of)
-                      for x in res]
-            chosen = auto_profile(cluster, min(firsts, key=lambda x: x[0])[1] if firsts else None)
-        run = partial(_evaluate_shard, total=model.layers, chunk=chunk, weights=chosen, space=space,
-                      per_chunk=pool.per_chunk)
-        for sh, results in zip(shards, run_map(run, parts_of)):  # in order: deterministic results
-            for li, parts in zip(sh, results):
-                for n_eval, kept in parts:
-                    evaluated += n_eval
-                    if kept is not None:
-                        feasible += len(kept.time_ms)
-                        pool.add(li, kept)
-    if feasible == 0:
-        raise InfeasibleError(_infeasible_reason(cluster, model, space, pt))
-    total, splits_total = _space_total(layouts, model.layers, space.recompute_levels)
-    refs = pool.medians()
-
-    def build(items):
-        return [_candidate(prepared[li], S, a, model, cluster, space, seq, refs, chosen) for li, S, a in items]
-
-    result = SearchResult(
-        weights=chosen,
-        space=SpaceCount(layouts=len(layouts), total=total, splits_total=splits_total, evaluated=evaluated,
-                         feasible=feasible),
-        refs=refs, top=build(pool.best_by_score()), top_time=build(pool.best_by_time()),
-        pareto=pareto_front(build(pool.pareto_pool())),
-        search_s=time.perf_counter() - t0, predict_s=pt.predict_s, signatures=pt.signatures,
-        epsilon_mib2=space.epsilon_mib2, timings={"predict_tables_s": t_pred - t0},
-    )
-    return result
-
-
-def _candidate(prep: _Prepared, S: np.ndarray, a: Assignment, model, cluster, space, seq, refs, w) -> PlanMetrics:
-    lay, lt = prep.lay, prep.tables
-    codes = lt.code[lt.base(S[None, :])[:, 0] * lt.k + a.level]
-    rec = tuple(decode_option(int(c), int(n)) for c, n in zip(codes, S))
-    plan = lay.to_plan(model, cluster, space.global_batch, seq, tuple(int(n) for n in S), rec)
-    score = phi(a.time_ms, a.stats.max_mib, a.stats.variance_mib2, refs=refs, weights=w, epsilon_mib2=space.epsilon_mib2)
+def _candidate(lay: Layout, lt: LayoutTables, c: Cand, model, cluster, space, seq, refs, w) -> PlanMetrics:
+    S = np.asarray(c.split)
+    codes = lt.code[lt.base(S[None, :])[:, 0] * lt.k + c.level]
+    rec = tuple(decode_option(int(code), int(n)) for code, n in zip(codes, S))
+    plan = lay.to_plan(model, cluster, space.global_batch, seq, c.split, rec)
+    score = phi(c.time_ms, c.max_mib, c.var_mib2, refs=refs, weights=w, epsilon_mib2=space.epsilon_mib2)
+    stats = MemoryStats(max_mib=np.float32(c.max_mib), variance_mib2=np.float32(c.var_mib2), min_margin=np.float32(c.margin))
     # Feasible by construction: step 1 keeps only plans whose every stage fits capacity − reserve.
-    return plan_metrics(plan, iteration_time_ms=a.time_ms, stage_time_ms=a.stage_ms, stage_peak_mib=a.stage_mib,
-                        capacity_mib=lt.capacity_mib, stats=a.stats, feasible=True, phi=float(score))
+    return plan_metrics(plan, iteration_time_ms=c.time_ms, stage_time_ms=c.stage_ms, stage_peak_mib=c.stage_mib,
+                        capacity_mib=lt.capacity_mib, stats=stats, feasible=True, phi=float(score))

@@ -129,13 +129,14 @@ def test_cli(tmp_path):
     assert bad.exit_code == 2
 
 
-def test_full_scale_bounds_are_declared():
-    """The full-scale runs bound the large spaces (documented in docs/results.md); no search runs here."""
+def test_full_scale_spaces_are_not_bounded():
+    """The full-scale runs search whole spaces (issue #13: the exact search made the bounds unnecessary);
+    no search runs here."""
     from memx.experiments import robustness, scaling
 
-    full = {cl.total_gpus: (gb, bound, proxy.total_gpus) for cl, gb, bound, proxy in scaling.clusters("full")}
+    full = {cl.total_gpus: (gb, proxy.total_gpus) for cl, gb, proxy in scaling.clusters("full")}
     assert {20, 40, 60, 128, 512, 1024} == set(full)
-    assert full[1024][1] == scaling.LARGE and full[1024][2] == 32  # 4 types: trained on a 32-GPU proxy
-    assert full[60][1] == {} and full[128][2] == 20  # Table 11 sizes keep the default space
-    assert [s[4] for s in robustness.SCENARIOS["small"]] == [{}, {}]
-    assert all(s[4] == robustness.BOUND for s in robustness.SCENARIOS["full"][1:])
+    assert full[1024] == (1024, 32)  # 4 types: trained on a 32-GPU proxy
+    assert full[128][1] == 20
+    assert not hasattr(scaling, "LARGE") and not hasattr(robustness, "BOUND")
+    assert all(len(s) == 4 for scale in ("small", "full") for s in robustness.SCENARIOS[scale])

@@ -1,0 +1,108 @@
+"""Φ's reference values — the medians of T, M and V over every feasible plan — in bounded memory.
+
+* Exact, streaming (`RadixMedians`): the float32 values are non-negative, so their bit patterns order
+  like the values. Pass 1 counts the high 16 bits (65,536 bins), which gives the bin holding each
+  middle rank; pass 2 counts the low 16 bits of the values in those bins, which gives the middle
+  values themselves (a two-pass radix select, Knuth TAOCP vol. 3 §5.2.5). Memory: 2 × 65,536 counts
+  per statistic, whatever the number of plans.
+* Sampled (`sampled_medians`), when the space is larger than `exact_max` splits: n feasible plans drawn
+  uniformly (with replacement) over all layouts (memx.planner.compositions), fully assigned and scored,
+  and their sample medians. Bound (Dvoretzky–Kiefer–Wolfowitz with Massart's constant, 1990): with
+  probability ≥ 1 − δ the sample median lies between the (½ − ε) and (½ + ε) quantiles of all feasible
+  plans, ε = √(ln(2/δ) / 2n) — for n = 2¹⁷ and δ = 10⁻⁶, ε = 0.0075. The draw is seeded: the same search
+  gives the same values. Φ's ranking never needs the medians (log Φ differs from wT·log T + wM·log M +
+  wV·log(V + ε) by a constant), so the pick, the top-k and the Pareto front are exact either way; the
+  medians only scale the Φ values reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from memx.planner.compositions import sample_splits, suffix_counts
+from memx.planner.schedule import MemoryStats
+
+BINS = 1 << 16
+
+
+def dkw_epsilon(n: int, delta: float = 1e-6) -> float:
+    """Quantile error ε of an n-sample median with probability ≥ 1 − δ (DKW inequality, Massart 1990)."""
+    return math.sqrt(math.log(2.0 / delta) / (2.0 * n)) if n > 0 else 1.0
+
+
+class RadixMedians:
+    """Exact medians of three float32 streams (T, M, V) in two passes over the same values."""
+
+    def __init__(self):
+        self.n = 0
+        self.high = np.zeros((3, BINS), dtype=np.int64)
+        self.low: list[dict[int, np.ndarray]] | None = None
+        self._targets: list[tuple[int, int]] = []
+
+    @staticmethod
+    def _bits(values: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+
+    def first_pass(self, stats: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        self.n += len(stats[0])
+        for i, v in enumerate(stats):
+            self.high[i] += np.bincount(self._bits(v) >> 16, minlength=BINS)
+
+    def _ranks(self) -> tuple[int, int]:
+        return (self.n - 1) // 2, self.n // 2
+
+    def second_pass(self, stats: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        if self.low is None:
+            self.low = []
+            for i in range(3):
+                cum = np.cumsum(self.high[i])
+                bins = {int(np.searchsorted(cum, r, side="right")) for r in self._ranks()}
+                self.low.append({b: np.zeros(BINS, dtype=np.int64) for b in bins})
+        for i, v in enumerate(stats):
+            bits = self._bits(v)
+            for b, hist in self.low[i].items():
+                sel = bits[(bits >> 16) == b]
+                hist += np.bincount(sel & 0xFFFF, minlength=BINS)
+
+    def medians(self) -> tuple[float, float, float]:
+        out = []
+        for i in range(3):
+            cum = np.cumsum(self.high[i])
+            vals = []
+            for r in self._ranks():
+                b = int(np.searchsorted(cum, r, side="right"))
+                offset = r - (int(cum[b - 1]) if b else 0)
+                lo = int(np.searchsorted(np.cumsum(self.low[i][b]), offset, side="right"))
+                vals.append(np.array([(b << 16) | lo], dtype=np.uint32).view(np.float32)[0])
+            out.append(float(np.median(np.array(vals, dtype=np.float32))))
+        return out[0], out[1], out[2]
+
+
+def stats_of(a_stats: MemoryStats, time_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return time_ms, a_stats.max_mib, a_stats.variance_mib2
+
+
+def exact_medians(values: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[float, float, float]:
+    """Medians of a bounded list of (T, M, V) batches (np.median over their concatenation)."""
+    med = [float(np.median(np.concatenate([v[i] for v in values]))) for i in range(3)]
+    return med[0], med[1], med[2]
+
+
+def sampled_medians(allowed: list[np.ndarray], total: int, n: int, seed: int,
+                    score: Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray] | None]
+                    ) -> tuple[tuple[float, float, float], int]:
+    """Sample medians of n feasible plans drawn uniformly over the layouts' feasible splits
+    (allowed[l]: (pp, rows) feasible layer counts of layout l). Returns (medians, plans in the sample)."""
+    rng = np.random.default_rng(seed)
+    weight = np.array([suffix_counts(total, ok)[0, total] for ok in allowed])
+    draws = rng.multinomial(n, weight / weight.sum())
+    values = []
+    for li in np.nonzero(draws)[0]:
+        S = sample_splits(total, allowed[li], int(draws[li]), rng)
+        got = score(int(li), S) if len(S) else None
+        if got is not None:
+            values.append(got)
+    return exact_medians(values), sum(len(v[0]) for v in values)

@@ -1,0 +1,147 @@
+"""A layout ready to search: its stacked stage tables, per-stage layer caps, and the vectorised scoring of
+a batch of its splits (step 1 fit, step 2 refine, log Φ) — the one evaluation every search path uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
+from memx.planner.candidates import Scored
+from memx.planner.compositions import count_splits
+from memx.planner.objective import log_score
+from memx.planner.predictions import PredictedTables
+from memx.planner.recompute import fit, refine
+from memx.planner.schedule import Pipeline, pipeline
+from memx.planner.space import Layout, splits
+from memx.planner.tables import LayoutTables, StageContext, StageTable
+
+
+def layout_contexts(layouts: list[Layout], n_layers: int) -> dict[StageContext, int]:
+    """Every stage context of the layouts, with the most layers any layout may give it."""
+    out: dict[StageContext, int] = {}
+    for lay in layouts:
+        for c in lay.contexts():
+            out[c] = max(out.get(c, 0), n_layers - lay.pp + 1)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """A layout, its stage tables (shared with every layout of the same contexts) and layer caps.
+
+    The stacked LayoutTables (pp × layers × ladder floats) are built when needed and not kept, so the
+    memory of a search does not grow with the number of layouts; `tables` caches them for callers
+    that look at one layout (tests, benchmarks)."""
+
+    lay: Layout
+    stages: tuple[StageTable, ...]
+    pipe: Pipeline
+    hi: np.ndarray  # per-stage layer cap
+
+    def build(self) -> LayoutTables:
+        return LayoutTables.stack(list(self.stages), self.pipe)
+
+    @cached_property
+    def tables(self) -> LayoutTables:
+        return self.build()
+
+    def allowed(self, *, feasible: bool) -> np.ndarray:
+        """(pp, rows) layer counts each stage may take: within the caps, and (feasible) fitting at some level."""
+        fit = np.stack([st.fit for st in self.stages])
+        n = np.arange(fit.shape[1])
+        ok = (n[None, :] >= 1) & (n[None, :] <= self.hi[:, None])
+        return ok & (fit >= 0) if feasible else ok
+
+    def counts(self, total: int) -> tuple[int, int]:
+        """(splits within the caps, feasible plans among them), exactly."""
+        return count_splits(total, self.allowed(feasible=False)), count_splits(total, self.allowed(feasible=True))
+
+
+def prepare(lay: Layout, pt: PredictedTables, cluster: Cluster, model: ModelArch, seq: int,
+            slowdown: float) -> Prepared | None:
+    ctxs = lay.contexts()
+    if any(c not in pt.tables for c in ctxs):
+        return None
+    pipe = pipeline(cluster, model, stage_gpus=lay.stage_gpus, stage_tp=lay.stage_tp, dp=lay.dp,
+                    micro_batch=lay.micro_batch, micro_batches=lay.micro_batches, seq_len=seq, p2p_gbps=lay.p2p_gbps,
+                    dp_gbps=lay.dp_gbps)
+    stages = tuple(pt.tables[c] for c in ctxs)
+    hi = np.array([pt.max_layers[c] for c in ctxs])
+    if slowdown > 0:
+        hi = np.minimum(hi, _slowdown_caps(stages, model.layers, slowdown))
+    return Prepared(lay=lay, stages=stages, pipe=pipe, hi=hi)
+
+
+def _slowdown_caps(stages: tuple[StageTable, ...], total: int, factor: float) -> np.ndarray:
+    """Per-stage layer caps: a stage whose fitted time exceeds factor × B* (B* = the smallest
+    achievable bottleneck stage time of this layout) makes the plan ≥ factor× slower in the
+    steady 1F1B phase than the balanced split; such splits are pruned before evaluation."""
+    rows = len(stages[0].fit)
+    n = np.arange(rows)
+    fitted = np.full((len(stages), rows), np.inf)
+    for s, st in enumerate(stages):
+        ok = (st.fit >= 0) & (n > 0)
+        fitted[s, ok] = st.time_ms[n[ok], st.fit[ok]].astype(np.float32)  # the float32 the search uses
+    cand = np.unique(fitted[np.isfinite(fitted)])
+    if cand.size == 0:
+        return np.zeros(len(stages), dtype=np.int64)
+
+    def capacity(bound: float) -> np.ndarray:
+        return (n[None, :] * (fitted <= bound)).max(axis=1)
+
+    lo, hi = 0, cand.size - 1
+    while lo < hi:  # smallest B with Σ_s max{n : t_s(n) ≤ B} ≥ total
+        mid = (lo + hi) // 2
+        if capacity(cand[mid]).sum() >= total:
+            hi = mid
+        else:
+            lo = mid + 1
+    return np.maximum(capacity(cand[lo] * factor), 1)
+
+
+def chunks(prep: Prepared, total: int, chunk: int):
+    """Every split within the caps, in lexicographic order, at most `chunk` rows at a time (memory
+    bounded: a prefix of stage layer counts is fixed until the splits under it fit in one chunk)."""
+    allowed = prep.allowed(feasible=False)
+
+    def under(prefix: tuple[int, ...], left: int):
+        s = len(prefix)
+        if count_splits(left, allowed[s:, : left + 1]) <= chunk or s == prep.lay.pp - 1:
+            S = splits(left, np.ones(prep.lay.pp - s, dtype=np.int64), prep.hi[s:])
+            if len(S):
+                yield np.concatenate([np.tile(np.asarray(prefix, dtype=np.int16), (len(S), 1)), S], axis=1)
+            return
+        for v in range(1, min(int(prep.hi[s]), left) + 1):
+            yield from under(prefix + (v,), left - v)
+
+    buf, size = [], 0
+    for S in under((), total):
+        buf.append(S)
+        size += len(S)
+        if size >= chunk:
+            yield from _rechunk(np.concatenate(buf), chunk)
+            buf, size = [], 0
+    if buf:
+        yield from _rechunk(np.concatenate(buf), chunk)
+
+
+def _rechunk(S: np.ndarray, chunk: int):
+    for i in range(0, len(S), chunk):
+        yield S[i:i + chunk]
+
+
+def score_splits(lt: LayoutTables, layout: int, S: np.ndarray, weights: Weights | None,
+                 space: SearchSpace) -> Scored | None:
+    """Step 1 and (with weights) step 2 and log Φ for splits S (N, pp) of one layout's tables; None when
+    none is feasible."""
+    ok, base, a = fit(lt, lt.base(S))
+    if not ok.any():
+        return None
+    if weights is None:
+        return Scored(layout=layout, splits=S[ok], assignment=a, score=None)
+    a = refine(lt, base, a, weights, epsilon_mib2=space.epsilon_mib2, target_margin=space.target_margin)
+    score = log_score(a.time_ms, a.stats.max_mib, a.stats.variance_mib2, weights, space.epsilon_mib2)
+    return Scored(layout=layout, splits=S[ok], assignment=a, score=score)
