@@ -276,7 +276,14 @@ class SearchSpace:
     min_pp: Stages = 1
     """Fewest pipeline stages; at most `max_pp`."""
     use_all_gpus: bool = True
-    """Plans must use every GPU of the cluster."""
+    """Plans must use every GPU of the cluster; false: a plan may leave GPUs idle (any subset of types, any
+    count of stages per type), and records them in `idle_gpus`."""
+    distributed_optimizer: Annotated[tuple[bool, ...], MinLen(1), MaxLen(2)] = (True,)
+    """Distributed optimizer (ZeRO-1, Megatron-LM `--use-distributed-optimizer`) settings searched:
+    [true] (Megatron's usual), [false] (the paper's space), [false, true] both."""
+    sequence_parallel: Annotated[tuple[bool, ...], MinLen(1), MaxLen(2)] = (True,)
+    """Sequence parallelism at tp > 1 (Megatron-LM `--sequence-parallel`) settings searched: [true]
+    (Megatron's usual), [false] (the paper's space), [false, true] both."""
     weights: str = "auto"
     """Φ weights: a profile name (`auto`, `default`, `safety`, `throughput`) or "wT,wM,wV"."""
     dtype: Literal["bf16"] = "bf16"
@@ -304,6 +311,8 @@ class SearchSpace:
         object.__setattr__(self, "tp_options", tuple(sorted(set(self.tp_options))))
         object.__setattr__(self, "micro_batch_options", tuple(sorted(set(self.micro_batch_options))))
         object.__setattr__(self, "recompute_levels", tuple(dict.fromkeys(self.recompute_levels)))
+        object.__setattr__(self, "distributed_optimizer", tuple(dict.fromkeys(self.distributed_optimizer)))
+        object.__setattr__(self, "sequence_parallel", tuple(dict.fromkeys(self.sequence_parallel)))
         check_spec(self, self._cross_problems)
 
     def _cross_problems(self) -> list[Problem]:

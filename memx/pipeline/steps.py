@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
+from collections import Counter
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -22,7 +24,8 @@ from typing import Any
 
 import pandas as pd
 
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, NothingUsable
+from memx.domain.home import home_path
 from memx.domain.plan import plan_from_dict, plan_to_dict, validate_plan
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.learn.augment import AugmentResult
@@ -92,15 +95,33 @@ def save(store: ArtifactStore, step: str, version: str, result: StepResult, inpu
 
 def compute_profile(cluster: Cluster, gpu: str, model: ModelArch, space: SearchSpace, *, backend: str, seed: int,
                     conf_root: Path | None, options: dict[str, Any], key: str) -> StepResult:
+    """One GPU type's profile. Points measured so far are kept in a scratch folder under MEMX_HOME
+    (`profiling_scratch(key)`), so an interrupted profile resumes where it stopped; the caller removes
+    it once the step is stored. A records file may hold every GPU type: this type's profile keeps only
+    its own rows."""
     from memx.profiling import profile  # the profiler pulls in every backend: only when a profile is measured
 
     t0 = time.perf_counter()
-    res = profile(single_type(cluster, gpu), model, space, backend=backend, seed=seed, conf_root=conf_root, **options)
+    res = profile(single_type(cluster, gpu), model, space, backend=backend, seed=seed, conf_root=conf_root,
+                  out_dir=profiling_scratch(key), **options)
+    runs, count = res.stage_runs, res.runs
+    if backend == "records":
+        runs = runs.loc[runs["gpu"] == gpu].reset_index(drop=True)
+        count = len(runs)
+        if runs.empty:
+            raise NothingUsable(f"records for {gpu}: no imported row is for this GPU type",
+                                dict(Counter(f"row for {g}" for g in res.stage_runs["gpu"].astype(str))))
     return StepResult(
-        tables={"stage_runs": res.stage_runs, "sensitivity": res.sensitivity},
+        tables={"stage_runs": runs, "sensitivity": res.sensitivity},
         manifest={"key": key, "subject": profile_subject(cluster, gpu, model, space), "gpu": gpu, "backend": backend,
-                  "seed": seed, "model": model.name, "rows": int(len(res.stage_runs)), "runs": res.runs,
-                  "full_grid": res.full_grid, "failed": res.failed, "seconds": round(time.perf_counter() - t0, 3)})
+                  "seed": seed, "model": model.name, "rows": int(len(runs)), "runs": count,
+                  "full_grid": res.full_grid, "failed": int((runs["status"] == "failed").sum()),
+                  "seconds": round(time.perf_counter() - t0, 3)})
+
+
+def profiling_scratch(key: str) -> Path:
+    """Where a profile step keeps the points measured so far (resumed after an interruption)."""
+    return home_path("profiling", key)
 
 
 def profile_one(store: ArtifactStore, cluster: Cluster, gpu: str, model: ModelArch, space: SearchSpace, *,
@@ -114,8 +135,10 @@ def profile_one(store: ArtifactStore, cluster: Cluster, gpu: str, model: ModelAr
         return StepRun(step="profile", version=found[0], reused=True, manifest=found[1])
     result = compute_profile(cluster, gpu, model, space, backend=backend, seed=seed, conf_root=conf_root,
                              options=options, key=key)
-    return save(store, "profile", version_profile(key, refresh_token or ""), result,
-                {"cluster": cluster.name, "gpu": gpu, "backend": backend})
+    run = save(store, "profile", version_profile(key, refresh_token or ""), result,
+               {"cluster": cluster.name, "gpu": gpu, "backend": backend})
+    shutil.rmtree(profiling_scratch(key), ignore_errors=True)  # stored: nothing left to resume
+    return run
 
 
 def profile_all(store: ArtifactStore, cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: str,

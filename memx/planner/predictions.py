@@ -1,7 +1,8 @@
 """Predict every unique stage signature of a search once, and turn the answers into stage tables.
 
 The cheap bound runs first: a stage context can hold at most n layers if its weights, gradients and
-optimizer state alone (18 B/param, a lower bound of any real static memory) fit in capacity −
+optimizer state alone (18 B/param, or 6 + 12/dp with the distributed optimizer:
+memx.planner.cost.static_bytes_per_param — a lower bound of any real static memory) fit in capacity −
 reserve. Signatures beyond that bound are never predicted.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch
-from memx.planner.cost import BYTES_PER_PARAM_STATIC, MIB, stage_params_per_rank
+from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
 from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor, signature_frame
 from memx.planner.tables import StageContext, StageTable, stage_options, stage_table
 
@@ -34,7 +35,8 @@ def params_per_rank(ctx: StageContext, layers: np.ndarray, model: ModelArch) -> 
 def static_bound(ctx: StageContext, model: ModelArch, limit_mib: float, n_cap: int) -> int:
     """Largest n ≤ n_cap whose static memory fits limit_mib (0 if not even one layer)."""
     n = np.arange(1, n_cap + 1)
-    fits = params_per_rank(ctx, n, model) * BYTES_PER_PARAM_STATIC / MIB <= limit_mib
+    per_param = float(static_bytes_per_param(ctx.distributed_optimizer, ctx.dp))
+    fits = params_per_rank(ctx, n, model) * per_param / MIB <= limit_mib
     return int(n[fits].max()) if fits.any() else 0
 
 

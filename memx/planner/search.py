@@ -24,6 +24,7 @@ from functools import partial
 import numpy as np
 
 from memx.domain.errors import InfeasibleError
+from memx.domain.plan import with_idle_gpus
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
 from memx.planner.bnb import Work, explore
 from memx.planner.bounds import LayoutBounds
@@ -218,6 +219,7 @@ def _infeasible_reason(cluster: Cluster, model: ModelArch, space: SearchSpace, p
     need = model_static_bytes(model) / 2**30
     have = sum(n.count * (n.gpu.memory_gib - space.reserve_gib) for n in cluster.nodes)
     if need > have:
+        # 18 B/param in all: the distributed optimizer shards 12 of them over dp ranks but still holds them once.
         return (f"{model.name} needs ≥ {need:,.0f} GiB for weights, gradients and optimizer state (18 B/param); "
                 f"cluster {cluster.name} has {have:,.0f} GiB usable ({space.reserve_gib} GiB reserve per GPU)")
     for g in cluster.gpu_types:
@@ -233,6 +235,8 @@ def _candidate(lay: Layout, lt: LayoutTables, c: Cand, model, cluster, space, se
     codes = lt.code[lt.base(S[None, :])[:, 0] * lt.k + c.level]
     rec = tuple(decode_option(int(code), int(n)) for code, n in zip(codes, S))
     plan = lay.to_plan(model, cluster, space.global_batch, seq, c.split, rec)
+    if not space.use_all_gpus:  # the plan says which GPUs it leaves out
+        plan = with_idle_gpus(plan, cluster)
     score = phi(c.time_ms, c.max_mib, c.var_mib2, refs=refs, weights=w, epsilon_mib2=space.epsilon_mib2)
     stats = MemoryStats(max_mib=np.float32(c.max_mib), variance_mib2=np.float32(c.var_mib2), min_margin=np.float32(c.margin))
     # Feasible by construction: step 1 keeps only plans whose every stage fits capacity − reserve.

@@ -33,6 +33,8 @@ class Layout:
     micro_batches: int  # m
     p2p_gbps: tuple[float, ...]  # bandwidth between stage s and s+1 (len pp-1)
     dp_gbps: tuple[float, ...]  # bandwidth of stage s's DP all-reduce ring
+    distributed_optimizer: bool = False  # ZeRO-1 over the dp ranks (memx.planner.cost.static_bytes_per_param)
+    sequence_parallel: bool = False  # at tp > 1 (Korthikanti et al. 2022)
 
     @property
     def pp(self) -> int:
@@ -40,7 +42,8 @@ class Layout:
 
     def contexts(self) -> tuple[StageContext, ...]:
         return stage_contexts(self.stage_gpus, self.stage_tp, micro_batch=self.micro_batch,
-                              micro_batches=self.micro_batches)
+                              micro_batches=self.micro_batches, distributed_optimizer=self.distributed_optimizer,
+                              dp=self.dp, sequence_parallel=self.sequence_parallel)
 
     def to_plan(self, model: ModelArch, cluster: Cluster, global_batch: int, seq_len: int,
                 layers: tuple[int, ...], recompute: tuple[tuple[Recompute, int | None], ...]) -> Plan:
@@ -49,7 +52,8 @@ class Layout:
             for g, t, n, (r, rl) in zip(self.stage_gpus, self.stage_tp, layers, recompute, strict=True)
         )
         return Plan(model=model.name, cluster=cluster.name, global_batch=global_batch,
-                    micro_batch=self.micro_batch, seq_len=seq_len, dp=self.dp, stages=stages)
+                    micro_batch=self.micro_batch, seq_len=seq_len, dp=self.dp, stages=stages,
+                    distributed_optimizer=self.distributed_optimizer, sequence_parallel=self.sequence_parallel)
 
 
 def valid_tps(model: ModelArch, cluster: Cluster, gpu: str, options: tuple[int, ...]) -> list[int]:
@@ -118,10 +122,19 @@ def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq) -> list[Layou
         return []
     return [
         Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
-               p2p_gbps=links[0], dp_gbps=links[1])
+               p2p_gbps=links[0], dp_gbps=links[1], distributed_optimizer=do, sequence_parallel=sp)
         for mb in space.micro_batch_options
         if space.global_batch % (dp * mb) == 0
+        for do in _effective(space.distributed_optimizer, dp > 1)
+        for sp in _effective(space.sequence_parallel, max(tps) > 1)
     ]
+
+
+def _effective(options: tuple[bool, ...], matters: bool) -> tuple[bool, ...]:
+    """The option values searched for one layout: all of them where the option changes the job, else
+    only the first listed (the distributed optimizer at dp 1 and sequence parallelism at tp 1 change
+    nothing, so [false, true] would only repeat the same plans)."""
+    return options if matters else options[:1]
 
 
 def check_space_input(model: ModelArch, space: SearchSpace) -> None:

@@ -49,7 +49,9 @@ def problems(draw, conf_root):
         recompute_levels=tuple(levels), max_pp=draw(st.integers(2, 5)), use_all_gpus=draw(st.booleans()),
         max_time_ratio=draw(st.sampled_from((0.0, 1.1, 1.5))), max_stage_slowdown=draw(st.sampled_from((0.0, 2.0))),
         target_margin=draw(st.sampled_from((0.1, 0.3))), reserve_gib=draw(st.sampled_from((0.5, 2.0))),
-        weights=draw(st.sampled_from(("auto", "default", "safety", "throughput", "0.5,0.5,0"))))
+        weights=draw(st.sampled_from(("auto", "default", "safety", "throughput", "0.5,0.5,0"))),
+        distributed_optimizer=draw(st.sampled_from(((False,), (True,), (False, True)))),
+        sequence_parallel=draw(st.sampled_from(((False,), (True,), (True, False)))))
     return cluster, model, space, draw(st.integers(1, 6))
 
 

@@ -19,8 +19,14 @@ def test_sailor_profiles_import(realdata, tmp_path):
     row = df[(df.source == "records:sailor/OPT-350/A100-40/profile.json") & (df.gpu == "a100-40g") & (df.tp == 1)
              & (df.micro_batch == 1) & (df.layers == 1)]
     assert len(row) == 1 and abs(row.time_ms.iloc[0] - (2.314 + 5.909)) < 0.05
-    # Aceso rows with undocumented algo values are rejected with the reason, not guessed
-    assert rejects and all(r.column == "algo" for r in rejects)
+    # Sailor's
+    # GPT-Neo-2.7/GH-96/profile.json (26 entries: OPT-350's, not GPT-Neo's 34) is rejected whole, not
+    # taken as GPT-Neo's profile
+    other = [r for r in rejects if r.column != "algo"]
+    assert df.source.str.startswith("records:aceso/").any() and len(other) == 1 and other[0].file.endswith("profiles_sailor/GPT-Neo-2.7/GH-96")
+    assert "26 layer entries" in other[0].reason
+    assert not df.source.str.startswith("records:sailor/GPT-Neo-2.7/GH-96").any()
+    assert df.source.str.startswith("records:metis/GPT-Neo-2.7/GH-96/").any()
     # time grows with micro batch for the transformer layer
     opt = df[(df.source == "records:sailor/OPT-350/A100-80/profile.json") & (df.tp == 1) & (df.layers == 1)]
     t = opt.sort_values("micro_batch").time_ms.to_numpy()

@@ -136,104 +136,55 @@ def ingest_megatron(logdir: Path, *, model: ModelArch, gpu: str, gpu_memory_mib:
 
 
 # --- Sailor's published profiles (../shared/realdata/sailor/profiles_*) -------------------------
-# Model structure: Sailor's own training configs (model_configs/training_config_*.json) for OPT-350 and
-# GPT-Neo-2.7 (its heads 32 and vocab 128256 are Sailor's, kept as published); LLaMA-3-8B and OPT-30B
-# from their public model cards. ffn = 4·hidden for OPT/GPT-Neo (GeLU). seq_len 2048 everywhere: the
-# configs say so for OPT-350/GPT-Neo; for LLaMA-3-8 and OPT-30 it is our assumption.
-SAILOR_MODELS = {
-    "OPT-350": dict(hidden=1024, ffn_hidden=4096, heads=16, query_groups=16, vocab=50272, mlp="gelu"),
-    "GPT-Neo-2.7": dict(hidden=2560, ffn_hidden=10240, heads=32, query_groups=32, vocab=128256, mlp="gelu"),
-    "LLAMA-3-8": dict(hidden=4096, ffn_hidden=14336, heads=32, query_groups=8, vocab=128256, mlp="swiglu"),
-    "OPT-30": dict(hidden=7168, ffn_hidden=28672, heads=56, query_groups=56, vocab=50272, mlp="gelu"),
-}
+# Read by memx.profiling.importers (the one reader of Sailor's formats; units and layouts in its
+# modules). Model structure: Sailor's own training configs (model_configs/training_config_*.json) for
+# OPT-350 and GPT-Neo-2.7 (its heads 32 and vocab 128256 are Sailor's, kept as published); LLaMA-3-8B and
+# OPT-30B from their public model cards. ffn = 4·hidden for OPT/GPT-Neo (GeLU). seq_len 2048 everywhere:
+# the configs say so for OPT-350/GPT-Neo; for LLaMA-3-8 and OPT-30 it is our assumption.
 SAILOR_SEQ_LEN = 2048
-# Sailor's GPU folder names → our catalog names where the catalog has the part, else a lower-case
-# name with the memory size (GH200 96 GB, RTX 2080 8 GB, Titan RTX 24 GB are not in conf/gpus).
-SAILOR_GPUS = {"A100-40": "a100-40g", "A100-80": "a100-80g", "V100-16": "v100-16g", "RTX-3090": "rtx3090-24g",
-               "GH-96": "gh200-96g", "RTX-2080": "rtx2080-8g", "Titan-RTX": "titan-rtx-24g"}
-SAILOR_REASON = "time only: published per-layer profile ({what}); no recompute assumed; memory not a device peak"
+SAILOR_MODELS = {
+    "OPT-350": ModelArch(name="OPT-350", layers=24, hidden=1024, ffn_hidden=4096, heads=16, query_groups=16,
+                         vocab=50272, seq_len=SAILOR_SEQ_LEN, mlp="gelu"),
+    "GPT-Neo-2.7": ModelArch(name="GPT-Neo-2.7", layers=32, hidden=2560, ffn_hidden=10240, heads=32, query_groups=32,
+                             vocab=128256, seq_len=SAILOR_SEQ_LEN, mlp="gelu"),
+    "LLAMA-3-8": ModelArch(name="LLAMA-3-8", layers=32, hidden=4096, ffn_hidden=14336, heads=32, query_groups=8,
+                           vocab=128256, seq_len=SAILOR_SEQ_LEN, mlp="swiglu"),
+    "OPT-30": ModelArch(name="OPT-30", layers=48, hidden=7168, ffn_hidden=28672, heads=56, query_groups=56,
+                        vocab=50272, seq_len=SAILOR_SEQ_LEN, mlp="gelu"),
+}
+_SAILOR_FOLDERS = (("sailor", "profiles_sailor"), ("metis", "profiles_metis_format"))
 
 
-def _layer_rows(*, model: str, gpu: str, mbs: int, tp: int, times_ms: list[float], source: str,
-                what: str) -> list[dict]:
-    """Entry 0 = embedding, last = output layer, the rest = identical transformer layers (median)."""
-    arch = SAILOR_MODELS[model]
-    base = dict(gpu=SAILOR_GPUS.get(gpu, gpu.lower()), tp=tp, micro_batch=mbs, seq_len=SAILOR_SEQ_LEN,
-                recompute=Recompute.NONE.value, recompute_layers=None, inflight=1, source=source, **arch)
-    inner = sorted(times_ms[1:-1])
-    layer = inner[len(inner) // 2] if inner else None
-    rows = []
-    for layers, first, last, t in ((0, True, False, times_ms[0]), (1, False, False, layer),
-                                   (0, False, True, times_ms[-1])):
-        if t is not None:
-            rows.append(ok_row({**base, "layers": layers, "first": first, "last": last}, time_ms=t,
-                               peak_mem_mib=None, static_mem_mib=None, backend="records",
-                               reason=SAILOR_REASON.format(what=what)))
-    return rows
+def _import_folder(fmt: str, folder: Path, model: ModelArch) -> tuple[list[pd.DataFrame], list[RejectedRow]]:
+    """One model/GPU folder through memx.profiling.importers; a folder whose files do not fit the model
+    (e.g. Sailor's GPT-Neo-2.7/GH-96/profile.json, a copy of OPT-350's 26 entries) is rejected whole."""
+    from memx.profiling.importers import import_profiles  # the importers pull in every format's reader
 
-
-def _sailor_json(root: Path) -> list[dict]:
-    """profiles_sailor/<model>/<gpu>/profile.json: profile[mbs][tp][layer] = [fwd_s, bwd_s, update_s]
-    (Sailor's simulator reads value[0], [1], [2] as forward, backward and update times)."""
-    rows = []
-    for f in sorted(root.glob("profiles_sailor/*/*/profile.json")):
-        model, gpu = f.parent.parent.name, f.parent.name
-        if model not in SAILOR_MODELS:
-            continue
-        for mbs, by_tp in json.loads(f.read_text()).items():
-            for tp, layers in by_tp.items():
-                order = sorted(layers, key=int)
-                times = [(layers[k][0] + layers[k][1]) * 1e3 for k in order]
-                rows += _layer_rows(model=model, gpu=gpu, mbs=int(mbs), tp=int(tp), times_ms=times,
-                                    source=f"records:sailor/{model}/{gpu}/profile.json", what="Sailor fwd+bwd")
-    return rows
-
-
-def _metis_json(root: Path) -> list[dict]:
-    """profiles_metis_format/<model>/<gpu>/mbs<B>_tmp<T>.json: execution_time.layer_compute_total_ms
-    per layer (fwd+bwd of one micro batch). layer_memory_total_mb is Metis's per-layer accounting
-    (weights + optimizer + activations, no allocator context), not a device peak: not imported."""
-    rows = []
-    for f in sorted(root.glob("profiles_metis_format/*/*/mbs*_tmp*.json")):
-        model, gpu = f.parent.parent.name, f.parent.name
-        m = re.fullmatch(r"mbs(\d+)_tmp(\d+)", f.stem)
-        if model not in SAILOR_MODELS or not m:
-            continue
-        times = json.loads(f.read_text())["execution_time"]["layer_compute_total_ms"]
-        rows += _layer_rows(model=model, gpu=gpu, mbs=int(m[1]), tp=int(m[2]), times_ms=list(times),
-                            source=f"records:metis/{model}/{gpu}/{f.name}", what="Metis layer_compute_total_ms")
-    return rows
-
-
-def _aceso_csv(root: Path) -> tuple[list[dict], list[RejectedRow]]:
-    """profiles_aceso_layer_time/<gpu>.csv: mbs,tp,algo,fwd,bwd (s) of one transformer layer. The files
-    do not name the model; Sailor's Aceso validation uses OPT-350, which we assume. `algo` 0 is
-    imported as no recompute; other values are rejected (their meaning is not documented)."""
-    rows, rejects = [], []
-    for f in sorted(root.glob("profiles_aceso_layer_time/*.csv")):
-        gpu = SAILOR_GPUS.get(f.stem, f.stem.lower())
-        for i, r in enumerate(pd.read_csv(f).to_dict("records")):
-            if int(r["algo"]) != 0:
-                rejects.append(RejectedRow(row=i, column="algo", reason=f"algo {r['algo']}: meaning not documented "
-                                           "in the source; only algo 0 (taken as no recompute) is imported", file=str(f)))
-                continue
-            point = dict(gpu=gpu, tp=int(r["tp"]), micro_batch=int(r["mbs"]), seq_len=SAILOR_SEQ_LEN, layers=1,
-                         first=False, last=False, recompute=Recompute.NONE.value, recompute_layers=None, inflight=1,
-                         source=f"records:aceso/{f.name}", **SAILOR_MODELS["OPT-350"])
-            rows.append(ok_row(point, time_ms=(r["fwd"] + r["bwd"]) * 1e3, peak_mem_mib=None, static_mem_mib=None,
-                               backend="records", reason="time only: Aceso layer profile; model OPT-350 assumed"))
-    return rows, rejects
+    try:
+        got = import_profiles(fmt, folder, model=model)
+    except InputError as exc:
+        return [], [RejectedRow(row=0, column="layers", reason=str(exc), file=str(folder))]
+    return [got.frame], list(got.rejects)
 
 
 def read_sailor_profiles(root: Path) -> tuple[pd.DataFrame, list[RejectedRow]]:
-    """All of Sailor's published profiles under `root` (the realdata `sailor` folder) as stage_runs."""
+    """All of Sailor's published profiles under `root` (the realdata `sailor` folder) as stage_runs, read by
+    memx.profiling.importers folder by folder (profiles_sailor/<model>/<gpu>/, profiles_metis_format/<model>/<gpu>/,
+    profiles_aceso_layer_time/ taken as OPT-350, as Sailor's Aceso validation uses it)."""
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"{root}: no such folder (expected Sailor's profiles_sailor/, profiles_metis_format/, "
                          "profiles_aceso_layer_time/)")
-    aceso, rejects = _aceso_csv(root)
-    rows = _sailor_json(root) + _metis_json(root) + aceso
-    if not rows:
+    frames, rejects = [], []
+    for fmt, sub in _SAILOR_FOLDERS:
+        for folder in sorted(p for p in (root / sub).glob("*/*") if p.is_dir()):
+            if (model := SAILOR_MODELS.get(folder.parent.name)) is not None:
+                got, bad = _import_folder(fmt, folder, model)
+                frames, rejects = frames + got, rejects + bad
+    if (root / "profiles_aceso_layer_time").is_dir():
+        got, bad = _import_folder("aceso", root / "profiles_aceso_layer_time", SAILOR_MODELS["OPT-350"])
+        frames, rejects = frames + got, rejects + bad
+    frames = [f for f in frames if len(f)]
+    if not frames:
         return empty_stage_runs(), rejects
-    df, bad = validate_stage_runs(pd.DataFrame(rows), backend="records")
-    return df, rejects + bad
+    return stage_runs_frame(pd.concat(frames, ignore_index=True)), rejects
