@@ -41,11 +41,15 @@ def check_scale(scale: str) -> None:
 
 
 def space(name: str, **changes) -> SearchSpace:
-    """A catalog search space; `small` gets the default max_time_ratio (1.25) so Φ picks stay comparable."""
+    """A catalog search space in the paper's plan space: no distributed optimizer, no sequence
+    parallelism (the paper's configurations have neither; the catalog's searches now turn both on, as
+    Megatron-LM users do). `small` gets the default max_time_ratio (1.25) so Φ picks stay comparable."""
     sp = load_search(name)
     if name == "small" and "max_time_ratio" not in changes:
         changes["max_time_ratio"] = MAX_TIME_RATIO
-    return dataclasses.replace(sp, **changes) if changes else sp
+    changes.setdefault("distributed_optimizer", (False,))
+    changes.setdefault("sequence_parallel", (False,))
+    return dataclasses.replace(sp, **changes)
 
 
 _PREDICTORS: dict[tuple, object] = {}
