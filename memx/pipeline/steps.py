@@ -11,6 +11,7 @@ functions as Prefect tasks. The search step plans with the registry champion of 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -137,7 +138,10 @@ def profile_one(store: ArtifactStore, cluster: Cluster, gpu: str, model: ModelAr
                              options=options, key=key)
     run = save(store, "profile", version_profile(key, refresh_token or ""), result,
                {"cluster": cluster.name, "gpu": gpu, "backend": backend})
-    shutil.rmtree(profiling_scratch(key), ignore_errors=True)  # stored: nothing left to resume
+    scratch = profiling_scratch(key)
+    shutil.rmtree(scratch, ignore_errors=True)  # stored: nothing left to resume
+    with contextlib.suppress(OSError):
+        scratch.parent.rmdir()  # the scratch root goes too once no other profile is in progress
     return run
 
 
@@ -145,12 +149,23 @@ def profile_all(store: ArtifactStore, cluster: Cluster, model: ModelArch, space:
                 seed: int, conf_root: Path | None, options: dict[str, Any], refresh: Collection[str] = (),
                 refresh_token: str = "", log: Callable[[str], None] = lambda _: None) -> dict[str, str]:
     """{GPU type: profile version} for every GPU type of the cluster; types in `refresh` re-measured."""
-    out = {}
+    out, unusable = {}, []
     for g in cluster.gpu_types:
-        run = profile_one(store, cluster, g.name, model, space, backend=backend, seed=seed, conf_root=conf_root,
-                          options=options, refresh_token=refresh_token if g.name in refresh else None)
+        try:
+            run = profile_one(store, cluster, g.name, model, space, backend=backend, seed=seed, conf_root=conf_root,
+                              options=options, refresh_token=refresh_token if g.name in refresh else None)
+        except NothingUsable as exc:
+            if backend != "records":
+                raise
+            # imported records may cover only some GPU types: the others stay unprofiled (said here and by
+            # `memx train`, which names the types without a profile); nothing at all is still an error
+            log(f"profile {g.name}: not stored — {str(exc).splitlines()[0]}")
+            unusable.append(exc)
+            continue
         log(run.line())
         out[g.name] = run.version
+    if not out and unusable:
+        raise unusable[0]
     return out
 
 
