@@ -72,7 +72,7 @@ def choose(by_phi: Sequence[PlanMetrics], others: Sequence[PlanMetrics], *, rule
     warnings: list[str] = []
     if rule == "fastest-above-floor":
         if clears:
-            best = min(clears, key=lambda c: (c.iteration_time_ms, -mg(c)))
+            best = min(clears, key=lambda c: (c.iteration_time_ms, -mg(c), c.mem_variance_mib2))
         else:
             best = max(pool, key=lambda c: (mg(c), -c.iteration_time_ms))
             warnings.append(below + " (the largest smallest margin)")
@@ -92,7 +92,7 @@ def choose(by_phi: Sequence[PlanMetrics], others: Sequence[PlanMetrics], *, rule
     window = window or list(by_phi)
     undominated = [c for c in window if not any(dominates(o, c, mg) for o in pool)]
     # The fastest plan that clears the floor (or the largest-margin one) is never dominated: a fallback.
-    fallback = (min(clears, key=lambda c: (c.iteration_time_ms, -mg(c))) if clears
+    fallback = (min(clears, key=lambda c: (c.iteration_time_ms, -mg(c), c.mem_variance_mib2)) if clears
                 else max(pool, key=lambda c: (mg(c), -c.iteration_time_ms)))
     above = [c for c in undominated if mg(c) >= margin_floor]
     if above:
@@ -120,7 +120,7 @@ def pareto_margin(cands: Sequence[PlanMetrics], margin: Callable[[PlanMetrics], 
                        or a.mem_variance_mib2 < b.mem_variance_mib2)
 
     return sorted((c for c in pool if not any(beats(o, c) for o in pool)),
-                  key=lambda c: (c.iteration_time_ms, -mg(c)))
+                  key=lambda c: (c.iteration_time_ms, -mg(c), c.mem_variance_mib2))
 
 
 def apply_pick(r: SearchResult, space: SearchSpace, model: ModelArch, predictor: StagePredictor) -> SearchResult:
