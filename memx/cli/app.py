@@ -10,6 +10,7 @@ from __future__ import annotations
 from memx.cli.artifacts import artifacts_app
 from memx.cli.catalog import catalog_cmd, cluster_app
 from memx.cli.experiments import experiments_cmd
+from memx.cli.inspect import inspect_cmd, rank_cmd
 from memx.cli.learn import evaluate_cmd, models_app, train_cmd
 from memx.cli.options import new_app
 from memx.cli.plan import plan_cmd
@@ -26,6 +27,8 @@ app.command("evaluate")(evaluate_cmd)
 app.command("profile")(profile_cmd)
 app.command("experiments")(experiments_cmd)
 app.command("ui")(ui_cmd)
+app.command("inspect")(inspect_cmd)
+app.command("rank")(rank_cmd)
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(simulate_app, name="simulate")
 app.add_typer(artifacts_app, name="artifacts")

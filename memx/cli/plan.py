@@ -42,6 +42,7 @@ from memx.planner.result import search_result_to_dict
 from memx.report.check import check_report, load_baseline
 from memx.report.megatron import render_megatron
 from memx.report.table import print_table, to_markdown
+from memx.report.why import annotate
 
 JOB, OUTPUT, PREDICTOR, CI = "Job", "Output", "Predictor", "CI check"
 BACKENDS = ("analytic", *PROFILING_BACKENDS)
@@ -117,6 +118,9 @@ def plan_cmd(
                            weights=weights, top_k=top, dask=dask, profile_options=options)
         obj = _plan_pipeline(flow_params)
         pred = registered_predictor(cl, mo, sp) if baseline is not None else None  # the champion that planned
+    obj = annotate(obj)  # "Why this plan": explanation and warnings (memx.report.why)
+    for w in obj["warnings"]:
+        typer.echo(f"warning: {w}", err=True)
     _emit(obj, mo, cl, fmt, out)
     if baseline is not None:
         _check(obj, baseline, cl, mo, sp, pred, min_margin, summary)

@@ -304,6 +304,13 @@ class SearchSpace:
     """> 0: Φ picks only among plans within this × the fastest; 0 = Φ alone (paper)."""
     max_stage_slowdown: Ratio = 2.0
     """Prune splits with a stage slower than this × the layout's best bottleneck; 0 = off."""
+    margin_floor: Annotated[float, Interval(ge=0, lt=1)] = 0.10
+    """Smallest memory margin (a fraction, upper memory bound where the predictor gives one) the pick must
+    clear; default = the paper's safety threshold (§3.1.2). memx.planner.pick."""
+    pick_rule: Literal["phi", "phi-bounded", "fastest-above-floor"] = "fastest-above-floor"
+    """How the pick is chosen: phi (the paper's Φ alone), phi-bounded (Φ within max_time_ratio, margin
+    floor, never dominated), fastest-above-floor (the default, by docs/results.md §Choosing the pick rule).
+    memx.planner.pick, docs/planner.md §The pick."""
     extra: dict[str, object] = field(default_factory=dict)
     """Free-form additions carried with the space (not searched)."""
 

@@ -108,3 +108,42 @@ def run(out: Path, *, scale: str = "small", seed: int = 0, predictor: str | None
              "(`jitter_oom_iters` = iterations that would OOM). `—` in mb/seq ×2 = variant not valid for the plan.")
     write_tables(res, out, "Experiment 6 — robustness of each method's pick", notes)
     return res
+
+
+RULE_SCENARIOS = [("v100-t4-6", "llama-6l"), ("three-vendor-20", "llama2-7b"), ("h100-h20-16", "llama2-13b")]
+RULES = {"phi": 0.0, "phi-bounded": 1.25, "fastest-above-floor": 0.0}  # rule → the max_time_ratio it searches with
+
+
+def compare_pick_rules(out: Path, *, seeds: tuple[int, ...] = (0, 1, 2), predictor: str = "analytic",
+                       scenarios=RULE_SCENARIOS, weights: str = "auto") -> pd.DataFrame:
+    """The three pick rules (memx.planner.pick) on the unbounded `default` space: each pick run on the
+    virtual cluster (seeded) nominally, under a +10 % activation spike, micro batch ×2 and sequence ×2.
+    `time_cost` = measured time / measured time of the fastest predicted plan that clears the margin floor
+    (the `fastest-above-floor` pick) − 1 (docs/results.md §Choosing the pick rule)."""
+    from memx.planner.search import search  # experiments run searches; kept local to the comparison
+
+    rows = []
+    for cl_name, mo_name in scenarios:
+        cl, mo = load_cluster(cl_name), load_model(mo_name)
+        for seed in seeds:
+            sp0 = space("default")
+            pred = get_predictor(cl, mo, sp0, predictor, seed)
+            picks_ = {}
+            for rule, ratio in RULES.items():
+                sp = dataclasses.replace(sp0, pick_rule=rule, max_time_ratio=ratio)
+                picks_[rule] = search(cl, mo, sp, pred, weights=weights, top_k=10).chosen
+            ref = simulate_plan(picks_["fastest-above-floor"].plan, cl, mo, seed=seed).iteration_time_ms
+            for rule, m in picks_.items():
+                p = m.plan
+                run0 = simulate_plan(p, cl, mo, seed=seed)
+                j = headroom(p, cl, mo)
+                rows.append({"scenario": f"{cl_name}/{mo_name}", "seed": seed, "rule": rule, "plan": describe(p),
+                             "pred_ms": m.iteration_time_ms, "pred_margin": m.min_margin,
+                             "time_ms": run0.iteration_time_ms, "time_cost": run0.iteration_time_ms / ref - 1,
+                             "oom": run0.oom, "headroom": j, "oom_spike_10pct": bool(j < SPIKE),
+                             "oom_mb_x2": _oom(dataclasses.replace(p, micro_batch=2 * p.micro_batch), cl, mo, seed),
+                             "oom_seq_x2": _oom(dataclasses.replace(p, seq_len=2 * p.seq_len), cl, mo, seed)})
+    df = pd.DataFrame(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "pick_rules.csv", index=False)
+    return df

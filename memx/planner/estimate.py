@@ -24,14 +24,7 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
     """One predictor call for all stages of all plans; the metrics are not scored (phi None)."""
     for i, p in enumerate(plans):
         validate_plan(p, cluster, model, source=f"plan[{i}]")
-    seq = plans[0].seq_len if plans else model.seq_len
-    if any(p.seq_len != seq for p in plans):
-        raise ValueError("estimate_plans needs plans of one sequence length")
-    ctxs = [c for p in plans for c in plan_contexts(p)]
-    layers = np.asarray([st.layers for p in plans for st in p.stages])
-    codes = np.asarray([option_code(st) for p in plans for st in p.stages])
-    sigs = signature_frame(ctxs, layers, codes, np.arange(len(ctxs)), model, seq)
-    pred = predictor.predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
+    ctxs, layers, pred = _predict_stages(plans, model, predictor)
     t_all, m_all = pred["time_ms"].to_numpy(float), pred["peak_mem_mib"].to_numpy(float)
     s_all = pred["static_mem_mib"].to_numpy(float)
     out, k = [], 0
@@ -40,6 +33,35 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
         params = np.array([params_per_rank(c, np.asarray(n), model) for c, n in zip(ctxs[sl], layers[sl])])
         out.append(_assemble(p, cluster, model, t_all[sl], m_all[sl], s_all[sl], params, reserve_gib))
         k += p.pp
+    return out
+
+
+def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredictor):
+    """(stage contexts, layers per stage, the predictor's frame) for every stage of every plan, in order."""
+    seq = plans[0].seq_len if plans else model.seq_len
+    if any(p.seq_len != seq for p in plans):
+        raise ValueError("estimate_plans needs plans of one sequence length")
+    ctxs = [c for p in plans for c in plan_contexts(p)]
+    layers = np.asarray([st.layers for p in plans for st in p.stages])
+    codes = np.asarray([option_code(st) for p in plans for st in p.stages])
+    sigs = signature_frame(ctxs, layers, codes, np.arange(len(ctxs)), model, seq)
+    return ctxs, layers, predictor.predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
+
+
+def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePredictor) -> list[float | None]:
+    """Each plan's smallest margin at the predictor's upper memory bound (`peak_mem_mib_high`, the 90 %
+    interval's top, memx.planner.signatures.INTERVAL_COLUMNS); None where the predictor gives no interval
+    (the closed form): then the point margin stands. Capacities are the plans' own (PlanMetrics)."""
+    if not cands:
+        return []
+    _, _, pred = _predict_stages([c.plan for c in cands], model, predictor)
+    if "peak_mem_mib_high" not in pred or pred["peak_mem_mib_high"].isna().all():
+        return [None] * len(cands)
+    high, out, k = pred["peak_mem_mib_high"].to_numpy(float), [], 0
+    for c in cands:
+        h, cap = high[k:k + c.plan.pp], np.asarray(c.capacity_mib)
+        out.append(None if np.isnan(h).any() else float(np.min((cap - np.maximum(h, c.stage_peak_mib)) / cap)))
+        k += c.plan.pp
     return out
 
 

@@ -39,10 +39,22 @@ class SearchResult:
     signatures: int
     epsilon_mib2: float
     timings: dict[str, float] = field(default_factory=dict)
+    # The pick (memx.planner.pick.apply_pick): None = the paper's, top[0].
+    pick: PlanMetrics | None = None
+    pick_rule: str = "phi"
+    margin_floor: float = 0.10
+    warnings: tuple[str, ...] = ()
+    margins_high: dict = field(default_factory=dict)  # plan key → smallest margin at the upper memory bound
 
     @property
     def best(self) -> PlanMetrics:
+        """The plan of least Φ (the paper's pick)."""
         return self.top[0]
+
+    @property
+    def chosen(self) -> PlanMetrics:
+        """The recommended plan: the pick rule's (memx.planner.pick), else Φ's."""
+        return self.pick if self.pick is not None else self.top[0]
 
     @property
     def fastest(self) -> PlanMetrics:
@@ -61,15 +73,19 @@ def predicted(m: PlanMetrics) -> dict[str, Any]:
     }
 
 
-def _entry(m: PlanMetrics) -> dict[str, Any]:
-    return {"plan": plan_to_dict(m.plan), "predicted": predicted(m),
+def _entry(m: PlanMetrics, high: dict | None = None) -> dict[str, Any]:
+    q = predicted(m)
+    h = (high or {}).get((m.plan.stages, m.plan.dp, m.plan.micro_batch))
+    if h is not None:
+        q["min_margin_high"] = round(h, 4)  # at the predictor's upper memory bound
+    return {"plan": plan_to_dict(m.plan), "predicted": q,
             "stages": [{"time_ms": round(t, 3), "peak_mib": round(p, 1), "capacity_mib": cap}
                        for t, p, cap in zip(m.stage_time_ms, m.stage_peak_mib, m.capacity_mib)]}
 
 
 def search_result_to_dict(r: SearchResult, predictor_name: str) -> dict[str, Any]:
     """The `memx plan --format json` object (README: output contract)."""
-    best = _entry(r.best)
+    best = _entry(r.chosen, r.margins_high)
     return {
         "plan": best["plan"],
         "predicted": best["predicted"],
@@ -82,9 +98,11 @@ def search_result_to_dict(r: SearchResult, predictor_name: str) -> dict[str, Any
         "references": {"time_ms": r.refs[0], "max_mem_mib": r.refs[1], "mem_variance_mib2": r.refs[2],
                        "epsilon_mib2": r.epsilon_mib2, "sample": r.refs_sample},
         "stages": best["stages"],
-        "top": [_entry(c) for c in r.top],
-        "fastest": _entry(r.fastest),
-        "pareto": [_entry(c) for c in r.pareto],
+        "top": [_entry(c, r.margins_high) for c in r.top],
+        "fastest": _entry(r.fastest, r.margins_high),
+        "pareto": [_entry(c, r.margins_high) for c in r.pareto],  # (T, smallest margin, std-dev) front
+        "pick": {"rule": r.pick_rule, "margin_floor": r.margin_floor},
+        "warnings": list(r.warnings),
     }
 
 

@@ -34,6 +34,7 @@ from memx.planner.exhaustive import exhaustive_search
 from memx.planner.medians import exact_medians, sampled_medians
 from memx.planner.metrics import PlanMetrics, plan_metrics
 from memx.planner.objective import auto_profile, parse_weights, phi
+from memx.planner.pick import apply_pick
 from memx.planner.predictions import PredictedTables, predict_tables
 from memx.planner.prepared import Prepared, chunks, layout_contexts, prepare, score_splits
 from memx.planner.result import SearchResult, SpaceCount
@@ -181,7 +182,7 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
         return [_candidate(prepared[c.layout].lay, tables[c.layout], c, model, cluster, space, seq, refs, chosen)
                 for c in items]
 
-    return SearchResult(
+    return apply_pick(SearchResult(  # the pick rule, margin floor, (T, margin, V) front: memx.planner.pick
         weights=chosen,
         space=SpaceCount(layouts=len(layouts), total=_space_total(layouts, total, space.recompute_levels),
                          splits_total=sum(count_compositions(total, lay.pp) for lay in layouts), evaluated=evaluated,
@@ -190,7 +191,7 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
         pareto=pareto_front(build(keeper.pareto())),
         search_s=time.perf_counter() - t0, predict_s=pt.predict_s, signatures=pt.signatures,
         epsilon_mib2=space.epsilon_mib2, timings=timings,
-    )
+    ), space, model, predictor)
 
 
 def _medians(prepared: list[Prepared], w: Weights, space: SearchSpace, total: int, evaluated: int, sample: int,

@@ -70,6 +70,14 @@ def to_markdown(obj: dict[str, Any]) -> str:
         lines.append(f"| {i} | {q['phi']:.3f} | {q['iteration_time_ms']:,.0f} | {q['max_mem_mib'] / GIB:.1f} | "
                      f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} | {q['min_margin']:.1%} | {e['plan']['dp']} | "
                      f"{e['plan']['micro_batch']} | {compact_stages(e['plan'])} |")
+    rows = _pareto_rows(obj)
+    if rows:
+        lines += ["", "## Pareto front (time, smallest margin, memory std-dev)", "",
+                  "| " + " | ".join(PARETO_COLUMNS) + " |", "|" + "---|" * len(PARETO_COLUMNS)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if obj.get("explanation") or obj.get("warnings"):
+        lines += ["", "## Why this plan", "", *[f"- {x}" for x in obj.get("explanation", [])],
+                  *[f"- **warning**: {w}" for w in obj.get("warnings", [])]]
     return "\n".join(lines) + "\n"
 
 
@@ -95,8 +103,41 @@ def print_table(obj: dict[str, Any], console) -> None:
         mem.add_row(str(s), st["gpu"], f"{st['tp']}×{p['dp']}", str(st["layers"]), recompute_text(st), f"{peak / GIB:.1f}",
                     f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}", "█" * fill + "░" * (20 - fill))
     console.print(mem)
+    _print_pareto(obj, console)
     q = f["predicted"]
     fp = f["plan"]
     console.print(f"Fastest plan: {q['iteration_time_ms']:,.0f} ms, M {q['max_mem_mib'] / GIB:.1f} GiB, std "
                   f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, margin {q['min_margin']:.1%}, dp {fp['dp']}, "
                   f"µb {fp['micro_batch']}: {compact_stages(fp)}")
+    if "explanation" in obj:
+        console.print("[bold]Why this plan[/]")
+        for line in obj["explanation"]:
+            console.print(f"  • {line}")
+
+
+def _pareto_rows(obj: dict[str, Any]) -> list[list[str]]:
+    """The Pareto front of (time, smallest margin, memory std-dev) as table cells, by time."""
+    t_fast = obj["fastest"]["predicted"]["iteration_time_ms"]
+    rows = []
+    for e in obj.get("pareto", []):
+        q = e["predicted"]
+        mark = "pick" if e["plan"] == obj["plan"] else ("fastest" if e["plan"] == obj["fastest"]["plan"] else "")
+        rows.append([f"{q['iteration_time_ms']:,.0f}", f"{q['iteration_time_ms'] / t_fast - 1:+.1%}",
+                     f"{q.get('min_margin_high', q['min_margin']):.1%}", f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f}",
+                     str(e["plan"]["dp"]), str(e["plan"]["micro_batch"]), compact_stages(e["plan"]), mark])
+    return rows
+
+
+PARETO_COLUMNS = ("T ms", "vs fastest", "margin", "std GiB", "dp", "µb", "stages", "")
+
+
+def _print_pareto(obj: dict[str, Any], console) -> None:
+    rows = _pareto_rows(obj)
+    if not rows:
+        return
+    t = Table(title="Pareto front (time, smallest margin, memory std-dev)")
+    for col in PARETO_COLUMNS:
+        t.add_column(col, justify="left" if col in ("stages", "") else "right")
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)

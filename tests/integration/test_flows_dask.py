@@ -33,7 +33,8 @@ def test_dask_sharded_search_equals_single_process(prefect_api, conf_root):
     plan = json.loads(out.files["plan.json"])
     from memx.domain.plan import plan_to_dict
 
-    assert plan["plan"] == plan_to_dict(ref.best.plan)
+    assert plan["plan"] == plan_to_dict(ref.chosen.plan)  # the pick rule's plan (memx.planner.pick)
+    assert [e["plan"] for e in plan["pareto"]] == [plan_to_dict(c.plan) for c in ref.pareto]
     assert [e["plan"] for e in plan["top"]] == [plan_to_dict(c.plan) for c in ref.top]
     assert plan["fastest"]["plan"] == plan_to_dict(ref.fastest.plan)
     assert out.manifest["evaluated"] == ref.space.evaluated and out.manifest["feasible"] == ref.space.feasible

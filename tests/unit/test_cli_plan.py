@@ -17,11 +17,19 @@ def test_json_contract():
     out = json.loads(res.stdout)
     assert set(out) >= {"plan", "predicted", "weights", "space", "search_s", "top", "fastest"}
     assert set(out["predicted"]) == {"iteration_time_ms", "peak_mem_mib", "max_mem_mib", "mem_variance_mib2",
-                                     "min_margin", "phi"}
+                                     "min_margin", "phi"}  # the closed form: no min_margin_high
     assert len(out["predicted"]["peak_mem_mib"]) == 20
     assert out["weights"]["profile"] in ("default", "safety", "throughput") and len(out["weights"]["w"]) == 3
     assert out["space"]["total"] >= out["space"]["feasible"] > 0
-    assert len(out["top"]) == 3 and out["top"][0]["plan"] == out["plan"]
+    assert len(out["top"]) == 3 and out["pick"] == {"rule": "fastest-above-floor", "margin_floor": 0.1}
+    # the pick is Φ's best unless a guard set it aside: then it is on the (T, margin, V) front
+    assert out["top"][0]["plan"] == out["plan"] or out["plan"] in [e["plan"] for e in out["pareto"]]
+    assert out["explanation"][0].startswith("pick rule `fastest-above-floor`")
+    # the fastest kept plan that clears the floor: nothing kept is faster and above it
+    assert out["predicted"]["min_margin"] >= 0.1
+    assert not any(e["predicted"]["min_margin"] >= 0.1 and e["predicted"]["iteration_time_ms"] <
+                   out["predicted"]["iteration_time_ms"] for e in [*out["top"], out["fastest"], *out["pareto"]])
+    assert any("closed form only" in w for w in out["warnings"])
     assert sum(s["layers"] for s in out["plan"]["stages"]) == 6
 
 

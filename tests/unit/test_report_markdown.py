@@ -53,7 +53,7 @@ def tables(md: str) -> list[dict]:
 def test_every_row_has_the_headers_columns_and_every_stage(obj):
     md = to_markdown(obj)
     found = tables(md)
-    assert len(found) == 2  # the pick's stages, the top plans
+    assert len(found) == 3  # the pick's stages, the top plans, the Pareto front
     for t in found:
         assert t["rows"]
         for r in t["rows"]:

@@ -66,13 +66,13 @@ def test_pick_agrees_with_direct_estimate_and_is_feasible(setup):
         assert len(est.peak_mem_mib) == cand.plan.gpus_used == cluster.total_gpus
     assert r.best.phi <= min(c.phi for c in r.top)
     assert [c.iteration_time_ms for c in r.top_time] == sorted(c.iteration_time_ms for c in r.top_time)
-    # Pareto front: nobody in it is dominated by the pick or the fastest.
+    # Pareto front of (T, smallest margin, V): nobody in it is dominated by the pick, Φ's best or the fastest.
     for c in r.pareto:
-        for o in (r.best, r.fastest):
-            dominated = (o.iteration_time_ms <= c.iteration_time_ms and o.max_mem_mib <= c.max_mem_mib
+        for o in (r.chosen, r.best, r.fastest):
+            dominated = (o.iteration_time_ms <= c.iteration_time_ms and o.min_margin >= c.min_margin
                          and o.mem_variance_mib2 <= c.mem_variance_mib2 and
-                         (o.iteration_time_ms, o.max_mem_mib, o.mem_variance_mib2) !=
-                         (c.iteration_time_ms, c.max_mem_mib, c.mem_variance_mib2))
+                         (o.iteration_time_ms, o.min_margin, o.mem_variance_mib2) !=
+                         (c.iteration_time_ms, c.min_margin, c.mem_variance_mib2))
             assert not dominated
 
 
@@ -117,10 +117,10 @@ def test_json_object_decodes_back_to_plan_metrics(setup):
     r = search(cluster, model, space, pred, top_k=3)
     obj = json.loads(json.dumps(search_result_to_dict(r, "analytic")))
     back = metrics_from_dict(obj)
-    assert back.plan == r.best.plan and back.feasible and r.best.feasible
-    assert back.iteration_time_ms == round(r.best.iteration_time_ms, 3)
-    assert back.peak_mem_mib == tuple(round(x, 1) for x in r.best.peak_mem_mib)
-    assert back.capacity_mib == r.best.capacity_mib and back.phi == round(r.best.phi, 5)
+    assert back.plan == r.chosen.plan and back.feasible and r.chosen.feasible
+    assert back.iteration_time_ms == round(r.chosen.iteration_time_ms, 3)
+    assert back.peak_mem_mib == tuple(round(x, 1) for x in r.chosen.peak_mem_mib)
+    assert back.capacity_mib == r.chosen.capacity_mib and back.phi == round(r.chosen.phi, 5)
     assert [metrics_from_dict(e).plan for e in obj["top"]] == [c.plan for c in r.top]
     assert all(isinstance(st.recompute, Recompute) for c in r.top for st in c.plan.stages)
 

@@ -1,0 +1,138 @@
+"""The paper's adoption steps as commands (issue #12 "Why this plan"):
+
+    memx inspect PLAN.json --cluster C --model M [--predictor analytic|registered]
+        a plan you run today: per-GPU peak, margin, memory variance, iteration time
+    memx rank --measured FILE [--weights W] [--top K]
+        configurations you already measured (config_runs: Parquet, CSV or JSONL) re-ranked by Φ with a
+        weight profile (paper §3.1.2; medians over the measured plans), and how the top one differs from
+        the fastest
+
+Exit codes as every command (memx.cli.options.MemxGroup): 2 bad input, 5 nothing usable.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from memx.cli.options import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, load_specs
+from memx.cli.simulate import _read_input, read_plan
+from memx.domain.errors import InputError, NothingUsable
+from memx.domain.plan import plan_from_json, plan_to_dict
+from memx.pipeline.local import registered_predictor
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.estimate import estimate_plans
+from memx.planner.objective import EPSILON_MIB2, PROFILES, parse_weights, phi
+from memx.report.notation import compact_stages
+
+GIB = 1024.0
+PREDICTORS = ("analytic", "registered")
+PlanArg = Annotated[Path, typer.Argument(help="plan JSON: memx plan's answer or a bare plan")]
+PredictorOpt = Annotated[str, typer.Option("--predictor", help="analytic (closed form) | registered (the champion "
+                                           "of this cluster's fingerprint, from `memx train`).")]
+MeasuredOpt = Annotated[Path, typer.Option("--measured", help="config_runs of measured plans (Parquet, CSV or "
+                                           "JSONL; columns plan, iteration_time_ms, peak_mem_mib, oom).")]
+RankWeightsOpt = Annotated[str, typer.Option("--weights", help=f"{' | '.join(PROFILES)} | 'wT,wM,wV'.")]
+
+
+def inspect_cmd(file: PlanArg, cluster: ClusterOpt = DEFAULT_CLUSTER, model: ModelOpt = DEFAULT_MODEL,
+                conf: ConfOpt = None, predictor: PredictorOpt = "analytic") -> None:
+    """A plan you run today: per-GPU peak, margin and memory variance as predicted."""
+    if predictor not in PREDICTORS:
+        raise InputError(f"--predictor {predictor!r}; allowed: {', '.join(PREDICTORS)}")
+    cl, mo, sp = load_specs(cluster, model, DEFAULT_SEARCH, conf)
+    plan = read_plan(_read_input(file, "plan"), str(file))
+    pred = (AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}) if predictor == "analytic"
+            else registered_predictor(cl, mo, sp))
+    m = estimate_plans([plan], cl, mo, pred, reserve_gib=sp.reserve_gib)[0]
+    console = Console(width=160)
+    console.print(f"[bold]{mo.name} on {cl.name}[/] ({predictor}): dp {plan.dp}, µb {plan.micro_batch}: "
+                  f"{compact_stages(plan_to_dict(plan))}")
+    t = Table(title="Per GPU type and stage: predicted peak against capacity")
+    for col in ("stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "capacity GiB", "margin"):
+        t.add_column(col, justify="left" if col in ("GPU", "recompute") else "right")
+    for s, (st, peak, cap) in enumerate(zip(plan.stages, m.stage_peak_mib, m.capacity_mib)):
+        rec = st.recompute if st.recompute_layers is None else f"{st.recompute}:{st.recompute_layers}"
+        t.add_row(str(s), st.gpu, f"{st.tp}×{plan.dp}", str(st.layers), str(rec), f"{peak / GIB:.1f}",
+                  f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}")
+    console.print(t)
+    console.print(f"iteration {m.iteration_time_ms:,.0f} ms; max memory {m.max_mem_mib / GIB:.1f} GiB; memory std-dev "
+                  f"{m.mem_variance_mib2 ** 0.5 / GIB:.2f} GiB (variance {m.mem_variance_mib2:,.0f} MiB²); smallest "
+                  f"margin {m.min_margin:.1%}; {'fits' if m.feasible else 'predicted to run OUT OF MEMORY'}")
+    if m.min_margin < sp.margin_floor:
+        typer.echo(f"warning: smallest margin {m.min_margin:.1%} is below the floor {sp.margin_floor:.0%} "
+                   "(the paper's safety threshold)", err=True)
+
+
+def _read_measured(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise InputError(f"--measured {path}: no such file")
+    try:
+        if path.suffix == ".parquet":
+            df = pd.read_parquet(path)
+        elif path.suffix in (".jsonl", ".json"):
+            df = pd.read_json(path, lines=path.suffix == ".jsonl")
+        else:
+            df = pd.read_csv(path)
+    except Exception as exc:  # any reader's failure is the user's file: one line
+        raise InputError(f"--measured {path}: not a readable Parquet/CSV/JSONL table ({type(exc).__name__})") from exc
+    missing = [c for c in ("plan", "iteration_time_ms", "peak_mem_mib") if c not in df]
+    if missing:
+        raise InputError(f"--measured {path}: missing column(s) {', '.join(missing)}; config_runs has plan, "
+                         "iteration_time_ms, peak_mem_mib, oom")
+    return df
+
+
+def _peaks(v) -> np.ndarray:
+    if isinstance(v, str):
+        v = json.loads(v)
+    return np.asarray(v, dtype=float)
+
+
+def measured_ranking(df: pd.DataFrame, weights: str) -> pd.DataFrame:
+    """Plans that ran (no OOM, a time and peaks), with M, V and Φ (medians over them), best Φ first."""
+    w = parse_weights(weights)
+    if w is None:
+        raise InputError("--weights auto needs a search; give a profile (default, safety, throughput) or 'wT,wM,wV'")
+    oom = df.get("oom", pd.Series(False, index=df.index)).fillna(False).astype(bool)
+    ok = df[~oom & df["iteration_time_ms"].notna() & df["peak_mem_mib"].notna()]
+    if ok.empty:
+        raise NothingUsable("no measured plan ran", {"out of memory": int(oom.sum()),
+                                                     "no time or peaks": int((~oom).sum())})
+    peaks = [_peaks(v) for v in ok["peak_mem_mib"]]
+    out = pd.DataFrame({"plan": ok["plan"].to_numpy(), "time_ms": ok["iteration_time_ms"].to_numpy(float),
+                        "M": [float(p.max()) for p in peaks], "V": [float(p.var()) for p in peaks]})
+    refs = (float(out.time_ms.median()), float(out.M.median()), float(out.V.median()))
+    out["phi"] = phi(out.time_ms, out.M, out.V, refs=refs, weights=w, epsilon_mib2=EPSILON_MIB2)
+    return out.sort_values(["phi", "time_ms"], kind="stable").reset_index(drop=True)
+
+
+def rank_cmd(measured: MeasuredOpt, weights: RankWeightsOpt = "default",
+             top: Annotated[int, typer.Option("--top", min=1, help="How many plans to list.")] = 10) -> None:
+    """Re-rank plans you already measured by Φ (paper §3.1.2) and compare the top one with the fastest."""
+    r = measured_ranking(_read_measured(measured), weights)
+    console = Console(width=160)
+    t = Table(title=f"Measured plans by Φ (weights {weights}; medians over the {len(r)} that ran)")
+    for col in ("#", "Φ", "T ms", "vs fastest", "M GiB", "std GiB", "dp", "µb", "stages"):
+        t.add_column(col, justify="left" if col == "stages" else "right")
+    fastest = r.loc[r.time_ms.idxmin()]
+    for i, row in r.head(top).iterrows():
+        p = plan_to_dict(plan_from_json(row.plan))
+        t.add_row(str(i + 1), f"{row.phi:.3f}", f"{row.time_ms:,.0f}", f"{row.time_ms / fastest.time_ms - 1:+.1%}",
+                  f"{row.M / GIB:.1f}", f"{row.V ** 0.5 / GIB:.2f}", str(p["dp"]), str(p["micro_batch"]),
+                  compact_stages(p))
+    console.print(t)
+    best = r.iloc[0]
+    if best.plan == fastest.plan:
+        console.print("The top plan by Φ is also the fastest measured plan.")
+    else:
+        console.print(f"Top by Φ vs the fastest: time {best.time_ms / fastest.time_ms - 1:+.1%} ({best.time_ms:,.0f} vs "
+                      f"{fastest.time_ms:,.0f} ms), max memory {best.M / GIB:.1f} vs {fastest.M / GIB:.1f} GiB, memory "
+                      f"std-dev {best.V ** 0.5 / GIB:.2f} vs {fastest.V ** 0.5 / GIB:.2f} GiB.")

@@ -1,0 +1,144 @@
+"""The pick: which of the kept candidates `memx plan` recommends (issue #12; docs/planner.md §The pick).
+
+The search keeps exact decision sets (memx.planner.candidates.Keeper): the top-k by Φ, the top-k by
+time, the Pareto front and the fastest plan whose smallest margin clears the floor. The rule chooses
+among them:
+
+* `phi` — the paper's method as published (§3.1.2): the plan of least Φ. Kept unchanged for side-by-side
+  measurement; a dominated or below-floor pick only adds a warning.
+* `phi-bounded` — Φ among plans within `max_time_ratio` × the fastest (the search's window), then two
+  guards: plans whose smallest margin clears `margin_floor` first (if none does, the best one below it,
+  with a warning), and never a plan another kept candidate beats on time and on smallest margin at once
+  (dominance; ties on both do not dominate).
+* `fastest-above-floor` — the fastest kept plan whose smallest margin ≥ `margin_floor` (ties: the larger
+  margin); if none clears it, the plan of largest margin, with a warning.
+
+Margins are the upper-memory-bound margins where the predictor gives intervals (`margin_high`, computed
+from `peak_mem_mib_high`, memx.planner.estimate.upper_margins), else the point margins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from memx.domain.specs import ModelArch, SearchSpace
+from memx.planner.estimate import upper_margins
+from memx.planner.metrics import PlanMetrics
+from memx.planner.result import SearchResult
+from memx.planner.signatures import StagePredictor
+
+PICK_RULES = ("phi", "phi-bounded", "fastest-above-floor")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pick:
+    plan: PlanMetrics
+    rule: str
+    warnings: tuple[str, ...] = ()
+    replaced: PlanMetrics | None = None  # the Φ pick a guard set aside (dominated or below the floor)
+
+
+def plan_key(m: PlanMetrics) -> tuple:
+    return (m.plan.stages, m.plan.dp, m.plan.micro_batch)
+
+
+def dominates(a: PlanMetrics, b: PlanMetrics, margin: Callable[[PlanMetrics], float]) -> bool:
+    """a is no slower and has no smaller margin than b, and is strictly better on one of the two."""
+    ta, tb, ma, mb = a.iteration_time_ms, b.iteration_time_ms, margin(a), margin(b)
+    return ta <= tb and ma >= mb and (ta < tb or ma > mb)
+
+
+def unique(cands: Sequence[PlanMetrics]) -> list[PlanMetrics]:
+    seen: dict = {}
+    for c in cands:
+        seen.setdefault(plan_key(c), c)
+    return list(seen.values())
+
+
+def choose(by_phi: Sequence[PlanMetrics], others: Sequence[PlanMetrics], *, rule: str, margin_floor: float,
+           max_time_ratio: float = 0.0, margin: Callable[[PlanMetrics], float] | None = None) -> Pick:
+    """The recommended plan. by_phi: the top by Φ (best first; within the window when max_time_ratio > 0);
+    others: every other kept candidate (top by time, Pareto front, fastest above the floor)."""
+    if rule not in PICK_RULES:
+        raise ValueError(f"pick_rule {rule!r}: allowed values are {', '.join(PICK_RULES)}")
+    mg = margin or (lambda m: m.min_margin)
+    pool = unique([*by_phi, *others])
+    fastest_t = min(c.iteration_time_ms for c in pool)
+    floor_txt = f"{margin_floor:.0%}"
+    clears = [c for c in pool if mg(c) >= margin_floor]
+    below = "" if clears else (f"no plan found clears the margin floor {floor_txt}; showing the best one below it")
+    warnings: list[str] = []
+    if rule == "fastest-above-floor":
+        if clears:
+            best = min(clears, key=lambda c: (c.iteration_time_ms, -mg(c), c.mem_variance_mib2))
+        else:
+            best = max(pool, key=lambda c: (mg(c), -c.iteration_time_ms))
+            warnings.append(below + " (the largest smallest margin)")
+        return Pick(plan=best, rule=rule, warnings=tuple(warnings))
+    phi_pick = by_phi[0]
+    if rule == "phi":
+        beater = next((c for c in pool if dominates(c, phi_pick, mg)), None)
+        if beater is not None:
+            warnings.append(f"the Φ pick is dominated: another plan is faster or equal ({beater.iteration_time_ms:,.0f} "
+                            f"ms) with a larger or equal smallest margin ({mg(beater):.1%}); pick_rule phi-bounded or "
+                            "fastest-above-floor avoids it")
+        if mg(phi_pick) < margin_floor:
+            warnings.append(f"the pick's smallest margin {mg(phi_pick):.1%} is below the floor {floor_txt}")
+        return Pick(plan=phi_pick, rule=rule, warnings=tuple(warnings))
+    # phi-bounded: Φ order within the window, floor first, never dominated (by any kept candidate).
+    window = [c for c in by_phi if max_time_ratio <= 0 or c.iteration_time_ms <= max_time_ratio * fastest_t]
+    window = window or list(by_phi)
+    undominated = [c for c in window if not any(dominates(o, c, mg) for o in pool)]
+    # The fastest plan that clears the floor (or the largest-margin one) is never dominated: a fallback.
+    fallback = (min(clears, key=lambda c: (c.iteration_time_ms, -mg(c), c.mem_variance_mib2)) if clears
+                else max(pool, key=lambda c: (mg(c), -c.iteration_time_ms)))
+    above = [c for c in undominated if mg(c) >= margin_floor]
+    if above:
+        best = above[0]
+    elif clears:
+        best = fallback
+    else:
+        best = undominated[0] if undominated else fallback
+        warnings.append(below)
+    replaced = phi_pick if plan_key(best) != plan_key(phi_pick) else None
+    return Pick(plan=best, rule=rule, warnings=tuple(warnings), replaced=replaced)
+
+
+def pareto_margin(cands: Sequence[PlanMetrics], margin: Callable[[PlanMetrics], float] | None = None
+                  ) -> list[PlanMetrics]:
+    """The (time, smallest margin, memory std-dev) front of the candidates, by time: no other candidate is
+    no slower, no tighter and no more variable while strictly better in one."""
+    mg = margin or (lambda m: m.min_margin)
+    pool = unique(cands)
+
+    def beats(a: PlanMetrics, b: PlanMetrics) -> bool:
+        le = (a.iteration_time_ms <= b.iteration_time_ms and mg(a) >= mg(b)
+              and a.mem_variance_mib2 <= b.mem_variance_mib2)
+        return le and (a.iteration_time_ms < b.iteration_time_ms or mg(a) > mg(b)
+                       or a.mem_variance_mib2 < b.mem_variance_mib2)
+
+    return sorted((c for c in pool if not any(beats(o, c) for o in pool)),
+                  key=lambda c: (c.iteration_time_ms, -mg(c), c.mem_variance_mib2))
+
+
+def apply_pick(r: SearchResult, space: SearchSpace, model: ModelArch, predictor: StagePredictor) -> SearchResult:
+    """The search's result with the pick of `space.pick_rule`, the (T, margin, V) front of the kept
+    candidates, upper-bound margins where the predictor gives intervals, and the pick's warnings."""
+    kept = unique([*r.top, *r.top_time, *r.pareto])
+    # A cached predictor records each call's hit rate (memx.learn.cache); the search's statistics are its
+    # tables' call, so this re-query of already-predicted stages is left out of that history.
+    history = getattr(predictor, "history", None)
+    n_calls = len(history) if isinstance(history, list) else None
+    high = {plan_key(c): h for c, h in zip(kept, upper_margins(kept, model, predictor)) if h is not None}
+    if n_calls is not None:
+        del history[n_calls:]
+
+    def mg(m: PlanMetrics) -> float:
+        return high.get(plan_key(m), m.min_margin)
+
+    chosen = choose(r.top, [*r.top_time, *r.pareto], rule=space.pick_rule, margin_floor=space.margin_floor,
+                    max_time_ratio=space.max_time_ratio, margin=mg)
+    return dataclasses.replace(r, pick=chosen.plan, pick_rule=chosen.rule, margin_floor=space.margin_floor,
+                               warnings=chosen.warnings, margins_high=high, pareto=pareto_margin(kept, mg))

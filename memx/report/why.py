@@ -1,0 +1,95 @@
+"""Why this plan (issue #12): the pick explained against the fastest plan, and the warnings a user must
+see — a thin margin, closed-form-only predictions, a model trained for another cluster.
+
+Works on the `memx plan --format json` object alone (memx.planner.result), so the in-process search and
+the Prefect pipeline explain the same way. `annotate(obj)` adds `explanation` and `warnings` to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memx.learn.intervals import CLOSED_FORM_BANDS
+from memx.report.table import recompute_text
+
+GIB = 1024.0
+THIN_MARGIN = 0.10  # paper §3.1.2: the safety threshold on the smallest predicted margin
+
+
+def _margins_by_type(entry: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for st, d in zip(entry["plan"]["stages"], entry["stages"]):
+        m = (d["capacity_mib"] - d["peak_mib"]) / d["capacity_mib"]
+        out[st["gpu"]] = min(out.get(st["gpu"], 1.0), m)
+    return out
+
+
+def _recompute_reasons(entry: dict[str, Any]) -> list[str]:
+    """Which stages recompute and why: what the JSON proves. A stage whose peak without its recompute
+    would not be known from the JSON, so: a stage at a margin below the refinement target was forced to
+    the level that fits (step 1 of the two-step assignment, paper §3.1.1); above it, the level was raised
+    by the exchange rate (step 2) or kept because it was the first level that fits — not distinguishable
+    here, and said so."""
+    lines = []
+    for s, (st, d) in enumerate(zip(entry["plan"]["stages"], entry["stages"])):
+        if st["recompute"] == "none":
+            continue
+        m = (d["capacity_mib"] - d["peak_mib"]) / d["capacity_mib"]
+        why = ("forced by fit: its margin with recompute is already thin" if m < THIN_MARGIN else
+               "the first level that fits, or raised by the exchange rate (time per MiB saved) while the plan's "
+               "smallest margin was below the target")
+        lines.append(f"stage {s} ({st['gpu']}, {st['layers']} layers) recomputes {recompute_text(st, long=True)} "
+                     f"at {m:.1%} margin: {why}")
+    return lines
+
+
+def explain(obj: dict[str, Any]) -> list[str]:
+    """Lines explaining the pick against the fastest plan."""
+    q, f = obj["predicted"], obj["fastest"]["predicted"]
+    rule = obj.get("pick", {}).get("rule", "phi")
+    lines = [f"pick rule `{rule}`, weights `{obj['weights']['profile']}`"]
+    dt = q["iteration_time_ms"] / f["iteration_time_ms"] - 1
+    if obj["plan"] == obj["fastest"]["plan"]:
+        lines.append(f"the pick is the fastest plan ({q['iteration_time_ms']:,.0f} ms)")
+    else:
+        lines.append(f"time: {q['iteration_time_ms']:,.0f} ms, {dt:+.1%} vs the fastest plan ({f['iteration_time_ms']:,.0f} ms)")
+    mp, mf = _margins_by_type(obj), _margins_by_type(obj["fastest"])
+    lines.append("smallest margin per GPU type: " + ", ".join(
+        f"{g} {m:.1%}" + (f" (fastest {mf[g]:.1%})" if g in mf else "") for g, m in mp.items()))
+    lines.append(f"memory std-dev {q['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB (fastest "
+                 f"{f['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB); max memory {q['max_mem_mib'] / GIB:.1f} GiB (fastest "
+                 f"{f['max_mem_mib'] / GIB:.1f} GiB)")
+    reasons = _recompute_reasons(obj)
+    lines += reasons or ["no stage recomputes"]
+    return lines
+
+
+def _band(head: str) -> str:
+    lo, hi = CLOSED_FORM_BANDS[head]
+    return f"{lo - 1:+.0%}/{hi - 1:+.0%}"
+
+
+def warnings_for(obj: dict[str, Any], *, trained_fingerprint: str | None = None,
+                 cluster_fingerprint: str | None = None) -> list[str]:
+    """The pick's warnings: the search's own (floor, dominance), a thin margin, closed form only, a model
+    trained on another fingerprint."""
+    out = list(obj.get("warnings", []))
+    q = obj["predicted"]
+    margin = q.get("min_margin_high", q["min_margin"])
+    if margin < THIN_MARGIN and not any("below" in w for w in out):
+        out.append(f"the pick's smallest margin is {margin:.1%}, below {THIN_MARGIN:.0%}: a +10 % activation spike "
+                   "may run out of memory")
+    if str(obj.get("predictor", "")).startswith("analytic"):
+        out.append(f"predictions come from the closed form only (documented 90 % band {_band('time')} time, "
+                   f"{_band('memory')} memory, memx.learn.intervals.CLOSED_FORM_BANDS): profile this cluster "
+                   "(`memx plan --backend simulated|torch|command`) for a measured band")
+    if trained_fingerprint and cluster_fingerprint and trained_fingerprint != cluster_fingerprint:
+        out.append(f"the predictor was trained on fingerprint {trained_fingerprint[:12]}, this job is "
+                   f"{cluster_fingerprint[:12]}: retrain (`memx train`) for this cluster")
+    return list(dict.fromkeys(out))
+
+
+def annotate(obj: dict[str, Any], **fingerprints) -> dict[str, Any]:
+    """obj with `explanation` and `warnings` (the plan JSON's fields, docs/architecture.md §Plan JSON)."""
+    return {**obj, "explanation": explain(obj), "warnings": warnings_for(obj, **fingerprints)}
+
