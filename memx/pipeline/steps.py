@@ -273,7 +273,7 @@ def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchS
         manifest={"search_s": round(result.search_s, 3), "evaluated": result.space.evaluated,
                   "feasible": result.space.feasible, "weights": result.weights.profile,
                   "cache_hit_rate": None if hit is None else float(hit() if callable(hit) else hit),
-                  "iteration_time_ms": result.best.iteration_time_ms, "min_margin": result.best.min_margin})
+                  "iteration_time_ms": result.chosen.iteration_time_ms, "min_margin": result.chosen.min_margin})
 
 
 def search_champion(store: ArtifactStore, cluster: Cluster, model: ModelArch, space: SearchSpace, *,
