@@ -2,6 +2,7 @@
 
     memx plan [--cluster C] [--model M] [--search S] [--conf DIR]               (Job)
               [--top K] [--weights W] [--format F] [--out DIR]                  (Output)
+              [--progress/--no-progress] [--log/--no-log]
               [--predictor analytic|registered|pipeline]                       (Predictor)
               [--backend B] [--seed S] [--store URI] [--dask D] [--command ...]
               [--records PATH] [--jobs N]

@@ -23,12 +23,16 @@ def test_progress_on_stderr_and_pure_json_on_stdout(monkeypatch):
     assert res.stdout == json.dumps(obj) + "\n"
 
 
-def test_no_progress_by_default_off_a_terminal(monkeypatch):
+def test_no_progress_by_default_off_a_terminal_and_no_mlflow_run(monkeypatch, tmp_path):
     monkeypatch.setattr(progress, "SHOW_AFTER_S", 0.0)
+    monkeypatch.setenv("MEMX_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     res = CliRunner().invoke(app, JOB)
     assert res.exit_code == 0, res.stderr
     json.loads(res.stdout)
     assert "ETA" not in res.stderr
+    # the closed form logs an MLflow run only with --log: no tracking database is created
+    assert "MLflow" not in res.stderr and not (tmp_path / "home" / "mlflow.db").exists()
 
 
 def test_progress_enabled_rules():
