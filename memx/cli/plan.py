@@ -2,6 +2,7 @@
 
     memx plan [--cluster C] [--model M] [--search S] [--conf DIR]               (Job)
               [--top K] [--weights W] [--format F] [--out DIR]                  (Output)
+              [--progress/--no-progress] [--log/--no-log]
               [--predictor analytic|registered|pipeline]                       (Predictor)
               [--backend B] [--seed S] [--store URI] [--dask D] [--command ...]
               [--records PATH] [--jobs N]
@@ -27,12 +28,14 @@ from memx.cli.options import (DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_SEARCH, Cl
     JobsOpt, ModelOpt, RecordsOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt, check_out_dir, in_panel, load_specs)
 from memx.cli.orchestration import matplotlib_env, run_pipeline
 from memx.cli.profile import profile_options
+from memx.cli.progress import delayed_progress, progress_enabled
 from memx.domain.errors import CheckFailed, InputError
 from memx.domain.io import atomic_write_text
 from memx.domain.plan import Plan, plan_from_dict
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.pipeline import registry
 from memx.pipeline.local import registered_predictor
+from memx.pipeline.plan_log import log_plan
 from memx.pipeline.store import store_from_uri
 from memx.pipeline.training import champion_ref
 from memx.planner.cost import AnalyticStageModel
@@ -69,6 +72,8 @@ BackendOpt = Annotated[str, typer.Option("--backend", rich_help_panel=PREDICTOR,
 DaskOpt = Annotated[Optional[str], typer.Option("--dask", help="Shard the search on Dask: 'local' (2 workers) or a scheduler address.", rich_help_panel=PREDICTOR)]
 CheckOpt = Annotated[Optional[Path], typer.Option("--check", help="Baseline plan JSON: exit 4 if the new plan is worse or its margin is below --min-margin.", rich_help_panel=CI)]
 MinMarginOpt = Annotated[float, typer.Option("--min-margin", help="With --check: the smallest acceptable memory margin.", rich_help_panel=CI)]
+ProgressOpt = Annotated[Optional[bool], typer.Option("--progress/--no-progress", help="Progress bars with ETA on stderr for steps over 2 s (default: when stderr is a terminal and --format is not json).", rich_help_panel=OUTPUT)]
+LogOpt = Annotated[Optional[bool], typer.Option("--log/--no-log", help="Log the plan as an MLflow run in experiment memx-plans (default: on for --predictor registered|pipeline, off for analytic).", rich_help_panel=OUTPUT)]
 SummaryOpt = Annotated[Optional[Path], typer.Option("--summary", help="With --check: write the Markdown summary here (default $GITHUB_STEP_SUMMARY when set).", rich_help_panel=CI)]
 JobCluster, JobModel, JobSearch, JobConf = (in_panel(o, JOB) for o in (ClusterOpt, ModelOpt, SearchOpt, ConfOpt))
 OutWeights = in_panel(WeightsOpt, OUTPUT)
@@ -96,6 +101,8 @@ def plan_cmd(
     check: CheckOpt = None,
     min_margin: MinMarginOpt = 0.05,
     summary: SummaryOpt = None,
+    progress: ProgressOpt = None,
+    log: LogOpt = None,
 ) -> None:
     """Search the plan space and recommend a plan."""
     cl, mo, sp = load_specs(cluster, model, search, conf)
@@ -103,25 +110,34 @@ def plan_cmd(
     check_outputs(out, check, summary)  # before any work: bad paths exit 2 with nothing written
     baseline = load_baseline(check) if check is not None else None
     warn_batch(cl, sp)
+    show = progress_enabled(progress, json_output=fmt is Fmt.json)
+    ref: dict = {}
     if mode == "analytic":
         pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
-        obj = search_result_to_dict(run_search(cl, mo, sp, pred, weights=weights, top_k=top), "analytic")
+        with delayed_progress(show, "search") as cb:
+            obj = search_result_to_dict(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb),
+                                        "analytic")
     elif mode == "registered":
         pred = registered_predictor(cl, mo, sp)
         ref = champion_ref(registry.fingerprint(cl, mo, sp.global_batch).fingerprint) or {}
         name = f"registered {ref.get('variant', '')} v{ref.get('model_version', '?')}".replace("  ", " ")
-        obj = search_result_to_dict(run_search(cl, mo, sp, pred, weights=weights, top_k=top), name)
+        with delayed_progress(show, "search") as cb:
+            obj = search_result_to_dict(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb), name)
     else:
-        options = profile_options("simulated" if backend == "analytic" else backend, command, records, jobs=jobs)
+        options = profile_options("simulated" if backend == "analytic" else backend, command, records, jobs=jobs,
+                                  progress=show)
         flow_params = dict(cluster=cluster, model=model, search=search, conf=str(conf) if conf else None,
                            backend="simulated" if backend == "analytic" else backend, seed=seed, store=store,
                            weights=weights, top_k=top, dask=dask, profile_options=options)
         obj = _plan_pipeline(flow_params)
         pred = registered_predictor(cl, mo, sp) if baseline is not None else None  # the champion that planned
+        ref = champion_ref(registry.fingerprint(cl, mo, sp.global_batch).fingerprint) or {}
     obj = annotate(obj)  # "Why this plan": explanation and warnings (memx.report.why)
     for w in obj["warnings"]:
         typer.echo(f"warning: {w}", err=True)
-    _emit(obj, mo, cl, fmt, out)
+    written = _emit(obj, mo, cl, fmt, out)
+    if log if log is not None else mode != "analytic":
+        _log(obj, cl, mo, sp, written, ref.get("predictor_version"))
     if baseline is not None:
         _check(obj, baseline, cl, mo, sp, pred, min_margin, summary)
 
@@ -212,7 +228,16 @@ def _write_summary(markdown: str, summary: Path | None) -> None:
             fh.write(markdown)
 
 
-def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | None) -> None:
+def _log(obj: dict, cl: Cluster, mo: ModelArch, sp: SearchSpace, written: list[Path], predictor_version: str | None) -> None:
+    """The plan as an MLflow run (memx.pipeline.plan_log); the run id on stderr."""
+    extra = tuple(p for p in written if p.name not in ("plan.json", "plan.md"))
+    run_id = log_plan(obj, cluster=cl, model=mo, space=sp, paths=extra, predictor_version=predictor_version,
+                      files={"plan.json": json.dumps(obj, indent=2) + "\n", "plan.md": to_markdown(obj)})
+    typer.echo(f"logged MLflow run {run_id} (experiment memx-plans, {registry.public_tracking_uri()}); see: memx ui",
+               err=True)
+
+
+def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | None) -> list[Path]:
     """The answer on stdout in `fmt`; with `--out`, plan.json, plan.md, megatron.sh (executable) and the
     HTML report with its PNGs too."""
     plan_obj = plan_from_dict(obj["plan"])
@@ -234,3 +259,5 @@ def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | N
                                      executable=True),
                    *write_report(obj, out)]
         typer.echo(f"wrote {', '.join(str(p) for p in written)}", err=True)
+        return written
+    return []

@@ -95,8 +95,9 @@ def artifact_location(uri: str) -> str | None:
     return home_path("mlartifacts").as_uri()
 
 
-def setup(uri: str | None = None):
-    """Point MLflow at the tracking store and the memx experiment; returns an MlflowClient."""
+def setup(uri: str | None = None, experiment: str = EXPERIMENT):
+    """Point MLflow at the tracking store and `experiment` (created with artifact_location when new);
+    returns an MlflowClient."""
     import mlflow
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keeps CLI stdout clean
@@ -111,9 +112,9 @@ def setup(uri: str | None = None):
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = before
-    if mlflow.get_experiment_by_name(EXPERIMENT) is None:
-        mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_location(resolved))
-    mlflow.set_experiment(EXPERIMENT)
+    if mlflow.get_experiment_by_name(experiment) is None:
+        mlflow.create_experiment(experiment, artifact_location=artifact_location(resolved))
+    mlflow.set_experiment(experiment)
     return mlflow.MlflowClient()
 
 

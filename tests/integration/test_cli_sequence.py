@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 JOB = ["--cluster", "xy-2", "--model", "llama-6l", "--search", "small"]
 
@@ -45,11 +47,52 @@ def test_profile_train_plan_registered_in_sequence(tmp_path):
     obj = json.loads(plan.stdout)  # stdout carries only the JSON
     assert obj["predictor"].startswith("registered ") and obj["predictor"].endswith(" v1")
     assert obj["plan"]["cluster"] == "xy-2" and obj["plan"]["stages"]
+    assert "logged MLflow run" in plan.stderr  # on by default for the registered predictor
+    runs = plan_runs(home / "mlflow.db")
+    assert len(runs) == 1 and runs["params.predictor"][0] == obj["predictor"]
+    assert runs["params.cluster"][0] == "xy-2" and runs["params.model"][0] == "llama-6l"
+    assert runs["metrics.phi"][0] == pytest.approx(obj["predicted"]["phi"])
+    assert runs["metrics.iteration_time_ms"][0] == pytest.approx(obj["predicted"]["iteration_time_ms"])
+    assert runs["metrics.min_margin"][0] == pytest.approx(obj["predicted"]["min_margin"])
 
     assert _files(user) == [], "written under HOME"
     assert _files(cwd) == [], "written in the working directory"
     written = _files(home)
     assert "mlflow.db" in written and any(f.startswith("artifacts/profile/") for f in written)
+
+
+def plan_runs(db: Path):
+    """The runs of experiment memx-plans in the SQLite tracking store `db` (read with MLflow itself)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    try:
+        return mlflow.search_runs(experiment_names=["memx-plans"])
+    finally:
+        mlflow.set_tracking_uri(None)
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+def test_plan_analytic_logs_on_request_with_its_report(tmp_path):
+    env = {**os.environ, "MEMX_HOME": str(tmp_path / "memx"), "PYTHONPATH": str(REPO)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    out = tmp_path / "out"
+    res = _memx(["plan", *JOB, "--format", "json", "--top", "2", "--log", "--out", str(out)], env, tmp_path)
+    assert res.returncode == 0, res.stderr
+    obj = json.loads(res.stdout)  # MLflow's "View run" lines stay off stdout
+    runs = plan_runs(tmp_path / "memx" / "mlflow.db")
+    assert len(runs) == 1 and runs["params.predictor"][0] == "analytic"
+    assert runs["metrics.max_mem_mib"][0] == pytest.approx(obj["predicted"]["max_mem_mib"])
+    assert runs["metrics.search_s"][0] == pytest.approx(obj["search_s"])
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'memx' / 'mlflow.db'}")
+    try:
+        names = {a.path for a in mlflow.MlflowClient().list_artifacts(runs["run_id"][0])}
+    finally:
+        mlflow.set_tracking_uri(None)
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    assert {"plan.json", "plan.md", "report.html", "memory.png"} <= names
 
 
 def test_plan_registered_without_training_says_what_to_run(tmp_path):

@@ -65,6 +65,7 @@ def test_search_cost(out, results):
     assert (out / "search-cost.png").exists()
 
 
+@pytest.mark.slow  # ~4 s; test_prediction, test_table1, test_scaling and test_search_cost stay in the default set (issue #17)
 def test_deployment(out, results):
     res = _run("deployment", out, results)
     _files_ok(res)
@@ -104,6 +105,7 @@ def test_scaling(out, results):
     assert (df["search_s"] > 0).all() and (df["time_mape"] < 0.5).all()
 
 
+@pytest.mark.slow  # ~5 s; test_prediction, test_table1, test_scaling and test_search_cost stay in the default set (issue #17)
 def test_robustness(out, results):
     res = _run("robustness", out, results)
     _files_ok(res)

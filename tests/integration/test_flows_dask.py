@@ -3,6 +3,8 @@ returns exactly what the single-process search returns."""
 
 from __future__ import annotations
 
+import pytest
+
 import dataclasses
 
 from memx.planner.cost import AnalyticStageModel
@@ -10,6 +12,7 @@ from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.planner.search import search
 
 
+@pytest.mark.slow  # ~18 s: a Dask LocalCluster start (issue #17: `make test` under 3 min)
 def test_dask_sharded_search_equals_single_process(prefect_api, conf_root):
     from prefect import flow
 

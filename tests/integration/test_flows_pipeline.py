@@ -50,6 +50,7 @@ def test_pipeline_runs_then_reuses_every_stage(prefect_api, local_store, tmp_pat
     assert grown["version"] != first["version"]
 
 
+@pytest.mark.slow  # ~24 s; the default set runs the pipeline in test_pipeline_runs_then_reuses_every_stage (issue #17: `make test` under 3 min)
 def test_crash_mid_pipeline_leaves_no_partial_stage_and_resumes(prefect_api, local_store, tmp_path, monkeypatch):
     from flows.pipeline import pipeline_flow
     from support.services import free_port
@@ -91,6 +92,7 @@ def _check_trained(st, res, tracking_uri):
     assert res["predicted"]["iteration_time_ms"] == stored["predicted"]["iteration_time_ms"] > 0
 
 
+@pytest.mark.slow  # ~39 s; S3 and the MLflow server stay in the default set via test_store_s3 and test_services_mlflow (issue #17: `make test` under 3 min)
 def test_pipeline_on_s3_and_mlflow_server_survives_s3_restart(prefect_api, tmp_path, monkeypatch):
     from flows.augment import augment_flow
     from flows.profile import profile_flow
@@ -119,6 +121,7 @@ def test_pipeline_on_s3_and_mlflow_server_survives_s3_restart(prefect_api, tmp_p
                 _check_trained(st, {**res, "train": trained}, ml.url)
 
 
+@pytest.mark.slow  # ~43 s: two pipeline runs (issue #17: `make test` under 3 min)
 def test_nightly_reprofiles_only_stale_gpu_types(prefect_api, local_store, tmp_path):
     from flows.pipeline import pipeline_flow
     from flows.reprofile import reprofile_stale_flow
@@ -155,5 +158,11 @@ def test_memx_plan_with_the_command_backend(prefect_api, tmp_path, monkeypatch):
     runs = store_from_uri(str(tmp_path / "artifacts")).get_table("profile", next(iter(out["artifacts"]["profiles"].values())),
                                                                  "stage_runs")
     assert (runs["backend"] == "command").all() and (runs["status"] == "ok").any()
+    import mlflow  # the plan is an MLflow run in memx-plans, logged by default in pipeline mode (issue #17)
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    logged = mlflow.search_runs(experiment_names=["memx-plans"])
+    assert len(logged) == 1 and logged["params.predictor"][0] == out["predictor"]
+    assert logged["metrics.phi"][0] == pytest.approx(out["predicted"]["phi"])
     missing = CliRunner().invoke(app, ["plan", "--model", "llama-6l", "--search", "small", "--backend", "command"])
     assert missing.exit_code == 2 and "--command" in missing.stderr

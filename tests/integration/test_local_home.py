@@ -3,6 +3,8 @@ with HOME an empty folder and the working directory another; both stay empty."""
 
 from __future__ import annotations
 
+import pytest
+
 import os
 from pathlib import Path
 
@@ -15,6 +17,7 @@ def _files(root: Path) -> list[str]:
     return sorted(str(Path(d, f).relative_to(root)) for d, dirs, files in os.walk(root) for f in files + dirs)
 
 
+@pytest.mark.slow  # ~5 s; test_cli_sequence checks the same in the default set, through the CLI (issue #17)
 def test_profile_train_predict_write_only_under_memx_home(tmp_path, monkeypatch):
     home, fake_home, cwd = tmp_path / "memx", tmp_path / "user", tmp_path / "cwd"
     fake_home.mkdir()

@@ -3,6 +3,8 @@ twice on fresh homes with the same seed, stores the same plan JSON (wall-clock t
 
 from __future__ import annotations
 
+import pytest
+
 from typing import Any
 
 from memx.domain.catalog import load_cluster, load_model, load_search
@@ -37,6 +39,7 @@ def _run(tmp_path, monkeypatch, name: str) -> dict[str, Any]:
     return run.plan
 
 
+@pytest.mark.slow  # ~17 s: two full in-process pipelines (issue #17: `make test` under 3 min)
 def test_two_runs_on_fresh_homes_pick_the_same_plan(tmp_path, monkeypatch):
     a, b = _run(tmp_path, monkeypatch, "a"), _run(tmp_path, monkeypatch, "b")
     assert a and _without_timings(a) == _without_timings(b)

@@ -52,6 +52,7 @@ def test_second_call_reuses_profile_model_and_cache(base):
     assert pred2.last_hit_rate == 1.0 and second.best.plan == found.best.plan
 
 
+@pytest.mark.slow  # ~16 s: four trainings (issue #17: `make test` under 3 min)
 def test_each_fingerprint_trigger_retrains_and_node_growth_does_not(base):
     cl, mo, sp = base
     _, first = _train(cl, mo, sp)
@@ -83,6 +84,7 @@ def test_missing_profile_and_missing_champion_name_the_fingerprint_and_the_comma
         registered_predictor(cl, mo, sp)
 
 
+@pytest.mark.slow  # ~11 s: two trainings (issue #17: `make test` under 3 min)
 def test_search_plans_with_the_champion_not_with_an_unpromoted_version(base, monkeypatch):
     cl, mo, sp = base
     done = run_local(cl, mo, sp, config=train_config(0, **FAST), top_k=3)

@@ -32,6 +32,7 @@ def _train(tmp, monkeypatch, scenario, name):
     return out.predictor.predict(runs.loc[:, list(SIGNATURE_COLUMNS)])
 
 
+@pytest.mark.slow  # ~12 s: two trainings (issue #17: `make test` under 3 min)
 def test_two_trainings_on_fresh_stores_predict_identically(scenario, tmp_path, monkeypatch):
     a = _train(tmp_path, monkeypatch, scenario, "a")
     b = _train(tmp_path, monkeypatch, scenario, "b")
