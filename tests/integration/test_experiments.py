@@ -76,7 +76,8 @@ def test_deployment(out, results):
     fastest_var = res.summary["fastest_variance"]
     assert ours["variance_mib2"] < fastest_var  # buys memory balance with time
     assert ours["phi_rank"] < res.summary["fastest_phi_rank"]
-    assert -1 <= res.summary["rank_corr"] <= 1
+    # time and Φ rankings agree only in part: the goals conflict (the paper measured 0.66 over 226 plans)
+    assert 0 < res.summary["rank_corr"] < 0.95, res.summary["rank_corr"]
     g = res.tables["recompute_groups"].set_index("variant")
     assert g.loc["full-uniform", "memory_saving"] > g.loc["full-block", "memory_saving"] > 0
     assert g.loc["full-uniform", "time_cost"] >= g.loc["full-block", "time_cost"] > 0
