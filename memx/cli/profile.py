@@ -1,13 +1,16 @@
-"""`memx profile` and `memx ingest megatron` (mounted by memx.cli.app).
+"""`memx profile` and `memx ingest ...` (mounted by memx.cli.app).
 
     memx profile --cluster C --model M [--search default] [--conf DIR] [--backend simulated|command|torch|records]
                  [--command "prog arg {tp} ..."] [--records PATH] [--jobs N] [--timeout S] [--retries R]
                  [--seed S] [--store URI] [--out DIR] [--progress/--no-progress]
     memx ingest megatron LOGDIR --model M --gpu G [--out FILE] [--conf DIR]
+    memx ingest sailor|metis|aceso|galvatron PATH --model M [--gpu G] [--out FILE] [--conf DIR]
 
 `memx profile` stores one profile version per GPU type in the artifact store (default
 $MEMX_HOME/artifacts) through memx.pipeline.local.profile_step, where `memx train` finds them;
 `--out DIR` also exports the combined stage_runs and the sensitivity table there.
+`memx ingest <format>` imports other planners' per-layer profiles (memx.profiling.importers,
+docs/importers.md) to $MEMX_HOME/imports/<format>-<model>.parquet unless --out says where.
 Bad input: InputError, one message on stderr naming the file / field / allowed values, exit code 2.
 Ctrl-C: GPU types already profiled stay stored (the root group exits with code 130).
 """
@@ -19,17 +22,20 @@ from typing import Annotated, Optional
 
 import pandas as pd
 import typer
+from rich.markup import escape  # typer renders help as Rich markup: "[mbs][tp]" would vanish
 
 from memx.cli.options import (DEFAULT_SEARCH, ClusterOpt, CommandOpt, ConfOpt, JobsOpt, ModelOpt, RecordsOpt,
     SearchOpt, SeedOpt, StoreOpt, check_out_dir, load_specs, split_command, sub_app)
 from memx.domain.catalog import known_names, load_gpu, load_model
+from memx.domain.home import home_path
 from memx.domain.errors import InputError
 from memx.domain.io import atomic_write_parquet, atomic_write_text
-from memx.domain.records import format_rejects
+from memx.domain.records import format_rejects, require_rows
 from memx.pipeline.local import profile_step
 from memx.pipeline.store import ArtifactStore, store_from_uri
 from memx.profiling import BACKENDS
 from memx.profiling.backends.imported import ingest_megatron, read_records
+from memx.profiling.importers import FORMATS, import_profiles
 from memx.profiling.sensitivity import sensitivity_markdown
 
 
@@ -137,3 +143,45 @@ def ingest_megatron_cmd(
     counts = df["status"].value_counts().to_dict()
     typer.echo(f"{len(df)} rows ({', '.join(f'{k} {v}' for k, v in counts.items()) or 'none'}), "
                f"{len({r.file for r in rejects})} file(s) rejected → {path}")
+
+
+def default_import_path(fmt: str, model: str) -> Path:
+    """$MEMX_HOME/imports/<fmt>-<model>.parquet; `model` a catalog name ("gpt-neo-2.7b": its dot stays) or a YAML."""
+    name = Path(model).name
+    stem = Path(name).stem if Path(name).suffix.lower() in (".yaml", ".yml") else name
+    return home_path("imports", f"{fmt}-{stem}.parquet")
+
+
+def ingest_profiles(fmt: str, path: Path, model: str, gpu: str | None, out: Path | None, conf: Path | None) -> Path:
+    """Another planner's profile files → one stage_runs Parquet (atomic); prints the summary and the path.
+    Default output $MEMX_HOME/imports/<fmt>-<model>.parquet (source folders may be read-only)."""
+    result = import_profiles(fmt, path, model=load_model(model, conf), gpu=gpu)
+    require_rows(result.frame, result.rejects, what=f"{fmt} import of {path}")  # NothingUsable, exit 5
+    dest = out or default_import_path(fmt, model)
+    atomic_write_parquet(result.frame, dest)
+    typer.echo(result.summary())
+    typer.echo(f"→ {dest}")
+    return dest
+
+
+ImportPathArg = Annotated[Path, typer.Argument(help="a profile file, or a folder searched recursively")]
+ImportModelOpt = Annotated[str, typer.Option("--model", help="model name or YAML the files profiled (layer count checked)")]
+ImportGpuOpt = Annotated[Optional[str], typer.Option(
+    "--gpu", help="MemX GPU name; overrides the GPU the files name (required when they name none)")]
+ImportOutOpt = Annotated[Optional[Path], typer.Option(
+    "--out", help="stage_runs Parquet (default $MEMX_HOME/imports/FORMAT-MODEL.parquet)")]
+
+
+def _register_ingest(fmt: str, about: str) -> None:
+    """`memx ingest <fmt>`: one command per importer format (memx.profiling.importers.FORMATS)."""
+
+    def cmd(path: ImportPathArg, model: ImportModelOpt, gpu: ImportGpuOpt = None, out: ImportOutOpt = None,
+            conf: ConfOpt = None) -> None:
+        ingest_profiles(fmt, path, model, gpu, out, conf)
+
+    cmd.__name__ = f"ingest_{fmt}_cmd"
+    ingest_app.command(fmt, help=f"{escape(about)} → stage_runs rows (docs/importers.md).")(cmd)
+
+
+for _fmt, _spec in FORMATS.items():
+    _register_ingest(_fmt, _spec.about)

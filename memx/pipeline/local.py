@@ -27,6 +27,7 @@ from memx.pipeline import lifeline, registry, steps
 from memx.pipeline.steps import StepRun
 from memx.pipeline.store import ArtifactStore, store_from_uri
 from memx.pipeline.training import TrainConfig, cached, champion_ref, train_and_register
+from memx.planner.search import Progress
 
 __all__ = ["LocalRun", "TrainConfig", "TrainStepOutcome", "cached", "profile_step", "registered_predictor", "run_local",
            "search_step", "train_and_register", "train_step"]
@@ -126,12 +127,13 @@ def registered_predictor(cluster: Cluster, model: ModelArch, space: SearchSpace,
 
 def search_step(cluster: Cluster, model: ModelArch, space: SearchSpace, *, store: StoreArg = None,
                 tracking_uri: str | None = None, weights: str | None = None, top_k: int = 10, mapper=None,
-                shard_by: str = "layout") -> tuple[StepRun, dict[str, Any]]:
-    """(the search step, its plan JSON): the best plans by the champion (reused when stored)."""
+                shard_by: str = "layout", on_progress: Progress | None = None) -> tuple[StepRun, dict[str, Any]]:
+    """(the search step, its plan JSON): the best plans by the champion (reused when stored);
+    `on_progress(done, total)` as in memx.planner.search.search, while a search runs."""
     st = _store(store)
     with lifeline.home_lock():
         run = steps.search_champion(st, cluster, model, space, tracking_uri=tracking_uri, weights=weights, top_k=top_k,
-                                    mapper=mapper, shard_by=shard_by)
+                                    mapper=mapper, shard_by=shard_by, on_progress=on_progress)
         return run, json.loads(st.get_file("search", run.version, "plan.json"))
 
 

@@ -34,7 +34,7 @@ from memx.pipeline import registry
 from memx.pipeline.store import ArtifactStore
 from memx.pipeline.training import TrainConfig, champion_predictor, champion_ref, split_and_augment, train_on
 from memx.planner.result import search_result_to_dict
-from memx.planner.search import search
+from memx.planner.search import Progress, search
 from memx.pipeline.versioning import (
     STEPS,
     profile_key,
@@ -259,8 +259,12 @@ def train_augmented(store: ArtifactStore, augment_version: str, cluster: Cluster
 # --- search ----------------------------------------------------------------------------------------
 
 def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchSpace, *, weights: str | None,
-                   top_k: int, mapper=None, shard_by: str = "layout", predictor_name: str = "learned") -> StepResult:
-    result = search(cluster, model, space, predictor, weights=weights, top_k=top_k, mapper=mapper, shard_by=shard_by)
+                   top_k: int, mapper=None, shard_by: str = "layout", predictor_name: str = "learned",
+                   on_progress: Progress | None = None) -> StepResult:
+    """The search step's tables, plan.json and manifest; `on_progress(done, total)` as in
+    memx.planner.search.search."""
+    result = search(cluster, model, space, predictor, weights=weights, top_k=top_k, mapper=mapper, shard_by=shard_by,
+                    on_progress=on_progress)
     obj = search_result_to_dict(result, predictor_name)
     top = pd.DataFrame([{"rank": i + 1, "plan": json.dumps(plan_to_dict(c.plan)), "phi": c.phi,
                          "iteration_time_ms": c.iteration_time_ms, "max_mem_mib": c.max_mem_mib,
@@ -278,9 +282,10 @@ def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchS
 
 def search_champion(store: ArtifactStore, cluster: Cluster, model: ModelArch, space: SearchSpace, *,
                     tracking_uri: str | None, weights: str | None, top_k: int, mapper=None,
-                    shard_by: str = "layout", inputs: dict[str, Any] | None = None) -> StepRun:
+                    shard_by: str = "layout", inputs: dict[str, Any] | None = None,
+                    on_progress: Progress | None = None) -> StepRun:
     """The best plans by the registry champion of the fingerprint; reused when the champion, the specs
-    and the options are unchanged."""
+    and the options are unchanged (then `on_progress` is not called)."""
     fp = registry.fingerprint(cluster, model, space.global_batch)
     ref = champion_ref(fp.fingerprint, tracking_uri)
     if ref is None:
@@ -293,7 +298,8 @@ def search_champion(store: ArtifactStore, cluster: Cluster, model: ModelArch, sp
         return StepRun(step="search", version=version, reused=True, manifest=store.manifest("search", version))
     predictor, _ = champion_predictor(fp.fingerprint, tracking_uri=tracking_uri)
     result = compute_search(predictor, cluster, model, space, weights=weights, top_k=top_k, mapper=mapper,
-                            shard_by=shard_by, predictor_name=f"{ref['variant']} v{ref['model_version']}")
+                            shard_by=shard_by, predictor_name=f"{ref['variant']} v{ref['model_version']}",
+                            on_progress=on_progress)
     result.manifest.update(champion=ref, experiment_id=registry.experiment_of(ref["run_id"]))
     return save(store, "search", version, result, {**(inputs or {}), "cluster": cluster.name, "model": model.name},
                 replace=stored)
