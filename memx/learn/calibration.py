@@ -121,13 +121,13 @@ def calibrated_estimates(plans: list[Plan], cluster: Cluster, model: ModelArch, 
     return out
 
 
-def fit_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence[float | None],
+def fit_plan_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence[float | None],
                     peak_mem_mib_measured: Sequence[Sequence[float] | None], cluster: Cluster, model: ModelArch,
                     predictor: StagePredictor, *, time_ridge: float = TIME_RIDGE,
                     mem_ridge: float = MEM_RIDGE) -> PlanCalibration:
     """Fit a PlanCalibration on measured plans (None entries: OOM / not measured, skipped)."""
     if not (len(plans) == len(iteration_time_ms_measured) == len(peak_mem_mib_measured)):
-        raise InputError("fit_calibration: plans, iteration times and peaks must have one entry per plan")
+        raise InputError("fit_plan_calibration: plans, iteration times and peaks must have one entry per plan")
     if not plans:
         return PlanCalibration()
     est = estimate_plans(plans, cluster, model, predictor, reserve_gib=0.0)
@@ -143,7 +143,7 @@ def fit_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence[floa
 
 def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch, predictor: StagePredictor,
                          **kw) -> PlanCalibration:
-    """fit_calibration on a config_runs frame (docs/architecture.md §Measurement records)."""
+    """fit_plan_calibration on a config_runs frame (docs/architecture.md §Measurement records)."""
     missing = [c for c in ("plan", "iteration_time_ms", "peak_mem_mib", "oom") if c not in runs.columns]
     if missing:
         raise InputError(f"config_runs: missing column(s) {', '.join(missing)}")
@@ -154,7 +154,7 @@ def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch,
     times = [None if o or not _finite_positive(t) else float(t) for o, t in zip(oom, runs["iteration_time_ms"])]
     peaks = [None if o or p is None or (isinstance(p, float) and np.isnan(p)) else _peaks(p)
              for o, p in zip(oom, runs["peak_mem_mib"])]
-    return fit_calibration(plans, times, peaks, cluster, model, predictor, **kw)
+    return fit_plan_calibration(plans, times, peaks, cluster, model, predictor, **kw)
 
 
 def _peaks(p) -> list[float]:

@@ -8,7 +8,7 @@ import pytest
 
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.domain.errors import InputError
-from memx.learn.calibration import PlanCalibration, calibrated_estimates, fit_calibration, fit_from_config_runs
+from memx.learn.calibration import PlanCalibration, calibrated_estimates, fit_plan_calibration, fit_from_config_runs
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import estimate_plans
 from memx.simulator import draw_plans, sample_plans, simulate_plan
@@ -26,7 +26,7 @@ def setting():
 
 def test_no_plans_is_identity(setting):
     cluster, model, pred, ran = setting
-    cal = fit_calibration([], [], [], cluster, model, pred)
+    cal = fit_plan_calibration([], [], [], cluster, model, pred)
     assert cal.is_identity and cal == PlanCalibration()
     plans = [p for p, _ in ran[:5]]
     base = estimate_plans(plans, cluster, model, pred)
@@ -43,7 +43,7 @@ def test_recovers_planted_corrections(setting):
                               overhead_ms=400.0, mem_scale={g: 1.2 for g in types},
                               mem_offset_mib={g: 300.0 for g in types})
     truth = calibrated_estimates(plans, cluster, model, pred, planted)
-    cal = fit_calibration(plans, [e.iteration_time_ms for e in truth], [e.peak_mem_mib for e in truth],
+    cal = fit_plan_calibration(plans, [e.iteration_time_ms for e in truth], [e.peak_mem_mib for e in truth],
                           cluster, model, pred, time_ridge=1e-6, mem_ridge=1e-6)
     for g in types:
         assert cal.time_scale[g] == pytest.approx(planted.time_scale[g], rel=0.05)
@@ -57,7 +57,7 @@ def test_ridge_keeps_few_plans_near_identity(setting):
     cluster, model, pred, ran = setting
     plans = [p for p, _ in ran[:1]]
     est = estimate_plans(plans, cluster, model, pred)
-    cal = fit_calibration(plans, [3.0 * est[0].iteration_time_ms], [None], cluster, model, pred)
+    cal = fit_plan_calibration(plans, [3.0 * est[0].iteration_time_ms], [None], cluster, model, pred)
     a = list(cal.time_scale.values())
     assert all(1.0 < x < 3.0 for x in a)  # pulled toward the measurement, held back by the prior
     assert cal.mem_scale == {} and cal.plans_with_peaks == 0
@@ -73,7 +73,7 @@ def test_twenty_plans_halve_the_held_out_error(setting):
         return np.mean([abs(e.iteration_time_ms - r.iteration_time_ms) / r.iteration_time_ms
                         for e, (_, r) in zip(est, test)])
 
-    cal = fit_calibration([p for p, _ in pool], [r.iteration_time_ms for _, r in pool],
+    cal = fit_plan_calibration([p for p, _ in pool], [r.iteration_time_ms for _, r in pool],
                           [r.peak_mem_mib for _, r in pool], cluster, model, pred)
     before, after = mape(PlanCalibration()), mape(cal)
     assert before > 0.3  # the flat closed form is far off on three vendors
