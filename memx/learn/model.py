@@ -33,8 +33,8 @@ import pandas as pd
 from memx.planner.cost import AnalyticStageModel
 from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json, layered
 from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_only_gpus, phase_of, stage_time_labels
-from memx.learn.features import (feature_matrix, gpu_arrays, memory_bases, signature_arrays, time_bases,
-                                  without_distributed_optimizer)
+from memx.learn.features import (FEATURE_NAMES, feature_matrix, gpu_arrays, memory_bases, signature_arrays,
+                                  time_bases, without_distributed_optimizer)
 from memx.planner.signatures import SIGNATURE_COLUMNS
 from memx.domain.hashing import bytes_hash, stable_hash
 from memx.domain.specs import GpuType
@@ -211,12 +211,14 @@ class LearnedStagePredictor:
         p = prepare(sigs, self.gpus, self.variant, self.calibration)
         t, m = p.prior_time_ms, p.prior_mem_mib
         if self.booster is not None and len(sigs):
-            r = np.asarray(self.booster.inplace_predict(p.X), dtype=np.float64).reshape(len(sigs), -1)
+            r = np.asarray(self.booster.inplace_predict(_columns_for(self.booster, p.X)),
+                           dtype=np.float64).reshape(len(sigs), -1)
             t = t * np.exp(r[:, 0])
             if r.shape[1] > 1:
                 m = m * np.exp(r[:, 1])
         if self.mem_booster is not None and len(sigs):
-            m = m * np.exp(np.asarray(self.mem_booster.inplace_predict(p.X), dtype=np.float64).reshape(-1))
+            m = m * np.exp(np.asarray(self.mem_booster.inplace_predict(_columns_for(self.mem_booster, p.X)),
+                                      dtype=np.float64).reshape(-1))
         m = np.maximum(m + p.mem_offset_mib, 1.0)  # the distributed optimizer's static saving (prepare)
         names = sigs["gpu"].astype(str).to_numpy()
         closed = np.isin(names, self._closed_form_gpus())
@@ -291,6 +293,14 @@ def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredi
         backward=BackwardModel(**meta["backward"]) if meta.get("backward") else BackwardModel(),
         forward_only=dict(meta.get("forward_only") or {}), mem_booster=_booster(meta.get("mem_booster_ubj_b64")),
         gpus={k: GpuType(**v) for k, v in meta["gpus"].items()})
+
+
+def _columns_for(booster, X: np.ndarray) -> np.ndarray:
+    """X as `booster` was trained: boosters from before the sequence_parallel feature (issue #14) take
+    the matrix without it."""
+    if booster.num_features() == X.shape[1] - 1:
+        return np.ascontiguousarray(np.delete(X, FEATURE_NAMES.index("sequence_parallel"), axis=1))
+    return X
 
 
 def _booster(b64: str | None):

@@ -4,6 +4,7 @@ a GPU type never profiled, prediction speed."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -267,3 +268,21 @@ def test_distributed_optimizer_static_and_peak_follow_the_simulator(scenario, va
     # hybrid: the flat closed form's static saving leaves out the allocator's overhead on it (≈ 4 % here)
     assert ape.max() < (0.01 if variant == "hybrid-calibrated" else 0.08) and ape.mean() < ape_off.mean() / 10
     assert (p_on.time_ms == p_off.time_ms).all()  # stage time: the option only touches the DP/optimizer step
+
+
+def test_boosters_from_before_the_sequence_parallel_feature_still_predict(scenario):
+    """A registered booster trained on the feature matrix without `sequence_parallel` (before issue #14)
+    is given that matrix: same predictions as the matrix it was trained on."""
+    import xgboost as xgb
+
+    from memx.learn.features import FEATURE_NAMES
+    from memx.learn.model import prepare
+
+    cl, _, _, runs, _ = scenario
+    pred = fit_predictor(runs, gpus_of(cl), variant="hybrid", seed=0)
+    sigs = runs[runs.status == "ok"].loc[:, list(SIGNATURE_COLUMNS)].head(30).reset_index(drop=True)
+    X = np.delete(prepare(sigs, pred.gpus, "hybrid", None).X, FEATURE_NAMES.index("sequence_parallel"), axis=1)
+    old = xgb.train({"nthread": 1, "max_depth": 3}, xgb.DMatrix(X, label=np.linspace(-0.2, 0.2, len(X))), 5)
+    legacy = dataclasses.replace(pred, booster=old, mem_booster=None)
+    expected = prepare(sigs, pred.gpus, "hybrid", None).prior_time_ms * np.exp(old.inplace_predict(np.ascontiguousarray(X)))
+    assert legacy.predict(sigs).time_ms.to_numpy() == pytest.approx(expected, rel=1e-6)
