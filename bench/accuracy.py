@@ -4,7 +4,8 @@
    (profile ≤ 243 runs per GPU type → augment → variants → Optuna → MLflow registry, in a temporary
    $MEMX_HOME) and registered_predictor (the champion), then
    evaluated on plans from memx.simulator.sample_plans (a seed the profiler never used; ≥ 300 measured
-   plans that did not OOM). Also: every variant at plan level (information only — selection is by
+   plans that did not OOM), drawn with the space's distributed_optimizer / sequence_parallel options
+   (default: both on, issue #14). Also: every variant at plan level (information only — selection is by
    held-out stage rows in the train step) and leave-one-GPU-out.
 2. vTrain (../shared/realdata/vtrain/data/ground_truth_single.csv, A100, full recompute): per model, a
    3-point design profiled on the simulator with the vTrain-calibrated A100 traits (eager attention),
@@ -56,7 +57,9 @@ def simulated(n_plans: int) -> tuple[dict, dict]:
     print(f"profile: {len(runs)} runs {per_gpu}; augmented {aug['rows_before']} -> {aug['rows_after']} "
           f"(training split, x{aug['growth']:.2f}); variant {tr['variant']}; held-out {tr['held_out']}; "
           f"pipeline {train_s:.1f}s")
-    measured = sample_plans(cl, mo, sp, n=n_plans, seed=2024)
+    # the plans the search asks for: the distributed optimizer and sequence parallelism as the space lists them
+    measured = sample_plans(cl, mo, sp, n=n_plans, seed=2024, distributed_optimizer=sp.distributed_optimizer,
+                            sequence_parallel=sp.sequence_parallel)
     res = evaluate(cl, mo, measured, pred, "default")
     _show("registered", res)
     for name, b in res["baselines"].items():

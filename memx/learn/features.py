@@ -11,6 +11,14 @@ calibrated prior is a non-negative linear combination of: each is linear in laye
 layers and in-flight micro batches, so the prior extrapolates along those axes where trees cannot.
 Sources: Narayanan et al. 2021 §5.1 (GEMM FLOPs), Korthikanti et al. 2022 §4–5 (activation bytes,
 recomputation), Patarasuk & Yuan 2009 (ring all-reduce); the split into bases is our choice.
+
+Job options (issue #14). Sequence parallelism (active only at tp > 1) is a feature, and the bases
+follow it: the LayerNorm/dropout regions and layer inputs (the s·b·h terms) are sharded over tp, and
+each TP all-reduce becomes a reduce-scatter + all-gather — the same ring volume in twice the
+collectives (Korthikanti et al. 2022 §4.2.2, Table 2). The distributed optimizer changes only the
+static bytes per parameter (memx.planner.cost.static_bytes_per_param: 18, or 6 + 12/dp), which the
+static basis carries (`static_bpp`); the profiler does not sweep it, so the learned corrections see
+every row as it would be without it and the prior adds its static difference (memx.learn.model.prepare).
 """
 
 from __future__ import annotations
@@ -25,8 +33,10 @@ from memx.planner.cost import (
     MIB,
     attention_core_flops,
     layer_forward_flops,
+    option_columns,
     recomputed_layers,
     stage_params_per_rank,
+    static_bytes_per_param,
 )
 from memx.domain.specs import GpuType
 
@@ -35,13 +45,15 @@ GPU_FEATURES = ("peak_tflops_bf16", "memory_gib", "memory_bandwidth_gbps", "intr
 SIGNATURE_FEATURES = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads",
                       "query_groups", "vocab")
 FEATURE_NAMES = SIGNATURE_FEATURES + (
-    "recompute_code", "recompute_fraction", "recomputed_layers", "first", "last", "gelu",
+    "recompute_code", "recompute_fraction", "recomputed_layers", "first", "last", "gelu", "sequence_parallel",
 ) + GPU_FEATURES + ("log_analytic_time_ms", "log_analytic_mem_mib", "log_analytic_static_mib",
                     "log_prior_time_ms", "log_prior_mem_mib")
 
 
 def signature_arrays(sigs: pd.DataFrame) -> dict[str, np.ndarray]:
-    """The signature columns as float64 arrays, plus n_rec (layers recomputed in full) and flags."""
+    """The signature columns as float64 arrays, plus n_rec (layers recomputed in full), flags, `sp`
+    (sequence parallelism in effect: set and tp > 1), `rep` (what the s·b·h activations are divided by:
+    tp with it, else 1) and `static_bpp` (static bytes per parameter, the distributed optimizer's)."""
     a = {k: sigs[k].to_numpy(dtype=np.float64) for k in SIGNATURE_FEATURES}
     rec = sigs["recompute"].astype(str).to_numpy()
     a["n_rec"] = recomputed_layers(rec, sigs["recompute_layers"].to_numpy(), a["layers"])
@@ -52,7 +64,16 @@ def signature_arrays(sigs: pd.DataFrame) -> dict[str, np.ndarray]:
     a["last"] = sigs["last"].to_numpy(dtype=bool).astype(np.float64)
     a["gelu"] = (sigs["mlp"].astype(str).to_numpy() == "gelu").astype(np.float64)
     a["mlp"] = sigs["mlp"].astype(str).to_numpy()
+    do, dp, sp = option_columns(sigs)
+    a["sp"] = (sp & (a["tp"] > 1)).astype(np.float64)
+    a["rep"] = np.where(a["sp"] > 0, a["tp"], 1.0)
+    a["static_bpp"] = static_bytes_per_param(do, dp)
     return a
+
+
+def without_distributed_optimizer(a: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The same arrays as the stage would be without the distributed optimizer (18 B/param static)."""
+    return {**a, "static_bpp": np.full_like(a["layers"], BYTES_PER_PARAM_STATIC)}
 
 
 def gpu_arrays(names: np.ndarray, gpus: Mapping[str, GpuType]) -> dict[str, np.ndarray]:
@@ -78,15 +99,15 @@ def time_bases(a: Mapping[str, np.ndarray], g: Mapping[str, np.ndarray]) -> np.n
     link = g["intra_node_bandwidth_gbps"] * 1e6
     core = attention_core_flops(b, s, h) / tp
     gemm = layer_forward_flops(b, s, h, f, a["heads"], a["query_groups"], a["mlp"]) / tp - core
-    bsh, bsf = b * s * h, b * s * f / tp
+    bsh, bsf = b * s * h / a["rep"], b * s * f / tp  # s·b·h regions sharded under sequence parallelism
     passes = 3.0 * L  # forward 1× + backward 2× (Narayanan 2021 §5.1)
-    ar = _allreduce_bytes_factor(tp) * 2.0 * bsh / link  # one bf16 b·s·h all-reduce
+    ar = _allreduce_bytes_factor(tp) * 2.0 * b * s * h / link  # one bf16 b·s·h all-reduce (or RS + AG: same volume)
     n_ar = 4.0 * L + 2.0 * n_rec  # 2 fwd + 2 bwd per layer, 2 per recomputed forward (Narayanan 2021 §3.3)
     cols = [
         passes * gemm / peak, n_rec * gemm / peak,  # layer GEMMs; recomputed forwards
         passes * core / peak, (n_rec + sel * L) * core / peak,  # attention core; recomputed core
         passes * 2.0 * bsh / bw, passes * 2.0 * bsf / bw, n_rec * 2.0 * (bsh + bsf) / bw,  # elementwise
-        n_ar * ar, n_ar * (tp > 1),  # TP all-reduce volume and per-collective latency
+        n_ar * ar, n_ar * (tp > 1) * (1.0 + a["sp"]),  # TP volume; per-collective latency (SP: RS + AG)
         passes, n_rec,  # per-layer constant costs (kernel launches, host dispatch)
         a["last"] * 6.0 * b * s * h * v / tp / peak, a["last"] * b * s * v / tp / bw,  # output GEMM, loss
         (a["first"] + a["last"]) * bsh / bw, a["first"] + a["last"], np.ones_like(L),
@@ -100,10 +121,10 @@ def memory_bases(a: Mapping[str, np.ndarray]) -> np.ndarray:
     b, s, h, f, tp, v = (a[x] for x in ("micro_batch", "seq_len", "hidden", "ffn_hidden", "tp", "vocab"))
     kv = h * a["query_groups"] / a["heads"]
     kept = k * (L - n_rec)
-    bsh = b * s * h / MIB
+    bsh = b * s * h / a["rep"] / MIB  # s·b·h tensors, sharded over tp under sequence parallelism
     has = (L > 0).astype(np.float64)
     static = stage_params_per_rank(L, tp, a["first"], a["last"], h, f, a["heads"], a["query_groups"], v,
-                                   a["mlp"]) * BYTES_PER_PARAM_STATIC / MIB
+                                   a["mlp"]) * a["static_bpp"] / MIB
     cols = [
         np.ones_like(L), static,
         kept * bsh, kept * b * s * (h + kv) / tp / MIB, kept * b * s * f / tp / MIB,  # replicated, QKV, MLP
@@ -126,7 +147,7 @@ def feature_matrix(a: Mapping[str, np.ndarray], g: Mapping[str, np.ndarray], ana
     L = a["layers"]
     frac = np.divide(a["n_rec"], L, out=np.zeros_like(L), where=L > 0)
     cols = [a[k] for k in SIGNATURE_FEATURES] + [a["recompute_code"], frac, a["n_rec"], a["first"], a["last"],
-                                                  a["gelu"]]
+                                                  a["gelu"], a["sp"]]
     cols += [g[k] for k in GPU_FEATURES]
     cols += [np.log(np.maximum(analytic[c].to_numpy(dtype=np.float64), 1e-6))
              for c in ("time_ms", "peak_mem_mib", "static_mem_mib")]

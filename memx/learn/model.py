@@ -33,7 +33,8 @@ import pandas as pd
 from memx.planner.cost import AnalyticStageModel
 from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json, layered
 from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_only_gpus, phase_of, stage_time_labels
-from memx.learn.features import feature_matrix, gpu_arrays, memory_bases, signature_arrays, time_bases
+from memx.learn.features import (FEATURE_NAMES, feature_matrix, gpu_arrays, memory_bases, signature_arrays,
+                                  time_bases, without_distributed_optimizer)
 from memx.planner.signatures import SIGNATURE_COLUMNS
 from memx.domain.hashing import bytes_hash, stable_hash
 from memx.domain.specs import GpuType
@@ -141,6 +142,19 @@ class Prepared:
     prior_mem_mib: np.ndarray
     static_mem_mib: np.ndarray
     analytic_mem_mib: np.ndarray
+    # added to the (corrected) peak: the prior's peak with the stage's distributed optimizer minus without
+    # it (≤ 0; 0 on rows without it; `hybrid`: the flat closed form's, which leaves out the allocator).
+    # Issue #14: profiles measure stages without the distributed optimizer (docs/profiling.md), so the
+    # trees and their features see each stage as it would be without it and its static-memory saving
+    # comes from the prior: additive, as it changes static bytes only.
+    mem_offset_mib: np.ndarray
+
+
+def _prior(cal: Calibration | None, a, g, names: np.ndarray, an: pd.DataFrame):
+    """(time, peak, static) of the calibrated prior, or of the closed form without a calibration."""
+    if cal is not None:
+        return apply_calibration(cal, a, g, names, an)
+    return tuple(an[c].to_numpy(dtype=np.float64) for c in ("time_ms", "peak_mem_mib", "static_mem_mib"))
 
 
 def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: Calibration | None) -> Prepared:
@@ -148,20 +162,27 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
     names = sigs["gpu"].astype(str).to_numpy()
     g = gpu_arrays(names, gpus)
     # the flat closed form stays the learned model's prior (issue 12 keeps the learned path unchanged)
-    an = AnalyticStageModel(gpus=gpus, runtime="none").predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
-    if cal is not None:
-        ct, cm, cs = apply_calibration(cal, a, g, names, an)
+    model = AnalyticStageModel(gpus=gpus, runtime="none")
+    cols = sigs.loc[:, list(SIGNATURE_COLUMNS)]
+    an = model.predict(cols)
+    ct, cm, cs = _prior(cal, a, g, names, an)  # static (cs) and peak (cm) with the distributed optimizer
+    a_off = without_distributed_optimizer(a)
+    if np.any(a_off["static_bpp"] != a["static_bpp"]):
+        an_off = model.predict(cols.assign(distributed_optimizer=False))
+        _, cm_off, _ = _prior(cal, a_off, g, names, an_off)
     else:
-        ct, cm, cs = (an[c].to_numpy(dtype=np.float64) for c in ("time_ms", "peak_mem_mib", "static_mem_mib"))
-    an_t, an_m = an["time_ms"].to_numpy(np.float64), an["peak_mem_mib"].to_numpy(np.float64)
+        an_off, cm_off = an, cm
+    an_m = an["peak_mem_mib"].to_numpy(np.float64)
+    an_t, an_m_off = an_off["time_ms"].to_numpy(np.float64), an_off["peak_mem_mib"].to_numpy(np.float64)
     if variant == "xgb":
-        pt, pm = np.ones(len(sigs)), np.ones(len(sigs))
-    elif variant == "hybrid":
-        pt, pm = an_t, an_m
+        pt, pm, offset = np.ones(len(sigs)), np.ones(len(sigs)), cm - cm_off
+    elif variant == "hybrid":  # the closed form's saving: static only, without the allocator's share of it
+        pt, pm, offset = an_t, an_m_off, an_m - an_m_off
     else:
-        pt, pm = ct, cm
-    X = feature_matrix(a, g, an, ct, cm)
-    return Prepared(X=X, prior_time_ms=pt, prior_mem_mib=pm, static_mem_mib=cs, analytic_mem_mib=an_m)
+        pt, pm, offset = ct, cm_off, cm - cm_off
+    X = feature_matrix(a_off, g, an_off, ct, cm_off)
+    return Prepared(X=X, prior_time_ms=pt, prior_mem_mib=pm, static_mem_mib=cs, analytic_mem_mib=an_m,
+                    mem_offset_mib=offset)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,12 +211,15 @@ class LearnedStagePredictor:
         p = prepare(sigs, self.gpus, self.variant, self.calibration)
         t, m = p.prior_time_ms, p.prior_mem_mib
         if self.booster is not None and len(sigs):
-            r = np.asarray(self.booster.inplace_predict(p.X), dtype=np.float64).reshape(len(sigs), -1)
+            r = np.asarray(self.booster.inplace_predict(_columns_for(self.booster, p.X)),
+                           dtype=np.float64).reshape(len(sigs), -1)
             t = t * np.exp(r[:, 0])
             if r.shape[1] > 1:
                 m = m * np.exp(r[:, 1])
         if self.mem_booster is not None and len(sigs):
-            m = m * np.exp(np.asarray(self.mem_booster.inplace_predict(p.X), dtype=np.float64).reshape(-1))
+            m = m * np.exp(np.asarray(self.mem_booster.inplace_predict(_columns_for(self.mem_booster, p.X)),
+                                      dtype=np.float64).reshape(-1))
+        m = np.maximum(m + p.mem_offset_mib, 1.0)  # the distributed optimizer's static saving (prepare)
         names = sigs["gpu"].astype(str).to_numpy()
         closed = np.isin(names, self._closed_form_gpus())
         if closed.any():
@@ -271,6 +295,14 @@ def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredi
         gpus={k: GpuType(**v) for k, v in meta["gpus"].items()})
 
 
+def _columns_for(booster, X: np.ndarray) -> np.ndarray:
+    """X as `booster` was trained: boosters from before the sequence_parallel feature (issue #14) take
+    the matrix without it."""
+    if booster.num_features() == X.shape[1] - 1:
+        return np.ascontiguousarray(np.delete(X, FEATURE_NAMES.index("sequence_parallel"), axis=1))
+    return X
+
+
 def _booster(b64: str | None):
     if not b64:
         return None
@@ -328,6 +360,7 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
         return base
     p = prepare(df, gpus, variant, cal)
     lt = np.log(yt / p.prior_time_ms)
+    ym = np.where(has_mem, np.maximum(ym - p.mem_offset_mib, 1.0), np.nan)  # as without the distributed optimizer
     if has_mem.all():  # every row carries both labels: one dual-output booster (paper §3.2)
         Y = np.column_stack([lt, np.log(ym / p.prior_mem_mib)])
         return replace(base, booster=_train(xgb, params, seed, p.X, Y))

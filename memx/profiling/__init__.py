@@ -182,7 +182,8 @@ def _phase2(model: ModelArch, axes: dict, plans: dict, phase1: list, df: pd.Data
     """Sensitivity of each GPU type → the 3-point grid over the selected parameters, measured."""
     sens, phase2 = [], []
     for g, a in axes.items():
-        rows = sensitivity_rows(g, plans[g], df, SEARCHED)
+        searched = SEARCHED | ({"sequence_parallel"} if len(a.sp_options) > 1 else set())  # issue #14
+        rows = sensitivity_rows(g, plans[g], df, searched)
         selected = {r["parameter"] for r in rows if r["selected"]}
         sens += rows
         phase2 += grid_points(a, model, selected) + inflight_points(a, model, selected)

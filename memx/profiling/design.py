@@ -5,6 +5,8 @@ points on one representative interval per parameter for the interpolation gate.
 
 Points are dicts with the stage_runs signature columns plus `source`, which tags how the point was
 chosen: `design:grid`, `design:inflight`, `design:dense:<param>` (sweep points: `sweep:<param>`).
+Points at tp > 1 carry the search space's first listed `sequence_parallel` value (issue #14: the profile
+measures what the search asks for); the distributed optimizer stays analytic (docs/profiling.md).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class GpuAxes:
     default_tp: int
     default_micro_batch: int
     default_layers: int
+    sequence_parallel: bool = False  # what points at tp > 1 carry: the space's first listed value
+    sp_options: tuple[bool, ...] = (False,)  # the sequence_parallel values the search lists
 
 
 def three(values: Iterable[Any]) -> tuple[Any, ...]:
@@ -60,12 +64,15 @@ def stage_levels(space: SearchSpace) -> tuple[tuple[str, ...], bool]:
 
 def point(gpu: str, model: ModelArch, *, tp: int, layers: int, micro_batch: int, seq_len: int,
           recompute: str = Recompute.NONE, recompute_layers: int | None = None, first: bool = False,
-          last: bool = False, inflight: int = 1, source: str) -> dict[str, Any]:
+          last: bool = False, inflight: int = 1, sequence_parallel: bool = False, source: str) -> dict[str, Any]:
+    """One stage signature; `sequence_parallel` holds only at tp > 1 (no effect at tp = 1, and the
+    default keeps the signature key of older profiles)."""
     return {"gpu": gpu, "tp": int(tp), "layers": int(layers), "micro_batch": int(micro_batch),
             "seq_len": int(seq_len), "recompute": str(recompute), "recompute_layers": recompute_layers,
             "first": bool(first), "last": bool(last), "inflight": int(inflight), "hidden": model.hidden,
             "ffn_hidden": model.ffn_hidden, "heads": model.heads, "query_groups": model.query_groups,
-            "vocab": model.vocab, "mlp": model.mlp, "source": source}
+            "vocab": model.vocab, "mlp": model.mlp, "sequence_parallel": bool(sequence_parallel and tp > 1),
+            "source": source}
 
 
 # The analytic model leaves out the allocator's context and fragmentation; grid points are placed
@@ -74,12 +81,12 @@ FIT_SHARE = 0.9
 
 
 def fitting_layers(gpu: GpuType, model: ModelArch, space: SearchSpace, combos: list[tuple[int, int, str]],
-                   seq_len: int) -> dict[tuple[int, int, str], int]:
+                   seq_len: int, sequence_parallel: bool = False) -> dict[tuple[int, int, str], int]:
     """Most layers a middle stage holds (analytic estimate, inflight 1) per (tp, micro batch, recompute);
     0 when not even one fits. Only used to place points, never as a measurement."""
     n = np.arange(1, model.layers + 1)
     sigs = pd.DataFrame([point(gpu.name, model, tp=tp, layers=k, micro_batch=mb, seq_len=seq_len, recompute=rc,
-                               source="") for tp, mb, rc in combos for k in n])
+                               sequence_parallel=sequence_parallel, source="") for tp, mb, rc in combos for k in n])
     peak = AnalyticStageModel(gpus={gpu.name: gpu}, runtime="none").predict(sigs)["peak_mem_mib"].to_numpy()
     fits = peak.reshape(len(combos), len(n)) <= FIT_SHARE * (gpu.memory_mib - space.reserve_gib * 1024.0)
     return {c: int(n[row].max()) if row.any() else 0 for c, row in zip(combos, fits)}
@@ -92,7 +99,8 @@ def gpu_axes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: GpuTyp
     seq = space.seq_len or model.seq_len
     leanest = recompute[-1] if recompute else Recompute.NONE.value
     combos = [(t, b, r) for t in tps for b in mbs for r in dict.fromkeys(recompute + (Recompute.NONE.value,))]
-    fit = fitting_layers(gpu, model, space, combos, seq)
+    sp = bool(space.sequence_parallel[0])
+    fit = fitting_layers(gpu, model, space, combos, seq, sp)
     tp_def, mb_def = three(tps)[len(three(tps)) // 2], three(mbs)[len(three(mbs)) // 2]
     fit_none = fit[(tp_def, mb_def, Recompute.NONE)]
     return GpuAxes(gpu=gpu.name, tps=tps, micro_batches=mbs, recompute=recompute, block=block,
@@ -100,7 +108,8 @@ def gpu_axes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: GpuTyp
                    fit={c: max(1, v) for c, v in fit.items()}, model_layers=model.layers,
                    max_inflight=max(1, space.max_pp),
                    seq_len=seq, default_tp=tp_def, default_micro_batch=mb_def,
-                   default_layers=max(1, min(fit_none // 2, model.layers // 2)))
+                   default_layers=max(1, min(fit_none // 2, model.layers // 2)),
+                   sequence_parallel=sp, sp_options=tuple(bool(v) for v in space.sequence_parallel))
 
 
 def layer_levels(top: int) -> tuple[int, ...]:
@@ -122,7 +131,7 @@ def grid_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[dict[
     at N = layers/2 and one point just past the fitting layer count (expected OOM: the boundary)."""
     tps, mbs, rcs = _levels(ax, selected)
     out: list[dict[str, Any]] = []
-    kw = dict(seq_len=ax.seq_len, source="design:grid")
+    kw = dict(seq_len=ax.seq_len, sequence_parallel=ax.sequence_parallel, source="design:grid")
     for i, tp in enumerate(tps):
         for j, mb in enumerate(mbs):
             for k, rc in enumerate(rcs):
@@ -163,7 +172,7 @@ def inflight_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[d
             for k, rc in enumerate(rcs):
                 for m, n in enumerate(layer_levels(ax.fit[(tp, mb, rc)])[-2:]):
                     out.append(point(ax.gpu, model, tp=tp, layers=n, micro_batch=mb, recompute=rc, seq_len=ax.seq_len,
-                                     inflight=values[(i + j + k + m) % 2], source="design:inflight"))
+                                     sequence_parallel=ax.sequence_parallel, inflight=values[(i + j + k + m) % 2], source="design:inflight"))
     return out
 
 
@@ -187,7 +196,8 @@ def dense_points(ax: GpuAxes, model: ModelArch) -> list[dict[str, Any]]:
     out = []
     for param, values in series.items():
         for v in values:
-            out.append(point(ax.gpu, model, **{**base, param: v}, source=f"design:dense:{param}"))
+            out.append(point(ax.gpu, model, **{**base, param: v}, sequence_parallel=ax.sequence_parallel,
+                             source=f"design:dense:{param}"))
     return out
 
 
@@ -199,12 +209,13 @@ def representative_gpu(cluster: Cluster) -> GpuType:
 
 def full_grid_size(ax: GpuAxes) -> int:
     """Points of the full grid over every value the search can ask for on this GPU type:
-    tp × micro batch × inflight (1..max_pp) × Σ_{n=1..L} positions(n) × recompute options(n), with
-    positions = middle/first/last (+ first-and-last at n = L) and options = levels (+ N = 1..n−1 when
+    tp (× the sequence_parallel values listed, at tp > 1) × micro batch × inflight (1..max_pp) ×
+    Σ_{n=1..L} positions(n) × recompute options(n), with positions = middle/first/last (+ first-and-last at n = L) and options = levels (+ N = 1..n−1 when
     block recompute is searched)."""
     total = 0
     for n in range(1, ax.model_layers + 1):
         positions = 3 + (1 if n == ax.model_layers else 0)
         options = len(ax.recompute) + ((n - 1) if ax.block else 0)
         total += positions * options
-    return len(ax.tps) * len(ax.micro_batches) * ax.max_inflight * total
+    tps = sum(1 if t == 1 else len(ax.sp_options) for t in ax.tps)
+    return tps * len(ax.micro_batches) * ax.max_inflight * total

@@ -3,6 +3,8 @@ time on each GPU type, watch how much time and memory move, keep only the parame
 
 `sweep_points` builds the points (source `sweep:<param>`, the shared centre `sweep:default`);
 `sensitivity_table` reads their measurements back by signature and ranks the parameters.
+Sequence parallelism (issue #14) is swept off/on at the largest tp (its effect grows with tp: Korthikanti
+et al. 2022 Table 2); every other point at tp > 1 carries the space's first listed value.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ SENSITIVITY_COLUMNS = ("gpu", "parameter", "values", "time_change", "mem_change"
 
 def sweep_plan(ax: GpuAxes, model: ModelArch) -> dict[str, list[tuple[Any, dict[str, Any]]]]:
     """parameter → [(value, point)], every list starting with the shared centre point."""
-    base = dict(tp=ax.default_tp, layers=ax.default_layers, micro_batch=ax.default_micro_batch, seq_len=ax.seq_len)
+    base = dict(tp=ax.default_tp, layers=ax.default_layers, micro_batch=ax.default_micro_batch, seq_len=ax.seq_len,
+                sequence_parallel=ax.sequence_parallel)
     centre = point(ax.gpu, model, **base, source="sweep:default")
 
     def vary(param: str, values: list[Any], make) -> list[tuple[Any, dict[str, Any]]]:
@@ -55,6 +58,11 @@ def sweep_plan(ax: GpuAxes, model: ModelArch) -> dict[str, list[tuple[Any, dict[
         "position": vary("position", ["middle", "first", "last"], lambda v, s: point(
             ax.gpu, model, **base, first=v == "first", last=v == "last", source=s)),
     }
+    top_tp = max(ax.tps, default=1)
+    if top_tp > 1:  # the searched value first: it is the sweep's reference when the centre is not in it
+        plans["sequence_parallel"] = vary("sequence_parallel", [ax.sequence_parallel, not ax.sequence_parallel],
+                                          lambda v, s: point(ax.gpu, model, **{**base, "tp": top_tp,
+                                                                                "sequence_parallel": v}, source=s))
     centre_key = signature_key(centre)
     for values in plans.values():  # the centre is measured once, under its own tag
         for i, (v, p) in enumerate(values):
@@ -87,7 +95,9 @@ def sensitivity_rows(gpu: str, plans: dict[str, list[tuple[Any, dict[str, Any]]]
     rows = []
     for param, values in plans.items():
         measured = [by_key.get(signature_key(p)) for _, p in values]
-        centre = next((m for (_, p), m in zip(values, measured) if p["source"] == "sweep:default"), None)
+        # the reference: the shared centre, or the sweep's first point when the centre is not in it
+        # (sequence_parallel, swept at the largest tp)
+        centre = next((m for (_, p), m in zip(values, measured) if p["source"] == "sweep:default"), measured[0])
         t = np.array([m["time_ms"] if m else np.nan for m in measured], dtype=float)
         mem = np.array([m["peak_mem_mib"] if m and m["peak_mem_mib"] is not None else np.nan for m in measured],
                        dtype=float)
@@ -100,6 +110,8 @@ def sensitivity_rows(gpu: str, plans: dict[str, list[tuple[Any, dict[str, Any]]]
         note = "fewer than 2 ok measurements: kept (cannot tell)" if unknown else ""
         if not in_search:
             note = note or "not searched (one value): reported only"
+        elif param == "sequence_parallel":
+            note = note or "grid points at tp > 1 carry the first listed value; the other is this sweep's"
         elif param not in GRID_PARAMS:
             note = note or "always covered by its own points (inflight / first-last stages)"
         rows.append({"gpu": gpu, "parameter": param, "values": ",".join(str(v) for v, _ in values),

@@ -16,6 +16,7 @@ from memx.learn.features import (
     memory_bases,
     signature_arrays,
     time_bases,
+    without_distributed_optimizer,
 )
 
 
@@ -66,3 +67,29 @@ def test_bases_are_additive_in_layers_and_recomputed_layers(gpus):
     _, m_in1 = bases(inflight=1)
     _, m_in3 = bases(inflight=3)
     assert np.allclose(m_in3 - m4, m4 - m_in1)  # memory terms linear in in-flight micro batches
+
+
+def test_sequence_parallelism_is_a_feature_and_shards_the_sbh_terms(gpus):
+    """Korthikanti 2022 §4.2.2: with SP the s·b·h activations are divided by tp; no effect at tp 1."""
+    off, on = signature_arrays(_sigs(tp=4)), signature_arrays(_sigs(tp=4, sequence_parallel=True))
+    assert off["sp"][0] == 0.0 and on["sp"][0] == 1.0
+    assert signature_arrays(_sigs(tp=1, sequence_parallel=True))["sp"][0] == 0.0
+    m_off, m_on = memory_bases(off)[0], memory_bases(on)[0]
+    assert m_on[2] == pytest.approx(m_off[2] / 4)  # the replicated (LayerNorm/dropout/input) term
+    assert m_on[3] == m_off[3] and m_on[1] == m_off[1]  # QKV (already sharded) and static: unchanged
+    g = gpu_arrays(np.array(["a100-80g"]), gpus)
+    t_off, t_on = time_bases(off, g)[0], time_bases(on, g)[0]
+    assert t_on[7] == t_off[7] and t_on[8] == 2 * t_off[8]  # same ring volume, twice the collectives
+    an = AnalyticStageModel(gpus=gpus).predict(_sigs(tp=4, sequence_parallel=True))
+    X = feature_matrix(on, g, an, an["time_ms"].to_numpy(), an["peak_mem_mib"].to_numpy())
+    assert dict(zip(FEATURE_NAMES, X.T))["sequence_parallel"].tolist() == [1.0]
+
+
+def test_static_basis_follows_the_distributed_optimizer():
+    """memx.planner.cost.static_bytes_per_param: 18 B/param, 6 + 12/dp with the distributed optimizer."""
+    plain = memory_bases(signature_arrays(_sigs()))[0][1]
+    do4 = memory_bases(signature_arrays(_sigs(distributed_optimizer=True, dp=4)))[0][1]
+    do1 = memory_bases(signature_arrays(_sigs(distributed_optimizer=True, dp=1)))[0][1]
+    assert do4 == pytest.approx(plain * (6 + 12 / 4) / 18) and do1 == pytest.approx(plain)
+    assert plain == pytest.approx(memory_bases(without_distributed_optimizer(signature_arrays(
+        _sigs(distributed_optimizer=True, dp=4))))[0][1])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from memx.domain.catalog import load_cluster, load_model, load_search
@@ -94,3 +96,33 @@ def test_same_seed_same_numbers(conf_root):
     ta = {signature_key(r): r["time_ms"] for r in a.to_dict("records") if r["status"] == "ok"}
     tb = {signature_key(r): r["time_ms"] for r in b.to_dict("records") if r["status"] == "ok"}
     assert ta == tb and len(ta) > 50  # per-point seeds: order and parallelism do not matter
+
+
+def test_points_at_tp_above_one_carry_the_searched_sequence_parallelism(default_result):
+    """Issue #14: the default search asks for SP at tp > 1, so the grid measures it; tp 1 never carries it."""
+    c, _, s, r = default_result
+    assert s.sequence_parallel == (True,)
+    df = r.stage_runs
+    design = df[df.source.str.startswith("design:")]
+    assert (design.sequence_parallel == (design.tp > 1)).all()
+    assert (design.tp > 1).any() and (design.tp == 1).any()
+    assert not df.distributed_optimizer.any()  # the distributed optimizer stays analytic (docs/profiling.md)
+    for gpu in r.runs_by_gpu:
+        sweep = df[(df.gpu == gpu) & (df.source == "sweep:sequence_parallel")]
+        top = max(gpu_axes(c, load_model("llama2-7b"), s, c.gpu(gpu)).tps)
+        # off at the largest tp (on there is the tp sweep's point, measured once)
+        assert sweep.tp.tolist() == [top] and sweep.sequence_parallel.tolist() == [False]
+        on = df[(df.gpu == gpu) & (df.source == "sweep:tp") & (df.tp == top)]
+        assert on.sequence_parallel.tolist() == [True]
+    sens = r.sensitivity[r.sensitivity.parameter == "sequence_parallel"]
+    assert len(sens) == len(r.runs_by_gpu) and not sens.searched.any() and not sens.selected.any()
+    assert (sens.mem_change > 0.01).all()  # SP shards the LayerNorm/dropout activations (Korthikanti 2022)
+
+
+def test_both_sequence_parallel_values_double_the_full_grid_at_tp_above_one(conf_root):
+    c, m, s = load_cluster("three-vendor-20", conf_root), load_model("llama2-7b", conf_root), load_search("default", conf_root)
+    one = gpu_axes(c, m, s, c.gpu("a100-80g"))
+    both = gpu_axes(c, m, dataclasses.replace(s, sequence_parallel=(False, True)), c.gpu("a100-80g"))
+    assert one.sequence_parallel and not both.sequence_parallel  # the first listed value
+    above = sum(t > 1 for t in one.tps)
+    assert full_grid_size(both) * len(one.tps) == full_grid_size(one) * (len(one.tps) + above)
