@@ -184,7 +184,7 @@ def alive(pid: int) -> bool:
         return True
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+    except (OSError, IndexError):
         return False
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from memx.domain.catalog import load_model
+from memx.pipeline.lifeline import alive
 from memx.profiling.backends.command import CommandBackend
 from memx.profiling.backends.launches import LAUNCHES
 from memx.profiling.design import point
@@ -52,20 +53,6 @@ DRIVER = textwrap.dedent("""
     profile(c, m, s, backend="command", command=sys.argv[2:], jobs=2, timeout_s=120, out_dir=sys.argv[1],
             progress=False)
 """)
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def wait_gone(pids: list[int], within_s: float = 10.0) -> list[int]:
