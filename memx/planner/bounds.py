@@ -86,6 +86,8 @@ class LayoutBounds:
         idx = np.where(self.ok, n[None, :], -1)
         self.prev_ok = np.maximum.accumulate(idx, axis=1)
         self.bottleneck_ms = _min_bottleneck(self.t1, total)
+        self.t_minmax = MinMax(self.t1)
+        self.t_sums = _lagrange_tables(self.t1, n)
         self._tables, self._target = lt, target_margin
         self._memory: tuple[RangeTable, RangeTable] | None = None
 
@@ -126,9 +128,9 @@ class LayoutBounds:
 
     def time_lb(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Lower bound of T over each box, deflated by SLACK."""
-        t = self.t_range.query(a, b)
-        tmax = np.maximum(t.max(axis=1), self.bottleneck_ms)
-        T = (self.micro_batches - 1) * tmax + t.sum(axis=1) + self.p2p_total_ms + self.tail_range.query(a, b).max(axis=1)
+        tmax = np.maximum(self.t_minmax.query(a, b, self.total), self.bottleneck_ms)
+        tsum = max_lagrange_sum(self.t_sums, a, b, self.total)
+        T = (self.micro_batches - 1) * tmax + tsum + self.p2p_total_ms + self.tail_range.query(a, b).max(axis=1)
         return T * (1 - SLACK)
 
     def corner(self, a: np.ndarray, b: np.ndarray, time_lb: np.ndarray) -> Corner:
@@ -151,6 +153,59 @@ class LayoutBounds:
             lo_idx = np.clip(r - b[:, s:s + 1], 0, L + 1)
             dp = c[rows, hi_idx] - c[rows, lo_idx]
         return dp[:, L]
+
+
+class MinMax:
+    """A lower bound of min over the box's splits (Σ n = L) of max_s x(s, n_s), exact when x(s, ·) is
+    non-decreasing on the allowed counts: x is replaced by its suffix minimum x̂(s, n) = min_{n′ ≥ n} x(s, n′)
+    (x̂ ≤ x, non-decreasing), so max_s x̂ ≤ B ⇔ n_s ≤ H_s(B); some split of the box has max_s x̂ ≤ B iff
+    H_s(B) ≥ a_s for all s and Σ_s min(H_s(B), b_s) ≥ L (interior counts that are not allowed are
+    ignored: a relaxation). The smallest such B among the values of x̂ by bisection, vectorised over boxes
+    (the min-max stage partition of Alpa §5.2 / Sailor, as a bound on a box)."""
+
+    def __init__(self, x: np.ndarray):
+        env = np.minimum.accumulate(x[:, ::-1], axis=1)[:, ::-1]
+        self.cand = np.unique(env[np.isfinite(env)])
+        # H[s, c] = the largest n with env[s, n] ≤ cand[c] (−1 when none)
+        self.H = np.stack([np.searchsorted(env[s], self.cand, side="right") - 1 for s in range(x.shape[0])])
+
+    def query(self, a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
+        C = len(self.cand)
+        if C == 0:
+            return np.full(len(a), np.inf)
+        lo, hi = np.zeros(len(a), dtype=np.int64), np.full(len(a), C - 1, dtype=np.int64)
+        s = np.arange(a.shape[1])[None, :]
+        while (lo < hi).any():
+            mid = (lo + hi) // 2
+            h = np.minimum(self.H[s, mid[:, None]], b)
+            ok = (h >= a).all(axis=1) & (h.sum(axis=1) >= total)
+            hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid + 1)
+        h = np.minimum(self.H[s, lo[:, None]], b)
+        ok = (h >= a).all(axis=1) & (h.sum(axis=1) >= total)
+        return np.where(ok, self.cand[lo], np.inf)
+
+
+def _lagrange_tables(x: np.ndarray, n: np.ndarray) -> list[tuple[float, RangeTable]]:
+    """Range-minimum tables of x(s, n) − λ·n for a few multipliers λ: 0 and the stages' per-layer slopes."""
+    lams = [0.0]
+    for row in x:
+        f = np.nonzero(np.isfinite(row))[0]
+        if len(f) >= 2:
+            lams.append(float((row[f[-1]] - row[f[0]]) / (f[-1] - f[0])))
+    lams = sorted(set(np.round(lams, 6)))
+    if len(lams) > 9:  # keep 0 and 8 spread quantiles
+        lams = sorted({0.0, *np.quantile(lams, np.linspace(0, 1, 8)).tolist()})
+    return [(lam, RangeTable(x - lam * n[None, :])) for lam in lams]
+
+
+def max_lagrange_sum(tables: list[tuple[float, RangeTable]], a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
+    """A lower bound of min over the box's splits of Σ_s x(s, n_s): for every λ, Σ_s x(s, n_s) =
+    λ·L + Σ_s (x(s, n_s) − λ·n_s) ≥ λ·L + Σ_s min_{n ∈ [a_s, b_s]} (x(s, n) − λ·n) (Lagrangian relaxation of
+    Σ n_s = L; exact for x linear in n between the multipliers tried). λ = 0 is the plain per-stage minimum."""
+    out = np.full(len(a), -np.inf)
+    for lam, rt in tables:
+        out = np.maximum(out, lam * total + rt.query(a, b).sum(axis=1))
+    return out
 
 
 def box_variance_lb(lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:
