@@ -90,6 +90,7 @@ class LayoutBounds:
         self.t_sums = _lagrange_tables(self.t1, n)
         self._tables, self._target = lt, target_margin
         self._memory: tuple[RangeTable, RangeTable] | None = None
+        self._m_minmax: MinMax | None = None
 
     def memory_ranges(self) -> tuple[RangeTable, RangeTable]:
         """(range min of the lowest reachable peak, range max of the fitted peak), built on first use."""
@@ -98,6 +99,7 @@ class LayoutBounds:
             m1 = np.where(self.ok, lt.fit_peak_mib.reshape(self.pp, self.rows).astype(np.float64), -np.inf)
             m_lo = np.where(self.ok, _lowest_reachable_mib(lt, self._target), np.inf)
             self._memory = (RangeTable(m_lo), RangeTable(m1, maximum=True))
+            self._m_minmax = MinMax(m_lo)
         return self._memory
 
     def root(self) -> tuple[np.ndarray, np.ndarray]:
@@ -136,7 +138,8 @@ class LayoutBounds:
     def corner(self, a: np.ndarray, b: np.ndarray, time_lb: np.ndarray) -> Corner:
         lo_range, hi_range = self.memory_ranges()
         lo, hi = lo_range.query(a, b), hi_range.query(a, b)
-        return Corner(time_ms=time_lb, max_mib=lo.max(axis=1) * (1 - SLACK),
+        m_lb = np.maximum(lo.max(axis=1), self._m_minmax.query(a, b, self.total))
+        return Corner(time_ms=time_lb, max_mib=m_lb * (1 - SLACK),
                       var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight), hi))
 
     def count(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
