@@ -195,9 +195,13 @@ def _lagrange_tables(x: np.ndarray, n: np.ndarray) -> list[tuple[float, RangeTab
         f = np.nonzero(np.isfinite(row))[0]
         if len(f) >= 2:
             lams.append(float((row[f[-1]] - row[f[0]]) / (f[-1] - f[0])))
-    lams = sorted(set(np.round(lams, 6)))
-    if len(lams) > 9:  # keep 0 and 8 spread quantiles
-        lams = sorted({0.0, *np.quantile(lams, np.linspace(0, 1, 8)).tolist()})
+    kept: list[float] = []
+    for lam in sorted(lams):  # slopes within 2 % of one already tried add little: stages of one GPU type and tp
+        if not kept or lam > kept[-1] + 0.02 * abs(kept[-1]) + 1e-9:
+            kept.append(lam)
+    if len(kept) > 5:  # keep 0 and 4 spread quantiles
+        kept = sorted({0.0, *np.quantile(kept, np.linspace(0, 1, 4)).tolist()})
+    lams = kept
     return [(lam, RangeTable(x - lam * n[None, :])) for lam in lams]
 
 

@@ -166,7 +166,7 @@ def test_box_time_bounds_are_valid_and_exact_where_promised():
         elif kind == 1:
             x = np.cumsum(rng.random((pp, rows)) * 10, axis=1)
         else:
-            x = rng.random((pp, 1)) * 10 * n[None, :] + rng.random((pp, 1)) * 50
+            x = rng.choice([1.0, 3.0, 7.0], size=(pp, 1)) * n[None, :] + rng.random((pp, 1)) * 50  # slopes ≥ 2 % apart
         x[:, 0] = np.inf
         a = rng.integers(1, max(2, total // pp + 1), size=pp)
         b = np.minimum(a + rng.integers(0, total, size=pp), total)
@@ -183,4 +183,4 @@ def test_box_time_bounds_are_valid_and_exact_where_promised():
         if kind >= 1:
             assert mm == pytest.approx(min(max(v) for v in vals))
         if kind == 2:
-            assert sm == pytest.approx(min(sum(v) for v in vals), rel=1e-6)  # λ rounded to 1e−6
+            assert sm == pytest.approx(min(sum(v) for v in vals), rel=1e-6)
