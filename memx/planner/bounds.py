@@ -6,9 +6,10 @@ DP tail (all-reduce + optimizer). Refinement (memx.planner.recompute, step 2) on
 its ladder — time up, memory down — and only while that stage is tight (margin < target), so a
 stage's final memory lies in [m_lo, m1], m_lo being the peak of the first level at or above the fit
 that is not tight (or the top of the ladder), and its final time is ≥ t1. Hence for every split in a box:
-* T ≥ (m − 1)·max(B*, max_s min t1) + Σ_s min t1 + Σ 2·p2p + max_s min tail — T is non-decreasing in
-  every stage time (1F1B, paper §3.1.2), B* = the layout's smallest achievable bottleneck;
-* M ≥ max_s min m_lo;
+* T ≥ (m − 1)·max(B*, MM) + SS + Σ 2·p2p + max_s min tail — T is non-decreasing in every stage time
+  (1F1B, paper §3.1.2), B* = the layout's smallest achievable bottleneck, MM ≤ min over the box's splits
+  (Σ n = L) of max_s t1 (`MinMax`), SS ≤ min over them of Σ_s t1 (`max_lagrange_sum`);
+* M ≥ max(max_s min m_lo, the box min-max of m_lo);
 * V ≥ min over x_s ∈ [min m_lo, max m1] of the GPU-weighted variance of x = min_c Σ_s w_s·dist(c, I_s)²
   (a convex function of c: the variance is the smallest weighted square distance to one point);
 * log Φ ≥ wT·log T_lb + wM·log M_lb + wV·log(V_lb + ε) (log Φ is non-decreasing in T, M, V).
