@@ -24,6 +24,9 @@ CASES = {  # name: (cluster, model, search, space changes)
     "llama3-405b/mixed-1024": ("mixed-1024", "llama3-405b", "default", {}),
     "llama2-13b/h100-mi300x-32": ("h100-mi300x-32", "llama2-13b", "default", {}),
 }
+DEEP = {  # 16-stage pipelines: the 3-D Pareto front near the fastest plans keeps many boxes (docs/planner.md)
+    "llama3-405b/mixed-1024/max_pp=16": ("mixed-1024", "llama3-405b", "default", {"max_pp": 16}),
+}
 GROWTH = {  # peak RSS against space size: one model and cluster, growing max_pp
     f"llama2-7b/three-vendor-20/max_pp={pp}": ("three-vendor-20", "llama2-7b", "default", {"max_pp": pp})
     for pp in (3, 4, 5, 6, 7, 8)
@@ -78,14 +81,14 @@ def _subprocess(spec: tuple, exhaustive: bool, timeout: float) -> dict | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="all", help="comma-separated case names, 'all', or 'growth'")
+    ap.add_argument("--cases", default="all", help="comma-separated case names, 'all', 'growth' or 'deep'")
     ap.add_argument("--full", action="store_true", help="also run the full enumeration where it finishes")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--full-timeout", type=float, default=900.0)
     args = ap.parse_args()
-    table = {**CASES, **GROWTH}
+    table = {**CASES, **GROWTH, **DEEP}
     names = (list(CASES) if args.cases == "all" else list(GROWTH) if args.cases == "growth"
-             else args.cases.split(","))
+             else list(DEEP) if args.cases == "deep" else args.cases.split(","))
     for name in names:
         spec = table[name]
         got = _subprocess(spec, False, args.timeout)

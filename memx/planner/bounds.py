@@ -6,9 +6,10 @@ DP tail (all-reduce + optimizer). Refinement (memx.planner.recompute, step 2) on
 its ladder — time up, memory down — and only while that stage is tight (margin < target), so a
 stage's final memory lies in [m_lo, m1], m_lo being the peak of the first level at or above the fit
 that is not tight (or the top of the ladder), and its final time is ≥ t1. Hence for every split in a box:
-* T ≥ (m − 1)·max(B*, max_s min t1) + Σ_s min t1 + Σ 2·p2p + max_s min tail — T is non-decreasing in
-  every stage time (1F1B, paper §3.1.2), B* = the layout's smallest achievable bottleneck;
-* M ≥ max_s min m_lo;
+* T ≥ (m − 1)·max(B*, MM) + SS + Σ 2·p2p + max_s min tail — T is non-decreasing in every stage time
+  (1F1B, paper §3.1.2), B* = the layout's smallest achievable bottleneck, MM ≤ min over the box's splits
+  (Σ n = L) of max_s t1 (`MinMax`), SS ≤ min over them of Σ_s t1 (`max_lagrange_sum`);
+* M ≥ max(max_s min m_lo, the box min-max of m_lo);
 * V ≥ min over x_s ∈ [min m_lo, max m1] of the GPU-weighted variance of x = min_c Σ_s w_s·dist(c, I_s)²
   (a convex function of c: the variance is the smallest weighted square distance to one point);
 * log Φ ≥ wT·log T_lb + wM·log M_lb + wV·log(V_lb + ε) (log Φ is non-decreasing in T, M, V).
@@ -86,8 +87,11 @@ class LayoutBounds:
         idx = np.where(self.ok, n[None, :], -1)
         self.prev_ok = np.maximum.accumulate(idx, axis=1)
         self.bottleneck_ms = _min_bottleneck(self.t1, total)
+        self.t_minmax = MinMax(self.t1)
+        self.t_sums = _lagrange_tables(self.t1, n)
         self._tables, self._target = lt, target_margin
         self._memory: tuple[RangeTable, RangeTable] | None = None
+        self._m_minmax: MinMax | None = None
 
     def memory_ranges(self) -> tuple[RangeTable, RangeTable]:
         """(range min of the lowest reachable peak, range max of the fitted peak), built on first use."""
@@ -96,6 +100,7 @@ class LayoutBounds:
             m1 = np.where(self.ok, lt.fit_peak_mib.reshape(self.pp, self.rows).astype(np.float64), -np.inf)
             m_lo = np.where(self.ok, _lowest_reachable_mib(lt, self._target), np.inf)
             self._memory = (RangeTable(m_lo), RangeTable(m1, maximum=True))
+            self._m_minmax = MinMax(m_lo)
         return self._memory
 
     def root(self) -> tuple[np.ndarray, np.ndarray]:
@@ -126,15 +131,16 @@ class LayoutBounds:
 
     def time_lb(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Lower bound of T over each box, deflated by SLACK."""
-        t = self.t_range.query(a, b)
-        tmax = np.maximum(t.max(axis=1), self.bottleneck_ms)
-        T = (self.micro_batches - 1) * tmax + t.sum(axis=1) + self.p2p_total_ms + self.tail_range.query(a, b).max(axis=1)
+        tmax = np.maximum(self.t_minmax.query(a, b, self.total), self.bottleneck_ms)
+        tsum = max_lagrange_sum(self.t_sums, a, b, self.total)
+        T = (self.micro_batches - 1) * tmax + tsum + self.p2p_total_ms + self.tail_range.query(a, b).max(axis=1)
         return T * (1 - SLACK)
 
     def corner(self, a: np.ndarray, b: np.ndarray, time_lb: np.ndarray) -> Corner:
         lo_range, hi_range = self.memory_ranges()
         lo, hi = lo_range.query(a, b), hi_range.query(a, b)
-        return Corner(time_ms=time_lb, max_mib=lo.max(axis=1) * (1 - SLACK),
+        m_lb = np.maximum(lo.max(axis=1), self._m_minmax.query(a, b, self.total))
+        return Corner(time_ms=time_lb, max_mib=m_lb * (1 - SLACK),
                       var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight), hi))
 
     def count(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -151,6 +157,63 @@ class LayoutBounds:
             lo_idx = np.clip(r - b[:, s:s + 1], 0, L + 1)
             dp = c[rows, hi_idx] - c[rows, lo_idx]
         return dp[:, L]
+
+
+class MinMax:
+    """A lower bound of min over the box's splits (Σ n = L) of max_s x(s, n_s), exact when x(s, ·) is
+    non-decreasing on the allowed counts: x is replaced by its suffix minimum x̂(s, n) = min_{n′ ≥ n} x(s, n′)
+    (x̂ ≤ x, non-decreasing), so max_s x̂ ≤ B ⇔ n_s ≤ H_s(B); some split of the box has max_s x̂ ≤ B iff
+    H_s(B) ≥ a_s for all s and Σ_s min(H_s(B), b_s) ≥ L (interior counts that are not allowed are
+    ignored: a relaxation). The smallest such B among the values of x̂ by bisection, vectorised over boxes
+    (the min-max stage partition of Alpa §5.2 / Sailor, as a bound on a box)."""
+
+    def __init__(self, x: np.ndarray):
+        env = np.minimum.accumulate(x[:, ::-1], axis=1)[:, ::-1]
+        self.cand = np.unique(env[np.isfinite(env)])
+        # H[s, c] = the largest n with env[s, n] ≤ cand[c] (−1 when none)
+        self.H = np.stack([np.searchsorted(env[s], self.cand, side="right") - 1 for s in range(x.shape[0])])
+
+    def query(self, a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
+        C = len(self.cand)
+        if C == 0:
+            return np.full(len(a), np.inf)
+        lo, hi = np.zeros(len(a), dtype=np.int64), np.full(len(a), C - 1, dtype=np.int64)
+        s = np.arange(a.shape[1])[None, :]
+        while (lo < hi).any():
+            mid = (lo + hi) // 2
+            h = np.minimum(self.H[s, mid[:, None]], b)
+            ok = (h >= a).all(axis=1) & (h.sum(axis=1) >= total)
+            hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid + 1)
+        h = np.minimum(self.H[s, lo[:, None]], b)
+        ok = (h >= a).all(axis=1) & (h.sum(axis=1) >= total)
+        return np.where(ok, self.cand[lo], np.inf)
+
+
+def _lagrange_tables(x: np.ndarray, n: np.ndarray) -> list[tuple[float, RangeTable]]:
+    """Range-minimum tables of x(s, n) − λ·n for a few multipliers λ: 0 and the stages' per-layer slopes."""
+    lams = [0.0]
+    for row in x:
+        f = np.nonzero(np.isfinite(row))[0]
+        if len(f) >= 2:
+            lams.append(float((row[f[-1]] - row[f[0]]) / (f[-1] - f[0])))
+    kept: list[float] = []
+    for lam in sorted(lams):  # slopes within 2 % of one already tried add little: stages of one GPU type and tp
+        if not kept or lam > kept[-1] + 0.02 * abs(kept[-1]) + 1e-9:
+            kept.append(lam)
+    if len(kept) > 5:  # keep 0 and 4 spread quantiles
+        kept = sorted({0.0, *np.quantile(kept, np.linspace(0, 1, 4)).tolist()})
+    lams = kept
+    return [(lam, RangeTable(x - lam * n[None, :])) for lam in lams]
+
+
+def max_lagrange_sum(tables: list[tuple[float, RangeTable]], a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
+    """A lower bound of min over the box's splits of Σ_s x(s, n_s): for every λ, Σ_s x(s, n_s) =
+    λ·L + Σ_s (x(s, n_s) − λ·n_s) ≥ λ·L + Σ_s min_{n ∈ [a_s, b_s]} (x(s, n) − λ·n) (Lagrangian relaxation of
+    Σ n_s = L; exact for x linear in n between the multipliers tried). λ = 0 is the plain per-stage minimum."""
+    out = np.full(len(a), -np.inf)
+    for lam, rt in tables:
+        out = np.maximum(out, lam * total + rt.query(a, b).sum(axis=1))
+    return out
 
 
 def box_variance_lb(lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:

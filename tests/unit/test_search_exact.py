@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from memx.domain.catalog import load_gpu, load_model, load_search
 from memx.domain.errors import InfeasibleError
 from memx.domain.specs import Cluster, Node
-from memx.planner.bounds import box_variance_lb
+from memx.planner.bounds import MinMax, _lagrange_tables, box_variance_lb, max_lagrange_sum
 from memx.planner.compositions import count_splits, sample_splits
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.medians import RadixMedians, dkw_epsilon
@@ -146,3 +146,41 @@ def test_box_variance_bound_is_a_tight_lower_bound():
         c = np.linspace(lo.min(), hi.max(), 20001)[:, None]
         d = c - np.clip(c, lo, hi)
         assert v == pytest.approx((w * d * d).sum(axis=1).min(), rel=1e-3, abs=1e-6)
+
+
+def _box_splits(a, b, total):
+    return [c for c in itertools.product(*[range(x, y + 1) for x, y in zip(a, b)]) if sum(c) == total]
+
+
+def test_box_time_bounds_are_valid_and_exact_where_promised():
+    """MinMax ≤ min over the box's splits of max_s x(s, n_s), equal when x is non-decreasing with no gaps;
+    the Lagrangian sum ≤ min of Σ_s x(s, n_s), equal when every x(s, ·) is linear with a slope tried."""
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        pp, total = int(rng.integers(1, 5)), int(rng.integers(4, 13))
+        rows, n = total + 1, np.arange(total + 1)
+        kind = trial % 3  # 0: random with gaps, 1: non-decreasing without gaps, 2: linear
+        if kind == 0:
+            x = rng.random((pp, rows)) * 100
+            x[rng.random((pp, rows)) < 0.2] = np.inf
+        elif kind == 1:
+            x = np.cumsum(rng.random((pp, rows)) * 10, axis=1)
+        else:
+            x = rng.choice([1.0, 3.0, 7.0], size=(pp, 1)) * n[None, :] + rng.random((pp, 1)) * 50  # slopes ≥ 2 % apart
+        x[:, 0] = np.inf
+        a = rng.integers(1, max(2, total // pp + 1), size=pp)
+        b = np.minimum(a + rng.integers(0, total, size=pp), total)
+        boxes = _box_splits(a, b, total)
+        if not boxes:
+            continue
+        vals = [[x[s, c[s]] for s in range(pp)] for c in boxes]
+        finite = [v for v in vals if np.isfinite(v).all()]
+        mm = MinMax(x).query(a[None, :], b[None, :], total)[0]
+        sm = max_lagrange_sum(_lagrange_tables(x, n), a[None, :], b[None, :], total)[0]
+        if finite:
+            assert mm <= min(max(v) for v in finite) + 1e-9
+            assert sm <= min(sum(v) for v in finite) + 1e-6
+        if kind >= 1:
+            assert mm == pytest.approx(min(max(v) for v in vals))
+        if kind == 2:
+            assert sm == pytest.approx(min(sum(v) for v in vals), rel=1e-6)
