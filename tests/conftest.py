@@ -5,9 +5,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import atexit
+import shutil
+import tempfile
+
 import pytest
+from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Tests never write into the source tree: no example database and no constants cache (.hypothesis/)
+# in the working directory.
+settings.register_profile("memx", database=None)
+settings.load_profile("memx")
+_HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="memx-hypothesis-")
+set_hypothesis_home_dir(Path(_HYPOTHESIS_HOME))
+atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, True)
 
 
 def realdata_root() -> Path:
