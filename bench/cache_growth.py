@@ -44,10 +44,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cached = CachedPredictor(pred, version=pred.version, path=Path(tmp) / "predictions.parquet")
         r_base, base_s = timed_search(base, model, space, cached)
-        base_hits = cached.last_hit_rate
+        base_hits = r_base.cache_hit_rate
         _, warm_s = timed_search(base, model, space, cached)
         r_grown, grown_s = timed_search(grown, model, space, cached)
-        hit = cached.last_hit_rate
+        hit = r_grown.cache_hit_rate
         entries = len(cached)
     ratio = r_grown.space.total / r_base.space.total
     print(f"base  {base.total_gpus} GPUs: {r_base.space.total:,} configurations ({r_base.space.layouts} layouts, "

@@ -57,7 +57,7 @@ def run(out: Path, *, scale: str = "small", seed: int = 0, predictor: str | None
             continue
         rows.append({"search": label, "gpus": cl.total_gpus, "layouts": r.space.layouts,
                      "configurations": r.space.evaluated, "space_with_recompute": r.space.total,
-                     "signatures": r.signatures, "hit_rate": pred.last_hit_rate, "seconds": r.search_s,
+                     "signatures": r.signatures, "hit_rate": r.cache_hit_rate, "seconds": r.search_s,
                      "configs_per_s": r.space.evaluated / r.search_s})
     df = pd.DataFrame(rows).dropna(subset=["seconds"]).reset_index(drop=True)
     measured = sample_plans(base, mo, sp, n=n, seed=seed + 7)

@@ -270,13 +270,12 @@ def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchS
                          "iteration_time_ms": c.iteration_time_ms, "max_mem_mib": c.max_mem_mib,
                          "mem_std_gib": c.mem_variance_mib2 ** 0.5 / 1024, "min_margin": c.min_margin}
                         for i, c in enumerate(result.top)])
-    hit = getattr(predictor, "last_hit_rate", None)
     return StepResult(
         tables={"top": top},
         files={"plan.json": json.dumps(obj, indent=2).encode()},  # rendered (Markdown, HTML) by report/
         manifest={"search_s": round(result.search_s, 3), "evaluated": result.space.evaluated,
                   "feasible": result.space.feasible, "weights": result.weights.profile,
-                  "cache_hit_rate": None if hit is None else float(hit() if callable(hit) else hit),
+                  "cache_hit_rate": result.cache_hit_rate,
                   "iteration_time_ms": result.chosen.iteration_time_ms, "min_margin": result.chosen.min_margin})
 
 

@@ -127,13 +127,7 @@ def apply_pick(r: SearchResult, space: SearchSpace, model: ModelArch, predictor:
     """The search's result with the pick of `space.pick_rule`, the (T, margin, V) front of the kept
     candidates, upper-bound margins where the predictor gives intervals, and the pick's warnings."""
     kept = unique([*r.top, *r.top_time, *r.pareto])
-    # A cached predictor records each call's hit rate (memx.learn.cache); the search's statistics are its
-    # tables' call, so this re-query of already-predicted stages is left out of that history.
-    history = getattr(predictor, "history", None)
-    n_calls = len(history) if isinstance(history, list) else None
     high = {plan_key(c): h for c, h in zip(kept, upper_margins(kept, model, predictor)) if h is not None}
-    if n_calls is not None:
-        del history[n_calls:]
 
     def mg(m: PlanMetrics) -> float:
         return high.get(plan_key(m), m.min_margin)

@@ -38,6 +38,9 @@ class SearchResult:
     predict_s: float
     signatures: int
     epsilon_mib2: float
+    # Share of the stage signatures a caching predictor (memx.learn.cache) answered from its cache in the
+    # search's one table call; None for a predictor without a cache.
+    cache_hit_rate: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     # The pick (memx.planner.pick.apply_pick): None = the paper's, top[0].
     pick: PlanMetrics | None = None

@@ -133,6 +133,7 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
                               f"{space.global_batch} no dp × Σtp uses the GPUs as required")
     pt = predict_tables(layout_contexts(layouts, total), cluster, model, seq, space.recompute_levels,
                         space.reserve_gib, predictor)
+    hit_rate = getattr(predictor, "last_hit_rate", None)  # of the table call, before any later query
     t_pred = time.perf_counter()
     prepared = [p for lay in layouts if (p := prepare(lay, pt, cluster, model, seq, space.max_stage_slowdown))]
     counts = [p.counts(total) for p in prepared]
@@ -191,6 +192,7 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
         pareto=pareto_front(build(keeper.pareto())),
         search_s=time.perf_counter() - t0, predict_s=pt.predict_s, signatures=pt.signatures,
         epsilon_mib2=space.epsilon_mib2, timings=timings,
+        cache_hit_rate=None if hit_rate is None else float(hit_rate),
     ), space, model, predictor)
 
 

@@ -41,7 +41,7 @@ def test_second_call_reuses_profile_model_and_cache(base):
     assert set(profiles) == {g.name for g in cl.gpu_types}
     pred = registered_predictor(cl, mo, sp)
     found = search(cl, mo, sp, pred, weights="default", top_k=3)
-    assert pred.last_hit_rate == 0.0 and len(pred) > 0
+    assert found.cache_hit_rate == 0.0 and len(pred) > 0
     stored = {(r.step, r.version) for r in store_from_uri().list_versions()}
     again_profiles, again = _train(cl, mo, sp)
     assert again_profiles == profiles and again.augment.reused and again.train.reused
@@ -49,7 +49,7 @@ def test_second_call_reuses_profile_model_and_cache(base):
     pred2 = registered_predictor(cl, mo, sp)
     assert len(pred2) == len(pred) and pred2.version == pred.version
     second = search(cl, mo, sp, pred2, weights="default", top_k=3)
-    assert pred2.last_hit_rate == 1.0 and second.best.plan == found.best.plan
+    assert second.cache_hit_rate == 1.0 and second.best.plan == found.best.plan
 
 
 @pytest.mark.slow  # ~16 s: four trainings (issue #17: `make test` under 3 min)
