@@ -45,3 +45,15 @@ def conf_root() -> Path:
 def _memx_home(tmp_path, monkeypatch):
     """Every test gets its own $MEMX_HOME: nothing is written to the working tree."""
     monkeypatch.setenv("MEMX_HOME", str(tmp_path / "memx-home"))
+
+
+@pytest.fixture(scope="session")
+def scenario():
+    """xy-2 + llama-6l + the `small` search, profiled once on the virtual cluster: (cluster, model, space,
+    stage_runs) for the tests that train a predictor from a real profile."""
+    from memx.domain.catalog import load_cluster, load_model, load_search
+    from memx.profiling import profile
+
+    cl, mo, sp = load_cluster("xy-2"), load_model("llama-6l"), load_search("small")
+    return cl, mo, sp, profile(cl, mo, sp, backend="simulated", seed=0).stage_runs
+

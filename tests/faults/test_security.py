@@ -13,20 +13,13 @@ import numpy as np
 import pytest
 import yaml
 
-from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.domain.catalog import load_model
 from memx.learn.tuning import TuneBudget
 from memx.pipeline import registry
 from memx.pipeline.training import TrainConfig, champion_predictor, train_and_register
 from memx.planner.signatures import SIGNATURE_COLUMNS
-from memx.profiling import profile
 
 CFG = TrainConfig(budget=TuneBudget(trials=1, seconds=5))
-
-
-@pytest.fixture(scope="module")
-def scenario():
-    cl, mo, sp = load_cluster("xy-2"), load_model("llama-6l"), load_search("small")
-    return cl, mo, sp, profile(cl, mo, sp, backend="simulated", seed=0).stage_runs
 
 
 def _trained(scenario, monkeypatch):

@@ -4,23 +4,14 @@ tags, load back, champion moves only when a new version is better on the same he
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from typer.testing import CliRunner
 
 from memx.pipeline import registry
-from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.cli.app import app as memx_app
 from memx.learn.model import XgbParams
 from memx.learn.tuning import TuneBudget
-from memx.profiling import profile
 from memx.planner.signatures import SIGNATURE_COLUMNS
 from memx.pipeline.training import TrainConfig, train_and_register
-
-
-@pytest.fixture(scope="module")
-def scenario():
-    cl, mo, sp = load_cluster("xy-2"), load_model("llama-6l"), load_search("small")
-    return cl, mo, sp, profile(cl, mo, sp, backend="simulated", seed=0).stage_runs
 
 
 def test_tracking_uri_defaults_to_sqlite_under_memx_home(tmp_path, monkeypatch):

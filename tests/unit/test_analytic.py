@@ -13,6 +13,7 @@ from memx.planner.cost import (
     model_static_bytes,
 )
 from memx.domain.catalog import load_cluster, load_model
+from support.signatures import stage_row
 
 
 def test_llama2_7b_has_6_74b_parameters(conf_root):
@@ -38,18 +39,10 @@ def test_activation_bytes_match_korthikanti_eq4():
     assert got == pytest.approx(s * b * h * (34 + 5 * a * s / h) / t)
 
 
-def _sigs(**over):
-    base = dict(gpu="a100-80g", tp=2, layers=8, micro_batch=1, seq_len=4096, recompute="none",
-                recompute_layers=pd.NA, first=False, last=False, inflight=2, hidden=4096, ffn_hidden=11008,
-                heads=32, query_groups=32, vocab=32000, mlp="swiglu")
-    base.update(over)
-    return base
-
-
 def test_recompute_ladder_trades_time_for_memory(conf_root):
     c = load_cluster("three-vendor-20", conf_root)
     model = AnalyticStageModel(gpus={g.name: g for g in c.gpu_types})
-    rows = [_sigs(), _sigs(recompute="selective"), _sigs(recompute="full", recompute_layers=4), _sigs(recompute="full")]
+    rows = [stage_row(), stage_row(recompute="selective"), stage_row(recompute="full", recompute_layers=4), stage_row(recompute="full")]
     df = pd.DataFrame(rows)
     df["recompute_layers"] = df["recompute_layers"].astype("Int64")
     p = model.predict(df)
@@ -63,8 +56,8 @@ def test_recompute_ladder_trades_time_for_memory(conf_root):
 def test_more_layers_inflight_and_tp_behave(conf_root, runtime):
     c = load_cluster("three-vendor-20", conf_root)
     model = AnalyticStageModel(gpus={g.name: g for g in c.gpu_types}, runtime=runtime)
-    df = pd.DataFrame([_sigs(layers=4), _sigs(layers=8), _sigs(inflight=4), _sigs(tp=4), _sigs(last=True),
-                       _sigs(layers=12)])
+    df = pd.DataFrame([stage_row(layers=4), stage_row(layers=8), stage_row(inflight=4), stage_row(tp=4), stage_row(last=True),
+                       stage_row(layers=12)])
     p = model.predict(df)
     t, m = p["time_ms"].to_numpy(), p["peak_mem_mib"].to_numpy()
     if runtime == "none":
@@ -79,4 +72,4 @@ def test_unknown_gpu_in_signature_is_an_error(conf_root):
     c = load_cluster("xy-2", conf_root)
     model = AnalyticStageModel(gpus={g.name: g for g in c.gpu_types})
     with pytest.raises(KeyError, match="a100-80g"):
-        model.predict(pd.DataFrame([_sigs()]))
+        model.predict(pd.DataFrame([stage_row()]))

@@ -14,14 +14,7 @@ from memx.domain.catalog import load_cluster
 from memx.domain.errors import InputError
 from memx.domain.runtime import NUMBER_FIELDS, RuntimeProfile, load_runtime, load_runtime_file, runtime_folder
 from memx.planner.cost import AnalyticStageModel, predict_stage_frame
-
-
-def _sig(**over):
-    base = dict(gpu="a100-80g", tp=2, layers=8, micro_batch=1, seq_len=4096, recompute="none",
-                recompute_layers=pd.NA, first=False, last=False, inflight=2, hidden=4096, ffn_hidden=11008,
-                heads=32, query_groups=32, vocab=32000, mlp="swiglu")
-    base.update(over)
-    return base
+from support.signatures import stage_row
 
 
 def _frame(*rows):
@@ -88,11 +81,11 @@ def test_out_of_range_efficiency_and_bad_extends_are_input_errors(tmp_path, conf
 def test_runtime_none_is_the_earlier_closed_form(conf_root):
     c = load_cluster("three-vendor-20", conf_root)
     gpus = {g.name: g for g in c.gpu_types}
-    df = _frame(_sig(), _sig(recompute="full"), _sig(last=True, gpu="vendor-b-32g"))
+    df = _frame(stage_row(), stage_row(recompute="full"), stage_row(last=True, gpu="vendor-b-32g"))
     old = AnalyticStageModel(gpus=gpus, runtime="none").predict(df)
     pd.testing.assert_frame_equal(old, predict_stage_frame(df, gpus, mfu=0.5, elementwise_passes=2.0))
     eager = {n: dataclasses.replace(load_runtime(n, g.vendor, conf_root), flash_attention=False) for n, g in gpus.items()}
-    df = _frame(*(_sig(mlp="gelu", ffn_hidden=4 * 4096, **o) for o in ({}, {"recompute": "full"}, {"last": True})))
+    df = _frame(*(stage_row(mlp="gelu", ffn_hidden=4 * 4096, **o) for o in ({}, {"recompute": "full"}, {"last": True})))
     old = AnalyticStageModel(gpus=gpus, runtime="none").predict(df)
     new = AnalyticStageModel(gpus=gpus, runtime=eager).predict(df)
     # GPT layer, eager attention with dropout: Korthikanti's tensors (replicated without sequence
@@ -109,7 +102,7 @@ def test_fixed_overheads_and_allocator_fraction_enter_the_peak(conf_root):
     prof = load_runtime("a100-80g", "nvidia", conf_root)
     bare = dataclasses.replace(prof, driver_reserved_mib=0, context_mib=0, collective_comm_mib=0, p2p_comm_mib=0,
                                allocator_overhead_fraction=0)
-    df = _frame(_sig())
+    df = _frame(stage_row())
     full = AnalyticStageModel(gpus=gpus, runtime={"a100-80g": prof}).predict(df)["peak_mem_mib"].iloc[0]
     alloc = AnalyticStageModel(gpus=gpus, runtime={"a100-80g": bare}).predict(df)["peak_mem_mib"].iloc[0]
     # interior stage, tp 2: tp + dp + model-parallel + world collectives, two pipeline neighbours
@@ -123,7 +116,7 @@ def test_flash_attention_sequence_parallel_and_logits_change_memory_the_right_wa
     prof = load_runtime("a100-80g", "nvidia", conf_root)
 
     def peak(p, **over):
-        return AnalyticStageModel(gpus=gpus, runtime={"a100-80g": p}).predict(_frame(_sig(**over)))["peak_mem_mib"].iloc[0]
+        return AnalyticStageModel(gpus=gpus, runtime={"a100-80g": p}).predict(_frame(stage_row(**over)))["peak_mem_mib"].iloc[0]
 
     eager = dataclasses.replace(prof, flash_attention=False)
     assert peak(eager) > peak(prof)  # eager attention stores the s² scores (Korthikanti 2022 §4.1)
@@ -137,7 +130,7 @@ def test_flash_attention_sequence_parallel_and_logits_change_memory_the_right_wa
 def test_small_gemms_reach_less_of_peak_and_p2p_hops_cost_time(conf_root):
     c = load_cluster("three-vendor-20", conf_root)
     model = AnalyticStageModel(gpus={g.name: g for g in c.gpu_types})
-    t = model.predict(_frame(_sig(micro_batch=1, seq_len=256), _sig(micro_batch=4, seq_len=4096)))["time_ms"].to_numpy()
+    t = model.predict(_frame(stage_row(micro_batch=1, seq_len=256), stage_row(micro_batch=4, seq_len=4096)))["time_ms"].to_numpy()
     per_token = t / np.array([256, 4 * 4096])
     assert per_token[0] > 1.3 * per_token[1]  # wave quantisation, launch and host floors at small sizes
     prof = load_runtime("a100-80g", "nvidia", conf_root)
@@ -145,7 +138,7 @@ def test_small_gemms_reach_less_of_peak_and_p2p_hops_cost_time(conf_root):
     gpus = {g.name: g for g in c.gpu_types}
 
     def time(p, **over):
-        return AnalyticStageModel(gpus=gpus, runtime={"a100-80g": p}).predict(_frame(_sig(**over)))["time_ms"].iloc[0]
+        return AnalyticStageModel(gpus=gpus, runtime={"a100-80g": p}).predict(_frame(stage_row(**over)))["time_ms"].iloc[0]
 
     # two hops (activation out, gradient back) per micro batch on the 1F1B cycle (Narayanan 2021 §2.2)
     assert time(slow) - time(prof) == pytest.approx(2.0)

@@ -7,18 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.learn.tuning import TuneBudget, tune
 from memx.pipeline import registry
 from memx.pipeline.training import TrainConfig, train_and_register
 from memx.planner.signatures import SIGNATURE_COLUMNS
-from memx.profiling import profile
-
-
-@pytest.fixture(scope="module")
-def scenario():
-    cl, mo, sp = load_cluster("xy-2"), load_model("llama-6l"), load_search("small")
-    return cl, mo, sp, profile(cl, mo, sp, backend="simulated", seed=0).stage_runs
 
 
 def _train(tmp, monkeypatch, scenario, name):
