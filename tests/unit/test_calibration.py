@@ -44,7 +44,7 @@ def test_recovers_planted_corrections(setting):
                               mem_offset_mib={g: 300.0 for g in types})
     truth = calibrated_estimates(plans, cluster, model, pred, planted)
     cal = fit_plan_calibration(plans, [e.iteration_time_ms for e in truth], [e.peak_mem_mib for e in truth],
-                          cluster, model, pred, time_ridge=1e-6, mem_ridge=1e-6)
+                          cluster, model, pred, time_ridge=1e-6, mem_ridge=1e-6, guard=False)
     for g in types:
         assert cal.time_scale[g] == pytest.approx(planted.time_scale[g], rel=0.05)
         assert cal.mem_scale[g] == pytest.approx(1.2, rel=0.02)
@@ -57,10 +57,13 @@ def test_ridge_keeps_few_plans_near_identity(setting):
     cluster, model, pred, ran = setting
     plans = [p for p, _ in ran[:1]]
     est = estimate_plans(plans, cluster, model, pred)
-    cal = fit_plan_calibration(plans, [3.0 * est[0].iteration_time_ms], [None], cluster, model, pred)
+    cal = fit_plan_calibration(plans, [3.0 * est[0].iteration_time_ms], [None], cluster, model, pred, guard=False)
     a = list(cal.time_scale.values())
+    assert a
     assert all(1.0 < x < 3.0 for x in a)  # pulled toward the measurement, held back by the prior
     assert cal.mem_scale == {} and cal.plans_with_peaks == 0
+    guarded = fit_plan_calibration(plans, [3.0 * est[0].iteration_time_ms], [None], cluster, model, pred)
+    assert guarded.is_identity and guarded.time_guard.folds == 0  # one plan: nothing to cross-validate on
 
 
 def test_twenty_plans_halve_the_held_out_error(setting):
