@@ -108,6 +108,15 @@ class PlanCalibration:
         and o through `assembly` (memx.planner.schedule.assembly_of); the base itself when identity."""
         return predictor if self.is_identity else CalibratedStagePredictor(base=predictor, plan_calibration=self)
 
+    def headline(self) -> str:
+        """A few words for the plan output's predictor name."""
+        n = max(self.plans_timed, self.plans_with_peaks)
+        if n:
+            return f"calibrated on {n} measured plans"
+        g = self.time_guard or self.mem_guard
+        return ("not calibrated: no measured plan" if g is None else
+                "calibration rejected: it did not beat the uncalibrated held-out error")
+
     def summary(self) -> str:
         """One line for plan output and `memx train --measured`."""
         parts = []
@@ -231,9 +240,7 @@ def fit_plan_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence
 def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch, predictor: StagePredictor,
                          **kw) -> PlanCalibration:
     """fit_plan_calibration on a config_runs frame (docs/architecture.md §Measurement records)."""
-    missing = [c for c in ("plan", "iteration_time_ms", "peak_mem_mib", "oom") if c not in runs.columns]
-    if missing:
-        raise InputError(f"config_runs: missing column(s) {', '.join(missing)}")
+    require_config_runs(runs)
     plans = [plan_from_dict(p, source=f"config_runs row {i}: field 'plan'") if isinstance(p, dict)
              else plan_from_json(str(p), source=f"config_runs row {i}: field 'plan'")
              for i, p in enumerate(runs["plan"])]
@@ -242,6 +249,15 @@ def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch,
     peaks = [None if o or p is None or (isinstance(p, float) and np.isnan(p)) else _peaks(p)
              for o, p in zip(oom, runs["peak_mem_mib"])]
     return fit_plan_calibration(plans, times, peaks, cluster, model, predictor, **kw)
+
+
+def require_config_runs(runs: pd.DataFrame, source: str = "config_runs") -> pd.DataFrame:
+    """`runs` when it has the config_runs columns a calibration reads; else InputError naming them."""
+    missing = [c for c in ("plan", "iteration_time_ms", "peak_mem_mib", "oom") if c not in runs.columns]
+    if missing:
+        raise InputError(f"{source}: missing column(s) {', '.join(missing)}; config_runs needs plan, iteration_time_ms, "
+                         "peak_mem_mib, oom (docs/architecture.md §Measurement records)")
+    return runs
 
 
 def _peaks(p) -> list[float]:
