@@ -68,12 +68,13 @@ class Guard:
 
     @property
     def accepted(self) -> bool:
-        return self.cv_mape < self.base_mape
+        return self.cv_mape < GUARD_GAIN * self.base_mape
 
     def to_dict(self) -> dict:
         return {"base_mape": self.base_mape, "cv_mape": self.cv_mape, "folds": self.folds, "accepted": self.accepted}
 
 
+GUARD_GAIN = 0.9  # kept only when the held-out error is at least 10 % (relative) below the uncalibrated one
 MIN_GUARD_PLANS = 3  # fewer measured plans: nothing to cross-validate on, the part stays the identity
 MAX_LOO = 30  # up to this many plans leave-one-out, beyond it 10-fold
 FOLDS = 10
