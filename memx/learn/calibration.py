@@ -124,6 +124,8 @@ class PlanCalibration:
         for what, g, n in (("time", self.time_guard, self.plans_timed), ("memory", self.mem_guard, self.plans_with_peaks)):
             if g is None:
                 parts.append(f"{what}: calibrated on {n} measured plans" if n else f"{what}: not calibrated")
+            elif g.folds == 0:
+                parts.append(f"{what}: kept uncalibrated (fewer than {MIN_GUARD_PLANS} measured plans)")
             else:
                 verdict = f"calibrated on {n} measured plans" if g.accepted else "kept uncalibrated"
                 parts.append(f"{what}: {verdict} (held-out error {100 * g.cv_mape:.1f} % vs uncalibrated "
