@@ -111,8 +111,9 @@ def vtrain(realdata: Path) -> None:
     a100 = load_gpu("a100-80g")
     traits = {a100.name: dataclasses.replace(load_traits("a100-80g"), flash_attention=False)}
     cluster = Cluster(name="vtrain-node", inter_node_bandwidth_gbps=25, nodes=(Node(gpu=a100, count=8),))
+    # vTrain ran without sequence parallelism or a distributed optimizer (tests/validation/test_predictor_vtrain.py)
     space = SearchSpace(name="vtrain", global_batch=128, tp_options=(1, 2, 4, 8), micro_batch_options=(1, 2, 4, 8),
-                        recompute_levels=("full",), max_pp=4)
+                        recompute_levels=("full",), max_pp=4, sequence_parallel=(False,), distributed_optimizer=(False,))
     pred_all, meas_all, groups = [], [], []
     for (h, L), grp in df.groupby(["hidden", "layers"]):
         model = ModelArch(name="gpt", layers=int(L), hidden=int(h), ffn_hidden=4 * int(h), heads=int(grp.heads.iloc[0]),

@@ -7,13 +7,16 @@ model, default) or `catalog` (runtime-aware); or with `--profile-rows N` a learn
 cluster (stage signatures of the pool's plans, never of test plans). Plans are drawn from conf/search/default.yaml and each
 measured once; the plans that ran are split into a fixed held-out test set (`--test`, never fitted)
 and a pool; for each n in `--n` and each of `--seeds` seeds, n plans are drawn from the pool,
-memx.learn.calibration.fit_plan_calibration is fitted on them, and the calibrated estimates
-(calibrated_estimates) are scored on the test set: time MAPE over test plans, memory MAPE over every
-GPU of every test plan. n counts measured plans that ran (OOM rows carry no time or peak).
+memx.learn.calibration.fit_plan_calibration is fitted on them — without the guard (the raw fit) and
+with it (each part kept only when its leave-one-out error on the n plans beats the uncalibrated error)
+— and the calibrated estimates (calibrated_estimates, the search's assembly) are scored on the test
+set: time MAPE over test plans, memory MAPE over every GPU of every test plan. n counts measured plans
+that ran (OOM rows carry no time or peak).
 
 Usage: PYTHONPATH=. .venv/bin/python bench/learning_curve.py [--cluster three-vendor-20] [--model llama2-7b]
        [--runtime none] [--profile-rows N] [--plans 300] [--test 40] [--n 0 5 10 20 40] [--seeds 3] [--seed 7]
-Output: one line per n: mean (± spread over seeds) time and memory MAPE, and the ratio to n = 0.
+Output: one line per n and guard: mean (± spread over seeds) time and memory MAPE, the ratio to n = 0,
+and (guarded) how many seeds kept the time / memory part.
 """
 
 from __future__ import annotations
@@ -85,17 +88,21 @@ def main() -> None:
           f"test {len(test)}, pool {len(pool)}")
     base = None
     for n in args.n:
-        scores = []
-        for s in range(args.seeds if n else 1):
-            fit = random.Random(1000 * args.seed + s).sample(pool, n)
-            cal = fit_plan_calibration([p for p, _ in fit], [r.iteration_time_ms for _, r in fit],
-                                  [r.peak_mem_mib for _, r in fit], cluster, model, pred)
-            scores.append(score(cluster, model, pred, cal, test))
-        t, m = np.mean(scores, axis=0)
-        t_sd, m_sd = np.std(scores, axis=0)
-        base = base or (t, m)
-        print(f"n={n:3d} time_mape={t:.4f} (±{t_sd:.4f}) mem_mape={m:.4f} (±{m_sd:.4f}) "
-              f"time_ratio_vs_0={t / base[0]:.3f} mem_ratio_vs_0={m / base[1]:.3f}", flush=True)
+        for guard in ((False, True) if n else (False,)):
+            scores, kept = [], [0, 0]
+            for s in range(args.seeds if n else 1):
+                fit = random.Random(1000 * args.seed + s).sample(pool, n)
+                cal = fit_plan_calibration([p for p, _ in fit], [r.iteration_time_ms for _, r in fit],
+                                           [r.peak_mem_mib for _, r in fit], cluster, model, pred, guard=guard)
+                scores.append(score(cluster, model, pred, cal, test))
+                kept[0] += bool(cal.time_guard and cal.time_guard.accepted)
+                kept[1] += bool(cal.mem_guard and cal.mem_guard.accepted)
+            t, m = np.mean(scores, axis=0)
+            t_sd, m_sd = np.std(scores, axis=0)
+            base = base or (t, m)
+            tag = f"guard kept time {kept[0]}/{len(scores)} mem {kept[1]}/{len(scores)}" if guard else "no guard"
+            print(f"n={n:3d} {tag:32s} time_mape={t:.4f} (±{t_sd:.4f}) mem_mape={m:.4f} (±{m_sd:.4f}) "
+                  f"time_ratio_vs_0={t / base[0]:.3f} mem_ratio_vs_0={m / base[1]:.3f}", flush=True)
     print(f"elapsed {time.perf_counter() - t0:.1f}s")
 
 

@@ -1,7 +1,7 @@
 """`memx train`, `memx evaluate`, `memx models list|compare` (mounted by memx.cli.app).
 
-    memx train --cluster C --model M [--search S] [--conf DIR] [--stage-runs FILE] [--trials N] [--seconds S]
-               [--seed S] [--store URI]
+    memx train --cluster C --model M [--search S] [--conf DIR] [--stage-runs FILE] [--measured FILE]
+               [--trials N] [--seconds S] [--seed S] [--store URI]
     memx evaluate --cluster C --model M --measured FILE [--format table|json] [--search S] [--conf DIR]
                   [--predictor registered|analytic]
     memx models list
@@ -22,8 +22,9 @@ import typer
 from memx.cli.options import (DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt,
     load_specs, sub_app)
 from memx.domain.errors import InputError
+from memx.learn.calibration import require_config_runs
 from memx.pipeline import registry
-from memx.pipeline.local import registered_predictor, train_config, train_step
+from memx.pipeline.local import calibrate_registered, registered_predictor, train_config, train_step
 from memx.pipeline.training import train_and_register
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.signatures import SIGNATURE_COLUMNS
@@ -38,12 +39,14 @@ def train_cmd(cluster: ClusterOpt,
               search: SearchOpt = DEFAULT_SEARCH,
               conf: ConfOpt = None,
               stage_runs: Annotated[Optional[Path], typer.Option("--stage-runs", help="stage_runs Parquet (default: the profiles `memx profile` stored for this cluster, model and search space).")] = None,
+              measured: Annotated[Optional[Path], typer.Option("--measured", help="config_runs (Parquet, JSONL or CSV) of measured plans: fit a plan calibration of the trained version on them (kept only where its leave-one-out error beats the uncalibrated error); `memx plan --predictor registered` applies it.")] = None,
               trials: Annotated[int, typer.Option(min=1, help="Optuna trials.")] = 8,
               seconds: Annotated[Optional[float], typer.Option(min=1.0, help="Optional wall-clock cap on tuning (s); stops early with a warning. Without it the result depends only on inputs and seed.")] = None,
               seed: SeedOpt = 0,
               store: StoreOpt = None) -> None:
     """Train the stage predictor on the stored profiles (or --stage-runs) and register it (champion only if better)."""
     cl, mo, sp = load_specs(cluster, model, search, conf)
+    runs = _read_measured(measured) if measured is not None else None  # bad input exits 2 before training
     if stage_runs is not None:
         if not stage_runs.is_file():
             raise InputError(f"--stage-runs {stage_runs}: no such file")
@@ -54,6 +57,7 @@ def train_cmd(cluster: ClusterOpt,
         _trained_line(int(out.version), out.promoted, out.predictor.variant, out.errors,
                       f"memory {out.predictor.memory_source}; "
                       f"rows {out.augmented.rows_before} -> {out.augmented.rows_after} after interpolation")
+        _calibrate(int(out.version), cl, mo, runs)
         return
     res = train_step(cl, mo, sp, store=store, seed=seed, trials=trials, seconds=seconds,
                      log=lambda line: typer.echo(line, err=True))
@@ -63,6 +67,27 @@ def train_cmd(cluster: ClusterOpt,
                   f"rows {aug.get('rows_before')} -> {aug.get('rows_after')} after interpolation"
                   + ("; reused the stored training" if res.train.reused else ""))
     typer.echo(f"champion of fingerprint {res.fingerprint}: version {res.champion.get('model_version')}")
+    _calibrate(res.model_version, cl, mo, runs)
+
+
+def _read_measured(path: Path) -> pd.DataFrame:
+    """config_runs for --measured: Parquet or JSONL (memx.report.evaluate.read_config_runs) or CSV."""
+    if path.suffix != ".csv":
+        return read_config_runs(path)
+    if not path.is_file():
+        raise InputError(f"--measured {path}: no such file")
+    try:
+        runs = pd.read_csv(path)
+    except Exception as exc:  # pandas parser errors: bad input, not a crash
+        raise InputError(f"{path}: not readable as CSV ({exc.__class__.__name__}: {exc})") from exc
+    return require_config_runs(runs, str(path))
+
+
+def _calibrate(version: int, cl, mo, runs: pd.DataFrame | None) -> None:
+    if runs is None:
+        return
+    cal = calibrate_registered(version, cl, mo, runs)
+    typer.echo(f"plan calibration of version {version}: {cal.summary()}")
 
 
 def _trained_line(version: int, promoted: bool, variant: str, errors: dict, extra: str) -> None:

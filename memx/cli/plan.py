@@ -121,6 +121,10 @@ def plan_cmd(
         pred = registered_predictor(cl, mo, sp)
         ref = champion_ref(registry.fingerprint(cl, mo, sp.global_batch).fingerprint) or {}
         name = f"registered {ref.get('variant', '')} v{ref.get('model_version', '?')}".replace("  ", " ")
+        cal = registry.load_calibration(ref["model_version"]) if ref else None  # memx train --measured
+        if cal is not None:
+            name += f", {cal.headline()}"
+            typer.echo(f"plan calibration: {cal.summary()}", err=True)
         with delayed_progress(show, "search") as cb:
             obj = search_result_to_dict(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb), name)
     else:

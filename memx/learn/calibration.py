@@ -21,35 +21,63 @@ Triggs et al. 2000 §6) with a ridge prior toward identity (log a_g = log c = 0,
 with a handful of plans the prior dominates, so a few plans cannot overfit; with none the calibration
 is the identity. OOM rows carry no time and no peak and are not used.
 
-Where it applies: `calibrated_estimates` applies all of it exactly to given plans (memx evaluate /
-memx plan --check). `PlanCalibration.wrap(predictor)` gives a StagePredictor that applies the
-per-type stage multipliers and memory maps — the part the search sees; c and o need two fields in
-memx.planner.schedule.Pipeline (not done here, see docs/predictor.md §Calibration from measured plans).
-A constant o does not change which plan is fastest.
+Where it applies: `PlanCalibration.wrap(predictor)` is a StagePredictor that applies the per-type
+stage multipliers and memory maps and carries c and o (`assembly`) into memx.planner.schedule.Pipeline,
+so the search, `estimate_plans` and `calibrated_estimates` score plans through one assembly.
+
+Guard (`guard=True`, the default): the time part and the memory part are each kept only when their
+leave-one-plan-out error (10-fold beyond 30 plans) beats the uncalibrated error on the measured plans;
+otherwise that part stays the identity and `Guard` records both figures. On an already accurate
+predictor the fit mostly chases measurement noise, which cross-validation exposes.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
 from memx.domain.errors import InputError
+from memx.domain.hashing import stable_hash
 from memx.domain.plan import Plan, plan_from_dict, plan_from_json
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics, per_gpu_peaks
-from memx.planner.schedule import iteration_time_ms
+from memx.planner.schedule import AssemblyCalibration, iteration_time_ms
 from memx.planner.signatures import StagePredictor
 
 TIME_RIDGE = 0.3  # prior weight: a unit of log-multiplier costs like a 30 % error on one plan (soft-L1 scale)
 MEM_RIDGE = 0.3
 LOSS_SCALE = 0.1  # soft-L1 f_scale: relative errors above 10 % count linearly, not quadratically
 MEM_COLUMNS = ("peak_mem_mib", "peak_mem_mib_low", "peak_mem_mib_high")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Guard:
+    """Cross-validated check of one part (time or memory) of a fit: the part is kept only when its
+    held-out error (leave-one-plan-out, or `folds`-fold beyond MAX_LOO plans) beats the uncalibrated
+    error on the same plans; else that part stays the identity."""
+
+    base_mape: float  # uncalibrated, on the measured plans (time) or their GPUs (memory)
+    cv_mape: float  # each plan predicted by a fit on the other folds
+    folds: int
+
+    @property
+    def accepted(self) -> bool:
+        return self.cv_mape < GUARD_GAIN * self.base_mape
+
+    def to_dict(self) -> dict:
+        return {"base_mape": self.base_mape, "cv_mape": self.cv_mape, "folds": self.folds, "accepted": self.accepted}
+
+
+GUARD_GAIN = 0.9  # kept only when the held-out error is at least 10 % (relative) below the uncalibrated one
+MIN_GUARD_PLANS = 3  # fewer measured plans: nothing to cross-validate on, the part stays the identity
+MAX_LOO = 30  # up to this many plans leave-one-out, beyond it 10-fold
+FOLDS = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,34 +91,101 @@ class PlanCalibration:
     mem_offset_mib: Mapping[str, float] = field(default_factory=dict)  # b_g per GPU type (missing: 0)
     plans_timed: int = 0  # measured plans with an iteration time the fit used
     plans_with_peaks: int = 0
+    time_guard: Guard | None = None  # None: fitted without the guard (or nothing to fit)
+    mem_guard: Guard | None = None
 
     @property
     def is_identity(self) -> bool:
-        return self.plans_timed == 0 and self.plans_with_peaks == 0
+        """Whether it changes no prediction (nothing fitted, or every part kept at the identity)."""
+        return (all(v == 1.0 for v in self.time_scale.values()) and self.comm_scale == 1.0 and self.overhead_ms == 0.0
+                and all(v == 1.0 for v in self.mem_scale.values()) and all(v == 0.0 for v in self.mem_offset_mib.values()))
+
+    @property
+    def assembly(self) -> AssemblyCalibration:
+        return AssemblyCalibration(comm_scale=self.comm_scale, overhead_ms=self.overhead_ms)
 
     def wrap(self, predictor: StagePredictor) -> StagePredictor:
-        return CalibratedStagePredictor(base=predictor, calibration=self)
+        """The predictor the search and estimate_plans use: per-type stage time and memory maps, and c
+        and o through `assembly` (memx.planner.schedule.assembly_of); the base itself when identity."""
+        return predictor if self.is_identity else CalibratedStagePredictor(base=predictor, plan_calibration=self)
+
+    def headline(self) -> str:
+        """A few words for the plan output's predictor name."""
+        n = max(self.plans_timed, self.plans_with_peaks)
+        if n:
+            return f"calibrated on {n} measured plans"
+        g = self.time_guard or self.mem_guard
+        return ("not calibrated: no measured plan" if g is None else
+                "calibration rejected: it did not beat the uncalibrated held-out error")
+
+    def summary(self) -> str:
+        """One line for plan output and `memx train --measured`."""
+        parts = []
+        for what, g, n in (("time", self.time_guard, self.plans_timed), ("memory", self.mem_guard, self.plans_with_peaks)):
+            if g is None:
+                parts.append(f"{what}: calibrated on {n} measured plans" if n else f"{what}: not calibrated")
+            elif g.folds == 0:
+                parts.append(f"{what}: kept uncalibrated (fewer than {MIN_GUARD_PLANS} measured plans)")
+            else:
+                verdict = f"calibrated on {n} measured plans" if g.accepted else "kept uncalibrated"
+                parts.append(f"{what}: {verdict} (held-out error {100 * g.cv_mape:.1f} % vs uncalibrated "
+                             f"{100 * g.base_mape:.1f} %, {g.folds} folds)")
+        return "; ".join(parts)
 
     def to_dict(self) -> dict:
         return {"time_scale": dict(self.time_scale), "comm_scale": self.comm_scale, "overhead_ms": self.overhead_ms,
                 "mem_scale": dict(self.mem_scale), "mem_offset_mib": dict(self.mem_offset_mib),
-                "plans_timed": self.plans_timed, "plans_with_peaks": self.plans_with_peaks}
+                "plans_timed": self.plans_timed, "plans_with_peaks": self.plans_with_peaks,
+                "time_guard": self.time_guard.to_dict() if self.time_guard else None,
+                "mem_guard": self.mem_guard.to_dict() if self.mem_guard else None}
+
+
+def calibration_from_dict(d: Mapping, *, source: str = "calibration.json") -> PlanCalibration:
+    """The inverse of PlanCalibration.to_dict; InputError naming the field on anything else."""
+    try:
+        guards = {k: None if d.get(k) is None else Guard(base_mape=float(d[k]["base_mape"]),
+                                                           cv_mape=float(d[k]["cv_mape"]), folds=int(d[k]["folds"]))
+                  for k in ("time_guard", "mem_guard")}
+        return PlanCalibration(
+            time_scale={str(g): float(v) for g, v in d["time_scale"].items()}, comm_scale=float(d["comm_scale"]),
+            overhead_ms=float(d["overhead_ms"]), mem_scale={str(g): float(v) for g, v in d["mem_scale"].items()},
+            mem_offset_mib={str(g): float(v) for g, v in d["mem_offset_mib"].items()},
+            plans_timed=int(d["plans_timed"]), plans_with_peaks=int(d["plans_with_peaks"]), **guards)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InputError(f"{source}: not a plan calibration ({type(exc).__name__}: {exc}); fields: "
+                         "time_scale, comm_scale, overhead_ms, mem_scale, mem_offset_mib, plans_timed, "
+                         "plans_with_peaks, time_guard, mem_guard") from None
 
 
 @dataclass(frozen=True, kw_only=True)
 class CalibratedStagePredictor:
-    """A StagePredictor: the base's stage times × a_g and peaks k_g·peak + b_g, per row's GPU type."""
+    """A StagePredictor: the base's stage times × a_g and peaks k_g·peak + b_g, per row's GPU type;
+    `assembly` carries c and o to the search's and estimate_plans' Pipeline. Other attributes
+    (memory_source, variant, ...) are the base's."""
 
     base: StagePredictor
-    calibration: PlanCalibration
+    plan_calibration: PlanCalibration
 
     @property
     def name(self) -> str:
         return f"{self.base.name}+calibrated"
 
+    @property
+    def version(self) -> str:  # a prediction cache keyed by version never mixes calibrated and raw rows
+        return f"{getattr(self.base, 'version', self.base.name)}+cal-{stable_hash(self.plan_calibration.to_dict())[:12]}"
+
+    @property
+    def assembly(self) -> AssemblyCalibration:
+        return self.plan_calibration.assembly
+
+    def __getattr__(self, attr):  # only for attributes not defined here: those of the base
+        if attr.startswith("__") or attr in ("base", "plan_calibration"):
+            raise AttributeError(attr)
+        return getattr(self.base, attr)
+
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
         out = self.base.predict(sigs).copy()
-        cal, gpu = self.calibration, sigs["gpu"].astype(str)
+        cal, gpu = self.plan_calibration, sigs["gpu"].astype(str)
         a = gpu.map(lambda g: cal.time_scale.get(g, 1.0)).to_numpy(float)
         k = gpu.map(lambda g: cal.mem_scale.get(g, 1.0)).to_numpy(float)
         b = gpu.map(lambda g: cal.mem_offset_mib.get(g, 0.0)).to_numpy(float)
@@ -111,21 +206,17 @@ def _stage_part(stage_ms: Sequence[float], micro_batches: int) -> float:
 
 def calibrated_estimates(plans: list[Plan], cluster: Cluster, model: ModelArch, predictor: StagePredictor,
                          calibration: PlanCalibration, *, reserve_gib: float = 1.0) -> list[PlanMetrics]:
-    """estimate_plans through the calibrated predictor, with c and o applied to each iteration time."""
-    est = estimate_plans(plans, cluster, model, calibration.wrap(predictor), reserve_gib=reserve_gib)
-    out = []
-    for e in est:
-        s = _stage_part(e.stage_time_ms, e.plan.micro_batches)
-        t = s + calibration.comm_scale * (e.iteration_time_ms - s) + calibration.overhead_ms
-        out.append(replace(e, iteration_time_ms=float(t)))
-    return out
+    """estimate_plans through the calibrated predictor: the one assembly the search uses."""
+    return estimate_plans(plans, cluster, model, calibration.wrap(predictor), reserve_gib=reserve_gib)
 
 
 def fit_plan_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence[float | None],
                     peak_mem_mib_measured: Sequence[Sequence[float] | None], cluster: Cluster, model: ModelArch,
                     predictor: StagePredictor, *, time_ridge: float = TIME_RIDGE,
-                    mem_ridge: float = MEM_RIDGE) -> PlanCalibration:
-    """Fit a PlanCalibration on measured plans (None entries: OOM / not measured, skipped)."""
+                    mem_ridge: float = MEM_RIDGE, guard: bool = True) -> PlanCalibration:
+    """Fit a PlanCalibration on measured plans (None entries: OOM / not measured, skipped). With
+    `guard`, the time part and the memory part are each kept only when their cross-validated error
+    beats the uncalibrated error (Guard); without, the fit is taken as it is."""
     if not (len(plans) == len(iteration_time_ms_measured) == len(peak_mem_mib_measured)):
         raise InputError("fit_plan_calibration: plans, iteration times and peaks must have one entry per plan")
     if not plans:
@@ -133,20 +224,26 @@ def fit_plan_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence
     est = estimate_plans(plans, cluster, model, predictor, reserve_gib=0.0)
     timed = [i for i, y in enumerate(iteration_time_ms_measured) if _finite_positive(y)]
     with_peaks = [i for i, y in enumerate(peak_mem_mib_measured) if y is not None and len(y) > 0]
-    time_fit = _fit_time([est[i] for i in timed], np.asarray([iteration_time_ms_measured[i] for i in timed], float),
-                         time_ridge)
-    mem_scale, mem_offset = _fit_memory([est[i] for i in with_peaks],
-                                        [np.asarray(peak_mem_mib_measured[i], float) for i in with_peaks], mem_ridge)
-    return PlanCalibration(**time_fit, mem_scale=mem_scale, mem_offset_mib=mem_offset,
-                           plans_timed=len(timed), plans_with_peaks=len(with_peaks))
+    t_est, t_y = [est[i] for i in timed], np.asarray([iteration_time_ms_measured[i] for i in timed], float)
+    m_est, m_y = [est[i] for i in with_peaks], [np.asarray(peak_mem_mib_measured[i], float) for i in with_peaks]
+    time_fit = _fit_time(t_est, t_y, time_ridge)
+    mem_fit = _fit_memory(m_est, m_y, mem_ridge)
+    n_t, n_m, t_guard, m_guard = len(timed), len(with_peaks), None, None
+    if guard:
+        t_guard = _guard(t_est, t_y, lambda e, y: _fit_time(e, y, time_ridge), _time_errors)
+        m_guard = _guard(m_est, m_y, lambda e, y: _fit_memory(e, y, mem_ridge), _mem_errors)
+        if not t_guard.accepted:
+            time_fit, n_t = {}, 0
+        if not m_guard.accepted:
+            mem_fit, n_m = {}, 0
+    return PlanCalibration(**time_fit, **mem_fit, plans_timed=n_t, plans_with_peaks=n_m, time_guard=t_guard,
+                           mem_guard=m_guard)
 
 
 def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch, predictor: StagePredictor,
                          **kw) -> PlanCalibration:
     """fit_plan_calibration on a config_runs frame (docs/architecture.md §Measurement records)."""
-    missing = [c for c in ("plan", "iteration_time_ms", "peak_mem_mib", "oom") if c not in runs.columns]
-    if missing:
-        raise InputError(f"config_runs: missing column(s) {', '.join(missing)}")
+    require_config_runs(runs)
     plans = [plan_from_dict(p, source=f"config_runs row {i}: field 'plan'") if isinstance(p, dict)
              else plan_from_json(str(p), source=f"config_runs row {i}: field 'plan'")
              for i, p in enumerate(runs["plan"])]
@@ -157,12 +254,31 @@ def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch,
     return fit_plan_calibration(plans, times, peaks, cluster, model, predictor, **kw)
 
 
+def require_config_runs(runs: pd.DataFrame, source: str = "config_runs") -> pd.DataFrame:
+    """`runs` when it has the config_runs columns a calibration reads; else InputError naming them."""
+    missing = [c for c in ("plan", "iteration_time_ms", "peak_mem_mib", "oom") if c not in runs.columns]
+    if missing:
+        raise InputError(f"{source}: missing column(s) {', '.join(missing)}; config_runs needs plan, iteration_time_ms, "
+                         "peak_mem_mib, oom (docs/architecture.md §Measurement records)")
+    return runs
+
+
 def _peaks(p) -> list[float]:
     return [float(x) for x in (json.loads(p) if isinstance(p, str) else p)]
 
 
 def _finite_positive(y) -> bool:
     return y is not None and bool(np.isfinite(y)) and float(y) > 0.0
+
+
+def _assembled(est: list[PlanMetrics], a: list[np.ndarray], c: float, o: float) -> np.ndarray:
+    """T' of each plan from its base estimate: (m − 1)·max_s(a_s·t_s) + Σ_s a_s·t_s + c·(T − S) + o."""
+    out = np.empty(len(est))
+    for i, (e, ai) in enumerate(zip(est, a)):
+        t = np.asarray(e.stage_time_ms, float) * ai
+        s = _stage_part(e.stage_time_ms, e.plan.micro_batches)
+        out[i] = (e.plan.micro_batches - 1) * t.max() + t.sum() + c * (e.iteration_time_ms - s) + o
+    return out
 
 
 def _fit_time(est: list[PlanMetrics], y: np.ndarray, ridge: float) -> dict:
@@ -173,41 +289,48 @@ def _fit_time(est: list[PlanMetrics], y: np.ndarray, ridge: float) -> dict:
     idx = {g: j for j, g in enumerate(types)}
     scale = float(np.median(y))
     stage_type = [np.asarray([idx[st.gpu] for st in e.plan.stages]) for e in est]
-    stage_ms = [np.asarray(e.stage_time_ms, float) for e in est]
-    m = np.asarray([e.plan.micro_batches for e in est], float)
-    comm = np.asarray([e.iteration_time_ms - _stage_part(e.stage_time_ms, e.plan.micro_batches) for e in est])
     k = len(types)
 
-    def predict(theta: np.ndarray) -> np.ndarray:
-        a = np.exp(theta[:k])
-        t_scaled = [t * a[ty] for t, ty in zip(stage_ms, stage_type)]
-        s = np.asarray([(mi - 1) * t.max() + t.sum() for t, mi in zip(t_scaled, m)])
-        return s + np.exp(theta[k]) * comm + theta[k + 1] * scale
-
     def residuals(theta: np.ndarray) -> np.ndarray:
-        return np.concatenate([(predict(theta) - y) / y, np.sqrt(ridge) * theta])
+        a = np.exp(theta[:k])
+        pred = _assembled(est, [a[ty] for ty in stage_type], float(np.exp(theta[k])), float(theta[k + 1] * scale))
+        return np.concatenate([(pred - y) / y, np.sqrt(ridge) * theta])
 
-    sol = least_squares(residuals, np.zeros(k + 2), loss="soft_l1", f_scale=LOSS_SCALE, x_scale="jac")
-    th = sol.x
+    th = least_squares(residuals, np.zeros(k + 2), loss="soft_l1", f_scale=LOSS_SCALE, x_scale="jac").x
     return {"time_scale": {g: float(np.exp(th[j])) for g, j in idx.items()}, "comm_scale": float(np.exp(th[k])),
             "overhead_ms": float(th[k + 1] * scale)}
 
 
-def _fit_memory(est: list[PlanMetrics], peaks: list[np.ndarray], ridge: float) -> tuple[dict, dict]:
-    """Per GPU type: (k_g, b_g) minimising soft-L1 relative errors of k·p + b over that type's GPUs."""
-    pred: dict[str, list[float]] = {}
-    meas: dict[str, list[float]] = {}
+def _time_errors(fit: dict, est: list[PlanMetrics], y: np.ndarray) -> np.ndarray:
+    """|T' − y| / y of each plan under a time fit ({}: the identity)."""
+    ts = fit.get("time_scale", {})
+    a = [np.asarray([ts.get(st.gpu, 1.0) for st in e.plan.stages]) for e in est]
+    pred = _assembled(est, a, fit.get("comm_scale", 1.0), fit.get("overhead_ms", 0.0))
+    return np.abs(pred - y) / y
+
+
+def _gpu_peaks(est: list[PlanMetrics], peaks: list[np.ndarray]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(GPU type, predicted peak, measured peak) of every GPU of every plan."""
+    types, pred, meas = [], [], []
     for e, y in zip(est, peaks):
         stage_of_gpu = per_gpu_peaks(e.plan, range(e.plan.pp))
         if len(y) != len(stage_of_gpu):
             raise InputError(f"config_runs: plan with {len(stage_of_gpu)} GPUs has {len(y)} peaks")
         for s, v in zip(stage_of_gpu, y):
-            g = e.plan.stages[int(s)].gpu
-            pred.setdefault(g, []).append(e.stage_peak_mib[int(s)])
-            meas.setdefault(g, []).append(float(v))
+            types.append(e.plan.stages[int(s)].gpu)
+            pred.append(e.stage_peak_mib[int(s)])
+            meas.append(float(v))
+    return types, np.asarray(pred, float), np.asarray(meas, float)
+
+
+def _fit_memory(est: list[PlanMetrics], peaks: list[np.ndarray], ridge: float) -> dict:
+    """Per GPU type: (k_g, b_g) minimising soft-L1 relative errors of k·p + b over that type's GPUs."""
+    types, pred, meas = _gpu_peaks(est, peaks)
+    types_a = np.asarray(types, dtype=object)
     scale, offset = {}, {}
-    for g in sorted(pred):
-        p, y = np.asarray(pred[g]), np.asarray(meas[g])
+    for g in sorted(set(types)):
+        sel = types_a == g
+        p, y = pred[sel], meas[sel]
         ok = (y > 0) & np.isfinite(y) & np.isfinite(p)
         if not ok.any():
             continue
@@ -220,4 +343,37 @@ def _fit_memory(est: list[PlanMetrics], peaks: list[np.ndarray], ridge: float) -
         th = least_squares(residuals, np.zeros(2), bounds=([-3.0, -1.0], [3.0, 1.0]), loss="soft_l1",
                            f_scale=LOSS_SCALE).x
         scale[g], offset[g] = float(np.exp(th[0])), float(th[1] * ref)
-    return scale, offset
+    return {"mem_scale": scale, "mem_offset_mib": offset} if scale else {}
+
+
+def _mem_errors(fit: dict, est: list[PlanMetrics], peaks: list[np.ndarray]) -> np.ndarray:
+    """|k·p + b − y| / y of every measured GPU under a memory fit ({}: the identity)."""
+    types, pred, meas = _gpu_peaks(est, peaks)
+    k = np.asarray([fit.get("mem_scale", {}).get(g, 1.0) for g in types])
+    b = np.asarray([fit.get("mem_offset_mib", {}).get(g, 0.0) for g in types])
+    ok = (meas > 0) & np.isfinite(meas) & np.isfinite(pred)
+    return np.abs(k * pred + b - meas)[ok] / meas[ok]
+
+
+def _guard(est: list[PlanMetrics], y, fit, errors) -> Guard:
+    """Cross-validation by plan (leave-one-out up to MAX_LOO plans, else FOLDS-fold, folds by position
+    after a fixed shuffle): each fold's plans scored by a fit on the others (Stone 1974, "Cross-validatory
+    choice and assessment of statistical predictions"); the uncalibrated error on the same plans."""
+    n = len(est)
+    base = errors({}, est, y)
+    base_mape = float(np.mean(base)) if base.size else 0.0
+    if n < MIN_GUARD_PLANS:
+        return Guard(base_mape=base_mape, cv_mape=float("inf"), folds=0)
+    folds = n if n <= MAX_LOO else FOLDS
+    order = np.random.default_rng(0).permutation(n)
+    held = []
+    for f in range(folds):
+        test = set(order[f::folds].tolist())
+        train = [i for i in range(n) if i not in test]
+        sub = sorted(test)
+        held.append(errors(fit([est[i] for i in train], _take(y, train)), [est[i] for i in sub], _take(y, sub)))
+    return Guard(base_mape=base_mape, cv_mape=float(np.mean(np.concatenate(held))), folds=folds)
+
+
+def _take(y, rows: list[int]):
+    return y[rows] if isinstance(y, np.ndarray) else [y[i] for i in rows]

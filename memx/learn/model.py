@@ -30,13 +30,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memx.planner.cost import AnalyticStageModel
+from memx.planner.cost import AnalyticStageModel, recomputed_layers
 from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json, layered
 from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_only_gpus, phase_of, stage_time_labels
 from memx.learn.features import (FEATURE_NAMES, feature_matrix, gpu_arrays, memory_bases, signature_arrays,
                                   time_bases, without_distributed_optimizer)
 from memx.planner.signatures import SIGNATURE_COLUMNS
 from memx.domain.hashing import bytes_hash, stable_hash
+from memx.domain.plan import Recompute
+from memx.domain.runtime import RuntimeProfile
 from memx.domain.specs import GpuType
 
 VARIANTS = ("xgb", "hybrid", "calibrated", "hybrid-calibrated")
@@ -201,6 +203,11 @@ class LearnedStagePredictor:
     memory_sources: dict[str, str] = field(default_factory=dict)  # profiled GPU → "measured" | "closed-form"
     backward: BackwardModel = field(default_factory=BackwardModel)
     forward_only: dict[str, list[str]] = field(default_factory=dict)  # GPU → recompute levels timed forward-only
+    per_layer: bool = False  # trained on per-layer records only: stage times composed from layer pieces
+    # The closed form's runtime profiles for memory without labels: "catalog" (conf/runtime) or, per GPU
+    # type, the profile of the stack that was measured (e.g. eager attention where the catalog assumes a
+    # fused kernel) — the same argument as memx.planner.cost.AnalyticStageModel's `runtime`.
+    runtime: str | Mapping[str, RuntimeProfile] = "catalog"
     name: str = ""
 
     def __post_init__(self):
@@ -208,6 +215,41 @@ class LearnedStagePredictor:
             object.__setattr__(self, "name", f"memx-{self.variant}")
 
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        p, t, m = self._heads(sigs)
+        if self.per_layer and len(sigs):
+            t = self._composed_time(sigs)
+        names = sigs["gpu"].astype(str).to_numpy()
+        closed = np.isin(names, self._closed_form_gpus())
+        if closed.any():
+            cf = AnalyticStageModel(gpus=self.gpus, runtime=self.runtime).predict(
+                sigs.loc[closed, list(SIGNATURE_COLUMNS)])  # the closed form with runtime overheads (issue #16)
+            m = m.copy()
+            m[closed] = cf["peak_mem_mib"].to_numpy(np.float64)
+        bounds = interval_columns(self.effective_intervals(), names, t, m)
+        return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib, **bounds},
+                            index=sigs.index)
+
+    def _composed_time(self, sigs: pd.DataFrame) -> np.ndarray:
+        """A stage's time from per-layer pieces, as the per-layer profilers compose it (Metis, Um et al. ATC
+        2024 §4; Sailor, Strati et al. 2024 §4: stage time = Σ of its layers' times, plus the embedding on
+        the first stage and the output layer on the last): n_rec·t(one layer recomputed in full) +
+        (n − n_rec)·t(one layer at the stage's other level) + first·t(embedding) + last·t(output). The
+        pieces are the signatures the per-layer records themselves carry (layers 1, or 0 with first/last),
+        so nothing is extrapolated along the layer axis by trees trained on layers ≤ 1."""
+        n = sigs["layers"].to_numpy(np.float64)
+        rec = sigs["recompute"].astype(str).to_numpy()
+        n_rec = recomputed_layers(rec, sigs["recompute_layers"].to_numpy(), n)
+        piece = sigs.loc[:, [c for c in SIGNATURE_COLUMNS if c in sigs]].assign(first=False, last=False, layers=1, recompute_layers=np.nan)
+        full = piece.assign(recompute=Recompute.FULL.value)
+        other = piece.assign(recompute=np.where(rec == Recompute.SELECTIVE.value, rec, Recompute.NONE.value))
+        ends = piece.assign(layers=0, recompute=Recompute.NONE.value)
+        batch = pd.concat([full, other, ends.assign(first=True), ends.assign(last=True)], ignore_index=True)
+        t = self._heads(batch)[1].reshape(4, len(sigs))
+        first, last = sigs["first"].to_numpy(bool), sigs["last"].to_numpy(bool)
+        return n_rec * t[0] + (n - n_rec) * t[1] + first * t[2] + last * t[3]
+
+    def _heads(self, sigs: pd.DataFrame):
+        """(prepared rows, time, memory) of the prior × the boosters' corrections, row by row."""
         p = prepare(sigs, self.gpus, self.variant, self.calibration)
         t, m = p.prior_time_ms, p.prior_mem_mib
         if self.booster is not None and len(sigs):
@@ -219,17 +261,7 @@ class LearnedStagePredictor:
         if self.mem_booster is not None and len(sigs):
             m = m * np.exp(np.asarray(self.mem_booster.inplace_predict(_columns_for(self.mem_booster, p.X)),
                                       dtype=np.float64).reshape(-1))
-        m = np.maximum(m + p.mem_offset_mib, 1.0)  # the distributed optimizer's static saving (prepare)
-        names = sigs["gpu"].astype(str).to_numpy()
-        closed = np.isin(names, self._closed_form_gpus())
-        if closed.any():
-            cf = AnalyticStageModel(gpus=self.gpus, runtime="catalog").predict(
-                sigs.loc[closed, list(SIGNATURE_COLUMNS)])  # the closed form with runtime overheads (issue #16)
-            m = m.copy()
-            m[closed] = cf["peak_mem_mib"].to_numpy(np.float64)
-        bounds = interval_columns(self.effective_intervals(), names, t, m)
-        return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib, **bounds},
-                            index=sigs.index)
+        return p, t, np.maximum(m + p.mem_offset_mib, 1.0)  # the distributed optimizer's static saving (prepare)
 
     @property
     def time_only(self) -> bool:
@@ -273,7 +305,10 @@ class LearnedStagePredictor:
                 "forward_only": dict(sorted(self.forward_only.items())),
                 "mem_booster_ubj_b64": None if self.mem_booster is None else
                 base64.b64encode(bytes(self.mem_booster.save_raw("ubj"))).decode("ascii"),
-                "gpus": {k: asdict(v) for k, v in sorted(self.gpus.items())}}
+                "gpus": {k: asdict(v) for k, v in sorted(self.gpus.items())},
+                **({"per_layer": True} if self.per_layer else {}),  # absent when default: earlier versions keep
+                **({} if isinstance(self.runtime, str) else  # their hash
+                   {"runtime": {k: asdict(v) for k, v in sorted(self.runtime.items())}})}
 
     def booster_bytes(self) -> bytes:
         return b"" if self.booster is None else bytes(self.booster.save_raw("ubj"))
@@ -292,6 +327,8 @@ def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredi
         intervals=intervals_from_json(meta.get("intervals")), memory_sources=dict(meta.get("memory_sources") or {}),
         backward=BackwardModel(**meta["backward"]) if meta.get("backward") else BackwardModel(),
         forward_only=dict(meta.get("forward_only") or {}), mem_booster=_booster(meta.get("mem_booster_ubj_b64")),
+        per_layer=bool(meta.get("per_layer", False)),
+        runtime={k: RuntimeProfile(**v) for k, v in meta["runtime"].items()} if meta.get("runtime") else "catalog",
         gpus={k: GpuType(**v) for k, v in meta["gpus"].items()})
 
 
@@ -330,8 +367,10 @@ def _targets(df: pd.DataFrame, backward: BackwardModel | None = None) -> tuple[n
 
 
 def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, variant: str = "hybrid-calibrated",
-                  params: XgbParams | None = None, seed: int = 0) -> LearnedStagePredictor:
-    """Train one variant on stage_runs (failed / OOM rows dropped; time-only rows kept)."""
+                  params: XgbParams | None = None, seed: int = 0,
+                  runtime: str | Mapping[str, RuntimeProfile] = "catalog") -> LearnedStagePredictor:
+    """Train one variant on stage_runs (failed / OOM rows dropped; time-only rows kept); `runtime`: the
+    closed form's runtime profiles for GPU types without memory labels (LearnedStagePredictor.runtime)."""
     import xgboost as xgb
 
     if variant not in VARIANTS:
@@ -355,7 +394,9 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
         cal = fit_calibration(a, gpu_arrays(names, gpus), names, yt, ym, ys, an["static_mem_mib"].to_numpy(np.float64))
     base = LearnedStagePredictor(variant=variant, gpus=dict(gpus), calibration=cal, booster=None,
                                  memory_source=memory_source, params=params, memory_sources=memory_sources,
-                                 backward=backward, forward_only=forward_only_gpus(df))
+                                 backward=backward, forward_only=forward_only_gpus(df),
+                                 per_layer=bool(df["layers"].max() <= 1),  # per-layer records (Metis, Sailor)
+                                 runtime=runtime if isinstance(runtime, str) else dict(runtime))
     if variant == "calibrated":
         return base
     p = prepare(df, gpus, variant, cal)

@@ -3,7 +3,8 @@ versions and reuse as flows/pipeline.py. Benchmarks, experiments and the CLI cal
 
 - `profile_step`: one stored profile per GPU type (reused when its key is stored);
 - `train_step`: augment + train from the profiles the store holds for this cluster, model and space;
-- `registered_predictor`: the registry champion of the fingerprint, behind its prediction cache;
+- `calibrate_registered`: a plan calibration fitted on measured plans, attached to a registered version;
+- `registered_predictor`: the registry champion of the fingerprint (calibrated), behind its prediction cache;
 - `search_step`: the best plans by that champion;
 - `run_local`: the whole path.
 Artifacts go to the store (default ``$MEMX_HOME/artifacts``), models to the MLflow registry (default
@@ -19,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from memx.domain.errors import InputError
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.learn.cache import CachedPredictor
+from memx.learn.calibration import PlanCalibration, fit_from_config_runs
 from memx.learn.tuning import TuneBudget
 from memx.pipeline import lifeline, registry, steps
 from memx.pipeline.steps import StepRun
@@ -29,7 +32,7 @@ from memx.pipeline.store import ArtifactStore, store_from_uri
 from memx.pipeline.training import TrainConfig, cached, champion_ref, train_and_register
 from memx.planner.search import Progress
 
-__all__ = ["LocalRun", "TrainConfig", "TrainStepOutcome", "cached", "profile_step", "registered_predictor", "run_local",
+__all__ = ["LocalRun", "TrainConfig", "TrainStepOutcome", "cached", "calibrate_registered", "profile_step", "registered_predictor", "run_local",
            "search_step", "train_and_register", "train_step"]
 
 StoreArg = ArtifactStore | str | None  # a store, a store URI, or None for the default store
@@ -113,8 +116,9 @@ def train_step(cluster: Cluster, model: ModelArch, space: SearchSpace, *, store:
 
 def registered_predictor(cluster: Cluster, model: ModelArch, space: SearchSpace, *,
                          tracking_uri: str | None = None) -> CachedPredictor:
-    """The registry champion of the fingerprint (GPU types, model structure, global batch) behind its
-    prediction cache; InputError naming the fingerprint and the commands that create it."""
+    """The registry champion of the fingerprint (GPU types, model structure, global batch), with the plan
+    calibration `memx train --measured` attached to it (registry.load_calibrated), behind its prediction
+    cache; InputError naming the fingerprint and the commands that create it."""
     fp = registry.fingerprint(cluster, model, space.global_batch)
     ref = champion_ref(fp.fingerprint, tracking_uri)
     if ref is None:
@@ -122,7 +126,19 @@ def registered_predictor(cluster: Cluster, model: ModelArch, space: SearchSpace,
             f"no registered predictor for cluster {cluster.name} (GPU types {fp.gpu_types}), model {model.name}, global "
             f"batch {space.global_batch} (fingerprint {fp.fingerprint}) in {registry.public_tracking_uri(tracking_uri)}; "
             f"run `memx profile` then `memx train` with --cluster {cluster.name} --model {model.name} first")
-    return cached(registry.load_version(ref["model_version"]), fp.fingerprint, ref["model_version"])
+    return cached(registry.load_calibrated(ref["model_version"])[0], fp.fingerprint, ref["model_version"])
+
+
+def calibrate_registered(version: int, cluster: Cluster, model: ModelArch, runs: pd.DataFrame, *,
+                         tracking_uri: str | None = None) -> PlanCalibration:
+    """Fit a plan calibration (memx.learn.calibration, guarded) of registered `version` on measured plans
+    (config_runs) and attach it to the version (registry.store_calibration): from then on
+    `registered_predictor` and the pipeline's search apply it. A guard that keeps everything at the
+    identity is stored too, so the plan output can say so."""
+    registry.setup(tracking_uri)
+    cal = fit_from_config_runs(runs, cluster, model, registry.load_version(version))
+    registry.store_calibration(version, cal)
+    return cal
 
 
 def search_step(cluster: Cluster, model: ModelArch, space: SearchSpace, *, store: StoreArg = None,

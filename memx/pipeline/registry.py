@@ -17,6 +17,10 @@
   its ``code:`` folder, ``model_class``) is never loaded: a planted ``code/`` cannot run.
 - A version whose files are gone or fail the check is :class:`UnusableModel`; the champion rule treats
   an unusable champion as absent (memx.pipeline.training).
+- A plan calibration (memx.learn.calibration, issue #16) fitted by ``memx train --measured`` is a
+  run artifact ``calibration/<sha256[:12]>/calibration.json`` of the version, its sha256 the model-version
+  tag ``calibration_sha256`` (the latest fit wins; earlier files stay), checked and parsed as data by
+  :func:`load_calibration`; :func:`load_calibrated` is the version with it applied.
 - Every tracking URI that is stored, logged or printed goes through :func:`redact_uri`.
 mlflow and xgboost are imported inside functions: ``import memx`` stays light.
 """
@@ -46,6 +50,8 @@ EXPERIMENT = "memx"
 PREDICTOR_FILE = "predictor.json"
 BOOSTER_FILE = "booster.ubj"
 HASH_TAGS = {BOOSTER_FILE: "booster_sha256", PREDICTOR_FILE: "predictor_sha256"}
+CALIBRATION_FILE = "calibration.json"  # a PlanCalibration fitted on measured plans (memx train --measured)
+CALIBRATION_TAG = "calibration_sha256"
 
 log = logging.getLogger(__name__)
 
@@ -269,6 +275,55 @@ def load_version(version: int | str):
         raise UnusableModel(f"model version {version}: loaded predictor {predictor.version} is not the registered "
                             f"{mv.tags.get('predictor_version')}")
     return predictor
+
+
+def _calibration_artifact(digest: str) -> str:
+    return f"calibration/{digest[:12]}/{CALIBRATION_FILE}"
+
+
+def store_calibration(version: int | str, calibration) -> str:
+    """Attach a PlanCalibration to a registered version (artifact of its run + sha256 tag); returns the sha256."""
+    import mlflow
+
+    data = canonical_json(calibration.to_dict()).encode()
+    digest = sha256(data)
+    client = mlflow.MlflowClient()
+    mv = client.get_model_version(MODEL_NAME, str(version))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / CALIBRATION_FILE
+        path.write_bytes(data)
+        client.log_artifact(mv.run_id, str(path), artifact_path=str(Path(_calibration_artifact(digest)).parent))
+    client.set_model_version_tag(MODEL_NAME, str(version), CALIBRATION_TAG, digest)
+    return digest
+
+
+def load_calibration(version: int | str):
+    """The PlanCalibration attached to a version, or None; UnusableModel when its file is missing or
+    fails the sha256 check, InputError when it does not parse."""
+    import mlflow
+
+    from memx.learn.calibration import calibration_from_dict  # scipy: only when a calibration is loaded
+
+    mv = mlflow.MlflowClient().get_model_version(MODEL_NAME, str(version))
+    want = mv.tags.get(CALIBRATION_TAG)
+    if not want:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        data = _fetch(mv.run_id, _calibration_artifact(want), tmp)
+    if sha256(data) != want:
+        raise UnusableModel(f"model version {version}: {CALIBRATION_FILE} fails its sha256 check (expected "
+                            f"{want[:12]}…, got {sha256(data)[:12]}…); it is not loaded")
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise InputError(f"model version {version}: {CALIBRATION_FILE} is not JSON ({exc})") from None
+    return calibration_from_dict(doc, source=f"model version {version} {CALIBRATION_FILE}")
+
+
+def load_calibrated(version: int | str):
+    """(the version's predictor with its plan calibration applied, the calibration or None)."""
+    predictor, calibration = load_version(version), load_calibration(version)
+    return (predictor if calibration is None else calibration.wrap(predictor)), calibration
 
 
 def usable(version: int | str) -> bool:

@@ -290,7 +290,7 @@ def search_champion(store: ArtifactStore, cluster: Cluster, model: ModelArch, sp
     if ref is None:
         raise InputError(f"no champion predictor for fingerprint {fp.fingerprint} (GPU types {fp.gpu_types}, "
                          f"global batch {fp.global_batch}) in {registry.public_tracking_uri(tracking_uri)}; run the train step first")
-    planner = {k: ref[k] for k in ("model_version", "predictor_version", "tracking_uri")}
+    planner = {k: ref[k] for k in ("model_version", "predictor_version", "tracking_uri", "calibration_sha256") if k in ref}
     version = version_search(planner, cluster, model, space, weights=weights, top_k=top_k)
     stored = store.has_step("search", version)
     if stored and stored_plan_valid(store, version, cluster, model):

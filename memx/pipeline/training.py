@@ -184,7 +184,8 @@ def champion_ref(fp: str, tracking_uri: str | None = None) -> dict[str, Any] | N
     if mv is None:
         return None
     return {"fingerprint": fp, "model_version": int(mv.version), "predictor_version": mv.tags.get("predictor_version", ""),
-            "variant": mv.tags.get("variant", ""), "run_id": mv.run_id, "tracking_uri": registry.public_tracking_uri(tracking_uri)}
+            "variant": mv.tags.get("variant", ""), "run_id": mv.run_id, "tracking_uri": registry.public_tracking_uri(tracking_uri),
+            **({"calibration_sha256": c} if (c := mv.tags.get(registry.CALIBRATION_TAG)) else {})}
 
 
 def champion_predictor(fp: str, *, tracking_uri: str | None = None) -> tuple[CachedPredictor, dict[str, Any]]:
@@ -193,4 +194,4 @@ def champion_predictor(fp: str, *, tracking_uri: str | None = None) -> tuple[Cac
     if ref is None:
         raise InputError(f"no registered predictor for fingerprint {fp} in {registry.public_tracking_uri(tracking_uri)}; "
                          "run `memx profile` then `memx train` first")
-    return cached(registry.load_version(ref["model_version"]), fp, ref["model_version"]), ref
+    return cached(registry.load_calibrated(ref["model_version"])[0], fp, ref["model_version"]), ref

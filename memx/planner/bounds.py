@@ -79,7 +79,7 @@ class LayoutBounds:
         self.t1 = np.where(self.ok, lt.fit_time_ms.reshape(pp, rows).astype(np.float64), np.inf)
         self.tail = np.where(self.ok, lt.tail_ms.reshape(pp, rows).astype(np.float64), np.inf)
         self.t_range, self.tail_range = RangeTable(self.t1), RangeTable(self.tail)
-        self.micro_batches, self.p2p_total_ms = lt.micro_batches, lt.p2p_total_ms
+        self.micro_batches, self.fixed_ms = lt.micro_batches, lt.fixed_ms
         self.weight = lt.gpu_weight / lt.gpu_weight.sum()
         # next / previous allowed layer count at or after / before n (rows = none).
         idx = np.where(self.ok, n[None, :], rows)
@@ -133,7 +133,7 @@ class LayoutBounds:
         """Lower bound of T over each box, deflated by SLACK."""
         tmax = np.maximum(self.t_minmax.query(a, b, self.total), self.bottleneck_ms)
         tsum = max_lagrange_sum(self.t_sums, a, b, self.total)
-        T = (self.micro_batches - 1) * tmax + tsum + self.p2p_total_ms + self.tail_range.query(a, b).max(axis=1)
+        T = (self.micro_batches - 1) * tmax + tsum + self.fixed_ms + self.tail_range.query(a, b).max(axis=1)
         return T * (1 - SLACK)
 
     def corner(self, a: np.ndarray, b: np.ndarray, time_lb: np.ndarray) -> Corner:

@@ -13,7 +13,7 @@ from memx.domain.plan import Plan, validate_plan
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.metrics import PlanMetrics, plan_metrics
 from memx.planner.predictions import params_per_rank
-from memx.planner.schedule import pipeline
+from memx.planner.schedule import AssemblyCalibration, assembly_of, pipeline
 from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor, signature_frame
 from memx.planner.space import plan_links
 from memx.planner.tables import option_code, plan_contexts
@@ -25,13 +25,14 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
     for i, p in enumerate(plans):
         validate_plan(p, cluster, model, source=f"plan[{i}]")
     ctxs, layers, pred = _predict_stages(plans, model, predictor)
+    assembly = assembly_of(predictor)  # a calibrated predictor's c and o, as in the search
     t_all, m_all = pred["time_ms"].to_numpy(float), pred["peak_mem_mib"].to_numpy(float)
     s_all = pred["static_mem_mib"].to_numpy(float)
     out, k = [], 0
     for p in plans:
         sl = slice(k, k + p.pp)
         params = np.array([params_per_rank(c, np.asarray(n), model) for c, n in zip(ctxs[sl], layers[sl])])
-        out.append(_assemble(p, cluster, model, t_all[sl], m_all[sl], s_all[sl], params, reserve_gib))
+        out.append(_assemble(p, cluster, model, t_all[sl], m_all[sl], s_all[sl], params, reserve_gib, assembly))
         k += p.pp
     return out
 
@@ -66,12 +67,13 @@ def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePr
 
 
 def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: np.ndarray, static: np.ndarray,
-              params: np.ndarray, reserve_gib: float) -> PlanMetrics:
+              params: np.ndarray, reserve_gib: float, assembly: AssemblyCalibration) -> PlanMetrics:
     """One plan through the search's assembly, as a one-column batch."""
     p2p_gbps, dp_gbps = plan_links(cluster, p)
     pipe = pipeline(cluster, model, stage_gpus=[st.gpu for st in p.stages], stage_tp=[st.tp for st in p.stages],
                     dp=p.dp, micro_batch=p.micro_batch, micro_batches=p.micro_batches, seq_len=p.seq_len,
-                    p2p_gbps=p2p_gbps, dp_gbps=dp_gbps, distributed_optimizer=p.distributed_optimizer)
+                    p2p_gbps=p2p_gbps, dp_gbps=dp_gbps, distributed_optimizer=p.distributed_optimizer,
+                    assembly=assembly)
     T, stats = pipe.assemble(t[:, None], mem[:, None], pipe.tail_ms(static[:, None], params[:, None]))
     return plan_metrics(p, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=pipe.capacity_mib,
                         stats=stats, feasible=bool(np.all(mem <= pipe.capacity_mib - reserve_gib * 1024.0)))

@@ -14,7 +14,7 @@ from memx.planner.compositions import count_splits
 from memx.planner.objective import log_score
 from memx.planner.predictions import PredictedTables
 from memx.planner.recompute import fit, refine
-from memx.planner.schedule import Pipeline, pipeline
+from memx.planner.schedule import IDENTITY_ASSEMBLY, AssemblyCalibration, Pipeline, pipeline
 from memx.planner.space import Layout, splits
 from memx.planner.tables import LayoutTables, StageContext, StageTable
 
@@ -61,13 +61,13 @@ class Prepared:
 
 
 def prepare(lay: Layout, pt: PredictedTables, cluster: Cluster, model: ModelArch, seq: int,
-            slowdown: float) -> Prepared | None:
+            slowdown: float, assembly: AssemblyCalibration = IDENTITY_ASSEMBLY) -> Prepared | None:
     ctxs = lay.contexts()
     if any(c not in pt.tables for c in ctxs):
         return None
     pipe = pipeline(cluster, model, stage_gpus=lay.stage_gpus, stage_tp=lay.stage_tp, dp=lay.dp,
                     micro_batch=lay.micro_batch, micro_batches=lay.micro_batches, seq_len=seq, p2p_gbps=lay.p2p_gbps,
-                    dp_gbps=lay.dp_gbps, distributed_optimizer=lay.distributed_optimizer)
+                    dp_gbps=lay.dp_gbps, distributed_optimizer=lay.distributed_optimizer, assembly=assembly)
     stages = tuple(pt.tables[c] for c in ctxs)
     hi = np.array([pt.max_layers[c] for c in ctxs])
     if slowdown > 0:

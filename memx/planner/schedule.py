@@ -46,15 +46,16 @@ def optimizer_ms(static_mib: np.ndarray, memory_bandwidth_gbps: np.ndarray) -> n
     return 2.0 * static_mib * 1024.0 * 1024.0 / (np.asarray(memory_bandwidth_gbps) * 1e9) * 1e3
 
 
-def iteration_time_ms(stage_ms: np.ndarray, m: int, p2p_total_ms: float, tail_ms: np.ndarray) -> np.ndarray:
+def iteration_time_ms(stage_ms: np.ndarray, m: int, fixed_ms: float, tail_ms: np.ndarray) -> np.ndarray:
     """T = (m − 1)·max_s t_s + Σ_s t_s + Σ_s 2·p2p_s + overhead + T_dp (paper §3.1.2; the 1F1B
     bubble of Narayanan et al. 2021 §2.2.1; docs/architecture.md §1F1B assembly).
 
-    stage_ms (pp, N). tail_ms (pp, N) is each stage's gradient all-reduce plus optimizer step; the
-    iteration ends when the slowest stage has done both, so overhead + T_dp = max_s tail_s (the
-    largest stage's all-reduce and its optimizer step).
+    stage_ms (pp, N). fixed_ms: the per-plan constant, Σ_s 2·p2p_s (plus a calibrated per-iteration
+    overhead, Pipeline.fixed_ms). tail_ms (pp, N) is each stage's gradient all-reduce plus optimizer
+    step; the iteration ends when the slowest stage has done both, so overhead + T_dp = max_s tail_s
+    (the largest stage's all-reduce and its optimizer step).
     """
-    return (m - 1) * stage_ms.max(axis=0) + stage_sum(stage_ms) + (p2p_total_ms + tail_ms.max(axis=0))
+    return (m - 1) * stage_ms.max(axis=0) + stage_sum(stage_ms) + (fixed_ms + tail_ms.max(axis=0))
 
 
 def stage_sum(x: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
@@ -93,6 +94,26 @@ def memory_stats(stage_peak_mib: np.ndarray, gpu_weight: np.ndarray, capacity_mi
 
 
 @dataclass(frozen=True, kw_only=True)
+class AssemblyCalibration:
+    """Corrections of the assembly's own terms fitted on measured plans (memx.learn.calibration, issue
+    #16): c multiplies the communication and step terms (Σ 2·p2p + T_dp + optimizer), o is added once
+    per iteration (launch, data loading, logging: what no stage measurement sees). Identity: c 1, o 0."""
+
+    comm_scale: float = 1.0
+    overhead_ms: float = 0.0
+
+
+IDENTITY_ASSEMBLY = AssemblyCalibration()
+
+
+def assembly_of(predictor) -> AssemblyCalibration:
+    """The assembly calibration a stage predictor carries (`predictor.assembly`, as a calibrated
+    predictor does, also through a prediction cache); the identity for any other predictor."""
+    found = getattr(predictor, "assembly", None)
+    return found if isinstance(found, AssemblyCalibration) else IDENTITY_ASSEMBLY
+
+
+@dataclass(frozen=True, kw_only=True)
 class Pipeline:
     """Everything the 1F1B assembly needs of a layout besides the stage predictions."""
 
@@ -104,27 +125,38 @@ class Pipeline:
     dp: int
     dp_gbps: np.ndarray  # (pp,) bandwidth of each stage's DP all-reduce ring
     distributed_optimizer: bool = False  # DP step RS + AG, Adam on params/dp (memx.planner.cost)
+    comm_scale: float = 1.0  # calibrated c on p2p + DP step + optimizer (AssemblyCalibration)
+    overhead_ms: float = 0.0  # calibrated o per iteration (AssemblyCalibration)
+
+    @property
+    def fixed_ms(self) -> float:
+        """The per-plan constant of T: c·Σ_s 2·p2p_s + o (c 1, o 0 without a calibration)."""
+        return self.comm_scale * self.p2p_total_ms + self.overhead_ms
 
     def tail_ms(self, static_mib: np.ndarray, params_per_rank: np.ndarray) -> np.ndarray:
         """Per stage (rows) and column: optimizer step + T_dp, the terms after the last backward."""
         mbw, dbw = self.memory_bandwidth_gbps[:, None], self.dp_gbps[:, None]
         stepped = static_mib * stepped_static_fraction(self.distributed_optimizer, self.dp)
-        return optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, self.dp, dbw, self.distributed_optimizer)
+        tail = optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, self.dp, dbw, self.distributed_optimizer)
+        return tail if self.comm_scale == 1.0 else tail * self.comm_scale
 
     def assemble(self, stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         """(T, M/V/margin) of N plans from (pp, N) stage times, peaks and tails."""
-        T = iteration_time_ms(stage_ms, self.micro_batches, self.p2p_total_ms, tail_ms)
+        T = iteration_time_ms(stage_ms, self.micro_batches, self.fixed_ms, tail_ms)
         return T, memory_stats(stage_mib, self.gpu_weight, self.capacity_mib)
 
 
 def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], stage_tp: Sequence[int], dp: int,
              micro_batch: int, micro_batches: int, seq_len: int, p2p_gbps: Sequence[float],
-             dp_gbps: Sequence[float], distributed_optimizer: bool = False) -> Pipeline:
-    """The Pipeline of a layout or plan on `cluster` (p2p_gbps: between stage s and s+1)."""
+             dp_gbps: Sequence[float], distributed_optimizer: bool = False,
+             assembly: AssemblyCalibration = IDENTITY_ASSEMBLY) -> Pipeline:
+    """The Pipeline of a layout or plan on `cluster` (p2p_gbps: between stage s and s+1; `assembly`:
+    the calibrated c and o of the predictor that scores it, memx.planner.schedule.assembly_of)."""
     gpus = [cluster.gpu(g) for g in stage_gpus]
     p2p = p2p_ms(micro_batch, seq_len, model.hidden, np.asarray(p2p_gbps), cluster.inter_node_latency_ms)
     return Pipeline(micro_batches=micro_batches, p2p_total_ms=float(2.0 * p2p.sum()),
                     gpu_weight=np.asarray(stage_tp, dtype=np.float64),
                     capacity_mib=np.asarray([g.memory_mib for g in gpus], dtype=np.float64),
                     memory_bandwidth_gbps=np.asarray([g.memory_bandwidth_gbps for g in gpus], dtype=np.float64),
-                    dp=dp, dp_gbps=np.asarray(dp_gbps, dtype=np.float64), distributed_optimizer=distributed_optimizer)
+                    dp=dp, dp_gbps=np.asarray(dp_gbps, dtype=np.float64), distributed_optimizer=distributed_optimizer,
+                    comm_scale=float(assembly.comm_scale), overhead_ms=float(assembly.overhead_ms))

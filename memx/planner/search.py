@@ -38,7 +38,7 @@ from memx.planner.pick import apply_pick
 from memx.planner.predictions import PredictedTables, predict_tables
 from memx.planner.prepared import Prepared, chunks, layout_contexts, prepare, score_splits
 from memx.planner.result import SearchResult, SpaceCount
-from memx.planner.schedule import MemoryStats
+from memx.planner.schedule import MemoryStats, assembly_of
 from memx.planner.space import Layout, check_space_input, count_compositions, count_with_options, enumerate_layouts
 from memx.planner.tables import LayoutTables, decode_option, stage_options
 
@@ -135,7 +135,8 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
                         space.reserve_gib, predictor)
     hit_rate = getattr(predictor, "last_hit_rate", None)  # of the table call, before any later query
     t_pred = time.perf_counter()
-    prepared = [p for lay in layouts if (p := prepare(lay, pt, cluster, model, seq, space.max_stage_slowdown))]
+    assembly = assembly_of(predictor)  # a calibrated predictor's c and o (memx.learn.calibration); else identity
+    prepared = [p for lay in layouts if (p := prepare(lay, pt, cluster, model, seq, space.max_stage_slowdown, assembly))]
     counts = [p.counts(total) for p in prepared]
     evaluated, feasible = sum(c[0] for c in counts), sum(c[1] for c in counts)
     if feasible == 0:

@@ -166,8 +166,8 @@ class LayoutTables:
         return self.pipeline.micro_batches
 
     @property
-    def p2p_total_ms(self) -> float:
-        return self.pipeline.p2p_total_ms
+    def fixed_ms(self) -> float:  # the per-plan constant of T: c·Σ 2·p2p + o (Pipeline.fixed_ms)
+        return self.pipeline.fixed_ms
 
     @classmethod
     def stack(cls, tables: list[StageTable], pipe: Pipeline) -> LayoutTables:

@@ -1,17 +1,25 @@
 """Plan calibration from measured plans (issue #16): identity without plans, recovers planted
-corrections, and cuts the closed form's error on held-out plans of the virtual cluster."""
+corrections, and cuts the closed form's error on held-out plans of the virtual cluster; the
+leave-one-out guard keeps it only where it helps; the search and estimate_plans score through one
+calibrated assembly, and on the three-vendor setting the calibrated search picks a faster plan whose
+predicted time is right."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import pytest
 
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.domain.errors import InputError
-from memx.learn.calibration import PlanCalibration, calibrated_estimates, fit_plan_calibration, fit_from_config_runs
+from memx.learn import fit_predictor
+from memx.learn.calibration import (PlanCalibration, calibrated_estimates, calibration_from_dict, fit_from_config_runs,
+    fit_plan_calibration)
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import estimate_plans
-from memx.simulator import draw_plans, sample_plans, simulate_plan
+from memx.planner.search import search
+from memx.simulator import draw_plans, measure_stages, sample_plans, simulate_plan, stage_signatures
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +52,7 @@ def test_recovers_planted_corrections(setting):
                               mem_offset_mib={g: 300.0 for g in types})
     truth = calibrated_estimates(plans, cluster, model, pred, planted)
     cal = fit_plan_calibration(plans, [e.iteration_time_ms for e in truth], [e.peak_mem_mib for e in truth],
-                          cluster, model, pred, time_ridge=1e-6, mem_ridge=1e-6)
+                          cluster, model, pred, time_ridge=1e-6, mem_ridge=1e-6, guard=False)
     for g in types:
         assert cal.time_scale[g] == pytest.approx(planted.time_scale[g], rel=0.05)
         assert cal.mem_scale[g] == pytest.approx(1.2, rel=0.02)
@@ -57,10 +65,13 @@ def test_ridge_keeps_few_plans_near_identity(setting):
     cluster, model, pred, ran = setting
     plans = [p for p, _ in ran[:1]]
     est = estimate_plans(plans, cluster, model, pred)
-    cal = fit_plan_calibration(plans, [3.0 * est[0].iteration_time_ms], [None], cluster, model, pred)
+    cal = fit_plan_calibration(plans, [3.0 * est[0].iteration_time_ms], [None], cluster, model, pred, guard=False)
     a = list(cal.time_scale.values())
+    assert a
     assert all(1.0 < x < 3.0 for x in a)  # pulled toward the measurement, held back by the prior
     assert cal.mem_scale == {} and cal.plans_with_peaks == 0
+    guarded = fit_plan_calibration(plans, [3.0 * est[0].iteration_time_ms], [None], cluster, model, pred)
+    assert guarded.is_identity and guarded.time_guard.folds == 0  # one plan: nothing to cross-validate on
 
 
 def test_twenty_plans_halve_the_held_out_error(setting):
@@ -89,3 +100,61 @@ def test_fit_from_config_runs_and_bad_columns():
     assert set(cal.time_scale) <= {g.name for g in cluster.gpu_types}
     with pytest.raises(InputError, match="iteration_time_ms"):
         fit_from_config_runs(runs.drop(columns=["iteration_time_ms"]), cluster, model, pred)
+
+
+def _fit(setting, pred, **kw) -> PlanCalibration:
+    cluster, model, _, ran = setting
+    measured = ran[30:50]
+    return fit_plan_calibration([p for p, _ in measured], [r.iteration_time_ms for _, r in measured],
+                                [r.peak_mem_mib for _, r in measured], cluster, model, pred, **kw)
+
+
+def test_guard_accepts_on_the_flat_closed_form(setting):
+    cal = _fit(setting, setting[2])
+    assert cal.time_guard.folds == 20 and cal.time_guard.accepted and cal.mem_guard.accepted
+    assert cal.time_guard.base_mape > 0.3 and cal.time_guard.cv_mape < 0.5 * cal.time_guard.base_mape
+    assert cal.plans_timed == 20 and not cal.is_identity
+    assert "calibrated on 20 measured plans" in cal.summary()
+    assert calibration_from_dict(cal.to_dict()) == cal
+
+
+def test_guard_rejects_on_an_accurate_learned_predictor(setting):
+    cluster, model, _, ran = setting
+    sigs = list({str(d): d for d in (s.to_dict() for p, _ in ran[50:] for s in stage_signatures(p, model))}.values())
+    learned = fit_predictor(measure_stages(random.Random(7).sample(sigs, min(60, len(sigs))), seed=7, gpus=cluster),
+                            {g.name: g for g in cluster.gpu_types}, seed=7)
+    raw, cal = _fit(setting, learned, guard=False), _fit(setting, learned)
+    assert not raw.is_identity  # unguarded, the fit moves ...
+    assert cal.time_guard.base_mape < 0.05  # ... on a predictor already within 5 %,
+    assert not cal.time_guard.accepted and cal.time_guard.cv_mape > 0.9 * cal.time_guard.base_mape  # LOO says so
+    assert cal.time_scale == {} and cal.comm_scale == 1.0 and cal.overhead_ms == 0.0
+    assert not cal.mem_guard.accepted and cal.is_identity and cal.wrap(learned) is learned
+    assert "time: kept uncalibrated" in cal.summary()
+
+
+def test_search_uses_the_calibrated_assembly_and_picks_better(setting):
+    cluster, model, flat, _ = setting
+    space = load_search("default")
+    cal = _fit(setting, flat)
+    assert cal.overhead_ms != 0.0 and cal.comm_scale != 1.0
+    plain, calibrated = search(cluster, model, space, flat).chosen, search(cluster, model, space, cal.wrap(flat)).chosen
+    # One path: the search's calibrated T (c and o included) is what estimate_plans gives the pick.
+    again = estimate_plans([calibrated.plan], cluster, model, cal.wrap(flat))[0]
+    assert calibrated.iteration_time_ms == pytest.approx(again.iteration_time_ms, rel=1e-5)
+    assert calibrated.plan != plain.plan
+    t_plain = simulate_plan(plain.plan, cluster, model, seed=1).iteration_time_ms
+    t_cal = simulate_plan(calibrated.plan, cluster, model, seed=1).iteration_time_ms
+    assert t_cal < 0.9 * t_plain  # measured on the virtual cluster: the calibrated pick is faster
+    assert abs(calibrated.iteration_time_ms / t_cal - 1) < 0.5 * abs(plain.iteration_time_ms / t_plain - 1)
+
+
+def test_identity_assembly_changes_nothing(setting):
+    cluster, model, flat, ran = setting
+    plans = [p for p, _ in ran[30:35]]
+    planted = PlanCalibration(comm_scale=2.0, overhead_ms=250.0)
+    base = estimate_plans(plans, cluster, model, flat)
+    assert PlanCalibration().wrap(flat) is flat
+    moved = estimate_plans(plans, cluster, model, planted.wrap(flat))
+    for b, m in zip(base, moved):
+        s = (b.plan.micro_batches - 1) * max(b.stage_time_ms) + sum(b.stage_time_ms)
+        assert m.iteration_time_ms == pytest.approx(s + 2.0 * (b.iteration_time_ms - s) + 250.0, rel=1e-9)

@@ -89,6 +89,41 @@ def test_multi_layer_stages_from_per_layer_time_only_rows(scenario):
     assert pred.memory_source == "analytic" and err < 0.15
 
 
+def test_per_layer_records_with_embedding_and_output_rows_compose_end_stages(scenario):
+    """Per-layer records as Metis / Sailor write them (one layer; the embedding and the output layer as
+    rows of 0 layers on the first / last stage) predict multi-layer first and last stages as the sum of
+    their pieces (issue #16: before, a 24-layer last stage took the output row's correction for the whole
+    stage). Checked against the simulator's measurement of those stages; the runtime profile given for
+    memory without labels is used and survives serialisation."""
+    from memx.domain.runtime import load_runtime
+    from memx.learn.model import from_json
+    from memx.simulator import measure_stages
+
+    cl, _, _, runs, _ = scenario
+    ok = runs[runs["status"] == "ok"]
+    layer = ok[(ok["layers"] == 1) & ~ok["first"] & ~ok["last"]]
+    sig = layer.loc[:, list(SIGNATURE_COLUMNS)]
+    ends = pd.concat([sig.assign(layers=0, first=True), sig.assign(layers=0, last=True)], ignore_index=True)
+    records = pd.concat([layer, measure_stages(ends, seed=3, gpus=cl)], ignore_index=True)
+    catalog = {g.name: load_runtime(g.name, g.vendor) for g in cl.gpu_types}
+    other = {n: dataclasses.replace(p, flash_attention=not p.flash_attention) for n, p in catalog.items()}
+    pred = fit_predictor(records.assign(peak_mem_mib=np.nan), gpus_of(cl), variant="hybrid-calibrated", seed=0,
+                         runtime=other)
+    assert pred.per_layer and pred.time_only
+    end_stages = ok[(ok["layers"] > 1) & (ok["first"] | ok["last"])]
+    err = stage_errors(pred, end_stages)["time_mape"]
+    print("per-layer pieces → multi-layer first/last stages time MAPE", err, "rows", len(end_stages))
+    assert len(end_stages) >= 20 and err < 0.15
+    sigs = end_stages.loc[:, list(SIGNATURE_COLUMNS)].head(10)
+    out = pred.predict(sigs)
+    want = AnalyticStageModel(gpus=gpus_of(cl), runtime=other).predict(sigs)["peak_mem_mib"]
+    assert np.allclose(out["peak_mem_mib"], want)
+    assert not np.allclose(want, AnalyticStageModel(gpus=gpus_of(cl)).predict(sigs)["peak_mem_mib"])
+    back = from_json(pred.to_json(), pred.booster)
+    assert back.per_layer and back.runtime == other and back.version == pred.version
+    assert np.allclose(back.predict(sigs).to_numpy(), out.to_numpy())
+
+
 def test_gpu_type_never_profiled_is_predicted_from_its_spec(scenario):
     """Leave one GPU type out: train on V100 rows only, predict T4 stages (documented accuracy)."""
     cl, _, _, runs, _ = scenario

@@ -13,8 +13,9 @@ Bounds are loose regression guards around the figures measured when this test wa
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
-import pytest
 import pandas as pd
 
 from memx.planner.cost import AnalyticStageModel
@@ -22,6 +23,7 @@ from memx.planner.estimate import estimate_plans
 from memx.domain.plan import Plan, Stage
 from memx.learn import fit_predictor
 from memx.profiling.backends.imported import read_sailor_profiles
+from memx.domain.runtime import load_runtime
 from memx.domain.specs import Cluster, GpuType, ModelArch, Node
 
 GH200 = GpuType(name="gh200-96g", vendor="nvidia", memory_gib=96, peak_tflops_bf16=989,
@@ -33,6 +35,7 @@ MODELS = {  # Sailor's training configs (model_configs/training_config_*.json)
                              vocab=128256, seq_len=2048, mlp="gelu"),
 }
 MIB = 1024.0**2
+SAILOR_RUNTIME = {GH200.name: dataclasses.replace(load_runtime("gh200-96g", "nvidia"), flash_attention=False)}
 
 
 def sailor_plans(realdata) -> list[tuple[Plan, Cluster, ModelArch, float, float]]:
@@ -75,8 +78,11 @@ def gh200_profiles(realdata) -> pd.DataFrame:
 def _gh200_fit(realdata):
     runs = gh200_profiles(realdata)
     assert runs["peak_mem_mib"].isna().all() and runs["layers"].max() <= 1
-    pred = fit_predictor(runs, {GH200.name: GH200}, variant="hybrid-calibrated", seed=0)
-    assert pred.memory_source == "analytic" and pred.time_only  # said in the output
+    # Memory without labels is the closed form's, under the stack Sailor ran: eager attention (neither Sailor's
+    # nor Aceso's runtime uses a fused kernel: tests/validation/test_closed_form_published.py), where the
+    # catalog's gh200-96g profile assumes FlashAttention (the modern Megatron stack): 51 % MAPE instead of 6.3 %.
+    pred = fit_predictor(runs, {GH200.name: GH200}, variant="hybrid-calibrated", seed=0, runtime=SAILOR_RUNTIME)
+    assert pred.memory_source == "analytic" and pred.time_only and pred.per_layer  # said in the output
     plans = sailor_plans(realdata)
     mt = np.array([p[3] for p in plans])
     mm = np.array([p[4] for p in plans])
@@ -87,28 +93,22 @@ def _gh200_fit(realdata):
 
 
 def test_time_only_per_layer_profiles_predict_sailor_gh200_plans(realdata):
-    """GPT-Neo-2.7's plans from the Metis-format GH-96 profiles (OPT-350's in the test below)."""
+    """Both models' plans from the Metis-format GH-96 per-layer profiles of OPT-350, GPT-Neo-2.7 and LLaMA-3-8,
+    fitted together. Stage times are composed from the per-layer pieces (LearnedStagePredictor.per_layer):
+    before, trees trained on layers ≤ 1 rows multiplied a 24-layer last stage by the output layer's
+    correction and predicted OPT-350 ~16× too slow (time MAPE 16.3)."""
     from scipy.stats import spearmanr
 
     names, mt, mm, pt, pm, at = _gh200_fit(realdata)
-    assert len(names) == 26
+    assert len(names) == 26 and (names == "GPT-Neo-2.7").sum() == 11
     for name in sorted(set(names)):
         sel = names == name
         ape, a_ape = np.abs(pt - mt)[sel] / mt[sel], np.abs(at - mt)[sel] / mt[sel]
         print(f"Sailor GH200 {name} n={sel.sum()} time MAPE {ape.mean():.3f} (max {ape.max():.3f}) Spearman "
               f"{spearmanr(pt[sel], mt[sel]).statistic:.3f}; analytic time MAPE {a_ape.mean():.3f}")
-    opt = names == "GPT-Neo-2.7"
-    ape, a_ape = np.abs(pt - mt)[opt] / mt[opt], np.abs(at - mt)[opt] / mt[opt]
-    assert ape.mean() < 0.32 and spearmanr(pt[opt], mt[opt]).statistic > 0.85
-    assert ape.mean() < a_ape.mean()
-    assert (np.abs(pm - mm) / mm).mean() < 0.6
-    assert opt.sum() == 11
-
-
-@pytest.mark.xfail(strict=True, reason="known gap: fitted on the Metis-format GH-96 profiles of OPT-350, GPT-Neo-2.7 "
-                   "and LLaMA-3-8 together, OPT-350's plans are predicted ~16× too slow (time MAPE 16.3; issue #14 "
-                   "report); before, GPT-Neo read OPT-350's profile.json and the two were not told apart")
-def test_opt350_gh200_plans_from_their_own_profiles(realdata):
-    names, mt, _, pt, _, _ = _gh200_fit(realdata)
-    neo = names == "OPT-350"
-    assert (np.abs(pt - mt)[neo] / mt[neo]).mean() < 0.32
+        # measured: GPT-Neo-2.7 8.7 %, OPT-350 8.8 % (the closed form alone: 57 % / 64 %)
+        assert ape.mean() < 0.12 and ape.mean() < 0.5 * a_ape.mean()
+    ape, mem_ape = np.abs(pt - mt) / mt, np.abs(pm - mm) / mm
+    print(f"Sailor GH200 all n={len(mt)}: time MAPE {ape.mean():.3f}, peak memory MAPE {mem_ape.mean():.3f}")
+    assert ape.mean() <= 0.15 and spearmanr(pt, mt).statistic > 0.9  # issue #16 goal: time ≤ 15 %
+    assert mem_ape.mean() <= 0.10  # issue #16 goal: memory ≤ 10 % (measured 6.3 %, as the closed form's)

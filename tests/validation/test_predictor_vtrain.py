@@ -32,8 +32,13 @@ def test_vtrain_a100_groups_ranked_and_predicted(realdata):
     a100 = load_gpu("a100-80g")
     traits = {a100.name: dataclasses.replace(load_traits("a100-80g"), flash_attention=False)}
     cluster = Cluster(name="vtrain-node", inter_node_bandwidth_gbps=25, nodes=(Node(gpu=a100, count=8),))
+    # vTrain's Megatron-DeepSpeed configs (config/validation/*.json) turn on neither sequence parallelism nor
+    # a distributed optimizer (Megatron's defaults: off), and the plans below say so (Plan defaults): the
+    # profile design must not carry the search-space defaults (both true, issue #14) — profiled with
+    # sequence_parallel at tp > 1 the predictor extrapolates to these plans (MAPE 13.3 % instead of 9.0 %
+    # over all eight models).
     space = SearchSpace(name="vtrain", global_batch=128, tp_options=(1, 2, 4, 8), micro_batch_options=(1, 2, 4, 8),
-                        recompute_levels=("full",), max_pp=4)
+                        recompute_levels=("full",), max_pp=4, sequence_parallel=(False,), distributed_optimizer=(False,))
     frames = []
     for h, grp in df.groupby("hidden"):
         model = ModelArch(name="gpt", layers=24, hidden=int(h), ffn_hidden=4 * int(h), heads=16, query_groups=16,
@@ -52,7 +57,13 @@ def test_vtrain_a100_groups_ranked_and_predicted(realdata):
         frames.append(grp.assign(pred=[e.iteration_time_ms for e in est]))
     out = pd.concat(frames)
     ape = np.abs(out["pred"] - out["time_ms"]) / out["time_ms"]
-    rhos = [spearmanr(g["pred"], g["time_ms"]).statistic for _, g in out.groupby(["gpus", "hidden"])]
-    print(f"vTrain 24-layer models: n={len(out)} MAPE={ape.mean():.4f} within-group Spearman {np.round(rhos, 3)}")
+    out = out.reset_index(drop=True)
+    groups = list(out.groupby(["gpus", "hidden"]))
+    rhos = [spearmanr(g["pred"], g["time_ms"]).statistic for _, g in groups]
+    best_first = sum(int(g["pred"].idxmin() == g["time_ms"].idxmin()) for _, g in groups)
+    print(f"vTrain 24-layer models: n={len(out)} MAPE={ape.mean():.4f} within-group Spearman {np.round(rhos, 3)} "
+          f"best first in {best_first} of {len(groups)}")
+    # measured: MAPE 8.1 %, Spearman 0.955-0.992 (median 0.982), best first 5 of 6 (bench/accuracy.py: all 8
+    # models, 9.0 % / median 0.982 / 16 of 24)
     assert len(out) > 300
-    assert ape.mean() < 0.15 and min(rhos) > 0.9
+    assert ape.mean() < 0.09 and min(rhos) > 0.95 and np.median(rhos) > 0.975 and best_first >= 5
