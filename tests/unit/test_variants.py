@@ -13,6 +13,7 @@ from memx.domain.plan import plan_from_dict, plan_model, plan_to_dict, plan_to_j
 from memx.domain.specs import SearchSpace
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import estimate_plans
+from memx.planner.objective import log_score, parse_weights
 from memx.planner.result import search_result_to_dict
 from memx.planner.search import search
 from memx.planner.variants import model_variants
@@ -64,6 +65,18 @@ def test_search_over_variants_is_the_union_and_the_plan_records_the_change(job):
     union = sorted((m.iteration_time_ms, plan_to_json(m.plan)) for r in parts for m in r.top_time)
     assert [(m.iteration_time_ms, plan_to_json(m.plan)) for m in both.top_time] == union[:len(both.top_time)]
     assert both.fastest.plan.seq_len == 1024  # the shorter sequence wins on time
+    # Φ's ranking (fixed weights; the medians scale every plan alike) over the union = the parts' merged
+    w = parse_weights("default")
+    fixed = [search(cluster, model, dataclasses.replace(space, seq_len=s), pred, top_k=5, weights="default")
+             for s in (1024, 2048)]
+    union_phi = sorted((float(log_score(m.iteration_time_ms, m.max_mem_mib, m.mem_variance_mib2, w, space.epsilon_mib2)),
+                        plan_to_json(m.plan)) for r in fixed for m in r.top)
+    sp2 = dataclasses.replace(space, seq_len_options=(1024, 2048))
+    got = search(cluster, model, sp2, pred, top_k=5, weights="default")
+    assert [plan_to_json(m.plan) for m in got.top] == [k for _, k in union_phi[:5]]
+    ref = search(cluster, model, sp2, pred, top_k=5, weights="default", exhaustive=True)  # the full enumeration
+    assert [plan_to_json(m.plan) for m in ref.top] == [plan_to_json(m.plan) for m in got.top]
+    assert ref.refs == pytest.approx(got.refs)
     assert both.space.layouts == sum(r.space.layouts for r in parts)
     assert both.space.feasible == sum(r.space.feasible for r in parts)
     # heads changed: the plan records it, its JSON round-trips, the model's value stays absent when unchanged
