@@ -169,13 +169,33 @@ def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
     """Parse plan JSON; structural errors name the field (InputError, exit 2)."""
     if not isinstance(data, dict):
         raise InputError(f"{source}: a plan must be a JSON object, got {type(data).__name__}")
+    if "groups" in data or data.get("schema") == 2:
+        raise InputError(f"{source}: a schema-2 plan (replica groups) where a schema-1 plan is expected; "
+                         "read it with memx.domain.groups.any_plan_from_dict")
     missing = [k for k in _PLAN_KEYS if k not in data]
     if missing:
         raise InputError(f"{source}: missing field(s) {', '.join(missing)}; a plan has {', '.join(_PLAN_KEYS)}")
-    if not isinstance(data["stages"], list) or not data["stages"]:
+    stages = _stages_from_list(data["stages"], source)
+    return Plan(
+        model=str(data["model"]),
+        cluster=str(data["cluster"]),
+        global_batch=_need_int(source, "global_batch", data["global_batch"]),
+        micro_batch=_need_int(source, "micro_batch", data["micro_batch"]),
+        seq_len=_need_int(source, "seq_len", data["seq_len"]),
+        dp=_need_int(source, "dp", data["dp"]),
+        stages=stages,
+        **{k: _need_bool(source, k, data[k]) for k in _OPTION_KEYS if k in data},
+        idle_gpus=_idle_from_dict(source, data.get("idle_gpus")),
+        **{k: _need_int(source, k, data[k]) for k in _MODEL_KEYS if data.get(k) is not None},
+    )
+
+
+def _stages_from_list(raw_stages: Any, source: str) -> tuple[Stage, ...]:
+    """The `stages` list of a plan (or of a schema-2 replica group); errors name `stages[i].field`."""
+    if not isinstance(raw_stages, list) or not raw_stages:
         raise InputError(f"{source}: field 'stages' must be a non-empty list")
     stages = []
-    for i, raw in enumerate(data["stages"]):
+    for i, raw in enumerate(raw_stages):
         where = f"{source}: stages[{i}]"
         if not isinstance(raw, dict):
             raise InputError(f"{where}: must be an object")
@@ -200,18 +220,7 @@ def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
             Stage(gpu=str(raw["gpu"]), tp=_need_int(where, "tp", raw["tp"]), layers=layers, recompute=recompute,
                   recompute_layers=rl)
         )
-    return Plan(
-        model=str(data["model"]),
-        cluster=str(data["cluster"]),
-        global_batch=_need_int(source, "global_batch", data["global_batch"]),
-        micro_batch=_need_int(source, "micro_batch", data["micro_batch"]),
-        seq_len=_need_int(source, "seq_len", data["seq_len"]),
-        dp=_need_int(source, "dp", data["dp"]),
-        stages=tuple(stages),
-        **{k: _need_bool(source, k, data[k]) for k in _OPTION_KEYS if k in data},
-        idle_gpus=_idle_from_dict(source, data.get("idle_gpus")),
-        **{k: _need_int(source, k, data[k]) for k in _MODEL_KEYS if data.get(k) is not None},
-    )
+    return tuple(stages)
 
 
 def plan_model(plan: Plan, model: ModelArch) -> ModelArch:
@@ -295,12 +304,14 @@ def _idle_record_problems(plan: Plan, cluster: Cluster) -> list[str]:
     return []
 
 
-def place_plan(plan: Plan, cluster: Cluster) -> list[list[int]] | None:
+def place_plan(plan: Plan, cluster: Cluster, free: list[int] | None = None) -> list[list[int]] | None:
     """Node index of every (replica, stage) TP group, packed first-fit, or None if it does not fit.
 
-    Replicas are placed stage by stage so a stage's DP replicas share a node when they can.
+    Replicas are placed stage by stage so a stage's DP replicas share a node when they can. `free`
+    (GPUs free per node, updated in place) lets several replica groups share one cluster
+    (memx.domain.groups.place_groups); None: the whole cluster is free.
     """
-    free = [n.count for n in cluster.nodes]
+    free = [n.count for n in cluster.nodes] if free is None else free
     where = [[-1] * plan.pp for _ in range(plan.dp)]
     for s, stage in enumerate(plan.stages):
         for r in range(plan.dp):
