@@ -12,12 +12,14 @@
    default bands (memx.learn.intervals.CLOSED_FORM_BANDS). Goal: ≥ 0.90.
 
 Usage: .venv/bin/python bench/coverage.py [--cluster v100-t4-6] [--model llama-6l] [--search small] [--plans 300]
+       [--distributed-optimizer on|off|both] [--sequence-parallel on|off|both]  (default: as the search lists them)
 Last line: time_coverage=<x> mem_coverage=<x> closed_form_time_coverage=<x> closed_form_mem_coverage=<x> plans=<n>
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -36,6 +38,16 @@ from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.profiling import profile  # noqa: E402
 from memx.report.evaluate import _measured, _plans  # noqa: E402
 from memx.simulator import sample_plans  # noqa: E402
+
+
+OPTION_SETTINGS = {"on": (True,), "off": (False,), "both": (False, True)}
+
+
+def with_options(space, distributed_optimizer: str | None, sequence_parallel: str | None):
+    """The search with its job options overridden (None: as listed); profile and plans both follow it."""
+    changes = {k: OPTION_SETTINGS[v] for k, v in (("distributed_optimizer", distributed_optimizer),
+                                                  ("sequence_parallel", sequence_parallel)) if v is not None}
+    return dataclasses.replace(space, **changes)
 
 
 class ClosedFormBands:
@@ -74,15 +86,19 @@ def main() -> None:
     ap.add_argument("--search", default="small")
     ap.add_argument("--plans", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--distributed-optimizer", choices=sorted(OPTION_SETTINGS), default=None)
+    ap.add_argument("--sequence-parallel", choices=sorted(OPTION_SETTINGS), default=None)
     args = ap.parse_args()
     cl, mo, sp = load_cluster(args.cluster), load_model(args.model), load_search(args.search)
+    sp = with_options(sp, args.distributed_optimizer, args.sequence_parallel)
     gpus = {g.name: g for g in cl.gpu_types}
     runs = profile(cl, mo, sp, backend="simulated", seed=args.seed).stage_runs
     aug, valid = split_and_augment(runs, TrainConfig(seed=args.seed))
     pred = conformalize(fit_predictor(aug.stage_runs, gpus, variant="hybrid-calibrated", seed=args.seed), valid)
     for g, per in sorted(pred.intervals.bands.items()):
         print(g, {h: (round(b.low, 3), round(b.high, 3), b.n) for h, b in per.items()})
-    measured = sample_plans(cl, mo, sp, n=args.plans, seed=args.seed + 2024)
+    measured = sample_plans(cl, mo, sp, n=args.plans, seed=args.seed + 2024, distributed_optimizer=sp.distributed_optimizer,
+                            sequence_parallel=sp.sequence_parallel)  # the plans the search asks for
     plans = _plans(measured, cl, mo)
     learned = plan_coverage(pred, plans, measured, cl, mo)
     closed = plan_coverage(ClosedFormBands(gpus), plans, measured, cl, mo)

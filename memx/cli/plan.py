@@ -136,7 +136,7 @@ def plan_cmd(
         obj = _plan_pipeline(flow_params)
         pred = registered_predictor(cl, mo, sp) if baseline is not None else None  # the champion that planned
         ref = champion_ref(registry.fingerprint(cl, mo, sp.global_batch).fingerprint) or {}
-    obj = annotate(obj)  # "Why this plan": explanation and warnings (memx.report.why)
+    obj = annotate(obj, mo)  # "Why this plan": explanation and warnings (memx.report.why)
     for w in obj["warnings"]:
         typer.echo(f"warning: {w}", err=True)
     written = _emit(obj, mo, cl, fmt, out)

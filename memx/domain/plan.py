@@ -6,8 +6,10 @@ plan against its cluster and model and names every offending field.
 Plan-level job options (issue #14) have defaults that say what older plan files meant, and are
 written only when they differ from them, so an older file loads and re-serialises unchanged:
 `distributed_optimizer` (false: Adam states replicated on every data-parallel rank),
-`sequence_parallel` (false: norms/dropouts replicated across the TP group) and `idle_gpus`
-(absent: not recorded; a plan may use a subset of the cluster's GPUs either way).
+`sequence_parallel` (false: norms/dropouts replicated across the TP group), `idle_gpus`
+(absent: not recorded; a plan may use a subset of the cluster's GPUs either way) and `heads` /
+`query_groups` (absent: the model's; present only when the search changed them — a different training
+job, `plan_model` gives the model the plan trains).
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ class Plan:
     split over the TP group along the sequence; a no-op on stages with tp = 1 (Megatron disables it)."""
     idle_gpus: IdleGpus | None = None
     """Optional record of the cluster's GPUs the plan leaves idle (`with_idle_gpus`); None: not recorded."""
+    heads: int | None = None
+    """Attention heads the plan trains with when the search changed the model's (SearchSpace.heads_options,
+    a different training job); None: the model's."""
+    query_groups: int | None = None
+    """K/V heads (GQA) when the search changed the model's (SearchSpace.query_groups_options); None: the model's."""
 
     @property
     def pp(self) -> int:
@@ -124,6 +131,7 @@ def _options_to_dict(plan: Plan) -> dict[str, Any]:
         out["sequence_parallel"] = True
     if plan.idle_gpus is not None:
         out["idle_gpus"] = dict(plan.idle_gpus)
+    out.update({k: getattr(plan, k) for k in _MODEL_KEYS if getattr(plan, k) is not None})
     return out
 
 
@@ -134,6 +142,7 @@ def plan_to_json(plan: Plan) -> str:
 _PLAN_KEYS = ("model", "cluster", "global_batch", "micro_batch", "seq_len", "dp", "stages")
 _OPTION_KEYS = ("distributed_optimizer", "sequence_parallel")  # optional booleans, default false
 _STAGE_KEYS = ("gpu", "tp", "layers")
+_MODEL_KEYS = ("heads", "query_groups")  # optional integers: the model's when absent (plan_model)
 
 
 def _need_int(where: str, field: str, value: Any, minimum: int = 1) -> int:
@@ -177,6 +186,7 @@ def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
         stages=stages,
         **{k: _need_bool(source, k, data[k]) for k in _OPTION_KEYS if k in data},
         idle_gpus=_idle_from_dict(source, data.get("idle_gpus")),
+        **{k: _need_int(source, k, data[k]) for k in _MODEL_KEYS if data.get(k) is not None},
     )
 
 
@@ -213,6 +223,24 @@ def _stages_from_list(raw_stages: Any, source: str) -> tuple[Stage, ...]:
     return tuple(stages)
 
 
+def plan_model(plan: Plan, model: ModelArch) -> ModelArch:
+    """The model the plan trains: `model` with the plan's heads, query groups and sequence length (the search
+    may change them, SearchSpace.heads_options …); `model` itself when the plan changes nothing. Raises
+    SpecError (an InputError) when the plan's values do not fit the model (hidden % heads, heads % groups)."""
+    heads = model.heads if plan.heads is None else plan.heads
+    groups = model.query_groups if plan.query_groups is None else plan.query_groups
+    if (heads, groups, plan.seq_len) == (model.heads, model.query_groups, model.seq_len):
+        return model
+    return dataclasses.replace(model, heads=heads, query_groups=groups, seq_len=plan.seq_len)
+
+
+def with_model_changes(plan: Plan, trained: ModelArch, model: ModelArch) -> Plan:
+    """`plan` recording the heads / query groups of `trained` where they differ from `model`'s (the plan's
+    `seq_len` already says its sequence length); unchanged fields stay absent, so the JSON is as before."""
+    return dataclasses.replace(plan, heads=trained.heads if trained.heads != model.heads else None,
+                               query_groups=trained.query_groups if trained.query_groups != model.query_groups else None)
+
+
 def plan_from_json(text: str, source: str = "plan") -> Plan:
     try:
         data = json.loads(text)
@@ -236,6 +264,10 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
             f"field 'global_batch' ({plan.global_batch}) is not divisible by dp × micro_batch "
             f"({plan.dp} × {plan.micro_batch})"
         )
+    try:
+        model = plan_model(plan, model)
+    except InputError as exc:
+        problems.append(f"fields 'heads'/'query_groups' do not fit model {model.name}: {exc}")
     known = {g.name for g in cluster.gpu_types}
     for i, s in enumerate(plan.stages):
         if s.gpu not in known:

@@ -298,6 +298,16 @@ class SearchSpace:
     """ε added to V in Φ, MiB²: a 100 MiB std-dev noise floor."""
     seq_len: SeqLen | None = None
     """Sequence length of the job; None: the model's (≤ 1,048,576)."""
+    heads_options: Annotated[tuple[Heads, ...], MaxLen(MAX_OPTIONS)] = ()
+    """Opt-in: attention heads the search may give the model instead of its own (each ≤ 4,096; ≤ 64 of
+    them); empty: the model's. This changes the training job (the paper's deployment space searched it);
+    a plan that uses another value records it and the output says so. memx.planner.variants."""
+    query_groups_options: Annotated[tuple[Heads, ...], MaxLen(MAX_OPTIONS)] = ()
+    """Opt-in: K/V heads (GQA query groups) the search may use (each ≤ 4,096; ≤ 64 of them); empty: the
+    model's (multi-head attention models keep query_groups = heads)."""
+    seq_len_options: Annotated[tuple[SeqLen, ...], MaxLen(MAX_OPTIONS)] = ()
+    """Opt-in: sequence lengths the search may train with (each ≤ 1,048,576; ≤ 64 of them); empty: `seq_len`
+    (or the model's). Not together with `seq_len`."""
     max_splits_per_layout: Annotated[int, Gt(0), Le(MAX_SPLITS)] = 5_000_000
     """Cap on layer splits enumerated per (pp, tp, dp) layout (≤ 1e9)."""
     max_time_ratio: Ratio = 0.0
@@ -320,9 +330,15 @@ class SearchSpace:
         object.__setattr__(self, "recompute_levels", tuple(dict.fromkeys(self.recompute_levels)))
         object.__setattr__(self, "distributed_optimizer", tuple(dict.fromkeys(self.distributed_optimizer)))
         object.__setattr__(self, "sequence_parallel", tuple(dict.fromkeys(self.sequence_parallel)))
+        for name in ("heads_options", "query_groups_options", "seq_len_options"):
+            object.__setattr__(self, name, tuple(sorted(set(getattr(self, name)))))
         check_spec(self, self._cross_problems)
 
     def _cross_problems(self) -> list[Problem]:
+        problems: list[Problem] = []
         if self.min_pp > self.max_pp:
-            return [("min_pp", f"must not exceed 'max_pp' ({self.max_pp})", self.min_pp)]
-        return []
+            problems.append(("min_pp", f"must not exceed 'max_pp' ({self.max_pp})", self.min_pp))
+        if self.seq_len is not None and self.seq_len_options:
+            problems.append(("seq_len_options", "set either 'seq_len' or 'seq_len_options', not both",
+                             list(self.seq_len_options)))
+        return problems

@@ -6,6 +6,16 @@ head; the interval is predicted × [exp(q_lo), exp(q_hi)] with q_lo, q_hi the fi
 α/2 and 1 − α/2 quantiles of r (α = 0.1 for the default 90 % interval). Residuals are taken in log space
 because stage times and memories span three orders of magnitude and errors are relative.
 
+Memory is conformalised on its dynamic part (issue #14): r = log((measured − static) / (predicted − static)),
+with `static` the predictor's static memory (weights, gradients, optimizer states), and the interval is
+static + (predicted − static) × [exp(q_lo), exp(q_hi)] (`Band.scale` "dynamic"). The distributed optimizer
+changes the static part only (ZeRO-1 shards the optimizer states, Rajbhandari et al. 2020 §5.1; the learned
+model applies it as an additive shift, memx.learn.model.prepare), so residuals learned on profile rows without
+it stay exchangeable with plans that have it on; and activation errors, which grow with the micro batches
+held in flight, are not diluted by a static part that differs between profile rows and plans. On the total
+scale the band was too narrow for plans whose activations outweigh their profile rows' (coverage 83 % →
+see docs/benchmarks.md §Interval coverage). Bands stored without a scale are "total" (older predictors).
+
 A band is a pair of multiplicative factors (low ≤ 1 ≤ high) per head ("time", "memory") and per GPU
 type, with GLOBAL for every type without its own. Where a head's number does not come from measured data
 the band is a documented default instead (CLOSED_FORM_BANDS: memory from the closed form on a GPU type
@@ -50,10 +60,15 @@ class Band:
     high: float
     source: str  # "held-out residuals", "training rows (optimistic)", "closed form (default)", ...
     n: int = 0  # residuals it came from (0: a documented default)
+    scale: str = "total"  # SCALES: the factors multiply the prediction, or its part above the static memory
 
     def widened(self, low: float, high: float, why: str) -> Band:
         """Another independent multiplicative uncertainty on top (conservative: factors multiply)."""
-        return Band(low=self.low * low, high=self.high * high, source=f"{self.source} + {why}", n=self.n)
+        return Band(low=self.low * low, high=self.high * high, source=f"{self.source} + {why}", n=self.n,
+                    scale=self.scale)
+
+
+SCALES = ("total", "dynamic")  # Band.scale: on the prediction, or on prediction − static memory (memory only)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +107,7 @@ def default_band(head: str) -> Band:
     return Band(low=lo, high=hi, source="closed form (default)")
 
 
-def conformal_band(log_residuals: np.ndarray, coverage: float, source: str) -> Band | None:
+def conformal_band(log_residuals: np.ndarray, coverage: float, source: str, scale: str = "total") -> Band | None:
     """Split-conformal factors from log residuals (Lei et al. 2018 §2.2: the ⌈(n+1)(1−α/2)⌉-th order
     statistic for the upper end, the ⌊(n+1)α/2⌋-th for the lower); None below MIN_RESIDUALS."""
     r = np.sort(np.asarray(log_residuals, dtype=np.float64)[np.isfinite(log_residuals)])
@@ -103,36 +118,61 @@ def conformal_band(log_residuals: np.ndarray, coverage: float, source: str) -> B
     k_hi = min(math.ceil((n + 1) * (1.0 - alpha / 2.0)), n)
     k_lo = max(math.floor((n + 1) * alpha / 2.0), 1)
     lo, hi = min(float(r[k_lo - 1]), 0.0), max(float(r[k_hi - 1]), 0.0)
-    return Band(low=math.exp(lo), high=math.exp(hi), source=source, n=n)
+    return Band(low=math.exp(lo), high=math.exp(hi), source=source, n=n, scale=scale)
+
+
+def _dynamic(mem_mib: np.ndarray, static_mem_mib: np.ndarray) -> np.ndarray:
+    """Memory above the static part, MiB, at least MIN_DYNAMIC_MIB (a peak at or below the static estimate is
+    an error of the static estimate; the floor keeps its log residual finite and large)."""
+    return np.maximum(np.asarray(mem_mib, np.float64) - np.asarray(static_mem_mib, np.float64), MIN_DYNAMIC_MIB)
+
+
+MIN_DYNAMIC_MIB = 1.0  # our choice: 1 MiB, far below any stage's activations
 
 
 def fit_intervals(gpu: np.ndarray, pred_time_ms: np.ndarray, time_ms: np.ndarray, pred_mem_mib: np.ndarray,
-                  mem_mib: np.ndarray, *, coverage: float = COVERAGE, source: str = "held-out residuals") -> Intervals:
-    """GLOBAL bands from every held-out row, per-GPU bands where a type has MIN_RESIDUALS rows of its own."""
+                  mem_mib: np.ndarray, *, coverage: float = COVERAGE, source: str = "held-out residuals",
+                  static_mem_mib: np.ndarray | None = None) -> Intervals:
+    """GLOBAL bands from every held-out row, per-GPU bands where a type has MIN_RESIDUALS rows of its own.
+    With `static_mem_mib` (the predictor's static memory per row) memory is conformalised on its dynamic part
+    (scale "dynamic", module docstring); without it on the total (the paper's, scale "total")."""
     gpu = np.asarray(gpu).astype(str)
-    res = {"time": np.log(time_ms / pred_time_ms), "memory": np.log(mem_mib / pred_mem_mib)}
+    if static_mem_mib is None:
+        mem_res, mem_scale = np.log(mem_mib / pred_mem_mib), "total"
+    else:
+        mem_res = np.log(_dynamic(mem_mib, static_mem_mib) / _dynamic(pred_mem_mib, static_mem_mib))
+        mem_scale = "dynamic"
+    res = {"time": np.log(time_ms / pred_time_ms), "memory": mem_res}
+    scale = {"time": "total", "memory": mem_scale}
     bands: dict[str, dict[str, Band]] = {GLOBAL: {}}
     for head, r in res.items():
-        b = conformal_band(r, coverage, source)
+        b = conformal_band(r, coverage, source, scale[head])
         if b is not None:
             bands[GLOBAL][head] = b
         for g in np.unique(gpu):
-            bg = conformal_band(r[gpu == g], coverage, source)
+            bg = conformal_band(r[gpu == g], coverage, source, scale[head])
             if bg is not None:
                 bands.setdefault(str(g), {})[head] = bg
     return Intervals(coverage=coverage, bands=bands)
 
 
 def interval_columns(intervals: Intervals | None, gpu: np.ndarray, time_ms: np.ndarray,
-                     mem_mib: np.ndarray) -> dict[str, np.ndarray]:
-    """INTERVAL_COLUMNS for predictions of the given rows (documented defaults without intervals)."""
+                     mem_mib: np.ndarray, static_mem_mib: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """INTERVAL_COLUMNS for predictions of the given rows (documented defaults without intervals). A memory
+    band of scale "dynamic" applies to mem − static (`static_mem_mib`, 0 where not given): static + (mem −
+    static) × factor."""
     iv = intervals or Intervals()
     names = np.asarray(gpu).astype(str)
     uniq, inv = np.unique(names, return_inverse=True)
     f = {(h, e): np.array([getattr(iv.band(str(u), h), e) for u in uniq])[inv] if len(uniq) else np.ones(0)
          for h in HEADS for e in ("low", "high")}
+    dyn = np.array([iv.band(str(u), "memory").scale == "dynamic" for u in uniq], dtype=bool)[inv] if len(uniq) \
+        else np.zeros(0, dtype=bool)
+    mem = np.asarray(mem_mib, np.float64)
+    base = np.where(dyn, np.zeros_like(mem) if static_mem_mib is None else np.minimum(static_mem_mib, mem), 0.0)
     return {"time_ms_low": time_ms * f["time", "low"], "time_ms_high": time_ms * f["time", "high"],
-            "peak_mem_mib_low": mem_mib * f["memory", "low"], "peak_mem_mib_high": mem_mib * f["memory", "high"]}
+            "peak_mem_mib_low": base + (mem - base) * f["memory", "low"],
+            "peak_mem_mib_high": base + (mem - base) * f["memory", "high"]}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -225,7 +225,8 @@ class LearnedStagePredictor:
                 sigs.loc[closed, list(SIGNATURE_COLUMNS)])  # the closed form with runtime overheads (issue #16)
             m = m.copy()
             m[closed] = cf["peak_mem_mib"].to_numpy(np.float64)
-        bounds = interval_columns(self.effective_intervals(), names, t, m)
+        bounds = interval_columns(self.effective_intervals(), names, t, m,
+                                  np.where(closed, 0.0, p.static_mem_mib))  # memory bands on m − static (intervals)
         return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib, **bounds},
                             index=sigs.index)
 
@@ -424,7 +425,7 @@ def conformalize(predictor: LearnedStagePredictor, held_out: pd.DataFrame, *, co
     pr = predictor.predict(df.loc[:, list(SIGNATURE_COLUMNS)])
     pm = pr["peak_mem_mib"].to_numpy(np.float64)
     iv = fit_intervals(df["gpu"].to_numpy(), pr["time_ms"].to_numpy(np.float64), yt, pm, ym, coverage=coverage,
-                       source=source)
+                       source=source, static_mem_mib=pr["static_mem_mib"].to_numpy(np.float64))  # dynamic scale
     return replace(predictor, intervals=iv)
 
 

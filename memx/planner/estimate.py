@@ -7,9 +7,12 @@ as the search, so the search's pick and `estimate_plans([pick])` agree; `memx ev
 
 from __future__ import annotations
 
-import numpy as np
+from itertools import groupby
 
-from memx.domain.plan import Plan, validate_plan
+import numpy as np
+import pandas as pd
+
+from memx.domain.plan import Plan, plan_model, validate_plan
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.metrics import PlanMetrics, plan_metrics
 from memx.planner.predictions import params_per_rank
@@ -30,22 +33,26 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
     s_all = pred["static_mem_mib"].to_numpy(float)
     out, k = [], 0
     for p in plans:
-        sl = slice(k, k + p.pp)
-        params = np.array([params_per_rank(c, np.asarray(n), model) for c, n in zip(ctxs[sl], layers[sl])])
-        out.append(_assemble(p, cluster, model, t_all[sl], m_all[sl], s_all[sl], params, reserve_gib, assembly))
+        sl, trained = slice(k, k + p.pp), plan_model(p, model)  # the model the plan trains (heads, seq_len)
+        params = np.array([params_per_rank(c, np.asarray(n), trained) for c, n in zip(ctxs[sl], layers[sl])])
+        out.append(_assemble(p, cluster, trained, t_all[sl], m_all[sl], s_all[sl], params, reserve_gib, assembly))
         k += p.pp
     return out
 
 
 def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredictor):
-    """(stage contexts, layers per stage, the predictor's frame) for every stage of every plan, in order."""
-    seq = plans[0].seq_len if plans else model.seq_len
-    if any(p.seq_len != seq for p in plans):
-        raise ValueError("estimate_plans needs plans of one sequence length")
+    """(stage contexts, layers per stage, the predictor's frame) for every stage of every plan, in order; each
+    plan's stages carry the model it trains (`plan_model`: its heads, query groups, sequence length)."""
     ctxs = [c for p in plans for c in plan_contexts(p)]
     layers = np.asarray([st.layers for p in plans for st in p.stages])
     codes = np.asarray([option_code(st) for p in plans for st in p.stages])
-    sigs = signature_frame(ctxs, layers, codes, np.arange(len(ctxs)), model, seq)
+    frames, k = [], 0
+    for trained, group in groupby(plans, key=lambda p: plan_model(p, model)):  # consecutive runs keep the order
+        n = sum(p.pp for p in group)
+        sl = slice(k, k + n)
+        frames.append(signature_frame(ctxs[sl], layers[sl], codes[sl], np.arange(n), trained, trained.seq_len))
+        k += n
+    sigs = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
     return ctxs, layers, predictor.predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
 
 

@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from memx.domain.plan import Plan
 from memx.domain.specs import ModelArch, SearchSpace
 from memx.planner.estimate import upper_margins
 from memx.planner.metrics import PlanMetrics
@@ -40,8 +41,9 @@ class Pick:
     replaced: PlanMetrics | None = None  # the Φ pick a guard set aside (dominated or below the floor)
 
 
-def plan_key(m: PlanMetrics) -> tuple:
-    return (m.plan.stages, m.plan.dp, m.plan.micro_batch)
+def plan_key(m: PlanMetrics) -> Plan:
+    """The whole plan (job options and model changes included: plans differing only there are different)."""
+    return m.plan
 
 
 def dominates(a: PlanMetrics, b: PlanMetrics, margin: Callable[[PlanMetrics], float]) -> bool:

@@ -78,7 +78,7 @@ def predicted(m: PlanMetrics) -> dict[str, Any]:
 
 def _entry(m: PlanMetrics, high: dict | None = None) -> dict[str, Any]:
     q = predicted(m)
-    h = (high or {}).get((m.plan.stages, m.plan.dp, m.plan.micro_batch))
+    h = (high or {}).get(m.plan)  # keyed by the plan (memx.planner.pick.plan_key)
     if h is not None:
         q["min_margin_high"] = round(h, 4)  # at the predictor's upper memory bound
     return {"plan": plan_to_dict(m.plan), "predicted": q,

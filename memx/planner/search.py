@@ -15,6 +15,7 @@ Memory is bounded by the chunk and the kept sets, never by the size of the space
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from functools import partial
 import numpy as np
 
 from memx.domain.errors import InfeasibleError
-from memx.domain.plan import with_idle_gpus
+from memx.domain.plan import with_idle_gpus, with_model_changes
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
 from memx.planner.bnb import Work, explore
 from memx.planner.bounds import LayoutBounds
@@ -41,6 +42,7 @@ from memx.planner.result import SearchResult, SpaceCount
 from memx.planner.schedule import MemoryStats, assembly_of
 from memx.planner.space import Layout, check_space_input, count_compositions, count_with_options, enumerate_layouts
 from memx.planner.tables import LayoutTables, decode_option, stage_options
+from memx.planner.variants import Variant, model_variants
 
 __all__ = ["SearchResult", "SpaceCount", "search", "shard_layouts"]
 
@@ -123,20 +125,31 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
     The answer is the same in every mode, and the same as `exhaustive=True`.
     """
     t0 = time.perf_counter()
-    check_space_input(model, space)
+    variants = model_variants(model, space)  # [the job as given] unless the space lists heads/groups/seq options
+    check_space_input(variants[0].model, space)
     chosen = parse_weights(weights or space.weights)
-    seq, total = space.seq_len or model.seq_len, model.layers
-    layouts = enumerate_layouts(cluster, model, space)
+    total = model.layers
+    per_variant = [enumerate_layouts(cluster, v.model, space) for v in variants]
+    layouts = [lay for lays in per_variant for lay in lays]
     if not layouts:
         raise InfeasibleError(f"no layout of {model.name} on {cluster.name}: with use_all_gpus={space.use_all_gpus}, "
                               f"tp {list(space.tp_options)}, pp {space.min_pp}..{space.max_pp} and global batch "
                               f"{space.global_batch} no dp × Σtp uses the GPUs as required")
-    pt = predict_tables(layout_contexts(layouts, total), cluster, model, seq, space.recompute_levels,
-                        space.reserve_gib, predictor)
-    hit_rate = getattr(predictor, "last_hit_rate", None)  # of the table call, before any later query
-    t_pred = time.perf_counter()
+    # A variant is one more layout option: its layouts join the one list the search ranks (exact over the union).
+    prepared, owner, pts, hits = [], [], [], []
     assembly = assembly_of(predictor)  # a calibrated predictor's c and o (memx.learn.calibration); else identity
-    prepared = [p for lay in layouts if (p := prepare(lay, pt, cluster, model, seq, space.max_stage_slowdown, assembly))]
+    for vi, (v, lays) in enumerate(zip(variants, per_variant)):
+        pt = predict_tables(layout_contexts(lays, total), cluster, v.model, v.seq_len, space.recompute_levels,
+                            space.reserve_gib, predictor)
+        hits.append(getattr(predictor, "last_hit_rate", None))  # of the table call, before any later query
+        pts.append(pt)
+        for lay in lays:
+            if p := prepare(lay, pt, cluster, v.model, v.seq_len, space.max_stage_slowdown, assembly):
+                prepared.append(p)
+                owner.append(vi)
+    pt = pts[0] if len(pts) == 1 else _joined(pts)
+    hit_rate = _hit_rate(hits, pts)
+    t_pred = time.perf_counter()
     counts = [p.counts(total) for p in prepared]
     evaluated, feasible = sum(c[0] for c in counts), sum(c[1] for c in counts)
     if feasible == 0:
@@ -181,8 +194,8 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
         for c in items:
             if c.layout not in tables:
                 tables[c.layout] = prepared[c.layout].build()
-        return [_candidate(prepared[c.layout].lay, tables[c.layout], c, model, cluster, space, seq, refs, chosen)
-                for c in items]
+        return [_candidate(prepared[c.layout].lay, tables[c.layout], c, variants[owner[c.layout]], model, cluster,
+                           space, refs, chosen) for c in items]
 
     return apply_pick(SearchResult(  # the pick rule, margin floor, (T, margin, V) front: memx.planner.pick
         weights=chosen,
@@ -234,11 +247,28 @@ def _infeasible_reason(cluster: Cluster, model: ModelArch, space: SearchSpace, p
             f"(micro batch {list(space.micro_batch_options)}, tp {list(space.tp_options)}, pp ≤ {space.max_pp})")
 
 
-def _candidate(lay: Layout, lt: LayoutTables, c: Cand, model, cluster, space, seq, refs, w) -> PlanMetrics:
+def _joined(pts: list[PredictedTables]) -> PredictedTables:
+    """The variants' table calls as one (counts and time summed; the first variant's tables, for messages)."""
+    return dataclasses.replace(pts[0], signatures=sum(p.signatures for p in pts), predict_s=sum(p.predict_s for p in pts))
+
+
+def _hit_rate(hits: list, pts: list[PredictedTables]) -> float | None:
+    """The cache hit rate over the table calls, weighted by their signatures; None without a cache."""
+    if any(h is None for h in hits):
+        return None
+    n = sum(p.signatures for p in pts)
+    if len(hits) == 1 or not n:
+        return float(hits[0])
+    return float(sum(h * p.signatures for h, p in zip(hits, pts)) / n)
+
+
+def _candidate(lay: Layout, lt: LayoutTables, c: Cand, variant: Variant, model, cluster, space, refs, w) -> PlanMetrics:
     S = np.asarray(c.split)
     codes = lt.code[lt.base(S[None, :])[:, 0] * lt.k + c.level]
     rec = tuple(decode_option(int(code), int(n)) for code, n in zip(codes, S))
-    plan = lay.to_plan(model, cluster, space.global_batch, seq, c.split, rec)
+    plan = lay.to_plan(model, cluster, space.global_batch, variant.seq_len, c.split, rec)
+    if variant.model is not model:  # a different training job: the plan records what changed
+        plan = with_model_changes(plan, variant.model, model)
     if not space.use_all_gpus:  # the plan says which GPUs it leaves out
         plan = with_idle_gpus(plan, cluster)
     score = phi(c.time_ms, c.max_mib, c.var_mib2, refs=refs, weights=w, epsilon_mib2=space.epsilon_mib2)

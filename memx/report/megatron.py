@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from memx.domain.catalog import load_gpu
 from memx.domain.errors import InputError
-from memx.domain.plan import Plan, Recompute, Stage, idle_gpus
+from memx.domain.plan import Plan, Recompute, Stage, idle_gpus, plan_model
 from memx.domain.specs import Cluster, GpuType, ModelArch
 
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"  # NVIDIA/Megatron-LM, read 2026-08 (core 0.20)
@@ -118,6 +118,7 @@ def _recompute_args(plan: Plan) -> tuple[list[str], list[str]]:
 
 
 def _model_args(plan: Plan, model: ModelArch) -> list[str]:
+    model = plan_model(plan, model)  # the heads / query groups the plan trains with (SearchSpace.heads_options)
     llama = model.mlp == "swiglu"
     args = [
         "--num-layers", str(model.layers),

@@ -1,5 +1,6 @@
 """Why this plan (issue #12): the pick explained against the fastest plan, and the warnings a user must
-see — a thin margin, closed-form-only predictions, a model trained for another cluster.
+see — a changed training job (searched heads / query groups / sequence length), a thin margin,
+closed-form-only predictions, a model trained for another cluster.
 
 Works on the `memx plan --format json` object alone (memx.planner.result), so the in-process search and
 the Prefect pipeline explain the same way. `annotate(obj)` adds `explanation` and `warnings` to it.
@@ -9,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from memx.domain.plan import plan_from_dict, plan_model
+from memx.domain.specs import ModelArch
 from memx.learn.intervals import CLOSED_FORM_BANDS
+from memx.planner.variants import job_changes
 from memx.report.table import recompute_text
 
 GIB = 1024.0
@@ -69,11 +73,23 @@ def _band(head: str) -> str:
     return f"{lo - 1:+.0%}/{hi - 1:+.0%}"
 
 
+def job_change_warning(plan: dict[str, Any], model: ModelArch) -> str | None:
+    """"the job changes: heads 32 → 64, seq_len 4096 → 2048; …" when the plan trains other heads, query
+    groups or sequence length than `model` (SearchSpace.heads_options …, memx.planner.variants); else None."""
+    changes = job_changes(model, plan_model(plan_from_dict(plan), model))
+    if not changes:
+        return None
+    what = ", ".join(f"{f} {a} → {b}" for f, (a, b) in changes.items())
+    return (f"the job changes: {what}; this is a different training job than {model.name} as given "
+            "(the search space lists heads/query_groups/seq_len options)")
+
+
 def warnings_for(obj: dict[str, Any], *, trained_fingerprint: str | None = None,
-                 cluster_fingerprint: str | None = None) -> list[str]:
-    """The pick's warnings: the search's own (floor, dominance), a thin margin, closed form only, a model
-    trained on another fingerprint."""
-    out = list(obj.get("warnings", []))
+                 cluster_fingerprint: str | None = None, model: ModelArch | None = None) -> list[str]:
+    """The pick's warnings: a changed training job (with `model`, the job as given), the search's own (floor,
+    dominance), a thin margin, closed form only, a model trained on another fingerprint."""
+    job = job_change_warning(obj["plan"], model) if model is not None else None
+    out = ([job] if job else []) + list(obj.get("warnings", []))
     q = obj["predicted"]
     margin = q.get("min_margin_high", q["min_margin"])
     if margin < THIN_MARGIN and not any("below" in w for w in out):
@@ -89,7 +105,8 @@ def warnings_for(obj: dict[str, Any], *, trained_fingerprint: str | None = None,
     return list(dict.fromkeys(out))
 
 
-def annotate(obj: dict[str, Any], **fingerprints) -> dict[str, Any]:
-    """obj with `explanation` and `warnings` (the plan JSON's fields, docs/architecture.md §Plan JSON)."""
-    return {**obj, "explanation": explain(obj), "warnings": warnings_for(obj, **fingerprints)}
+def annotate(obj: dict[str, Any], model: ModelArch | None = None, **fingerprints) -> dict[str, Any]:
+    """obj with `explanation` and `warnings` (the plan JSON's fields, docs/architecture.md §Plan JSON); `model`
+    (the job as given) lets the warnings say when the plan changes the training job."""
+    return {**obj, "explanation": explain(obj), "warnings": warnings_for(obj, model=model, **fingerprints)}
 

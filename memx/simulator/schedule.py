@@ -26,7 +26,7 @@ from typing import Mapping
 
 import numpy as np
 
-from memx.domain.plan import Plan, place_plan, validate_plan
+from memx.domain.plan import Plan, place_plan, plan_model, validate_plan
 from memx.simulator.physics import BF16_BYTES, FP32_BYTES, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
@@ -57,8 +57,9 @@ class PlanRun:
 
 
 def stage_signatures(plan: Plan, model: ModelArch) -> list[StageSignature]:
-    """The signature of every stage of a plan, `inflight` = min(pp − s, m) (1F1B)."""
-    m = plan.micro_batches
+    """The signature of every stage of a plan, `inflight` = min(pp − s, m) (1F1B); heads, query groups and
+    sequence length are the plan's where it changes the model's (memx.domain.plan.plan_model)."""
+    m, model = plan.micro_batches, plan_model(plan, model)
     return [
         StageSignature(
             gpu=st.gpu, tp=st.tp, layers=st.layers, micro_batch=plan.micro_batch, seq_len=plan.seq_len,

@@ -13,9 +13,15 @@ all (`OwnMemory(memory=None)`), so its pick may run out of memory. (The engine's
 weights, gradients and Adam state at 18 B/param must fit a GPU — still prunes: such a plan cannot
 even be launched, which any planner notices.) When predicting a given plan it
 ignores that plan's recomputation (it has no recompute model).
+
+Job options (issue #14): neither the distributed optimizer nor sequence parallelism. AMP's search space (paper
+§3: tp, pp, dp, micro batch and the placement of layers on devices) has no ZeRO stage, and its runtime (the
+repository's DeepSpeed pipeline engine with Megatron-style tensor parallelism) predates Megatron-LM's sequence
+parallelism (Korthikanti et al. 2022); so the AMP-like planner searches `distributed_optimizer = [false]`,
+`sequence_parallel = [false]` whatever the space lists.
 """
 
 from memx.planner.baselines.base import NO_RECOMPUTE, TIME_ONLY, Planner, no_recompute_view
 
 AMP = Planner(name="amp", label="AMP-like", level_sets=NO_RECOMPUTE, memory=None, weights=TIME_ONLY,
-              view=no_recompute_view, doc=__doc__)
+              view=no_recompute_view, doc=__doc__, distributed_optimizer=(False,), sequence_parallel=(False,))

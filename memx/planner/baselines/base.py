@@ -140,6 +140,10 @@ class Planner:
     `memory`: a factory gpus → MemoryModel (None: no memory model; "shared": the predictor's).
     `weights`: TIME_ONLY for the baselines, a profile for MemX ("space": the search YAML's).
     `view`: how the method sees a given plan when predicting it (prediction experiments).
+    `distributed_optimizer` / `sequence_parallel`: the settings the original system can run (its paper /
+    code, cited in each baseline's module); the planner searches the space's settings among them, or, when the
+    space lists none of them, the original's own (a system without the distributed optimizer runs without it
+    whatever the space lists). None: as the space lists them (MemX and its ablations).
     """
 
     name: str
@@ -149,6 +153,16 @@ class Planner:
     weights: str
     view: Callable[[Plan], Plan] = same_view
     doc: str = ""
+    distributed_optimizer: tuple[bool, ...] | None = None
+    sequence_parallel: tuple[bool, ...] | None = None
+
+    def job_options(self, space: SearchSpace) -> dict[str, tuple[bool, ...]]:
+        """The `distributed_optimizer` / `sequence_parallel` settings this planner searches in `space`."""
+        out = {}
+        for name in ("distributed_optimizer", "sequence_parallel"):
+            listed, original = getattr(space, name), getattr(self, name)
+            out[name] = listed if original is None else tuple(v for v in listed if v in original) or original
+        return out
 
     def predictor_for(self, cluster: Cluster, predictor: StagePredictor) -> StagePredictor:
         if self.memory == "shared":
@@ -170,7 +184,8 @@ class Planner:
         notes = []
         for levels in sets:
             sp = dataclasses.replace(space, recompute_levels=tuple(levels), weights=w_spec,
-                                     max_time_ratio=0.0 if w_spec == TIME_ONLY else space.max_time_ratio)
+                                     max_time_ratio=0.0 if w_spec == TIME_ONLY else space.max_time_ratio,
+                                     **self.job_options(space))
             res, note = _run_search(cluster, model, sp, pred, w_spec, top_k)
             if res is not None:
                 results.append(res)

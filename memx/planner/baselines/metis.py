@@ -10,6 +10,13 @@ Here: recompute off (`("none",)`), objective = predicted time (weights 1,0,0), m
 with a fixed safety multiplier `MEMORY_FACTOR` on a simple closed-form estimate (memx.planner.cost's
 static + in-flight activations; the factor 1.15 is our choice, standing in for the headroom such
 planners leave for runtime overheads they do not model).
+
+Job options (issue #14): neither the distributed optimizer nor sequence parallelism. Metis's search space
+(paper §4: data, tensor and pipeline degrees per device group, uneven layer partitioning, micro batch) and its
+memory estimate (parameters, gradients, optimizer states replicated per data-parallel rank, activations per
+micro batch) have neither ZeRO sharding nor sequence parallelism; the Metis-like planner searches both off
+whatever the space lists, and its memory estimate (`analytic_memory`) counts the activations sequence
+parallelism would have split as replicated.
 """
 
 from memx.planner.baselines.base import NO_RECOMPUTE, TIME_ONLY, Planner, no_recompute_view
@@ -19,4 +26,4 @@ MEMORY_FACTOR = 1.15
 
 METIS = Planner(name="metis", label="Metis-like", level_sets=NO_RECOMPUTE,
                 memory=lambda gpus: analytic_memory(gpus, MEMORY_FACTOR), weights=TIME_ONLY,
-                view=no_recompute_view, doc=__doc__)
+                view=no_recompute_view, doc=__doc__, distributed_optimizer=(False,), sequence_parallel=(False,))
