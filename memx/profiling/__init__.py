@@ -15,6 +15,7 @@ memory; the failed rows stay in stage_runs.parquet, with their reasons, and a re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from memx.domain.io import atomic_write_parquet, atomic_write_text
 from memx.domain.records import RejectedRow, require_rows, signature_key
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.profiling.backends import BACKENDS, Backend, check_backend
+from memx.planner.variants import model_variants
 from memx.profiling.design import (dense_points, full_grid_size, gpu_axes, grid_points, inflight_points,
                                    representative_gpu)
 from memx.profiling.runner import load_existing, run_points
@@ -164,7 +166,8 @@ def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: 
         df = run_points(phase1, be, existing=load_existing(out_path), out_path=out_path, jobs=jobs,
                         progress=progress, label="sensitivity sweeps")
         _require_measured(df, backend)  # nothing measured: the 3-point grid would fail the same way
-        df, sens, runs_by_gpu = _phase2(model, axes, plans, phase1, df, be, out_path, jobs, progress)
+        variant_axes = _variant_axes(cluster, model, space)
+        df, sens, runs_by_gpu = _phase2(model, axes, plans, phase1, df, be, out_path, jobs, progress, variant_axes)
     return _result(df, sensitivity_frame(sens), runs_by_gpu=runs_by_gpu,
                    full_by_gpu=full_by_gpu, path=out_path, rejected=[], out_dir=out_dir)
 
@@ -177,9 +180,25 @@ def _launch_guard(backend: str) -> contextlib.AbstractContextManager:
     return guard()
 
 
+def _variant_axes(cluster: Cluster, model: ModelArch, space: SearchSpace) -> list[tuple[ModelArch, dict]]:
+    """(model, axes per GPU type) of every model variant the search will train besides the job as given
+    (memx.planner.variants: heads / query_groups / seq_len options, issue #14); [] without options."""
+    plain = dataclasses.replace(space, heads_options=(), query_groups_options=(), seq_len_options=())
+    out = []
+    for v in model_variants(model, space):
+        if (v.model, v.seq_len) == (model, space.seq_len or model.seq_len):
+            continue
+        sp = dataclasses.replace(plain, seq_len=v.seq_len)
+        out.append((v.model, {g.name: gpu_axes(cluster, v.model, sp, g) for g in cluster.gpu_types}))
+    return out
+
+
 def _phase2(model: ModelArch, axes: dict, plans: dict, phase1: list, df: pd.DataFrame,
-            be: Backend, out_path: Path | None, jobs: int, progress: bool) -> tuple[pd.DataFrame, list, dict]:
-    """Sensitivity of each GPU type → the 3-point grid over the selected parameters, measured."""
+            be: Backend, out_path: Path | None, jobs: int, progress: bool,
+            variant_axes: list[tuple[ModelArch, dict]] = ()) -> tuple[pd.DataFrame, list, dict]:
+    """Sensitivity of each GPU type → the 3-point grid over the selected parameters, measured; each model
+    variant the search trains gets the same grid on its own shapes (heads, query groups, sequence length move
+    attention time and activation memory, so the predictor must not extrapolate to them)."""
     sens, phase2 = [], []
     for g, a in axes.items():
         searched = SEARCHED | ({"sequence_parallel"} if len(a.sp_options) > 1 else set())  # issue #14
@@ -187,6 +206,7 @@ def _phase2(model: ModelArch, axes: dict, plans: dict, phase1: list, df: pd.Data
         selected = {r["parameter"] for r in rows if r["selected"]}
         sens += rows
         phase2 += grid_points(a, model, selected) + inflight_points(a, model, selected)
+        phase2 += [p for vm, va in variant_axes for p in grid_points(va[g], vm, selected)]
     df = run_points(phase2, be, existing=df, out_path=out_path, jobs=jobs, progress=progress, label="3-point grid")
     unique = {signature_key(p): p["gpu"] for p in phase1 + phase2}
     return df, sens, dict(Counter(unique.values()))
