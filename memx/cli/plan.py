@@ -39,7 +39,7 @@ from memx.pipeline.plan_log import log_plan
 from memx.pipeline.store import store_from_uri
 from memx.pipeline.training import champion_ref
 from memx.planner.cost import AnalyticStageModel
-from memx.planner.search import search as run_search
+from memx.planner.replica_search import replica_search as run_search  # schema 2 when max_replica_groups ≥ 2
 from memx.profiling import BACKENDS as PROFILING_BACKENDS
 from memx.planner.result import search_result_to_dict
 from memx.report.check import check_report, load_baseline

@@ -233,7 +233,7 @@ def _refine(groups: _Groups, form: Formation, total: int, granule: int, best_ms:
                 s[slow], s[other] = s[slow] - granule, s[other] + granule
                 count()
                 m, _ = evaluate_split(groups, form, s, best[0].iteration_time_ms)
-                if m is not None:
+                if m is not None and m[0].iteration_time_ms < best[0].iteration_time_ms:  # strictly better: ends
                     moves.append((m[0].iteration_time_ms, tuple(s), m))
         if not moves:
             break
@@ -243,11 +243,12 @@ def _refine(groups: _Groups, form: Formation, total: int, granule: int, best_ms:
 
 def search_replicas(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *, weights: str | None = None,
                     top_k: int = 10, exhaustive: bool = False, granule: int | None = None, exact_max: int = EXACT_MAX,
-                    on_progress=None) -> ReplicaOutcome:
-    """The one-group search and, with max_replica_groups ≥ 2, the schema-2 search (module docstring)."""
+                    **search_kw) -> ReplicaOutcome:
+    """The one-group search (`search_kw`: search's mapper, shard_by, on_progress, …) and, with
+    max_replica_groups ≥ 2, the schema-2 search (module docstring). `granule`: sequences moved at a time
+    (default global_batch // 32, at least 1)."""
     t0 = time.perf_counter()
-    one = search(cluster, model, space, predictor, weights=weights, top_k=top_k, exhaustive=exhaustive,
-                 on_progress=on_progress)
+    one = search(cluster, model, space, predictor, weights=weights, top_k=top_k, exhaustive=exhaustive, **search_kw)
     out = ReplicaOutcome(result=one, one_group=one, grouped=None, timings={"one_group_s": time.perf_counter() - t0})
     if space.max_replica_groups <= 1:
         return out
