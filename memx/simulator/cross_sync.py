@@ -1,0 +1,116 @@
+"""Cross-group gradient synchronisation of a schema-2 plan on the virtual cluster (issue #15).
+
+A schema-2 plan's replica groups may split the layers differently (docs/architecture.md §Plan JSON,
+schema 2). After a group's own data-parallel step every replica of that group holds the group's summed
+gradient; each layer's gradient is then all-reduced across the G groups. The simulator's own model of
+that exchange (it never reads the planner's closed form):
+
+- Units: the embedding, every transformer layer, the output layer. Consecutive units held by the same
+  stage in every group form a *segment*; a segment is exchanged as one collective.
+- Lanes: replica r of every group joins lane r (a group with fewer replicas joins with replica
+  r mod dp): every replica holds the group's sum, so every replica takes part and none waits for a
+  broadcast afterwards — the second dimension of a 2D (hierarchical) all-reduce (Mikami et al. 2018,
+  "Massively distributed SGD", 2D-torus all-reduce; Horovod's hierarchical all-reduce).
+- In a lane, the segment's fp32 gradient is ring all-reduced over the G participants in group order
+  (Patarasuk & Yuan 2009, `physics.ring_allreduce_ms`), split over the participating stages' smallest
+  tp (that many concurrent rings, each carrying bytes / tp). The ring runs at its slowest hop: a hop
+  inside one node at the sender GPU's intra-node link, a hop between nodes at the network link shared
+  by every ring that leaves the sender's node (simulator assumption, as for the in-group DP step).
+- Time: a segment starts when every participating stage has finished its in-group DP step and is not
+  busy with another segment (segments are issued in order of readiness); a stage's optimizer step
+  starts after its last segment.
+
+With the distributed optimizer the same full fp32 gradient is exchanged (simulator assumption: the
+cross-group exchange runs before the in-group reduce-scatter's shards are used by the optimizer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from memx.domain.plan import Plan
+from memx.domain.specs import Cluster, ModelArch
+from memx.simulator.physics import FP32_BYTES, Dims, layer_params, ring_allreduce_ms
+from memx.simulator.traits import GpuTraits
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    """Consecutive units held by the same stage of every group: `stages[g]` is group g's stage."""
+
+    stages: tuple[int, ...]
+    params: float  # parameters of the units (whole, not divided by tp)
+
+
+def _unit_params(model: ModelArch, plan: Plan) -> list[float]:
+    """Parameters of the embedding, each layer and the output layer, whole (physics.py's counts at tp = 1)."""
+    d = Dims(micro_batch=plan.micro_batch, seq_len=plan.seq_len, hidden=model.hidden, ffn_hidden=model.ffn_hidden,
+             heads=model.heads, query_groups=model.query_groups, vocab=model.vocab, mlp=model.mlp, tp=1)
+    positions = plan.seq_len * model.hidden if model.mlp == "gelu" else 0  # physics.embedding_cost
+    return [model.vocab * model.hidden + positions, *[layer_params(d)] * model.layers,
+            model.vocab * model.hidden + model.hidden]  # physics.output_cost (untied)
+
+
+def _holders(plan: Plan) -> list[int]:
+    """Stage index holding each unit (embedding, layers…, output) of one group's pipeline."""
+    layers = [s for s, st in enumerate(plan.stages) for _ in range(st.layers)]
+    return [0, *layers, plan.pp - 1]
+
+
+def segments(plans: Sequence[Plan], model: ModelArch) -> list[Segment]:
+    """The groups' units merged into segments, first unit to last."""
+    params = _unit_params(model, plans[0])
+    holders = [_holders(p) for p in plans]
+    out: list[Segment] = []
+    for u, n in enumerate(params):
+        key = tuple(h[u] for h in holders)
+        if out and out[-1].stages == key:
+            out[-1] = Segment(stages=key, params=out[-1].params + n)
+        else:
+            out.append(Segment(stages=key, params=n))
+    return out
+
+
+def _link(cluster: Cluster, a: int, b: int) -> tuple[float, float]:
+    if a == b:
+        return cluster.nodes[a].gpu.intra_node_bandwidth_gbps * 1e6, 0.0
+    return cluster.inter_node_bandwidth_gbps * 1e6, cluster.inter_node_latency_ms
+
+
+def segment_ms(seg: Segment, plans: Sequence[Plan], where: Sequence[list[list[int]]], cluster: Cluster,
+               tr: dict[str, GpuTraits]) -> float:
+    """One segment's all-reduce across the groups: the slowest of its concurrent lanes (module doc)."""
+    groups = len(plans)
+    tp = min(p.stages[s].tp for p, s in zip(plans, seg.stages))
+    lanes = max(p.dp for p in plans)
+    nodes = [[where[g][r % plans[g].dp][seg.stages[g]] for g in range(groups)] for r in range(lanes)]
+    leaving: dict[int, int] = {}  # rings that leave each node over the network
+    for lane in nodes:
+        for g in range(groups):
+            if lane[g] != lane[(g + 1) % groups]:
+                leaving[lane[g]] = leaving.get(lane[g], 0) + tp
+    worst = 0.0
+    for lane in nodes:
+        bw, step = float("inf"), 0.0
+        for g in range(groups):
+            t = tr[plans[g].stages[seg.stages[g]].gpu]
+            link_bw, lat = _link(cluster, lane[g], lane[(g + 1) % groups])
+            share = leaving[lane[g]] if lane[g] != lane[(g + 1) % groups] else 1
+            bw = min(bw, link_bw * t.link_efficiency / share)
+            step = max(step, t.collective_step_latency_ms + lat)
+        worst = max(worst, ring_allreduce_ms(FP32_BYTES * seg.params / tp, groups, bw, step))
+    return worst
+
+
+def schedule_sync(segs: Sequence[Segment], seg_ms: Sequence[float], ready: Sequence[Sequence[float]]) -> list[list[float]]:
+    """When each stage [group][stage] is done with the cross-group exchange: segments issued in order
+    of readiness (ties: unit order), each starting when its stages are ready and free."""
+    done = [list(r) for r in ready]
+    start_of = [max(ready[g][s] for g, s in enumerate(seg.stages)) for seg in segs]
+    for i in sorted(range(len(segs)), key=lambda k: (start_of[k], k)):
+        seg = segs[i]
+        start = max(done[g][s] for g, s in enumerate(seg.stages))
+        for g, s in enumerate(seg.stages):
+            done[g][s] = start + seg_ms[i]
+    return done
