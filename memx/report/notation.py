@@ -35,3 +35,12 @@ def compact_stages(plan: Mapping[str, Any]) -> str:
         layers = ",".join(str(st["layers"]) for st in group)
         runs.append(f"{gpu}×{tp} [{layers}]" + (f" {rc}" if rc else ""))
     return RUN_SEPARATOR.join(runs)
+
+
+def group_line(plan: Mapping[str, Any], g: int) -> str:
+    """One replica group of a schema-2 plan JSON (docs/architecture.md §Plan JSON, schema 2) in one line:
+    `group 0: dp 1 × a100-80g×4 [32], micro batch 2 × 24 = 48 samples` (groups and stages count from 0)."""
+    grp = plan["groups"][g]
+    samples = grp["dp"] * grp["micro_batch"] * grp["micro_batches"]
+    return (f"group {g}: dp {grp['dp']} × {compact_stages(grp)}, micro batch {grp['micro_batch']} × "
+            f"{grp['micro_batches']} = {samples} samples")
