@@ -27,7 +27,8 @@ import typer
 from memx.cli.options import DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, SearchOpt, SeedOpt, load_specs, sub_app
 from memx.domain.catalog import load_cluster, load_gpu, load_model
 from memx.domain.errors import InputError
-from memx.domain.groups import AnyPlan, GroupedPlan, any_plan_from_dict, any_plan_to_dict, group_plans
+from memx.domain.groups import (AnyPlan, GroupedPlan, any_plan_from_dict, any_plan_to_dict, group_plans,
+                                validate_any_plan)
 from memx.domain.io import atomic_write_parquet, atomic_write_text
 from memx.domain.records import config_runs_frame, now_iso
 from memx.report.notation import group_line
@@ -117,10 +118,12 @@ def plan(files: Annotated[Optional[list[Path]], typer.Argument(help="plan JSON f
         raise InputError(f"--runs {runs}: is a folder; give a .parquet or .jsonl file")
     sources = [(_read_input(f, "plan"), str(f)) for f in files] if files else [(_read_input(None, "plan"), "plan")]
     plans = [read_plan(text, src) for text, src in sources]  # every file parsed before any run
+    specs = [(load_cluster(cluster or p.cluster, conf), load_model(model or p.model, conf)) for p in plans]
+    for p, (cl, mo), (_, src) in zip(plans, specs, sources):
+        validate_any_plan(p, cl, mo, source=src)  # errors name the file; nothing runs before all are valid
     outs, rows, stamp = [], [], now_iso()
-    for p, (_, src) in zip(plans, sources):
-        run = simulate_plan(p, load_cluster(cluster or p.cluster, conf), load_model(model or p.model, conf), seed=seed,
-                            conf_root=conf)
+    for p, (cl, mo), (_, src) in zip(plans, specs, sources):
+        run = simulate_plan(p, cl, mo, seed=seed, conf_root=conf)
         out = {**dataclasses.asdict(run), "seed": seed}
         if isinstance(p, GroupedPlan):
             out.update(_groups_summary(p, run))
