@@ -7,15 +7,19 @@ that exchange (it never reads the planner's closed form):
 
 - Units: the embedding, every transformer layer, the output layer. Consecutive units held by the same
   stage in every group form a *segment*; a segment is exchanged as one collective.
-- Lanes: replica r of every group joins lane r (a group with fewer replicas joins with replica
-  r mod dp): every replica holds the group's sum, so every replica takes part and none waits for a
-  broadcast afterwards — the second dimension of a 2D (hierarchical) all-reduce (Mikami et al. 2018,
-  "Massively distributed SGD", 2D-torus all-reduce; Horovod's hierarchical all-reduce).
-- In a lane, the segment's fp32 gradient is ring all-reduced over the G participants in group order
-  (Patarasuk & Yuan 2009, `physics.ring_allreduce_ms`), split over the participating stages' smallest
-  tp (that many concurrent rings, each carrying bytes / tp). The ring runs at its slowest hop: a hop
-  inside one node at the sender GPU's intra-node link, a hop between nodes at the network link shared
-  by every ring that leaves the sender's node (simulator assumption, as for the in-group DP step).
+- Lanes: the segment's fp32 gradient is cut into L = max_g dp_g chunks; lane r exchanges chunk r among
+  replica r mod dp_g of every group g. Every replica holds its group's sum, so the lanes run at once on
+  chunks, then each group all-gathers within itself the chunks its replicas did not exchange (replica r
+  took part in lanes r, r + dp_g, …: 1/dp_g of them) — the 2D (hierarchical) all-reduce: the in-group
+  step, the all-reduce across the other dimension on chunks, the in-group all-gather (Mikami et al. 2018,
+  "Massively distributed SGD", 2D-torus all-reduce).
+- In a lane, the chunk is ring all-reduced over the G participants in group order (Patarasuk & Yuan
+  2009, `physics.ring_allreduce_ms`), split over the participating stages' smallest tp (that many
+  concurrent rings, each carrying chunk / tp). The ring runs at its slowest hop: a hop inside one node
+  at the sender GPU's intra-node link, a hop between nodes at the network link shared by every ring that
+  leaves the sender's node (simulator assumption, as for the in-group DP step). The all-gather runs over
+  the group's own DP links (`links.dp_ring`, `physics.ring_collective_ms`); the groups' all-gathers
+  run at once.
 - Time: a segment starts when every participating stage has finished its in-group DP step and is not
   busy with another segment (segments are issued in order of readiness); a stage's optimizer step
   starts after its last segment.
@@ -31,7 +35,8 @@ from typing import Sequence
 
 from memx.domain.plan import Plan
 from memx.domain.specs import Cluster, ModelArch
-from memx.simulator.physics import FP32_BYTES, Dims, layer_params, ring_allreduce_ms
+from memx.simulator.links import dp_ring, link
+from memx.simulator.physics import FP32_BYTES, Dims, layer_params, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.traits import GpuTraits
 
 
@@ -72,35 +77,35 @@ def segments(plans: Sequence[Plan], model: ModelArch) -> list[Segment]:
     return out
 
 
-def _link(cluster: Cluster, a: int, b: int) -> tuple[float, float]:
-    if a == b:
-        return cluster.nodes[a].gpu.intra_node_bandwidth_gbps * 1e6, 0.0
-    return cluster.inter_node_bandwidth_gbps * 1e6, cluster.inter_node_latency_ms
-
-
 def segment_ms(seg: Segment, plans: Sequence[Plan], where: Sequence[list[list[int]]], cluster: Cluster,
                tr: dict[str, GpuTraits]) -> float:
-    """One segment's all-reduce across the groups: the slowest of its concurrent lanes (module doc)."""
+    """One segment's exchange across the groups (module doc): the slowest lane's ring all-reduce of its
+    chunk, then the slowest group's all-gather of the chunks its replicas did not exchange."""
     groups = len(plans)
     tp = min(p.stages[s].tp for p, s in zip(plans, seg.stages))
     lanes = max(p.dp for p in plans)
+    nbytes = FP32_BYTES * seg.params / tp  # per ring: the segment split over the smallest tp
     nodes = [[where[g][r % plans[g].dp][seg.stages[g]] for g in range(groups)] for r in range(lanes)]
     leaving: dict[int, int] = {}  # rings that leave each node over the network
     for lane in nodes:
         for g in range(groups):
             if lane[g] != lane[(g + 1) % groups]:
                 leaving[lane[g]] = leaving.get(lane[g], 0) + tp
-    worst = 0.0
+    ring = 0.0
     for lane in nodes:
         bw, step = float("inf"), 0.0
         for g in range(groups):
             t = tr[plans[g].stages[seg.stages[g]].gpu]
-            link_bw, lat = _link(cluster, lane[g], lane[(g + 1) % groups])
+            link_bw, lat = link(cluster, lane[g], lane[(g + 1) % groups])
             share = leaving[lane[g]] if lane[g] != lane[(g + 1) % groups] else 1
             bw = min(bw, link_bw * t.link_efficiency / share)
             step = max(step, t.collective_step_latency_ms + lat)
-        worst = max(worst, ring_allreduce_ms(FP32_BYTES * seg.params / tp, groups, bw, step))
-    return worst
+        ring = max(ring, ring_allreduce_ms(nbytes / lanes, groups, bw, step))
+    gather = 0.0
+    for p, w, s in zip(plans, where, seg.stages):  # replica r holds the chunks of lanes r, r + dp, …: 1/dp of them
+        per_ring, step = dp_ring(p, cluster, w, s, tr[p.stages[s].gpu])
+        gather = max(gather, ring_collective_ms(nbytes, p.dp, per_ring, step))
+    return ring + gather
 
 
 def schedule_sync(segs: Sequence[Segment], seg_ms: Sequence[float], ready: Sequence[Sequence[float]]) -> list[list[float]]:

@@ -35,6 +35,7 @@ import numpy as np
 from memx.domain.groups import AnyPlan, group_plans, place_groups, validate_any_plan
 from memx.domain.plan import Plan
 from memx.simulator.cross_sync import schedule_sync, segment_ms, segments
+from memx.simulator.links import dp_ring, link
 from memx.simulator.physics import BF16_BYTES, FP32_BYTES, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
@@ -135,13 +136,6 @@ def _traits_for(names: set[str], traits: Mapping[str, GpuTraits] | None, conf_ro
     return {n: given[n] if n in given else load_traits(n, conf_root) for n in names}
 
 
-def _link(cluster: Cluster, node_a: int, node_b: int) -> tuple[float, float]:
-    """(bytes per ms nominal, latency ms) between two nodes' GPUs."""
-    if node_a == node_b:
-        return cluster.nodes[node_a].gpu.intra_node_bandwidth_gbps * 1e6, 0.0
-    return cluster.inter_node_bandwidth_gbps * 1e6, cluster.inter_node_latency_ms
-
-
 def _p2p_ms(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]],
             tr: dict[str, GpuTraits]) -> np.ndarray:
     """[replica, boundary]: activation b·s·h bf16 over the link (the p2p_s term, docs/architecture.md §1F1B assembly), at the sender's
@@ -150,7 +144,7 @@ def _p2p_ms(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int
     out = np.zeros((plan.dp, max(plan.pp - 1, 0)))
     for r in range(plan.dp):
         for s in range(plan.pp - 1):
-            bw, lat = _link(cluster, where[r][s], where[r][s + 1])
+            bw, lat = link(cluster, where[r][s], where[r][s + 1])
             t = tr[plan.stages[s].gpu]
             out[r, s] = nbytes / (bw * t.link_efficiency) + lat + t.p2p_overhead_ms
     return out
@@ -165,15 +159,7 @@ def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs
     the stage's tp concurrent rings share the node's network link (simulator assumption)."""
     out = []
     for s, st in enumerate(plan.stages):
-        nodes = {where[r][s] for r in range(plan.dp)}
-        t = tr[st.gpu]
-        if len(nodes) == 1:
-            bw, lat = _link(cluster, where[0][s], where[0][s])
-            per_ring = bw * t.link_efficiency
-        else:
-            bw, lat = _link(cluster, -1, -2)
-            per_ring = bw * t.link_efficiency / st.tp
-        step = t.collective_step_latency_ms + lat
+        per_ring, step = dp_ring(plan, cluster, where, s, tr[st.gpu])
         if plan.distributed_optimizer:
             out.append(ring_collective_ms(FP32_BYTES * costs[s].params, plan.dp, per_ring, step)
                        + ring_collective_ms(BF16_BYTES * costs[s].params, plan.dp, per_ring, step))

@@ -12,7 +12,7 @@ from memx.domain.groups import GroupedPlan, ReplicaGroup, as_grouped, group_plan
 from memx.domain.plan import Plan, Stage
 from memx.simulator import load_traits, simulate_plan
 from memx.simulator.cross_sync import schedule_sync, segments, Segment
-from memx.simulator.physics import FP32_BYTES, ring_allreduce_ms
+from memx.simulator.physics import FP32_BYTES, ring_allreduce_ms, ring_collective_ms
 
 CLUSTER = "three-vendor-20"
 FAST = ReplicaGroup(dp=1, micro_batch=2, micro_batches=24, stages=(Stage(gpu="a100-80g", tp=4, layers=32),))
@@ -134,3 +134,25 @@ def test_groups_use_the_joint_placement(tv):
     # both groups sit on the same nodes: every hop of the exchange is intra-node, much faster than the network
     net = simulate_plan(_grouped(g, dataclasses.replace(g, stages=(Stage(gpu="a100-80g", tp=4, layers=32),))), *tv)
     assert 0 < run.cross_sync_ms < net.cross_sync_ms
+
+
+def test_exchange_with_two_replicas_runs_on_chunks_then_gathers_inside_the_group(tv):
+    cluster, model = tv
+    slow = ReplicaGroup(dp=2, micro_batch=1, micro_batches=40,
+                        stages=(Stage(gpu="vendor-b-32g", tp=4, layers=32, recompute="full"),))
+    plan = _grouped(FAST, slow, distributed_optimizer=True)  # 32 layers on a 32 GiB GPU at tp 4 need the sharding
+    run = simulate_plan(plan, *tv)
+    assert not run.oom, run.reason
+    (seg,) = segments(group_plans(plan), model)
+    a, b = load_traits("a100-80g"), load_traits("vendor-b-32g")
+    per_ring = FP32_BYTES * seg.params / 4
+    # two lanes, each half the gradient; both leave node 0 (group 0's one replica) and node 1: 2 × 4 rings each
+    bw = cluster.inter_node_bandwidth_gbps * 1e6 * min(a.link_efficiency, b.link_efficiency) / 8
+    step = max(a.collective_step_latency_ms, b.collective_step_latency_ms) + cluster.inter_node_latency_ms
+    ring = ring_allreduce_ms(per_ring / 2, 2, bw, step)
+    # then group 1's two replicas (one node) all-gather the halves they did not exchange, intra-node
+    intra = cluster.nodes[1].gpu.intra_node_bandwidth_gbps * 1e6 * b.link_efficiency
+    gather = ring_collective_ms(per_ring, 2, intra, b.collective_step_latency_ms)
+    assert gather > 0 and run.group_iteration_ms[1] > run.group_iteration_ms[0]
+    opt_a, opt_b = run.optimizer_ms
+    assert run.cross_sync_ms == pytest.approx(ring + gather + max(opt_a, opt_b) - opt_b, rel=1e-9)
