@@ -68,3 +68,14 @@ def test_two_groups_round_trip_through_the_cli(tmp_path, monkeypatch):
     assert len(verdict) == 1 and "baseline-infeasible" not in verdict[0]
     rows = [line for line in check.stderr.splitlines() if line.startswith("| iteration time ms")]
     assert rows and "n/a" not in rows[0]
+
+
+def test_evaluate_names_the_bad_field_of_a_schema_two_row(tmp_path):
+    good = json.loads(any_plan_to_json(_two_groups(8)))
+    bad = {**good, "groups": [good["groups"][0], {k: v for k, v in good["groups"][1].items() if k != "micro_batches"}]}
+    rows = [{"plan": p, "iteration_time_ms": 1000.0, "peak_mem_mib": [1.0, 1.0], "oom": False} for p in (good, bad)]
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = runner.invoke(app, ["evaluate", *SPECS, "--search", "small", "--measured", str(path), "--predictor", "analytic"])
+    assert res.exit_code == 2, res.output
+    assert "config_runs row 1: field 'plan': groups[1]: missing field(s) micro_batches" in res.stderr
