@@ -31,7 +31,8 @@ from memx.cli.profile import profile_options
 from memx.cli.progress import delayed_progress, progress_enabled
 from memx.domain.errors import CheckFailed, InputError
 from memx.domain.io import atomic_write_text
-from memx.domain.plan import Plan, plan_from_dict
+from memx.domain.groups import any_plan_from_dict
+from memx.domain.plan import Plan
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.pipeline import registry
 from memx.pipeline.local import registered_predictor
@@ -240,7 +241,7 @@ def _log(obj: dict, cl: Cluster, mo: ModelArch, sp: SearchSpace, written: list[P
 def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | None) -> list[Path]:
     """The answer on stdout in `fmt`; with `--out`, plan.json, plan.md, megatron.sh (executable) and the
     HTML report with its PNGs too."""
-    plan_obj = plan_from_dict(obj["plan"])
+    plan_obj = any_plan_from_dict(obj["plan"])  # either schema (issue #15)
     if fmt is Fmt.json:
         typer.echo(json.dumps(obj))
     elif fmt is Fmt.markdown:
