@@ -130,3 +130,33 @@ def test_replica_search_equals_brute_force(conf_root):
             assert again.cross_sync_ms == pytest.approx(cross_group_sync_ms(out.grouped.plan, cluster, model))
 
     check()
+
+
+def test_memx_plan_prints_schema_two(tmp_path, conf_root):
+    """`memx plan --search <yaml with max_replica_groups: 2>`: on 8 × A100 + 8 × T4 with llama-6l the
+    planner's best plan is two groups (A100s take 15 of 16 sequences); the JSON is schema 2 and
+    round-trips; the table renders; max_replica_groups: 1 gives the schema-1 pick of today's search."""
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from memx.cli.app import app
+    from memx.domain.groups import any_plan_from_dict
+
+    small = yaml.safe_load((conf_root / "search" / "small.yaml").read_text())
+    for groups in (1, 2):
+        (tmp_path / f"s{groups}.yaml").write_text(yaml.safe_dump({**small, "name": f"s{groups}",
+                                                                   "max_replica_groups": groups}))
+    args = ["plan", "--cluster", "a100-t4-16", "--model", "llama-6l", "--search"]
+    runner = CliRunner()
+    two = runner.invoke(app, [*args, str(tmp_path / "s2.yaml"), "--format", "json"])
+    assert two.exit_code == 0, two.output
+    obj = json.loads(two.stdout)
+    plan = any_plan_from_dict(obj["plan"])
+    assert isinstance(plan, GroupedPlan) and [g["samples"] for g in obj["predicted"]["groups"]] == [15, 1]
+    assert obj["predicted"]["cross_group_sync_ms"] > 0 and {r["group"] for r in obj["stages"]} == {0, 1}
+    one = json.loads(runner.invoke(app, [*args, str(tmp_path / "s1.yaml"), "--format", "json"]).stdout)
+    assert "schema" not in one["plan"] and one["predicted"]["iteration_time_ms"] > obj["predicted"]["iteration_time_ms"]
+    table = runner.invoke(app, [*args, str(tmp_path / "s2.yaml")])
+    assert table.exit_code == 0 and "g1 s0" in table.stdout
