@@ -10,6 +10,16 @@ Here: recompute off (`("none",)`), objective = predicted time (weights 1,0,0), m
 with a fixed safety multiplier `MEMORY_FACTOR` on a simple closed-form estimate (memx.planner.cost's
 static + in-flight activations; the factor 1.15 is our choice, standing in for the headroom such
 planners leave for runtime overheads they do not model).
+
+Replica groups (issue #15): Metis lets a stage span GPU types with an uneven batch split across that
+stage's data-parallel replicas (per-stage dp and tp, Um et al. 2024 §4; `search_space/plan.py`,
+`model/load_balancer.py`). The nearest MemX form is plan schema 2: the Metis-like planner also
+searches up to two replica groups of whole nodes, each with its own pipeline and an uneven share of
+the batch (`replica_groups = 2`: memx.planner.replica_search, its own memory estimate and time
+objective), and keeps the faster pick. It differs from Metis in that a group is a whole pipeline:
+Metis mixes types inside ONE stage's replicas with one layer partition for all, where schema 2
+gives each type its own pipeline (partition, depth, tp, micro batch) and pays a cross-group
+gradient exchange (memx.planner.replicas) instead of a mixed-type ring inside the stage.
 """
 
 from memx.planner.baselines.base import NO_RECOMPUTE, TIME_ONLY, Planner, no_recompute_view
@@ -19,4 +29,4 @@ MEMORY_FACTOR = 1.15
 
 METIS = Planner(name="metis", label="Metis-like", level_sets=NO_RECOMPUTE,
                 memory=lambda gpus: analytic_memory(gpus, MEMORY_FACTOR), weights=TIME_ONLY,
-                view=no_recompute_view, doc=__doc__)
+                view=no_recompute_view, doc=__doc__, replica_groups=2)
