@@ -30,8 +30,12 @@ is summed across the G groups by a ring all-reduce among one rank per group, 2(G
 
 Rings of different segments held by the same stage of a group share that stage's links and run one
 after another; different stages' rings run concurrently (as the in-group DP rings do in schema 1,
-memx.planner.schedule.Pipeline.tail_ms), so T_x = max over (group, stage) of the sum of its segments'
-ring times (+ the plain broadcast). A ring's bandwidth is the GPU type's intra-node bandwidth when all
+memx.planner.schedule.Pipeline.tail_ms), except that every ring rank leaving a node shares the node's one
+inter-node link: a node whose ranks carry a fraction f of a group's segment sends 2(G−1)/G · f · 4·P_seg
+bytes through it, whatever k (each rank sends 2(G−1)/G of its shard, Patarasuk & Yuan 2009). So
+T_x = max(max over (group, stage) of the sum of its segments' ring times (+ the plain broadcast),
+max over nodes of the sum of their rings' bytes / the inter-node bandwidth) — a pp = 1 group on one node
+exchanges its whole fp32 gradient through that node's link. A ring's bandwidth is the GPU type's intra-node bandwidth when all
 its ranks share one node in the joint placement (memx.domain.groups.place_groups), else the cluster's
 inter-node bandwidth; each message also pays the inter-node latency when it crosses nodes.
 """
@@ -82,7 +86,7 @@ def cross_group_sync_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch,
     bounds = sorted({b for p in parts for a, e in _stage_of(p) for b in (a, e)})
     ranges = [_stage_of(p) for p in parts]
     intra = {g.name: g.intra_node_bandwidth_gbps for g in cluster.gpu_types}
-    load: dict[tuple[int, int], float] = {}
+    load: dict[tuple, float] = {}
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         stage = [next(s for s, (a, e) in enumerate(r) if a <= lo < e) for r in ranges]
         k = min((p.dp if do else 1) * p.stages[s].tp for p, s in zip(parts, stage))
@@ -90,9 +94,16 @@ def cross_group_sync_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch,
         same = len(nodes) == 1
         bw = min(intra[p.stages[s].gpu] for p, s in zip(parts, stage)) if same else cluster.inter_node_bandwidth_gbps
         lat = 0.0 if same else 2.0 * (G - 1) * cluster.inter_node_latency_ms  # ring: 2(G−1) steps
-        ms = float(ring_allreduce_ms(GRAD_BYTES_PER_PARAM * _segment_params(model, lo, hi) / k, G, bw)) + lat
+        nbytes = GRAD_BYTES_PER_PARAM * _segment_params(model, lo, hi)
+        ms = float(ring_allreduce_ms(nbytes / k, G, bw)) + lat
         for g, s in enumerate(stage):
             load[(g, s)] = load.get((g, s), 0.0) + ms
+            if not same:  # the k rings' ranks of this group leave their nodes through one network link each
+                reps = range(parts[g].dp) if do else (0,)
+                for r in reps:
+                    node = ("node", where[g][r][s])
+                    share = float(ring_allreduce_ms(nbytes / len(reps), G, bw)) + lat
+                    load[node] = load.get(node, 0.0) + share
     if not do:  # plain: each group broadcasts the global sum from replica 0 to its other replicas
         for g, p in enumerate(parts):
             for s, (a, e) in enumerate(ranges[g]):
