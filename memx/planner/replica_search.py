@@ -131,6 +131,8 @@ class _Groups:
 
     def pick(self, nodes: tuple[int, ...], share: int) -> GroupPick | None:
         key = (nodes, share)
+        if key not in self.cache and not any(share % mb == 0 for mb in self.space.micro_batch_options):
+            self.cache[key] = None  # no micro batch divides the share: no plan (search would refuse the input)
         if key not in self.cache:
             sp = dataclasses.replace(self.space, global_batch=share, max_replica_groups=1)
             try:

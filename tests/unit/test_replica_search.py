@@ -161,3 +161,13 @@ def test_memx_plan_prints_schema_two(tmp_path, conf_root):
     assert "schema" not in one["plan"] and one["predicted"]["iteration_time_ms"] > obj["predicted"]["iteration_time_ms"]
     table = runner.invoke(app, [*args, str(tmp_path / "s2.yaml")])
     assert table.exit_code == 0 and "g1 s0" in table.stdout
+
+
+def test_shares_no_micro_batch_divides_are_skipped(conf_root):
+    """micro_batch_options (2,): odd shares have no plan; the search still answers (even splits only)."""
+    cl, mo = load_cluster("three-vendor-20", conf_root), load_model("llama-6l", conf_root)
+    sp = dataclasses.replace(load_search("small", conf_root), global_batch=8, micro_batch_options=(2,),
+                             max_replica_groups=2)
+    out = search_replicas(cl, mo, sp, _pred(cl), granule=1)
+    assert out.exact and out.grouped is not None
+    assert all(g.samples % 2 == 0 for g in out.grouped.plan.groups)
