@@ -27,6 +27,7 @@ from memx.domain.specs import ModelArch, SearchSpace
 from memx.planner.estimate import upper_margins
 from memx.planner.metrics import PlanMetrics
 from memx.planner.result import SearchResult
+from memx.planner.result import plan_key as result_plan_key
 from memx.planner.signatures import StagePredictor
 
 PICK_RULES = ("phi", "phi-bounded", "fastest-above-floor")
@@ -41,7 +42,8 @@ class Pick:
 
 
 def plan_key(m: PlanMetrics) -> tuple:
-    return (m.plan.stages, m.plan.dp, m.plan.micro_batch)
+    """The key of `SearchResult.margins_high` (memx.planner.result.plan_key; either plan schema)."""
+    return result_plan_key(m.plan)
 
 
 def dominates(a: PlanMetrics, b: PlanMetrics, margin: Callable[[PlanMetrics], float]) -> bool:

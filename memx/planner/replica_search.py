@@ -41,7 +41,6 @@ from memx.domain.groups import GroupedPlan, ReplicaGroup, group_plans, place_gro
 from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace
 from memx.planner.metrics import PlanMetrics
 from memx.planner.objective import phi
-from memx.planner.pick import plan_key as pick_key
 from memx.planner.replicas import combine, cross_group_sync_ms, group_clusters
 from memx.planner.result import SearchResult, plan_key
 from memx.planner.search import search
@@ -142,7 +141,7 @@ class _Groups:
                 self.cache[key] = None
             else:
                 m = r.chosen
-                self.cache[key] = GroupPick(metrics=m, margin=r.margins_high.get(pick_key(m), m.min_margin), result=r)
+                self.cache[key] = GroupPick(metrics=m, margin=r.margins_high.get(plan_key(m.plan), m.min_margin), result=r)
         return self.cache[key]
 
 
@@ -285,7 +284,7 @@ def search_replicas(cluster: Cluster, model: ModelArch, space: SearchSpace, pred
     best = dataclasses.replace(best, phi=float(phi(best.iteration_time_ms, best.max_mem_mib, best.mem_variance_mib2,
                                                    refs=one.refs, weights=one.weights, epsilon_mib2=space.epsilon_mib2)))
     out.grouped = best
-    if _better(best, high, one.chosen, one.margins_high.get(pick_key(one.chosen), one.chosen.min_margin), space):
+    if _better(best, high, one.chosen, one.margins_high.get(plan_key(one.chosen.plan), one.chosen.min_margin), space):
         out.result = dataclasses.replace(
             one, pick=best, margins_high={**one.margins_high, plan_key(best.plan): high},
             warnings=(), search_s=time.perf_counter() - t0, timings={**one.timings, **out.timings})
