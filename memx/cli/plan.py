@@ -31,7 +31,8 @@ from memx.cli.profile import profile_options
 from memx.cli.progress import delayed_progress, progress_enabled
 from memx.domain.errors import CheckFailed, InputError
 from memx.domain.io import atomic_write_text
-from memx.domain.plan import Plan, plan_from_dict
+from memx.domain.groups import any_plan_from_dict
+from memx.domain.plan import Plan
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.pipeline import registry
 from memx.pipeline.local import registered_predictor
@@ -39,7 +40,7 @@ from memx.pipeline.plan_log import log_plan
 from memx.pipeline.store import store_from_uri
 from memx.pipeline.training import champion_ref
 from memx.planner.cost import AnalyticStageModel
-from memx.planner.search import search as run_search
+from memx.planner.replica_search import replica_search as run_search  # schema 2 when max_replica_groups ≥ 2
 from memx.profiling import BACKENDS as PROFILING_BACKENDS
 from memx.planner.result import search_result_to_dict
 from memx.report.check import check_report, load_baseline
@@ -244,7 +245,7 @@ def _log(obj: dict, cl: Cluster, mo: ModelArch, sp: SearchSpace, written: list[P
 def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | None) -> list[Path]:
     """The answer on stdout in `fmt`; with `--out`, plan.json, plan.md, megatron.sh (executable) and the
     HTML report with its PNGs too."""
-    plan_obj = plan_from_dict(obj["plan"])
+    plan_obj = any_plan_from_dict(obj["plan"])  # either schema (issue #15)
     if fmt is Fmt.json:
         typer.echo(json.dumps(obj))
     elif fmt is Fmt.markdown:

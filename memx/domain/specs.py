@@ -45,6 +45,7 @@ MAX_MICRO_BATCH = 65_536  # sequences per micro batch
 MAX_TP = MAX_GPUS_PER_NODE  # tensor parallelism stays inside a node
 MAX_PP = MAX_LAYERS  # pipeline stages (each holds at least one layer)
 MAX_OPTIONS = 64  # entries of tp_options / micro_batch_options
+MAX_REPLICA_GROUPS = 8  # replica groups of a schema-2 plan the search may form
 MAX_SPLITS = 1_000_000_000  # max_splits_per_layout
 MAX_RATIO = 1_000.0  # max_time_ratio, max_stage_slowdown
 MAX_EPSILON_MIB2 = 1.0e12  # ε of Φ, MiB² (a 1 TiB std-dev)
@@ -323,6 +324,11 @@ class SearchSpace:
     memx.planner.pick, docs/planner.md §The pick."""
     extra: dict[str, object] = field(default_factory=dict)
     """Free-form additions carried with the space (not searched)."""
+    # Replica groups (issue #15, memx.planner.replica_search; docs/planner.md §Replica groups):
+    max_replica_groups: Annotated[int, Ge(1), Le(MAX_REPLICA_GROUPS)] = 1
+    """Most data-parallel replica groups a plan may have (plan schema 2). 1 (default): today's schema-1
+    search exactly — stock Megatron-LM cannot launch replicas of different layouts, so a schema-2 plan needs
+    a framework with heterogeneous data parallelism; ≥ 2 also searches groups of whole nodes."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tp_options", tuple(sorted(set(self.tp_options))))

@@ -15,7 +15,7 @@ from memx.planner.cost import AnalyticStageModel
 from memx.learn.cache import CachedPredictor
 from memx.domain.catalog import load_search
 from memx.planner.objective import phi
-from memx.domain.plan import Plan, plan_to_json
+from memx.domain.groups import AnyPlan, GroupedPlan, any_plan_to_json, group_plans
 from memx.simulator import simulate_plan
 from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace, Weights
 
@@ -115,15 +115,15 @@ def build_cluster(name: str, per_type: dict, *, node_size: int = 8, bandwidth_gb
     return Cluster(name=name, inter_node_bandwidth_gbps=bandwidth_gbps, nodes=tuple(nodes))
 
 
-def measure(plans: list[Plan], cluster: Cluster, model: ModelArch, *, seed: int, **sim) -> pd.DataFrame:
+def measure(plans: list[AnyPlan], cluster: Cluster, model: ModelArch, *, seed: int, **sim) -> pd.DataFrame:
     """Simulate each plan once: time, per-GPU peaks, OOM, M, V, smallest margin."""
     caps = {g.name: g.memory_mib for g in cluster.gpu_types}
     rows = []
     for i, p in enumerate(plans):
         r = simulate_plan(p, cluster, model, seed=seed * 1_000_003 + i, **sim)
         peaks = np.asarray(r.peak_mem_mib if r.peak_mem_mib is not None else r.demand_mem_mib, dtype=float)
-        cap = np.array([caps[st.gpu] for _ in range(p.dp) for st in p.stages for _ in range(st.tp)])
-        rows.append({"plan": plan_to_json(p), "time_ms": r.iteration_time_ms if not r.oom else np.nan, "oom": r.oom,
+        cap = np.array([caps[st.gpu] for g in group_plans(p) for _ in range(g.dp) for st in g.stages for _ in range(st.tp)])
+        rows.append({"plan": any_plan_to_json(p), "time_ms": r.iteration_time_ms if not r.oom else np.nan, "oom": r.oom,
                      "peaks": peaks, "M": float(peaks.max()), "V": float(peaks.var()),
                      "margin": float(((cap - peaks) / cap).min()), "reason": r.reason})
     return pd.DataFrame(rows)
@@ -142,10 +142,13 @@ def spearman(a, b) -> float:
     return float(spearmanr(a, b).statistic) if len(a) > 2 else float("nan")
 
 
-def describe(plan: Plan | None) -> str:
-    """Compact plan text: dp, mb, then gpu×tp:layers[recompute] per stage."""
+def describe(plan: AnyPlan | None) -> str:
+    """Compact plan text: dp, mb, then gpu×tp:layers[recompute] per stage (schema 2: each group with its
+    share, groups joined by " ‖ ")."""
     if plan is None:
         return "—"
+    if isinstance(plan, GroupedPlan):
+        return " ‖ ".join(f"[{g.global_batch}] {describe(g)}" for g in group_plans(plan))
     short = {"none": "", "selective": "/sel", "full": "/full"}
 
     def st(s):

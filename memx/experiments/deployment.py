@@ -30,7 +30,10 @@ from memx.experiments.common import (
     Result, check_scale, describe, get_predictor, measure, measured_phi, predictor_kind, space, spearman, timer,
     write_tables,
 )
-from memx.domain.plan import Recompute, plan_from_json, plan_to_json
+from memx.domain.groups import any_plan_from_json as plan_from_json  # the AMP-/Metis-like picks may be schema 2
+from memx.domain.groups import any_plan_to_json as plan_to_json
+from memx.domain.groups import group_plans
+from memx.domain.plan import Plan, Recompute
 from memx.planner.objective import parse_weights
 from memx.simulator import draw_plans
 
@@ -56,7 +59,7 @@ def _recompute(plan, how: str):
 
 
 def matched_groups(pool: pd.DataFrame, cl, mo, n_groups: int, seed: int) -> pd.DataFrame:
-    base = [plan_from_json(p) for p, ok in zip(pool["plan"], ~pool["oom"]) if ok]
+    base = [q for p, ok in zip(pool["plan"], ~pool["oom"]) if ok and isinstance(q := plan_from_json(p), Plan)]
     base = [p for p in base if all(s.recompute == Recompute.NONE for s in p.stages)][:n_groups]
     rows = []
     if not base:
@@ -123,7 +126,7 @@ def run(out: Path, *, scale: str = "small", seed: int = 0, predictor: str | None
     if pick is not None and plan_to_json(pick) in by_plan:
         pr = ok.loc[by_plan[plan_to_json(pick)]]
         fp = plan_from_json(fastest.plan)
-        gpus = [f"{st.gpu}#{k}" for _ in range(fp.dp) for st in fp.stages for k in range(st.tp)]
+        gpus = [f"{st.gpu}#{k}" for g in group_plans(fp) for _ in range(g.dp) for st in g.stages for k in range(st.tp)]
         cap = np.array([cl.gpu(st.gpu).memory_mib for _ in range(pick.dp) for st in pick.stages for _ in range(st.tp)])
         res.files.append(figures.memory_bars(gpus, {"fastest measured": fastest.peaks, "MemX Φ pick (safety)": pr.peaks},
                                              cap, out / "deployment-memory-bars.png"))

@@ -26,15 +26,17 @@ from typing import Any
 import pandas as pd
 
 from memx.domain.errors import InputError, NothingUsable
+from memx.domain.groups import any_plan_from_dict, validate_any_plan
 from memx.domain.home import home_path
-from memx.domain.plan import plan_from_dict, plan_to_dict, validate_plan
+from memx.domain.plan import plan_to_dict
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.learn.augment import AugmentResult
 from memx.pipeline import registry
 from memx.pipeline.store import ArtifactStore
 from memx.pipeline.training import TrainConfig, champion_predictor, champion_ref, split_and_augment, train_on
 from memx.planner.result import search_result_to_dict
-from memx.planner.search import Progress, search
+from memx.planner.replica_search import replica_search
+from memx.planner.search import Progress
 from memx.pipeline.versioning import (
     STEPS,
     profile_key,
@@ -263,7 +265,7 @@ def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchS
                    on_progress: Progress | None = None) -> StepResult:
     """The search step's tables, plan.json and manifest; `on_progress(done, total)` as in
     memx.planner.search.search."""
-    result = search(cluster, model, space, predictor, weights=weights, top_k=top_k, mapper=mapper, shard_by=shard_by,
+    result = replica_search(cluster, model, space, predictor, weights=weights, top_k=top_k, mapper=mapper, shard_by=shard_by,
                     on_progress=on_progress)
     obj = search_result_to_dict(result, predictor_name)
     top = pd.DataFrame([{"rank": i + 1, "plan": json.dumps(plan_to_dict(c.plan)), "phi": c.phi,
@@ -310,9 +312,9 @@ def stored_plan_valid(store: ArtifactStore, version: str, cluster: Cluster, mode
     invalid plan is not served: a warning names it and the search runs again (issue #11)."""
     try:
         obj = json.loads(store.get_file("search", version, "plan.json"))
-        for entry in [obj, *obj["top"]]:
-            validate_plan(plan_from_dict(entry["plan"], source=f"search/{version}/plan.json"), cluster, model,
-                          source=f"search/{version}/plan.json")
+        for entry in [obj, *obj["top"]]:  # the pick may be a schema-2 plan (max_replica_groups ≥ 2)
+            validate_any_plan(any_plan_from_dict(entry["plan"], source=f"search/{version}/plan.json"), cluster, model,
+                              source=f"search/{version}/plan.json")
     except (InputError, ValueError, KeyError, TypeError) as exc:
         log.warning("memx: stored plan search/%s is not served: %s", version, str(exc).splitlines()[0])
         return False

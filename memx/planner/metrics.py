@@ -1,5 +1,9 @@
 """PlanMetrics: what the planner predicts for one plan — the one type the search's candidates,
-`estimate_plans`, the baselines, `--check`, `memx evaluate`, the experiments and the reports share."""
+`estimate_plans`, the baselines, `--check`, `memx evaluate`, the experiments and the reports share.
+
+A schema-2 plan (replica groups, memx.domain.groups) has one PlanMetrics too: its per-stage and
+per-GPU columns are the groups' concatenated in group order, `groups` holds each group's own
+metrics and `cross_sync_ms` the cross-group gradient term (memx.planner.replicas; issue #15)."""
 
 from __future__ import annotations
 
@@ -8,23 +12,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memx.domain.groups import AnyPlan
 from memx.domain.plan import Plan
 from memx.planner.schedule import MemoryStats
 
 
 @dataclass(frozen=True, kw_only=True)
 class PlanMetrics:
-    plan: Plan
+    plan: AnyPlan
     iteration_time_ms: float
-    stage_time_ms: tuple[float, ...]  # per stage: one micro batch, forward + backward
+    stage_time_ms: tuple[float, ...]  # per stage: one micro batch, forward + backward (schema 2: groups in order)
     stage_peak_mib: tuple[float, ...]  # per stage
-    peak_mem_mib: tuple[float, ...]  # per GPU: replica-major, then stage, then tp rank
+    peak_mem_mib: tuple[float, ...]  # per GPU: (group,) replica-major, then stage, then tp rank
     capacity_mib: tuple[float, ...]  # per stage
     max_mem_mib: float  # M
     mem_variance_mib2: float  # V
     min_margin: float  # smallest (capacity − peak) / capacity over GPUs
     feasible: bool  # every GPU's peak ≤ capacity − reserve
     phi: float | None = None  # Φ against the search's medians; None where the plan was not scored
+    groups: tuple[PlanMetrics, ...] = ()  # schema 2: each group's own metrics (plan = group_plans(p)[g])
+    cross_sync_ms: float = 0.0  # schema 2: cross-group gradient synchronisation, part of iteration_time_ms
 
 
 def per_gpu_peaks(plan: Plan, stage_peak_mib: Sequence[float]) -> tuple[float, ...]:

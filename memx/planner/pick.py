@@ -28,6 +28,7 @@ from memx.domain.specs import ModelArch, SearchSpace
 from memx.planner.estimate import upper_margins
 from memx.planner.metrics import PlanMetrics
 from memx.planner.result import SearchResult
+from memx.planner.result import plan_key as result_plan_key
 from memx.planner.signatures import StagePredictor
 
 PICK_RULES = ("phi", "phi-bounded", "fastest-above-floor")
@@ -41,9 +42,9 @@ class Pick:
     replaced: PlanMetrics | None = None  # the Φ pick a guard set aside (dominated or below the floor)
 
 
-def plan_key(m: PlanMetrics) -> Plan:
-    """The whole plan (job options and model changes included: plans differing only there are different)."""
-    return m.plan
+def plan_key(m: PlanMetrics):
+    """The key of `SearchResult.margins_high` (memx.planner.result.plan_key; either plan schema)."""
+    return result_plan_key(m.plan)
 
 
 def dominates(a: PlanMetrics, b: PlanMetrics, margin: Callable[[PlanMetrics], float]) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memx.domain.plan import plan_from_dict, plan_to_dict
+from memx.domain.groups import GroupedPlan, any_plan_from_dict, any_plan_to_dict
 from memx.domain.specs import Weights
 from memx.planner.metrics import PlanMetrics
 
@@ -76,14 +76,41 @@ def predicted(m: PlanMetrics) -> dict[str, Any]:
     }
 
 
+def _predicted_groups(q: dict[str, Any], m: PlanMetrics) -> dict[str, Any]:
+    """Schema 2 adds the cross-group term and each group's share and time (docs/architecture.md §Plan JSON,
+    schema 2); schema-1 entries are left exactly as they were."""
+    if isinstance(m.plan, GroupedPlan):
+        q["cross_group_sync_ms"] = round(m.cross_sync_ms, 3)
+        q["groups"] = [{"samples": g.samples, "iteration_time_ms": round(gm.iteration_time_ms, 3)}
+                       for g, gm in zip(m.plan.groups, m.groups)]
+    return q
+
+
+def _stage_groups(plan) -> list[int | None]:
+    """Group index of every stage row (None for schema 1)."""
+    if not isinstance(plan, GroupedPlan):
+        return [None] * len(plan.stages)
+    return [g for g, grp in enumerate(plan.groups) for _ in grp.stages]
+
+
+def plan_key(plan):
+    """The key of `SearchResult.margins_high` (memx.planner.pick) for a plan of either schema: the whole plan
+    (job options and model changes included: plans differing only there are different)."""
+    return plan
+
+
 def _entry(m: PlanMetrics, high: dict | None = None) -> dict[str, Any]:
-    q = predicted(m)
-    h = (high or {}).get(m.plan)  # keyed by the plan (memx.planner.pick.plan_key)
+    q = _predicted_groups(predicted(m), m)
+    h = (high or {}).get(plan_key(m.plan))
     if h is not None:
         q["min_margin_high"] = round(h, 4)  # at the predictor's upper memory bound
-    return {"plan": plan_to_dict(m.plan), "predicted": q,
-            "stages": [{"time_ms": round(t, 3), "peak_mib": round(p, 1), "capacity_mib": cap}
-                       for t, p, cap in zip(m.stage_time_ms, m.stage_peak_mib, m.capacity_mib)]}
+    rows = []
+    for t, p, cap, g in zip(m.stage_time_ms, m.stage_peak_mib, m.capacity_mib, _stage_groups(m.plan)):
+        row = {"time_ms": round(t, 3), "peak_mib": round(p, 1), "capacity_mib": cap}
+        if g is not None:
+            row["group"] = g
+        rows.append(row)
+    return {"plan": any_plan_to_dict(m.plan), "predicted": q, "stages": rows}
 
 
 def search_result_to_dict(r: SearchResult, predictor_name: str) -> dict[str, Any]:
@@ -111,14 +138,20 @@ def search_result_to_dict(r: SearchResult, predictor_name: str) -> dict[str, Any
 
 def metrics_from_dict(entry: dict[str, Any]) -> PlanMetrics:
     """An entry of the JSON object ({"plan", "predicted", "stages"}; the object itself is its pick's
-    entry) back to PlanMetrics, at the JSON's rounding. Search results are feasible by construction."""
+    entry) back to PlanMetrics, at the JSON's rounding, for either plan schema (schema 2: `groups` carries
+    each group's share and time only, `cross_sync_ms` the cross-group term). Search results are feasible
+    by construction."""
     q, stages = entry["predicted"], entry["stages"]
+    plan = any_plan_from_dict(entry["plan"])
+    extra: dict[str, Any] = {}
+    if isinstance(plan, GroupedPlan):
+        extra["cross_sync_ms"] = q.get("cross_group_sync_ms", 0.0)
     return PlanMetrics(
-        plan=plan_from_dict(entry["plan"]), iteration_time_ms=q["iteration_time_ms"],
+        plan=plan, iteration_time_ms=q["iteration_time_ms"],
         stage_time_ms=tuple(s["time_ms"] for s in stages), stage_peak_mib=tuple(s["peak_mib"] for s in stages),
         peak_mem_mib=tuple(q["peak_mem_mib"]), capacity_mib=tuple(s["capacity_mib"] for s in stages),
         max_mem_mib=q["max_mem_mib"], mem_variance_mib2=q["mem_variance_mib2"], min_margin=q["min_margin"],
-        feasible=True, phi=q["phi"])
+        feasible=True, phi=q["phi"], **extra)
 
 
 def weights_from_dict(obj: dict[str, Any]) -> Weights:

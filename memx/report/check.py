@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memx.domain.errors import InputError
-from memx.domain.plan import Plan, plan_from_dict
+from memx.domain.groups import AnyPlan, any_plan_from_dict
 from memx.domain.specs import Weights
-from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics
 from memx.planner.objective import phi
+from memx.planner.replicas import estimate_any_plans
 from memx.planner.result import metrics_from_dict, weights_from_dict
 
 
@@ -27,8 +27,8 @@ class CheckOutcome:
     markdown: str
 
 
-def load_baseline(path: Path) -> Plan:
-    """A `memx plan --format json` output (its "plan") or a bare plan JSON."""
+def load_baseline(path: Path) -> AnyPlan:
+    """A `memx plan --format json` output (its "plan") or a bare plan JSON, schema 1 or 2."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError as exc:
@@ -37,10 +37,10 @@ def load_baseline(path: Path) -> Plan:
         raise InputError(f"{path}: not valid JSON: {exc}") from exc
     if isinstance(data, dict) and "plan" in data:
         data = data["plan"]
-    return plan_from_dict(data, source=str(path))
+    return any_plan_from_dict(data, source=str(path))
 
 
-def check_report(obj: dict, baseline: Plan, cluster, model, predictor, *, reserve_gib: float,
+def check_report(obj: dict, baseline: AnyPlan, cluster, model, predictor, *, reserve_gib: float,
                  min_margin: float) -> CheckOutcome:
     """`check` on this run's `memx plan --format json` answer (decoded once here)."""
     refs = obj["references"]
@@ -49,7 +49,7 @@ def check_report(obj: dict, baseline: Plan, cluster, model, predictor, *, reserv
                  epsilon_mib2=refs["epsilon_mib2"], reserve_gib=reserve_gib, min_margin=min_margin)
 
 
-def check(new: PlanMetrics, baseline: Plan, cluster, model, predictor, *, weights: Weights,
+def check(new: PlanMetrics, baseline: AnyPlan, cluster, model, predictor, *, weights: Weights,
           refs: tuple[float, float, float], epsilon_mib2: float, reserve_gib: float, min_margin: float) -> CheckOutcome:
     """new: this run's pick; both plans are estimated and scored (Φ against this run's medians `refs`) the same way."""
     if baseline.model != model.name or baseline.cluster != cluster.name:
@@ -57,11 +57,11 @@ def check(new: PlanMetrics, baseline: Plan, cluster, model, predictor, *, weight
     reason = ""
     # Both plans go through the same float64 estimate and Φ with this run's references, so an unchanged input
     # gives an identical Φ on both sides (the search's own figures come from float32 tables: ~1e-5 apart).
-    new = estimate_plans([new.plan], cluster, model, predictor, reserve_gib=reserve_gib)[0]
+    new = estimate_any_plans([new.plan], cluster, model, predictor, reserve_gib=reserve_gib)[0]
     new_phi = float(phi(new.iteration_time_ms, new.max_mem_mib, new.mem_variance_mib2, refs=refs, weights=weights,
                         epsilon_mib2=epsilon_mib2))
     try:
-        est = estimate_plans([baseline], cluster, model, predictor, reserve_gib=reserve_gib)[0]
+        est = estimate_any_plans([baseline], cluster, model, predictor, reserve_gib=reserve_gib)[0]
     except InputError as exc:  # the baseline no longer fits the catalog: any feasible plan beats it
         est, reason = None, str(exc)
     base_phi = None if est is None else float(phi(

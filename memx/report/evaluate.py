@@ -1,10 +1,13 @@
 """Predicted vs measured whole plans (config_runs): MAPE, Spearman, top-1 under T and Φ, OOM accuracy.
 
-Errors are fractions (0.08 = 8 %). Per plan the prediction is memx.planner.estimate.estimate_plans — the same
-signatures, stage predictor and 1F1B assembly the search uses. Baselines on the same plans:
+Errors are fractions (0.08 = 8 %). Per plan the prediction is memx.planner.replicas.estimate_any_plans — for
+schema-1 plans memx.planner.estimate.estimate_plans, the same signatures, stage predictor and 1F1B assembly
+the search uses; for schema-2 plans (issue #15) each group so, plus the cross-group term. A config_runs file
+may mix both schemas. Baselines on the same plans:
 - ``analytic``: the closed-form stage model (memx.planner.cost) in the same assembly;
 - ``time_only_uniform``: what AMP/Metis-style planners optimise — the analytic model with one uniform
-  recompute level per plan (the most memory-saving level any of its stages uses) and ranking by
+  recompute level per plan (the most memory-saving level any of its stages uses; per group in a schema-2
+  plan, each group being its own job) and ranking by
   predicted time alone, also under Φ (it has no memory objective).
 Φ of measured plans uses medians of the measured plans, Φ of predicted plans medians of the predictions
 (paper §3.1.2: each term divided by its median over feasible candidates).
@@ -21,13 +24,14 @@ import numpy as np
 import pandas as pd
 
 from memx.domain.errors import InputError
-from memx.domain.plan import Plan, plan_from_dict, plan_from_json, validate_plan
+from memx.domain.groups import (AnyPlan, GroupedPlan, any_plan_from_dict, any_plan_from_json, group_plans,
+                                validate_any_plan)
 from memx.domain.specs import Cluster, ModelArch, Weights
 from memx.planner.baselines import uniform_view
 from memx.planner.cost import AnalyticStageModel
-from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics
 from memx.planner.objective import EPSILON_MIB2, auto_profile, parse_weights, phi
+from memx.planner.replicas import estimate_any_plans
 from memx.planner.signatures import StagePredictor
 
 KEYS = ("n", "time_mape", "time_max_ape", "mem_mape", "spearman_time", "spearman_phi", "top1_time", "top1_phi",
@@ -53,14 +57,23 @@ def read_config_runs(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def _plans(df: pd.DataFrame, cluster: Cluster, model: ModelArch) -> list[Plan]:
+def _plans(df: pd.DataFrame, cluster: Cluster, model: ModelArch) -> list[AnyPlan]:
+    """Every row's plan, schema 1 or 2 (docs/architecture.md §Plan JSON), validated against the specs."""
     plans = []
     for i, raw in enumerate(df["plan"]):
         src = f"config_runs row {i}: field 'plan'"
-        plan = plan_from_dict(raw, source=src) if isinstance(raw, dict) else plan_from_json(str(raw), source=src)
-        validate_plan(plan, cluster, model, source=src)
+        plan = any_plan_from_dict(raw, source=src) if isinstance(raw, dict) else any_plan_from_json(str(raw), source=src)
+        validate_any_plan(plan, cluster, model, source=src)
         plans.append(plan)
     return plans
+
+
+def _uniform(plan: AnyPlan) -> AnyPlan:
+    """uniform_view of a plan of either schema (schema 2: group by group)."""
+    if not isinstance(plan, GroupedPlan):
+        return uniform_view(plan)
+    groups = tuple(dataclasses.replace(g, stages=uniform_view(gp).stages) for g, gp in zip(plan.groups, group_plans(plan)))
+    return dataclasses.replace(plan, groups=groups)
 
 
 def _phi(t, m, v, w: Weights) -> np.ndarray:
@@ -117,7 +130,7 @@ def evaluate(cluster: Cluster, model: ModelArch, measured: pd.DataFrame, predict
     meas = _measured(measured)
     if len(meas.ok) < 2:
         raise InputError(f"config_runs: {len(meas.ok)} plan(s) with a measured time; need at least 2 to evaluate")
-    est = estimate_plans(plans, cluster, model, predictor, reserve_gib=reserve_gib)
+    est = estimate_any_plans(plans, cluster, model, predictor, reserve_gib=reserve_gib)
     w = weights if isinstance(weights, Weights) else parse_weights(weights or "auto")
     if w is None:  # auto: from the fastest predicted feasible plan's margin (paper §3.1.2)
         feas = [e for e in est if e.feasible] or est
@@ -125,9 +138,9 @@ def evaluate(cluster: Cluster, model: ModelArch, measured: pd.DataFrame, predict
     out = _metrics(est, meas, w)
     analytic = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
     out["baselines"] = {
-        "analytic": _metrics(estimate_plans(plans, cluster, model, analytic, reserve_gib=reserve_gib), meas, w),
-        "time_only_uniform": _metrics(estimate_plans([uniform_view(p) for p in plans], cluster, model, analytic,
-                                                     reserve_gib=reserve_gib), meas, w, rank_by_time_only=True),
+        "analytic": _metrics(estimate_any_plans(plans, cluster, model, analytic, reserve_gib=reserve_gib), meas, w),
+        "time_only_uniform": _metrics(estimate_any_plans([_uniform(p) for p in plans], cluster, model, analytic,
+                                                         reserve_gib=reserve_gib), meas, w, rank_by_time_only=True),
     }
     out["weights"] = {"profile": w.profile, "w_time": w.w_time, "w_mem": w.w_mem, "w_var": w.w_var}
     out["predictor"] = getattr(predictor, "name", type(predictor).__name__)

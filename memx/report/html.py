@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 from memx.domain.errors import InputError
 from memx.domain.io import atomic_write_bytes
-from memx.report.notation import compact_stages
+from memx.report.notation import compact_stages, dp_text, group_line, is_grouped, micro_batch_text, stage_rows
 from memx.report.plots import MIB_PER_GIB, micro_batches, report_pngs, std_gib
 
 REPORT_NAME = "report.html"
@@ -55,8 +55,8 @@ COLUMNS = (
     Column(header="memory std-dev (GiB)", css="std", cell=lambda e, tf: f"{std_gib(e['predicted']):.3f}"),
     Column(header="smallest margin", css="margin", cell=lambda e, tf: f"{_pred('min_margin')(e):.1%}"),
     Column(header="Φ", css="phi", cell=lambda e, tf: f"{_pred('phi')(e):.4f}"),
-    Column(header="dp", css="dp", cell=lambda e, tf: str(e["plan"]["dp"])),
-    Column(header="micro batch", css="micro-batch", cell=lambda e, tf: str(e["plan"]["micro_batch"])),
+    Column(header="dp", css="dp", cell=lambda e, tf: dp_text(e["plan"])),
+    Column(header="micro batch", css="micro-batch", cell=lambda e, tf: micro_batch_text(e["plan"])),
     Column(header="stages (GPU×tp [layers] recompute)", css="text stages", cell=lambda e, tf: compact_stages(e["plan"])),
 )
 
@@ -92,10 +92,10 @@ def stage_table(obj: Mapping[str, Any]) -> str:
     head = _tr(["stage", "GPU", "GPUs (tp × dp)", "layers", "recompute", "time / micro batch (ms)", "peak (GiB)",
                 "capacity (GiB)", "margin"], tag="th")
     rows = []
-    for s, (st, d) in enumerate(zip(plan["stages"], obj["stages"])):
+    for (g, s, st, dp), d in zip(stage_rows(plan), obj["stages"]):
         cap, peak = float(d["capacity_mib"]), float(d["peak_mib"])
         rc = st["recompute"] if st.get("recompute_layers") is None else f"full (first {st['recompute_layers']} layers)"
-        rows.append(_tr([str(s), st["gpu"], f"{st['tp']} × {plan['dp']}", str(st["layers"]), rc, f"{float(d['time_ms']):,.1f}",
+        rows.append(_tr([str(s) if g is None else f"group {g} stage {s}", st["gpu"], f"{st['tp']} × {dp}", str(st["layers"]), rc, f"{float(d['time_ms']):,.1f}",
                          f"{peak / MIB_PER_GIB:.2f}", f"{cap / MIB_PER_GIB:.1f}", f"{(cap - peak) / cap:.1%}"],
                         classes=["stage", "text gpu", "gpus", "layers", "text recompute", "time", "peak", "capacity", "margin"]))
     return f'<div class="scroll"><table id="stages"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
@@ -107,11 +107,21 @@ def _figure(png: bytes, alt: str, caption: str) -> str:
             f"<figcaption>{escape(caption)}</figcaption></figure>")
 
 
+def _pick_text(obj: Mapping[str, Any]) -> str:
+    p, q = obj["plan"], obj["predicted"]
+    if not is_grouped(p):
+        return (f"Pick: dp {p['dp']}, {len(p['stages'])} pipeline stages, micro batch {p['micro_batch']} "
+                f"({micro_batches(p)} per replica and iteration): {compact_stages(p)}.")
+    sync = q.get("cross_group_sync_ms")
+    return (f"Pick: {len(p['groups'])} replica groups (plan schema 2): "
+            + "; ".join(group_line(p, g) for g in range(len(p["groups"])))
+            + ("." if sync is None else f"; cross-group gradient sync {float(sync):,.1f} ms."))
+
+
 def _summary(obj: Mapping[str, Any]) -> str:
-    p, q, f = obj["plan"], obj["predicted"], obj["fastest"]["predicted"]
+    q, f = obj["predicted"], obj["fastest"]["predicted"]
     t, tf = float(q["iteration_time_ms"]), float(f["iteration_time_ms"])
-    return (f"Pick: dp {p['dp']}, {len(p['stages'])} pipeline stages, micro batch {p['micro_batch']} "
-            f"({micro_batches(p)} per replica and iteration): {compact_stages(p)}. Predicted iteration {t:,.1f} ms "
+    return (f"{_pick_text(obj)} Predicted iteration {t:,.1f} ms "
             f"({t / tf - 1:+.1%} vs the fastest plan, {tf:,.1f} ms), max memory {float(q['max_mem_mib']) / MIB_PER_GIB:.2f} GiB, "
             f"memory std-dev {std_gib(q):.3f} GiB, smallest margin {float(q['min_margin']):.1%}, Φ = {float(q['phi']):.4f}.")
 

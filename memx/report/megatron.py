@@ -10,6 +10,11 @@ per-stage recomputation, mixed vendors in one NCCL job) becomes a NOTE in the sc
 Uneven layer splits: `--decoder-first/last-pipeline-num-layers` when only the end stages differ,
 else `--pipeline-model-parallel-layout` (Megatron Core ≥ 0.13, "custom pipeline layout": stages split
 by `|`, `E` embedding, `t` decoder layer, `L` loss, `t*N` repeats), e.g. "Et*12|t*10|t*10,L".
+
+A schema-2 plan (replica groups with their own pipelines and micro batches, memx.domain.groups) cannot
+run as one stock Megatron-LM job: every data-parallel rank there runs the same pipeline with the same
+micro batch. Its megatron.sh says so (`HETEROGENEOUS_DP_NOTE`), lists each group's pretrain_gpt.py
+arguments as commented guidance, and exits 1.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 
 from memx.domain.catalog import load_gpu
 from memx.domain.errors import InputError
+from memx.domain.groups import AnyPlan, GroupedPlan, any_plan_to_dict, group_plans, simplest
 from memx.domain.plan import Plan, Recompute, Stage, idle_gpus, plan_model
 from memx.domain.specs import Cluster, GpuType, ModelArch
 
@@ -45,6 +51,20 @@ EXAMPLE_TRAINING_ARGS = (
     "--adam-beta2", "0.95", "--init-method-std", "0.02", "--log-interval", "10", "--save-interval", "1000",
     "--eval-interval", "1000", "--eval-iters", "10",
 )
+
+
+# Systems whose runtimes train data-parallel replicas that differ in pipeline and batch share (issue #15),
+# each cited for what it supports.
+HETEROGENEOUS_DP_NOTE = (
+    "this plan's replica groups run different pipelines with different micro batches and batch shares; stock "
+    "Megatron-LM gives every data-parallel rank the same pipeline and micro batch, so it cannot run this plan as "
+    "one job. It needs a framework with heterogeneous data-parallel replicas, e.g. Sailor's training framework "
+    "(Strati et al., SOSP 2025, github.com/eth-easl/sailor; based on Megatron-DeepSpeed, it runs heterogeneous "
+    "parallelization plans with different micro-batch sizes per GPU) or Whale (Jia et al., USENIX ATC 2022, "
+    "open-sourced as EPL; its hardware-aware load balancing gives data-parallel replicas on different GPU types "
+    "different batch sizes). HetPipe (Park et al., USENIX ATC 2020) trains heterogeneous pipelines as virtual "
+    "workers synchronised through a parameter server (wave synchronous parallel), not the per-layer all-reduce "
+    "MemX models.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,8 +289,33 @@ def _header(plan: Plan, cluster: Cluster | None) -> list[str]:
     return lines
 
 
-def render_megatron(plan: Plan, model: ModelArch, cluster: Cluster | None = None) -> str:
-    """megatron.sh: a bash script that checks its placeholders and runs torchrun … pretrain_gpt.py."""
+def render_grouped(plan: GroupedPlan, model: ModelArch, cluster: Cluster | None = None) -> str:
+    """megatron.sh for a schema-2 plan: the note, each group's arguments as commented guidance, exit 1."""
+    data = any_plan_to_dict(plan)
+    lines = ["#!/usr/bin/env bash",
+             f"# Megatron-LM guidance for {plan.model} on {plan.cluster} (MemX plan, schema 2): {len(plan.groups)} "
+             f"replica groups, {plan.gpus_used} GPUs in all, {plan.global_batch} samples per iteration.",
+             f"# NOTE: {HETEROGENEOUS_DP_NOTE}",
+             "# NOTE: after each group's own data-parallel step, every layer's gradient is all-reduced across the "
+             "groups (docs/architecture.md §Plan JSON, schema 2); the framework must do that exchange."]
+    for g, gp in enumerate(group_plans(plan)):
+        grp = data["groups"][g]
+        cmd = megatron_command(gp, model, cluster)
+        lines += ["#", f"# group {g}: dp {grp['dp']}, micro batch {grp['micro_batch']} × {grp['micro_batches']} = "
+                       f"{gp.global_batch} samples, {gp.gpus_used} GPUs; its pretrain_gpt.py arguments as one job:"]
+        lines += [f"#   NOTE: {n}" for n in cmd.notes]
+        lines += [f"#   {line}" for line in _arg_lines(cmd.args)]
+    lines += ['echo "error: this MemX plan has replica groups with different pipelines; stock Megatron-LM cannot '
+              'run it (see the notes at the top of this script)" >&2', "exit 1"]
+    return "\n".join(lines) + "\n"
+
+
+def render_megatron(plan: AnyPlan, model: ModelArch, cluster: Cluster | None = None) -> str:
+    """megatron.sh: a bash script that checks its placeholders and runs torchrun … pretrain_gpt.py; for a
+    schema-2 plan with several groups, the guidance of `render_grouped`."""
+    plan = simplest(plan)
+    if isinstance(plan, GroupedPlan):
+        return render_grouped(plan, model, cluster)
     cmd = megatron_command(plan, model, cluster)
     lines = ["#!/usr/bin/env bash", *_header(plan, cluster)]
     lines += [f"# NOTE: {n}" for n in cmd.notes]

@@ -3,6 +3,9 @@
 Consecutive stages with the same GPU, tensor-parallel degree and recomputation form a run, written
 `GPU×tp [layers of each stage] recompute`; runs are joined by ` → ` in pipeline order, e.g.
 `a100-80g×2 [1] → vendor-b-32g×4 [3,3,3,3] sel → vendor-c-32g×4 [2,2] full:1`.
+A schema-2 plan (replica groups, docs/architecture.md §Plan JSON, schema 2) writes each group's pipeline
+so, groups joined by ` ‖ ` in group order; its dp and micro batch cells list the groups' values joined
+by `+` and `/`.
 Recomputation (docs/architecture.md §Recompute): nothing for `none`, `sel` for selective, `full` for
 every layer of the stage, `full:N` for Megatron-LM's block method (the first N layers of each stage).
 """
@@ -28,10 +31,45 @@ def _run_key(stage: Mapping[str, Any]) -> tuple[str, int, str]:
     return stage["gpu"], int(stage["tp"]), recompute_label(stage)
 
 
+GROUP_SEPARATOR = " ‖ "
+
+
+def is_grouped(plan: Mapping[str, Any]) -> bool:
+    """A schema-2 plan JSON (it has `groups`)."""
+    return "groups" in plan
+
+
+def stage_rows(plan: Mapping[str, Any]) -> list[tuple[int | None, int, Mapping[str, Any], int]]:
+    """(group or None, stage index in its pipeline, stage dict, the pipeline's dp) for every stage, group
+    order then pipeline order — the order of the JSON report's `stages` rows."""
+    if not is_grouped(plan):
+        return [(None, s, st, int(plan["dp"])) for s, st in enumerate(plan["stages"])]
+    return [(g, s, st, int(grp["dp"])) for g, grp in enumerate(plan["groups"]) for s, st in enumerate(grp["stages"])]
+
+
+def dp_text(plan: Mapping[str, Any]) -> str:
+    return "+".join(str(g["dp"]) for g in plan["groups"]) if is_grouped(plan) else str(plan["dp"])
+
+
+def micro_batch_text(plan: Mapping[str, Any]) -> str:
+    return "/".join(str(g["micro_batch"]) for g in plan["groups"]) if is_grouped(plan) else str(plan["micro_batch"])
+
+
 def compact_stages(plan: Mapping[str, Any]) -> str:
     """The plan's stages (plan JSON, docs/architecture.md §Plan JSON) as runs of equal stages."""
+    if is_grouped(plan):
+        return GROUP_SEPARATOR.join(compact_stages(g) for g in plan["groups"])
     runs = []
     for (gpu, tp, rc), group in groupby(plan["stages"], key=_run_key):
         layers = ",".join(str(st["layers"]) for st in group)
         runs.append(f"{gpu}×{tp} [{layers}]" + (f" {rc}" if rc else ""))
     return RUN_SEPARATOR.join(runs)
+
+
+def group_line(plan: Mapping[str, Any], g: int) -> str:
+    """One replica group of a schema-2 plan JSON (docs/architecture.md §Plan JSON, schema 2) in one line:
+    `group 0: dp 1 × a100-80g×4 [32], micro batch 2 × 24 = 48 samples` (groups and stages count from 0)."""
+    grp = plan["groups"][g]
+    samples = grp["dp"] * grp["micro_batch"] * grp["micro_batches"]
+    return (f"group {g}: dp {grp['dp']} × {compact_stages(grp)}, micro batch {grp['micro_batch']} × "
+            f"{grp['micro_batches']} = {samples} samples")

@@ -9,6 +9,7 @@ importing this module changes nothing.
 from __future__ import annotations
 
 import io
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -17,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from memx.report.notation import compact_stages
+from memx.report.notation import compact_stages, dp_text, is_grouped, micro_batch_text, stage_rows
 from memx.simulator.schedule import one_f1b_order
 
 MIB_PER_GIB = 1024.0
@@ -32,7 +33,10 @@ FASTEST_STYLE = {"marker": "^", "s": 110, "color": "#2ca02c", "zorder": 4, "edge
 
 
 def micro_batches(plan: Mapping[str, Any]) -> int:
-    """m = global_batch / (dp · micro_batch) (docs/architecture.md §Plan JSON)."""
+    """m = global_batch / (dp · micro_batch) (docs/architecture.md §Plan JSON); a schema-2 plan: the
+    largest group's m."""
+    if is_grouped(plan):
+        return max(int(g["micro_batches"]) for g in plan["groups"])
     return int(plan["global_batch"]) // (int(plan["dp"]) * int(plan["micro_batch"]))
 
 
@@ -59,11 +63,26 @@ class GpuBar:
     capacity_mib: float
 
 
+def _gpu_slots(plan: Mapping[str, Any]) -> list[tuple[int, int, int]]:
+    """(replica, stage row, tp rank) per GPU in `predicted.peak_mem_mib` order: replica, stage, tp rank
+    (README); a schema-2 plan group after group, replicas numbered on across groups and stage rows
+    indexing the report's `stages` (group order)."""
+    rows = stage_rows(plan)
+    groups = sorted({g for g, *_ in rows}, key=lambda g: -1 if g is None else g)
+    slots, replica = [], 0
+    for g in groups:
+        mine = [(i, st, dp) for i, (gg, _s, st, dp) in enumerate(rows) if gg == g]
+        for _r in range(mine[0][2]):
+            slots += [(replica, i, t) for i, st, _dp in mine for t in range(int(st["tp"]))]
+            replica += 1
+    return slots
+
+
 def gpu_bars(obj: Mapping[str, Any]) -> list[GpuBar]:
     """One bar per GPU of the pick, in `predicted.peak_mem_mib` order (replica, stage, tp rank;
     README). Each stage's capacity comes from `stages[s].capacity_mib`."""
     plan, stages = obj["plan"], obj["stages"]
-    slots = [(r, s, t) for r in range(int(plan["dp"])) for s, st in enumerate(plan["stages"]) for t in range(int(st["tp"]))]
+    slots = _gpu_slots(plan)
     peaks = obj["predicted"]["peak_mem_mib"]
     if len(peaks) != len(slots):  # an object without per-GPU peaks: one bar per stage
         return [GpuBar(replica=0, stage=s, tp_rank=0, peak_mib=d["peak_mib"], capacity_mib=d["capacity_mib"])
@@ -86,9 +105,10 @@ def memory_figure(obj: Mapping[str, Any]) -> Figure:
            linewidth=0.6)
     ax.bar(x, [b.peak_mib / MIB_PER_GIB for b in bars], width=0.85, color=[_stage_color(b.stage) for b in bars])
     handles = [Patch(facecolor="#eeeeee", edgecolor="#999999", label="GPU memory (capacity)")]
-    for s, (st, d) in enumerate(zip(plan["stages"], obj["stages"])):
+    for s, ((g, k, st, _dp), d) in enumerate(zip(stage_rows(plan), obj["stages"])):
         margin = (d["capacity_mib"] - d["peak_mib"]) / d["capacity_mib"]
-        handles.append(Patch(color=_stage_color(s), label=f"stage {s}: {st['gpu']} tp {st['tp']}, "
+        name = f"stage {k}" if g is None else f"group {g} stage {k}"
+        handles.append(Patch(color=_stage_color(s), label=f"{name}: {st['gpu']} tp {st['tp']}, "
                              f"{d['peak_mib'] / MIB_PER_GIB:.1f} GiB, margin {margin:.0%}"))
     for i in range(1, len(bars)):
         if bars[i].replica != bars[i - 1].replica:
@@ -97,7 +117,7 @@ def memory_figure(obj: Mapping[str, Any]) -> Figure:
     ax.set_xticklabels([f"r{b.replica}s{b.stage}" for b in bars] if len(bars) <= 48 else [], rotation=90, fontsize=7)
     ax.set_xlim(-0.6, len(bars) - 0.4)
     ax.set_ylabel("GiB per GPU")
-    ax.set_title(f"Pick: peak memory per GPU against capacity (dp {plan['dp']}; r = replica, s = stage)", fontsize=10)
+    ax.set_title(f"Pick: peak memory per GPU against capacity (dp {dp_text(plan)}; r = replica, s = stage row)", fontsize=10)
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig
@@ -107,7 +127,7 @@ def memory_figure(obj: Mapping[str, Any]) -> Figure:
 
 def _plan_key(entry: Mapping[str, Any]) -> tuple:
     p = entry["plan"]
-    return p["dp"], p["micro_batch"], compact_stages(p)
+    return dp_text(p), micro_batch_text(p), compact_stages(p)
 
 
 def candidate_entries(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -210,11 +230,24 @@ def f1b_blocks(stage_ms: list[float], m: int, forward_share: float = FORWARD_SHA
     return blocks
 
 
+def _pipelines(plan: Mapping[str, Any]) -> list[tuple[int, int, int]]:
+    """(first stage row, stages, m) of each pipeline the timeline draws: one, or one per group."""
+    if not is_grouped(plan):
+        return [(0, len(plan["stages"]), micro_batches(plan))]
+    out, first = [], 0
+    for g in plan["groups"]:
+        out.append((first, len(g["stages"]), int(g["micro_batches"])))
+        first += len(g["stages"])
+    return out
+
+
 def timeline_figure(obj: Mapping[str, Any]) -> Figure:
+    """The 1F1B of the pick's pipeline; a schema-2 plan's groups one under the other, each with its m."""
     plan = obj["plan"]
     stage_ms = [float(d["time_ms"]) for d in obj["stages"]]
     m, pp = micro_batches(plan), len(stage_ms)
-    blocks = f1b_blocks(stage_ms, m)
+    blocks = [dataclasses.replace(b, stage=b.stage + first) for first, n, mg in _pipelines(plan)
+              for b in f1b_blocks(stage_ms[first:first + n], mg)]
     fig = Figure(figsize=(11, 1.2 + 0.55 * pp), dpi=DPI)
     ax = fig.add_subplot()
     for backward, color in ((False, FORWARD_COLOR), (True, BACKWARD_COLOR)):
@@ -229,7 +262,8 @@ def timeline_figure(obj: Mapping[str, Any]) -> Figure:
     t_pred = float(obj["predicted"]["iteration_time_ms"])
     ax.axvline(t_pred, color="#d62728", ls="--", lw=1, label="predicted iteration (+ p2p, all-reduce, optimizer)")
     ax.set_yticks(range(pp))
-    ax.set_yticklabels([f"stage {s}: {st['gpu']}×{st['tp']}" for s, st in enumerate(plan["stages"])], fontsize=7)
+    ax.set_yticklabels([f"{'' if g is None else f'group {g} '}stage {s}: {st['gpu']}×{st['tp']}"
+                        for g, s, st, _dp in stage_rows(plan)], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlim(0, max(t_pred, max(b.end_ms for b in blocks)) * 1.01)
     ax.set_xlabel("ms")

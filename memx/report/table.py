@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from memx.planner.result import search_result_to_dict
-from memx.report.notation import compact_stages
+from memx.report.notation import compact_stages, dp_text, group_line, is_grouped, micro_batch_text, stage_rows
 
 GIB = 1024.0
 
@@ -52,24 +52,57 @@ def _summary(obj: dict[str, Any]) -> str:
             f"std-dev {b['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, smallest margin {b['min_margin']:.1%}, Φ = {b['phi']:.3f}.")
 
 
+def group_lines(obj: dict[str, Any]) -> list[str]:
+    """A schema-2 pick: one line per replica group with its predicted time alone, then the cross-group
+    gradient synchronisation (docs/architecture.md §Plan JSON, schema 2); [] for schema 1."""
+    p, q = obj["plan"], obj["predicted"]
+    if not is_grouped(p):
+        return []
+    times = [g.get("iteration_time_ms") for g in q.get("groups", [])]
+    lines = [group_line(p, g) + (f": {times[g]:,.0f} ms alone" if g < len(times) and times[g] is not None else "")
+             for g in range(len(p["groups"]))]
+    sync = q.get("cross_group_sync_ms")
+    if sync is not None:
+        lines.append(f"cross-group gradient sync: {sync:,.0f} ms, added to the slowest group's time")
+    return lines
+
+
+def _pick_line(p: dict[str, Any]) -> str:
+    if is_grouped(p):
+        return (f"**Pick**: {len(p['groups'])} replica groups (plan schema 2), {p['global_batch']} samples per iteration: "
+                f"{compact_stages(p)}")
+    return (f"**Pick**: dp={p['dp']}, pp={len(p['stages'])}, micro batch {p['micro_batch']} ({_m(p)} per iteration): "
+            f"{compact_stages(p)}")
+
+
+def _stage_table(obj: dict[str, Any]) -> list[str]:
+    """The pick's stages; a schema-2 plan's rows carry their group and each pipeline's dp."""
+    p = obj["plan"]
+    grouped = is_grouped(p)
+    lines = (["| group | stage | GPU | tp × dp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | margin |",
+              "|---|---|---|---|---|---|---|---|---|---|"] if grouped else
+             ["| stage | GPU | tp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | margin |",
+              "|---|---|---|---|---|---|---|---|---|"])
+    for (g, s, st, dp), d in zip(stage_rows(p), obj["stages"]):
+        cap = d["capacity_mib"]
+        head = f"| {g} | {s} | {st['gpu']} | {st['tp']} × {dp} |" if grouped else f"| {s} | {st['gpu']} | {st['tp']} |"
+        lines.append(f"{head} {st['layers']} | {recompute_text(st, long=True)} | {d['time_ms']:.1f} | "
+                     f"{d['peak_mib'] / GIB:.1f} | {cap / GIB:.0f} | {(cap - d['peak_mib']) / cap:.1%} |")
+    return lines
+
+
 def to_markdown(obj: dict[str, Any]) -> str:
     p = obj["plan"]
-    lines = [f"# MemX plan: {p['model']} on {p['cluster']}", "", _headline(obj), "",
-             f"**Pick**: dp={p['dp']}, pp={len(p['stages'])}, micro batch {p['micro_batch']} ({_m(p)} per iteration): "
-             f"{compact_stages(p)}", "", _summary(obj), "",
-             "| stage | GPU | tp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | margin |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for s, (st, d) in enumerate(zip(p["stages"], obj["stages"])):
-        cap = d["capacity_mib"]
-        lines.append(f"| {s} | {st['gpu']} | {st['tp']} | {st['layers']} | {recompute_text(st, long=True)} | {d['time_ms']:.1f} | "
-                     f"{d['peak_mib'] / GIB:.1f} | {cap / GIB:.0f} | {(cap - d['peak_mib']) / cap:.1%} |")
+    groups = group_lines(obj)
+    lines = [f"# MemX plan: {p['model']} on {p['cluster']}", "", _headline(obj), "", _pick_line(p), "",
+             *([f"- {x}" for x in groups] + [""] if groups else []), _summary(obj), "", *_stage_table(obj)]
     lines += ["", "## Top plans by Φ", "", "| # | Φ | T ms | M GiB | std GiB | margin | dp | µb | stages |",
               "|---|---|---|---|---|---|---|---|---|"]
     for i, e in enumerate(obj["top"], 1):
         q = e["predicted"]
         lines.append(f"| {i} | {q['phi']:.3f} | {q['iteration_time_ms']:,.0f} | {q['max_mem_mib'] / GIB:.1f} | "
-                     f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} | {q['min_margin']:.1%} | {e['plan']['dp']} | "
-                     f"{e['plan']['micro_batch']} | {compact_stages(e['plan'])} |")
+                     f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} | {q['min_margin']:.1%} | {dp_text(e['plan'])} | "
+                     f"{micro_batch_text(e['plan'])} | {compact_stages(e['plan'])} |")
     rows = _pareto_rows(obj)
     if rows:
         lines += ["", "## Pareto front (time, smallest margin, memory std-dev)", "",
@@ -92,23 +125,25 @@ def print_table(obj: dict[str, Any], console) -> None:
         q = e["predicted"]
         top.add_row(str(i), f"{q['phi']:.3f}", f"{q['iteration_time_ms']:,.0f}", f"{q['iteration_time_ms'] / t_fast - 1:+.1%}",
                     f"{q['max_mem_mib'] / GIB:.1f}", f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f}", f"{q['min_margin']:.1%}",
-                    str(e["plan"]["dp"]), str(e["plan"]["micro_batch"]), compact_stages(e["plan"]))
+                    dp_text(e["plan"]), micro_batch_text(e["plan"]), compact_stages(e["plan"]))
     console.print(top)
+    for line in group_lines(obj):
+        console.print(f"  {line}")
     mem = Table(title="Pick: per-GPU memory against capacity (each row = tp × dp = the stage's GPUs)")
     for col in ("stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "capacity GiB", "margin", ""):
         mem.add_column(col)
-    for s, (st, d) in enumerate(zip(p["stages"], obj["stages"])):
+    for (g, s, st, dp), d in zip(stage_rows(p), obj["stages"]):
         cap, peak = d["capacity_mib"], d["peak_mib"]
         fill = round(20 * peak / cap)
-        mem.add_row(str(s), st["gpu"], f"{st['tp']}×{p['dp']}", str(st["layers"]), recompute_text(st), f"{peak / GIB:.1f}",
+        mem.add_row(str(s) if g is None else f"g{g} s{s}", st["gpu"], f"{st['tp']}×{dp}", str(st["layers"]), recompute_text(st), f"{peak / GIB:.1f}",
                     f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}", "█" * fill + "░" * (20 - fill))
     console.print(mem)
     _print_pareto(obj, console)
     q = f["predicted"]
     fp = f["plan"]
     console.print(f"Fastest plan: {q['iteration_time_ms']:,.0f} ms, M {q['max_mem_mib'] / GIB:.1f} GiB, std "
-                  f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, margin {q['min_margin']:.1%}, dp {fp['dp']}, "
-                  f"µb {fp['micro_batch']}: {compact_stages(fp)}")
+                  f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, margin {q['min_margin']:.1%}, dp {dp_text(fp)}, "
+                  f"µb {micro_batch_text(fp)}: {compact_stages(fp)}")
     if "explanation" in obj:
         console.print("[bold]Why this plan[/]")
         for line in obj["explanation"]:
@@ -124,7 +159,7 @@ def _pareto_rows(obj: dict[str, Any]) -> list[list[str]]:
         mark = "pick" if e["plan"] == obj["plan"] else ("fastest" if e["plan"] == obj["fastest"]["plan"] else "")
         rows.append([f"{q['iteration_time_ms']:,.0f}", f"{q['iteration_time_ms'] / t_fast - 1:+.1%}",
                      f"{q.get('min_margin_high', q['min_margin']):.1%}", f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f}",
-                     str(e["plan"]["dp"]), str(e["plan"]["micro_batch"]), compact_stages(e["plan"]), mark])
+                     dp_text(e["plan"]), micro_batch_text(e["plan"]), compact_stages(e["plan"]), mark])
     return rows
 
 

@@ -14,6 +14,7 @@ from memx.domain.plan import plan_from_dict, plan_model
 from memx.domain.specs import ModelArch
 from memx.learn.intervals import CLOSED_FORM_BANDS
 from memx.planner.variants import job_changes
+from memx.report.notation import stage_rows
 from memx.report.table import recompute_text
 
 GIB = 1024.0
@@ -22,7 +23,7 @@ THIN_MARGIN = 0.10  # paper §3.1.2: the safety threshold on the smallest predic
 
 def _margins_by_type(entry: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
-    for st, d in zip(entry["plan"]["stages"], entry["stages"]):
+    for (_g, _s, st, _dp), d in zip(stage_rows(entry["plan"]), entry["stages"]):  # either plan schema
         m = (d["capacity_mib"] - d["peak_mib"]) / d["capacity_mib"]
         out[st["gpu"]] = min(out.get(st["gpu"], 1.0), m)
     return out
@@ -35,14 +36,14 @@ def _recompute_reasons(entry: dict[str, Any]) -> list[str]:
     by the exchange rate (step 2) or kept because it was the first level that fits — not distinguishable
     here, and said so."""
     lines = []
-    for s, (st, d) in enumerate(zip(entry["plan"]["stages"], entry["stages"])):
+    for (g, s, st, _dp), d in zip(stage_rows(entry["plan"]), entry["stages"]):  # either plan schema
         if st["recompute"] == "none":
             continue
         m = (d["capacity_mib"] - d["peak_mib"]) / d["capacity_mib"]
         why = ("forced by fit: its margin with recompute is already thin" if m < THIN_MARGIN else
                "the first level that fits, or raised by the exchange rate (time per MiB saved) while the plan's "
                "smallest margin was below the target")
-        lines.append(f"stage {s} ({st['gpu']}, {st['layers']} layers) recomputes {recompute_text(st, long=True)} "
+        lines.append(f"{'' if g is None else f'group {g} '}stage {s} ({st['gpu']}, {st['layers']} layers) recomputes {recompute_text(st, long=True)} "
                      f"at {m:.1%} margin: {why}")
     return lines
 

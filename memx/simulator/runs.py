@@ -14,7 +14,7 @@ import pandas as pd
 
 from memx.domain.catalog import load_gpu
 from memx.domain.errors import InputError
-from memx.domain.plan import Plan, plan_to_json
+from memx.domain.groups import AnyPlan, any_plan_to_json
 from memx.domain.records import (CONFIG_RUN_COLUMNS, STAGE_RUN_COLUMNS, config_runs_frame,
                                  now_iso, stage_run_row, stage_runs_frame)
 from memx.domain.specs import Cluster, GpuType
@@ -86,9 +86,10 @@ def measure_stages(signatures: pd.DataFrame | Sequence[Mapping[str, Any]], *, se
     return stage_runs_frame(rows)
 
 
-def config_run_row(plan: Plan, run: PlanRun, *, seed: int, measured_at: str, source: str = SOURCE) -> dict[str, Any]:
+def config_run_row(plan: AnyPlan, run: PlanRun, *, seed: int, measured_at: str, source: str = SOURCE) -> dict[str, Any]:
+    """One config_runs row; the plan as its JSON, schema 1 or 2 (docs/architecture.md §Plan JSON)."""
     return {
-        "plan": plan_to_json(plan),
+        "plan": any_plan_to_json(plan),
         "iteration_time_ms": run.iteration_time_ms,
         "peak_mem_mib": None if run.peak_mem_mib is None else list(run.peak_mem_mib),
         "oom": run.oom,

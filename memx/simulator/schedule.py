@@ -14,6 +14,12 @@ parameters follows (Megatron-LM docs, "Distributed Optimizer"; ZeRO-1, Rajbhanda
 
 Per-GPU peak memory: stage s holds min(pp−s, m) micro batches of activations at its peak (1F1B).
 GPU order in `peak_mem_mib`: replica-major, then stage, then TP rank.
+
+A schema-2 plan (memx.domain.groups, issue #15) is placed jointly (`place_groups`); each replica group
+runs the above with its own m, micro batch and placement, then every layer's gradient is all-reduced
+across the groups (memx/simulator/cross_sync.py) before each stage's optimizer step. Per-GPU and
+per-stage figures are concatenated over groups in group order; an OOM on any GPU of any group fails the
+run. A one-group plan simulates exactly as its schema-1 plan (same seed, same noise draws).
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ from typing import Mapping
 
 import numpy as np
 
-from memx.domain.plan import Plan, place_plan, plan_model, validate_plan
+from memx.domain.groups import AnyPlan, group_plans, place_groups, validate_any_plan
+from memx.domain.plan import Plan, plan_model
+from memx.simulator.cross_sync import schedule_sync, segment_ms, segments
+from memx.simulator.links import dp_ring, link
 from memx.simulator.physics import BF16_BYTES, FP32_BYTES, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
@@ -54,6 +63,9 @@ class PlanRun:
     p2p_ms: tuple[float, ...]  # per stage boundary, one transfer, slowest replica
     dp_allreduce_ms: tuple[float, ...]  # per stage: the DP step (all-reduce, or reduce-scatter + all-gather)
     optimizer_ms: tuple[float, ...]  # per stage
+    # schema 2 with two or more groups (issue #15); empty / 0 otherwise, so schema-1 runs are unchanged
+    group_iteration_ms: tuple[float, ...] = ()  # per group: its own iteration without the cross-group exchange
+    cross_sync_ms: float = 0.0  # what the cross-group gradient exchange adds: iteration − max(group_iteration_ms)
 
 
 def stage_signatures(plan: Plan, model: ModelArch) -> list[StageSignature]:
@@ -125,13 +137,6 @@ def _traits_for(names: set[str], traits: Mapping[str, GpuTraits] | None, conf_ro
     return {n: given[n] if n in given else load_traits(n, conf_root) for n in names}
 
 
-def _link(cluster: Cluster, node_a: int, node_b: int) -> tuple[float, float]:
-    """(bytes per ms nominal, latency ms) between two nodes' GPUs."""
-    if node_a == node_b:
-        return cluster.nodes[node_a].gpu.intra_node_bandwidth_gbps * 1e6, 0.0
-    return cluster.inter_node_bandwidth_gbps * 1e6, cluster.inter_node_latency_ms
-
-
 def _p2p_ms(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]],
             tr: dict[str, GpuTraits]) -> np.ndarray:
     """[replica, boundary]: activation b·s·h bf16 over the link (the p2p_s term, docs/architecture.md §1F1B assembly), at the sender's
@@ -140,7 +145,7 @@ def _p2p_ms(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int
     out = np.zeros((plan.dp, max(plan.pp - 1, 0)))
     for r in range(plan.dp):
         for s in range(plan.pp - 1):
-            bw, lat = _link(cluster, where[r][s], where[r][s + 1])
+            bw, lat = link(cluster, where[r][s], where[r][s + 1])
             t = tr[plan.stages[s].gpu]
             out[r, s] = nbytes / (bw * t.link_efficiency) + lat + t.p2p_overhead_ms
     return out
@@ -155,15 +160,7 @@ def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs
     the stage's tp concurrent rings share the node's network link (simulator assumption)."""
     out = []
     for s, st in enumerate(plan.stages):
-        nodes = {where[r][s] for r in range(plan.dp)}
-        t = tr[st.gpu]
-        if len(nodes) == 1:
-            bw, lat = _link(cluster, where[0][s], where[0][s])
-            per_ring = bw * t.link_efficiency
-        else:
-            bw, lat = _link(cluster, -1, -2)
-            per_ring = bw * t.link_efficiency / st.tp
-        step = t.collective_step_latency_ms + lat
+        per_ring, step = dp_ring(plan, cluster, where, s, tr[st.gpu])
         if plan.distributed_optimizer:
             out.append(ring_collective_ms(FP32_BYTES * costs[s].params, plan.dp, per_ring, step)
                        + ring_collective_ms(BF16_BYTES * costs[s].params, plan.dp, per_ring, step))
@@ -184,40 +181,91 @@ def _memory(plan: Plan, sigs: list[StageSignature], costs: list[StageCost]) -> t
     return demand, over
 
 
-def simulate_plan(plan: Plan, cluster: Cluster, model: ModelArch, *, seed: int = 0,
-                  conf_root: Path | None = None, traits: Mapping[str, GpuTraits] | None = None,
-                  static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM) -> PlanRun:
-    """Run one training iteration of `plan` (validated first: InputError on a bad plan)."""
-    validate_plan(plan, cluster, model)
-    where = place_plan(plan, cluster)
-    assert where is not None  # validate_plan checked placement
-    tr = _traits_for({s.gpu for s in plan.stages}, traits, conf_root)
+@dataclass(frozen=True, kw_only=True)
+class _Group:
+    """One replica group ready to run: its plan, placement, stage costs and link times."""
+
+    plan: Plan
+    where: list[list[int]]
+    sigs: list[StageSignature]
+    costs: list[StageCost]
+    p2p: np.ndarray
+    dp_ar: list[float]
+
+
+def _prepare(plan: Plan, where: list[list[int]], cluster: Cluster, model: ModelArch, tr: dict[str, GpuTraits],
+             static_bytes_per_param: float) -> _Group:
+    """A group's costs on its given placement (p2p and DP links follow `where`)."""
     sigs = stage_signatures(plan, model)
     costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
-    demand, over = _memory(plan, sigs, costs)
-    p2p = _p2p_ms(plan, model, cluster, where, tr)
-    dp_ar = _dp_allreduce_ms(plan, cluster, where, costs, tr)
+    return _Group(plan=plan, where=where, sigs=sigs, costs=costs, p2p=_p2p_ms(plan, model, cluster, where, tr),
+                  dp_ar=_dp_allreduce_ms(plan, cluster, where, costs, tr))
+
+
+def _oom_reason(groups: list[_Group], first: int, demand: float) -> str:
+    """The first GPU over capacity; with several groups also its (group, replica, stage)."""
+    if len(groups) == 1:
+        return f"out of memory on GPU {first}: needs {demand:.0f} MiB"
+    base = first
+    for g, grp in enumerate(groups):
+        per_replica = sum(st.tp for st in grp.plan.stages)
+        if base < grp.plan.dp * per_replica:
+            r, k = divmod(base, per_replica)
+            s = next(i for i, acc in enumerate(np.cumsum([st.tp for st in grp.plan.stages])) if k < acc)
+            return (f"out of memory on GPU {first} (group {g}, replica {r}, stage {s}, {grp.plan.stages[s].gpu}): "
+                    f"needs {demand:.0f} MiB")
+        base -= grp.plan.dp * per_replica
+    raise AssertionError("GPU index beyond the plan")  # cannot happen: `first` indexes the demand list
+
+
+def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: int = 0,
+                  conf_root: Path | None = None, traits: Mapping[str, GpuTraits] | None = None,
+                  static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM) -> PlanRun:
+    """Run one training iteration of a schema-1 or schema-2 `plan` (validated first: InputError on a
+    bad plan). Groups are placed jointly and run on one seeded noise stream, group after group."""
+    validate_any_plan(plan, cluster, model)
+    plans = group_plans(plan)
+    placement = place_groups(plan, cluster)
+    assert placement is not None  # validate_any_plan checked placement
+    tr = _traits_for({s.gpu for p in plans for s in p.stages}, traits, conf_root)
+    groups = [_prepare(p, w, cluster, model, tr, static_bytes_per_param) for p, w in zip(plans, placement)]
+    demand, over = [], []
+    for grp in groups:
+        d, o = _memory(grp.plan, grp.sigs, grp.costs)
+        over += [len(demand) + i for i in o]
+        demand += d
     breakdown = dict(
-        demand_mem_mib=tuple(demand), stage_time_ms=tuple(c.time_ms for c in costs),
-        p2p_ms=tuple(float(x) for x in p2p.max(axis=0)), dp_allreduce_ms=tuple(dp_ar),
-        optimizer_ms=tuple(c.optimizer_ms for c in costs),
+        demand_mem_mib=tuple(demand), stage_time_ms=tuple(c.time_ms for g in groups for c in g.costs),
+        p2p_ms=tuple(float(x) for g in groups for x in g.p2p.max(axis=0)),
+        dp_allreduce_ms=tuple(x for g in groups for x in g.dp_ar),
+        optimizer_ms=tuple(c.optimizer_ms for g in groups for c in g.costs),
     )
     if over:
-        first = over[0]
-        reason = f"out of memory on GPU {first}: needs {demand[first]:.0f} MiB"
+        reason = _oom_reason(groups, over[0], demand[over[0]])
         return PlanRun(iteration_time_ms=None, peak_mem_mib=None, oom=True, reason=reason, oom_gpus=tuple(over),
                        stage_busy_fraction=(), **breakdown)
-    finish, busy = _replicas(plan, costs, p2p, tr, seed)
-    end = [finish[:, s].max() + dp_ar[s] + costs[s].optimizer_ms for s in range(plan.pp)]
-    iteration = float(max(end))
+    rng = np.random.default_rng(seed)
+    runs = [_replicas(g.plan, g.costs, g.p2p, tr, rng) for g in groups]
+    ready = [[finish[:, s].max() + g.dp_ar[s] for s in range(g.plan.pp)] for g, (finish, _) in zip(groups, runs)]
+    alone = [max(r + c.optimizer_ms for r, c in zip(rd, g.costs)) for g, rd in zip(groups, ready)]
+    extra: dict = {}
+    if len(groups) > 1:
+        segs = segments(plans, model)
+        seg_ms = [segment_ms(sg, plans, placement, cluster, tr) for sg in segs]
+        synced = schedule_sync(segs, seg_ms, ready)
+        ends = [max(t + c.optimizer_ms for t, c in zip(sy, g.costs)) for g, sy in zip(groups, synced)]
+        iteration = float(max(ends))
+        extra = dict(group_iteration_ms=tuple(float(a) for a in alone), cross_sync_ms=iteration - float(max(alone)))
+    else:
+        iteration = float(alone[0])
+    busy = [x for _, b in runs for x in b.mean(axis=0) / iteration]
     return PlanRun(iteration_time_ms=iteration, peak_mem_mib=tuple(demand), oom=False, reason="", oom_gpus=(),
-                   stage_busy_fraction=tuple(float(x) for x in busy.mean(axis=0) / iteration), **breakdown)
+                   stage_busy_fraction=tuple(float(x) for x in busy), **breakdown, **extra)
 
 
 def _replicas(plan: Plan, costs: list[StageCost], p2p: np.ndarray, tr: dict[str, GpuTraits],
-              seed: int) -> tuple[np.ndarray, np.ndarray]:
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Finish and busy time [replica, stage]; each forward/backward of each micro batch has its own noise."""
-    rng = np.random.default_rng(seed)
     pp, m = plan.pp, plan.micro_batches
     sigma = np.array([tr[st.gpu].noise_std_fraction for st in plan.stages])[None, :, None, None]
     noise = noise_factor(rng, sigma, (plan.dp, pp, m, 2))  # broadcast: each stage its own σ

@@ -243,3 +243,40 @@ def test_script_stops_on_missing_placeholders_and_runs_torchrun_when_set(tmp_pat
     ns = parse(argv[argv.index("pretrain_gpt.py") + 1:])
     assert ns.data_path == [PLACEHOLDER_VALUES["DATA_PATH"]] and ns.load == "/ckpt"
     assert (tmp_path / "env").read_text().strip() == "1"  # Megatron asserts it with tp > 1
+
+
+def _grouped():
+    from memx.domain.groups import GroupedPlan, ReplicaGroup
+
+    fast = ReplicaGroup(dp=1, micro_batch=2, micro_batches=24, stages=(Stage(gpu=A100, tp=4, layers=32),))
+    slow = ReplicaGroup(dp=2, micro_batch=1, micro_batches=40,
+                        stages=(Stage(gpu="vendor-b-32g", tp=4, layers=16, recompute="selective"),
+                                Stage(gpu="vendor-c-32g", tp=4, layers=16, recompute="full")))
+    return GroupedPlan(model="llama2-7b", cluster="three-vendor-20", global_batch=128, seq_len=4096, groups=(fast, slow))
+
+
+def test_schema_two_plan_gets_the_note_and_each_groups_arguments_as_comments(tmp_path):
+    from memx.domain.groups import as_grouped, group_plans
+    from memx.report.megatron import HETEROGENEOUS_DP_NOTE
+
+    p, model = _grouped(), load_model("llama2-7b")
+    script = render_megatron(p, model, load_cluster("three-vendor-20"))
+    assert f"# NOTE: {HETEROGENEOUS_DP_NOTE}" in script and "Sailor" in script and "Whale" in script
+    assert not any(line.startswith(("torchrun", "pretrain_gpt.py")) for line in script.splitlines())
+    blocks = script.split("\n#\n# group ")[1:]
+    assert len(blocks) == 2
+    for block, gp in zip(blocks, group_plans(p)):
+        args = shlex.split(" ".join(line[4:] for line in block.splitlines() if line.startswith("#   --")))
+        assert rule_problems(args) == []
+        ns = parse(args)
+        assert (ns.micro_batch_size, ns.global_batch_size, ns.pipeline_model_parallel_size) == (gp.micro_batch, gp.global_batch, gp.pp)
+    assert "#   NOTE: stages run on different GPU types" in blocks[1]
+    if shutil.which("bash"):
+        path = tmp_path / "megatron.sh"
+        path.write_text(script)
+        assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+        run = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+        assert run.returncode == 1 and "stock Megatron-LM cannot run it" in run.stderr
+    # a one-group schema-2 plan is the schema-1 plan it equals: the same launchable script
+    one = CASES["first-last-selective"][1]
+    assert render_megatron(as_grouped(one), model) == render_megatron(one, model)

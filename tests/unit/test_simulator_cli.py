@@ -8,6 +8,7 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from memx.cli.app import app as memx_app
+from memx.domain.groups import any_plan_from_dict, any_plan_from_json
 
 runner = CliRunner()
 
@@ -71,3 +72,60 @@ def test_sample_bad_model_writes_nothing(tmp_path):
                               "--out", str(out)])
     assert res.exit_code == 2 and "unknown model" in res.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+GROUPED = {"schema": 2, "model": "llama2-7b", "cluster": "three-vendor-20", "global_batch": 128, "seq_len": 4096,
+           "groups": [{"dp": 1, "micro_batch": 2, "micro_batches": 24,
+                       "stages": [{"gpu": "a100-80g", "tp": 4, "layers": 32}]},
+                      {"dp": 2, "micro_batch": 1, "micro_batches": 40,
+                       "stages": [{"gpu": "vendor-b-32g", "tp": 4, "layers": 16, "recompute": "selective"},
+                                  {"gpu": "vendor-c-32g", "tp": 4, "layers": 16, "recompute": "full"}]}]}
+
+
+def test_schema_two_plan_reports_groups_and_the_cross_group_sync(tmp_path):
+    path = tmp_path / "grouped.json"
+    path.write_text(json.dumps({"plan": GROUPED, "predicted": {}}))  # a report object reads like the bare plan
+    res = invoke(["plan", str(path), "--seed", "2"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["oom"] is False and len(out["peak_mem_mib"]) == 20
+    assert [(g["group"], g["samples"], g["gpus"]) for g in out["groups"]] == [(0, 48, 4), (1, 80, 16)]
+    assert out["cross_sync_ms"] > 0
+    assert out["iteration_time_ms"] == max(out["group_iteration_ms"]) + out["cross_sync_ms"]
+    lines = res.stderr.splitlines()
+    assert lines[0].startswith(f"{path}: group 0: dp 1 × a100-80g×4 [32], micro batch 2 × 24 = 48 samples: ")
+    assert lines[2].startswith(f"{path}: cross-group gradient sync adds ")
+
+
+def test_schema_two_runs_file_is_config_runs(tmp_path):
+    (tmp_path / "g.json").write_text(json.dumps(GROUPED))
+    runs = tmp_path / "runs.parquet"
+    res = invoke(["plan", str(tmp_path / "g.json"), "--runs", str(runs)])
+    assert res.exit_code == 0, res.output
+    df = pd.read_parquet(runs)
+    assert len(df) == 1 and any_plan_from_json(df["plan"][0]) == any_plan_from_dict(GROUPED)
+    assert df["iteration_time_ms"][0] == json.loads(res.stdout)["iteration_time_ms"]
+
+
+def _without(d: dict, key: str) -> dict:
+    return {k: v for k, v in d.items() if k != key}
+
+
+def test_bad_schema_two_plans_exit_2_naming_the_field(tmp_path):
+    groups = GROUPED["groups"]
+    cases = [
+        ({**GROUPED, "groups": [groups[0], _without(groups[1], "micro_batches")]}, "groups[1]: missing field(s) micro_batches"),
+        ({**GROUPED, "global_batch": 120}, "field 'global_batch' is 120"),
+        ({**GROUPED, "schema": 3}, "field 'schema' is 3"),
+        ({**GROUPED, "groups": []}, "field 'groups' must be a non-empty list"),
+        ({**GROUPED, "groups": [groups[0], {**groups[1], "dp": 3}]}, "groups[1]: plan uses 12 × vendor-b-32g"),
+        ({**GROUPED, "groups": [{**groups[0], "stages": [{"gpu": "a100-80g", "tp": 4, "layers": 30}]}, groups[1]]},
+         "groups[0]"),
+    ]
+    for bad, needle in cases:
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        runs = tmp_path / "runs.parquet"
+        res = invoke(["plan", str(path), "--runs", str(runs)])
+        assert res.exit_code == 2 and needle in res.stderr and str(path) in res.stderr, (needle, res.output)
+        assert res.stdout == "" and not runs.exists() and "Traceback" not in res.output

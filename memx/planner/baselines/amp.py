@@ -19,9 +19,18 @@ Job options (issue #14): neither the distributed optimizer nor sequence parallel
 repository's DeepSpeed pipeline engine with Megatron-style tensor parallelism) predates Megatron-LM's sequence
 parallelism (Korthikanti et al. 2022); so the AMP-like planner searches `distributed_optimizer = [false]`,
 `sequence_parallel = [false]` whatever the space lists.
+
+Replica groups (issue #15): AMP's heterogeneous trials put the data-parallel replicas of one pipeline
+on different GPU types (Li et al. 2022 §3.2). The AMP-like planner therefore also searches plan
+schema 2 (`replica_groups = 2`: memx.planner.replica_search, groups of whole nodes, with its own
+time objective and no memory check) and keeps the faster pick. The nearest schema-2 form is a
+superset of AMP's: AMP's replicas share one layer partition and split the batch evenly, ours may
+differ in partition, tp and micro batch per group and split the batch unevenly; so the AMP-like
+pick is never slower (by the shared predictor) than a pick restricted to AMP's own form.
 """
 
 from memx.planner.baselines.base import NO_RECOMPUTE, TIME_ONLY, Planner, no_recompute_view
 
 AMP = Planner(name="amp", label="AMP-like", level_sets=NO_RECOMPUTE, memory=None, weights=TIME_ONLY,
-              view=no_recompute_view, doc=__doc__, distributed_optimizer=(False,), sequence_parallel=(False,))
+              view=no_recompute_view, doc=__doc__, distributed_optimizer=(False,), sequence_parallel=(False,),
+              replica_groups=2)

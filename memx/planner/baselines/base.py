@@ -28,11 +28,13 @@ import numpy as np
 import pandas as pd
 
 from memx.domain.errors import InfeasibleError
+from memx.domain.groups import AnyPlan
 from memx.domain.plan import Plan, Recompute
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics
 from memx.planner.objective import EPSILON_MIB2, log_score, parse_weights
+from memx.planner.replica_search import search_replicas
 from memx.planner.result import SearchResult
 from memx.planner.search import search
 from memx.planner.signatures import StagePredictor
@@ -85,7 +87,7 @@ class Pick:
     """One planner's recommendation and what the planner itself believes about it."""
 
     method: str
-    plan: Plan | None  # None: the planner found nothing that fits by its own estimate
+    plan: AnyPlan | None  # None: the planner found nothing that fits by its own estimate (schema 2: replica groups)
     predicted_time_ms: float | None
     predicted_peak_mib: tuple[float, ...] | None  # per GPU, the planner's own estimate; None = no memory model
     search_s: float
@@ -153,6 +155,10 @@ class Planner:
     weights: str
     view: Callable[[Plan], Plan] = same_view
     doc: str = ""
+    replica_groups: int = 1
+    """> 1: also search plans of up to this many data-parallel replica groups (plan schema 2) with the
+    planner's own memory estimate and objective (memx.planner.replica_search; issue #15), for the
+    baselines whose originals search such forms (AMP, Metis). The faster of the two picks wins."""
     distributed_optimizer: tuple[bool, ...] | None = None
     sequence_parallel: tuple[bool, ...] | None = None
 
@@ -198,11 +204,28 @@ class Planner:
                         search_s=time.perf_counter() - t0, configurations=configs, space_total=total,
                         note="; ".join(notes) or "no feasible plan")
         cands = _select(results, space)
+        if self.replica_groups > 1:
+            cands = self._with_groups(cands, cluster, model, space, pred, w_spec, sets)
         best = cands[0]
         return Pick(method=self.name, plan=best.plan, predicted_time_ms=best.iteration_time_ms,
                     predicted_peak_mib=None if self.memory is None else tuple(best.peak_mem_mib),
                     search_s=time.perf_counter() - t0, configurations=configs, space_total=total,
                     note="; ".join(notes), candidates=cands)
+
+    def _with_groups(self, cands: list[PlanMetrics], cluster: Cluster, model: ModelArch, space: SearchSpace,
+                     pred: StagePredictor, w_spec: str, sets) -> list[PlanMetrics]:
+        """The candidates with the best schema-2 plan first when it is faster (a time-only objective)."""
+        best = None
+        for levels in sets:
+            sp = dataclasses.replace(space, recompute_levels=tuple(levels), weights=w_spec, max_time_ratio=0.0,
+                                     max_replica_groups=self.replica_groups, **self.job_options(space))
+            try:
+                g = search_replicas(cluster, model, sp, pred, weights=w_spec).grouped
+            except InfeasibleError:
+                continue
+            if g is not None and (best is None or g.iteration_time_ms < best.iteration_time_ms):
+                best = g
+        return [best, *cands] if best is not None and best.iteration_time_ms < cands[0].iteration_time_ms else cands
 
     def estimate(self, plans: Sequence[Plan], cluster: Cluster, model: ModelArch, predictor: StagePredictor,
                  *, reserve_gib: float = 1.0, weights: Weights | None = None) -> list[MethodEstimate]:

@@ -17,6 +17,16 @@ memory estimate (parameters, gradients, optimizer states replicated per data-par
 micro batch) have neither ZeRO sharding nor sequence parallelism; the Metis-like planner searches both off
 whatever the space lists, and its memory estimate (`analytic_memory`) counts the activations sequence
 parallelism would have split as replicated.
+
+Replica groups (issue #15): Metis lets a stage span GPU types with an uneven batch split across that
+stage's data-parallel replicas (per-stage dp and tp, Um et al. 2024 §4; `search_space/plan.py`,
+`model/load_balancer.py`). The nearest MemX form is plan schema 2: the Metis-like planner also
+searches up to two replica groups of whole nodes, each with its own pipeline and an uneven share of
+the batch (`replica_groups = 2`: memx.planner.replica_search, its own memory estimate and time
+objective), and keeps the faster pick. It differs from Metis in that a group is a whole pipeline:
+Metis mixes types inside ONE stage's replicas with one layer partition for all, where schema 2
+gives each type its own pipeline (partition, depth, tp, micro batch) and pays a cross-group
+gradient exchange (memx.planner.replicas) instead of a mixed-type ring inside the stage.
 """
 
 from memx.planner.baselines.base import NO_RECOMPUTE, TIME_ONLY, Planner, no_recompute_view
@@ -26,4 +36,5 @@ MEMORY_FACTOR = 1.15
 
 METIS = Planner(name="metis", label="Metis-like", level_sets=NO_RECOMPUTE,
                 memory=lambda gpus: analytic_memory(gpus, MEMORY_FACTOR), weights=TIME_ONLY,
-                view=no_recompute_view, doc=__doc__, distributed_optimizer=(False,), sequence_parallel=(False,))
+                view=no_recompute_view, doc=__doc__, distributed_optimizer=(False,), sequence_parallel=(False,),
+                replica_groups=2)
