@@ -347,4 +347,8 @@ class SearchSpace:
         if self.seq_len is not None and self.seq_len_options:
             problems.append(("seq_len_options", "set either 'seq_len' or 'seq_len_options', not both",
                              list(self.seq_len_options)))
+        variants = [f for f in ("heads_options", "query_groups_options", "seq_len_options") if getattr(self, f)]
+        if self.max_replica_groups > 1 and variants:
+            problems.append(("max_replica_groups", f"must be 1 when {', '.join(variants)} lists values (every replica "
+                             "group trains the same job; search the variants with one group)", self.max_replica_groups))
         return problems

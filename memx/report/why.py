@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memx.domain.plan import plan_from_dict, plan_model
+from memx.domain.groups import GroupedPlan, any_plan_from_dict
+from memx.domain.plan import plan_model
 from memx.domain.specs import ModelArch
 from memx.learn.intervals import CLOSED_FORM_BANDS
 from memx.planner.variants import job_changes
@@ -77,7 +78,10 @@ def _band(head: str) -> str:
 def job_change_warning(plan: dict[str, Any], model: ModelArch) -> str | None:
     """"the job changes: heads 32 → 64, seq_len 4096 → 2048; …" when the plan trains other heads, query
     groups or sequence length than `model` (SearchSpace.heads_options …, memx.planner.variants); else None."""
-    changes = job_changes(model, plan_model(plan_from_dict(plan), model))
+    parsed = any_plan_from_dict(plan)
+    if isinstance(parsed, GroupedPlan):
+        return None  # replica groups train the job as given (SearchSpace refuses variants with max_replica_groups > 1)
+    changes = job_changes(model, plan_model(parsed, model))
     if not changes:
         return None
     what = ", ".join(f"{f} {a} → {b}" for f, (a, b) in changes.items())

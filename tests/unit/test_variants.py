@@ -115,3 +115,15 @@ def test_consumers_use_the_plans_heads_and_sequence_length(job):
     assert a.iteration_time_ms != pytest.approx(b.iteration_time_ms)
     with pytest.raises(InputError, match="heads"):
         validate_plan(dataclasses.replace(base, heads=24), cluster, model)
+
+
+def test_variants_and_replica_groups_are_not_combined():
+    import dataclasses
+
+    import pytest
+
+    from memx.domain.catalog import load_search
+    from memx.domain.errors import InputError
+
+    with pytest.raises(InputError, match="max_replica_groups.*must be 1 when heads_options"):
+        dataclasses.replace(load_search("small"), heads_options=(16, 32), max_replica_groups=2)
