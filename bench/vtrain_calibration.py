@@ -130,10 +130,12 @@ def uncalibrated(models: list[ModelRuns]) -> tuple[pd.DataFrame, np.ndarray]:
     return rows, np.concatenate([[e.iteration_time_ms for e in m.estimates] for m in models])
 
 
-def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None, seed: int = 0,
-                        guard: bool = True, per_tp: bool = False) -> tuple[pd.DataFrame, np.ndarray, dict[str, PlanCalibration]]:
-    """Leave one model out: each model's plans predicted through a calibration fitted on the measured plans
-    of the other models only (all of them, or `per_model` drawn at random from each)."""
+def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None, seed: int = 0, guard: bool = True,
+                        per_tp: bool = False, leave_out: str = "model"
+                        ) -> tuple[pd.DataFrame, np.ndarray, dict[str, PlanCalibration]]:
+    """Leave one model out (`leave_out="model"`): each model's plans predicted through a calibration fitted on
+    the measured plans of the other models only (all of them, or `per_model` drawn at random from each);
+    `leave_out="hidden"`: on the models of the other hidden size only (no sibling of another depth)."""
     rng = np.random.default_rng(seed)
     picks = {m.key: (np.arange(len(m.plans)) if per_model is None else
                      np.sort(rng.choice(len(m.plans), size=min(per_model, len(m.plans)), replace=False)))
@@ -142,7 +144,7 @@ def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None
     for held in models:
         est, y = [], []
         for m in models:
-            if m.key == held.key:
+            if m.key == held.key or (leave_out == "hidden" and m.rows.hidden.iloc[0] == held.rows.hidden.iloc[0]):
                 continue
             est += [m.estimates[i] for i in picks[m.key]]
             y += [float(m.rows.time_ms.iloc[i]) for i in picks[m.key]]
@@ -156,20 +158,24 @@ def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", choices=("all", "24"), default="all", help="24: only the two 24-layer models")
-    ap.add_argument("--per-model", type=int, default=None, help="measured plans per other model the fit may use")
+    ap.add_argument("--per-model", type=int, default=20, help="measured plans per other model for the last line")
     args = ap.parse_args()
     realdata = Path(os.environ.get("MEMX_REALDATA", REPO.parent / "shared" / "realdata"))
     df = load_vtrain(realdata)
     if args.models == "24":
         df = df[df.layers == 24]
     models = model_estimates(df)
-    print(scores(*uncalibrated(models)).line("vTrain uncalibrated"))
-    rows, pred, cals = held_out_calibrated(models, per_model=args.per_model)
-    for key, cal in cals.items():
-        print(f"  held out {key}: {cal.summary()}; {cal.to_dict()['time_scale']} c={cal.comm_scale:.3f} "
-              f"o={cal.overhead_ms:.2f} ms d={cal.p2p_per_transfer_ms:.3f} ms")
-    n = "all" if args.per_model is None else args.per_model
-    print(scores(rows, pred).line(f"vTrain leave-one-model-out calibrated ({n} plans per other model)"))
+    print(scores(*uncalibrated(models)).line("vTrain uncalibrated (paper assembly, learned stages)"))
+    runs = [("model", None, False), ("model", None, True), ("hidden", None, True), ("model", args.per_model, True)]
+    for leave_out, per_model, per_tp in runs:
+        rows, pred, cals = held_out_calibrated(models, per_model=per_model, per_tp=per_tp, leave_out=leave_out)
+        for key, cal in cals.items():
+            tp = " ".join(f"b{t}={v:.3f}" for t, v in sorted(cal.tp_time_scale.items()))
+            print(f"  held out {key}: {cal.summary()}; a={cal.time_scale} {tp} c={cal.comm_scale:.3f} "
+                  f"o={cal.overhead_ms:.2f} ms d={cal.p2p_per_transfer_ms:.3f} ms")
+        n = "all" if per_model is None else per_model
+        terms = "a, c, o, d" + (", b_tp" if per_tp else "")
+        print(scores(rows, pred).line(f"vTrain leave-one-{leave_out}-out calibrated ({terms}; {n} plans per other model)"))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 of plans, each measured once — an iteration time (null on OOM) and one peak per GPU. A `PlanCalibration`
 fitted on them corrects, on top of any stage predictor (closed form or learned):
 
-- per GPU type g, a multiplier a_g on every stage time of that type;
+- per GPU type g, a multiplier a_g on every stage time of that type; optionally (`per_tp`) also one per
+  tensor-parallel degree, b_tp (the stage's tp all-reduces, Shoeybi et al. 2019 §3, and per-rank GEMM sizes
+  change with tp, so a profile environment can be off by degree; vTrain: tp 1 stages too fast, tp 2 slow);
 - one multiplier c on the assembly's communication and step terms (Σ 2·p2p + max_s (T_dp + optimizer),
   paper §3.1.2; docs/architecture.md §1F1B assembly);
 - a per-iteration overhead o (ms; launch, data loading, logging — what no stage measurement sees; the
@@ -17,7 +19,7 @@ fitted on them corrects, on top of any stage predictor (closed form or learned):
 - per GPU type, an affine map of the predicted peak, peak' = k_g·peak + b_g (MiB).
 
 The calibrated iteration time of a plan with m micro batches and stage times t_s is
-    T' = (m − 1)·max_s(a_{g_s}·t_s) + Σ_s a_{g_s}·t_s + c·(T − S) + o + d·blocking_transfers(pp, m),
+    T' = (m − 1)·max_s(a'_s·t_s) + Σ_s a'_s·t_s + c·(T − S) + o + d·blocking_transfers(pp, m),  a'_s = a_{g_s}·b_{tp_s},
 where T is the uncalibrated estimate and S = (m − 1)·max_s t_s + Σ_s t_s its stage part, so T − S is
 exactly the assembly's p2p + T_dp + optimizer terms (memx.planner.schedule.iteration_time_ms).
 
@@ -27,7 +29,7 @@ with a handful of plans the prior dominates, so a few plans cannot overfit; with
 is the identity. OOM rows carry no time and no peak and are not used.
 
 Where it applies: `PlanCalibration.wrap(predictor)` is a StagePredictor that applies the per-type
-stage multipliers and memory maps and carries c and o (`assembly`) into memx.planner.schedule.Pipeline,
+stage multipliers and memory maps and carries c, o and d (`assembly`) into memx.planner.schedule.Pipeline,
 so the search, `estimate_plans` and `calibrated_estimates` score plans through one assembly.
 
 Guard (`guard=True`, the default): the time part and the memory part are each kept only when their
@@ -52,7 +54,7 @@ from memx.domain.plan import Plan, plan_from_dict, plan_from_json
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics, per_gpu_peaks
-from memx.planner.schedule import AssemblyCalibration, blocking_transfers, iteration_time_ms
+from memx.planner.schedule import AssemblyCalibration, blocking_transfers
 from memx.planner.signatures import StagePredictor
 
 TIME_RIDGE = 0.3  # prior weight: a unit of log-multiplier costs like a 30 % error on one plan (soft-L1 scale)
@@ -214,12 +216,6 @@ class CalibratedStagePredictor:
         return out
 
 
-def _stage_part(stage_ms: Sequence[float], micro_batches: int) -> float:
-    """S = (m − 1)·max_s t_s + Σ_s t_s: the assembly without p2p and tail (memx.planner.schedule)."""
-    t = np.asarray(stage_ms, dtype=np.float64)[:, None]
-    return float(iteration_time_ms(t, micro_batches, 0.0, np.zeros_like(t))[0])
-
-
 def calibrated_estimates(plans: list[Plan], cluster: Cluster, model: ModelArch, predictor: StagePredictor,
                          calibration: PlanCalibration, *, reserve_gib: float = 1.0) -> list[PlanMetrics]:
     """estimate_plans through the calibrated predictor: the one assembly the search uses."""
@@ -303,16 +299,44 @@ def _finite_positive(y) -> bool:
     return y is not None and bool(np.isfinite(y)) and float(y) > 0.0
 
 
-def _assembled(est: list[PlanMetrics], a: list[np.ndarray], c: float, o: float, d: float = 0.0) -> np.ndarray:
+@dataclass(frozen=True, kw_only=True)
+class _Base:
+    """The uncalibrated estimates of n plans as arrays (stages padded with 0 to the largest pp): stage times
+    t (n, P), micro batches m, the assembly's p2p + tail terms T − S, blocking transfers, and each stage's GPU
+    type and tp (None on padding) — so a fit evaluates T' for all plans at once."""
+
+    t: np.ndarray
+    m: np.ndarray
+    rest: np.ndarray
+    transfers: np.ndarray
+    gpu: list[list[str | None]]
+    tp: list[list[int | None]]
+
+    def index(self, keys: Mapping, of: str) -> np.ndarray:
+        """(n, P) positions of each stage's GPU type / tp in `keys` (len(keys) on padding: a neutral slot)."""
+        rows = self.gpu if of == "gpu" else self.tp
+        return np.asarray([[keys.get(x, len(keys)) for x in r] for r in rows], dtype=np.int64)
+
+
+def _base(est: list[PlanMetrics]) -> _Base:
+    width = max((e.plan.pp for e in est), default=1)
+    t = np.zeros((len(est), width))
+    for i, e in enumerate(est):
+        t[i, :e.plan.pp] = e.stage_time_ms
+    m = np.asarray([e.plan.micro_batches for e in est], dtype=np.float64)
+    pad = [[None] * (width - e.plan.pp) for e in est]
+    return _Base(t=t, m=m, rest=np.asarray([e.iteration_time_ms for e in est]) - ((m - 1) * t.max(axis=1) + t.sum(axis=1)),
+                 transfers=np.asarray([blocking_transfers(e.plan.pp, e.plan.micro_batches) for e in est], dtype=np.float64),
+                 gpu=[[st.gpu for st in e.plan.stages] + p for e, p in zip(est, pad)],
+                 tp=[[st.tp for st in e.plan.stages] + p for e, p in zip(est, pad)])
+
+
+def _assembled(b: _Base, a: np.ndarray, c: float, o: float, d: float = 0.0) -> np.ndarray:
     """T' of each plan from its base estimate: (m − 1)·max_s(a_s·t_s) + Σ_s a_s·t_s + c·(T − S) + o
-    + d·blocking_transfers(pp, m) — what memx.planner.schedule.Pipeline computes with the calibration."""
-    out = np.empty(len(est))
-    for i, (e, ai) in enumerate(zip(est, a)):
-        t = np.asarray(e.stage_time_ms, float) * ai
-        m = e.plan.micro_batches
-        s = _stage_part(e.stage_time_ms, m)
-        out[i] = (m - 1) * t.max() + t.sum() + c * (e.iteration_time_ms - s) + o + d * blocking_transfers(e.plan.pp, m)
-    return out
+    + d·blocking_transfers(pp, m) — what memx.planner.schedule.Pipeline computes with the calibration
+    (a: (n, P) stage-time multipliers; stage times are positive, so the zero padding changes neither term)."""
+    t = b.t * a
+    return (b.m - 1) * t.max(axis=1) + t.sum(axis=1) + c * b.rest + o + d * b.transfers
 
 
 def calibrated_times(est: list[PlanMetrics], calibration: PlanCalibration) -> np.ndarray:
@@ -328,36 +352,38 @@ def _fit_time(est: list[PlanMetrics], y: np.ndarray, ridge: float, per_tp: bool 
     residuals: soft-L1 relative errors + ridge."""
     if not est:
         return {}
+    b = _base(est)
     types = sorted({st.gpu for e in est for st in e.plan.stages})
     tps = sorted({st.tp for e in est for st in e.plan.stages}) if per_tp else []
-    idx, tdx = {g: j for j, g in enumerate(types)}, {t: len(types) + j for j, t in enumerate(tps)}
+    idx, tdx = {g: j for j, g in enumerate(types)}, {t: j for j, t in enumerate(tps)}
+    gi, ti = b.index(idx, "gpu"), b.index(tdx, "tp")
     scale = float(np.median(y))
-    stage_type = [np.asarray([idx[st.gpu] for st in e.plan.stages]) for e in est]
-    stage_tp = [np.asarray([tdx[st.tp] for st in e.plan.stages]) for e in est] if per_tp else None
-    k = len(types) + len(tps)
+    k, q = len(types), len(tps)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        a = np.exp(theta[:k])
-        mult = [a[ty] * a[tt] for ty, tt in zip(stage_type, stage_tp)] if per_tp else [a[ty] for ty in stage_type]
-        pred = _assembled(est, mult, float(np.exp(theta[k])), float(theta[k + 1] * scale),
-                          float(theta[k + 2] * scale * D_UNIT))
+        a = np.append(np.exp(theta[:k]), 1.0)[gi] * np.append(np.exp(theta[k:k + q]), 1.0)[ti]
+        kq = k + q
+        pred = _assembled(b, a, float(np.exp(theta[kq])), float(theta[kq + 1] * scale), float(theta[kq + 2] * scale * D_UNIT))
         return np.concatenate([(pred - y) / y, np.sqrt(ridge) * theta])
 
-    lower = np.full(k + 3, -np.inf)
-    lower[k + 2] = 0.0  # a transfer costs time: d ≥ 0
-    start = np.zeros(k + 3)
-    start[k + 2] = 1e-3  # strictly inside the bound: from the bound itself the bounded solver does not move
+    n = k + q + 3
+    lower = np.full(n, -np.inf)
+    lower[n - 1] = 0.0  # a transfer costs time: d ≥ 0
+    start = np.zeros(n)
+    start[n - 1] = 1e-3  # strictly inside the bound: from the bound itself the bounded solver does not move
     th = least_squares(residuals, start, bounds=(lower, np.inf), loss="soft_l1", f_scale=LOSS_SCALE, x_scale="jac").x
     return {"time_scale": {g: float(np.exp(th[j])) for g, j in idx.items()},
-            "tp_time_scale": {t: float(np.exp(th[j])) for t, j in tdx.items()}, "comm_scale": float(np.exp(th[k])),
-            "overhead_ms": float(th[k + 1] * scale), "p2p_per_transfer_ms": float(th[k + 2] * scale * D_UNIT)}
+            "tp_time_scale": {t: float(np.exp(th[k + j])) for t, j in tdx.items()}, "comm_scale": float(np.exp(th[k + q])),
+            "overhead_ms": float(th[k + q + 1] * scale), "p2p_per_transfer_ms": float(th[n - 1] * scale * D_UNIT)}
 
 
 def _time_predictions(fit: dict, est: list[PlanMetrics]) -> np.ndarray:
     """T' of each plan under a time fit ({}: the identity)."""
+    b = _base(est)
     ts, tt = fit.get("time_scale", {}), fit.get("tp_time_scale", {})
-    a = [np.asarray([ts.get(st.gpu, 1.0) * tt.get(st.tp, 1.0) for st in e.plan.stages]) for e in est]
-    return _assembled(est, a, fit.get("comm_scale", 1.0), fit.get("overhead_ms", 0.0), fit.get("p2p_per_transfer_ms", 0.0))
+    a = np.asarray([[ts.get(g, 1.0) if g is not None else 1.0 for g in r] for r in b.gpu])
+    a = a * np.asarray([[tt.get(x, 1.0) if x is not None else 1.0 for x in r] for r in b.tp])
+    return _assembled(b, a, fit.get("comm_scale", 1.0), fit.get("overhead_ms", 0.0), fit.get("p2p_per_transfer_ms", 0.0))
 
 
 def _time_errors(fit: dict, est: list[PlanMetrics], y: np.ndarray) -> np.ndarray:
