@@ -6,18 +6,19 @@ a 3-point design is profiled on the simulator with the vTrain-calibrated A100 tr
 docs/simulator.md) and the learned predictor trained on it (`model_estimates`, shared with bench/accuracy.py
 and tests/validation/test_predictor_vtrain.py). Then:
 
-1. uncalibrated: every measured configuration predicted by its model's predictor;
-2. leave-one-model-out calibration: for each model, a `PlanCalibration` is fitted (memx.learn.calibration,
-   with its leave-one-plan-out guard) on the measured plans of the other seven models only, and the
-   held-out model's plans are predicted through it (`held_out_calibrated`). No plan is scored by a
-   calibration that saw it.
+1. uncalibrated: every measured configuration predicted by its model's predictor (the paper's assembly);
+2. calibrated, held out (`held_out_calibrated`): for each model, a `PlanCalibration` is fitted
+   (memx.learn.calibration, with its guard) on the measured plans of the other seven models only
+   (`leave_out="model"`), or of the four models of the other hidden size (`leave_out="hidden"`), and the
+   held-out model's plans are predicted through it. No plan is scored by a calibration that saw it.
+   Terms: a (per GPU type), c, o, then + d (per blocking p2p transfer), then + b_tp (per tp degree).
 
 Figures: MAPE, median within-group Spearman (groups of equal GPU count and model), measured-best predicted
-first (of 24 groups).
+first (of 24 groups), and the mean signed error by pp (where the paper's assembly errs).
 
-Usage: .venv/bin/python bench/vtrain_calibration.py [--models 24] [--per-model N]
-  --models 24: only the two 24-layer models (the validation test); --per-model N: calibrate on N measured
-  plans per other model (default: all 180).
+Usage: PYTHONPATH=. .venv/bin/python bench/vtrain_calibration.py [--models all|24] [--per-model 20]
+  --models 24: only the two 24-layer models; --per-model N: the last line calibrates on N measured plans
+  drawn from each other model (default 20). Results: docs/benchmarks.md §vTrain calibrated.
 """
 
 from __future__ import annotations
@@ -125,13 +126,20 @@ def scores(rows: pd.DataFrame, pred_ms: np.ndarray) -> Scores:
                   min_spearman=float(np.min(rhos)), best_first=best, groups=len(groups))
 
 
+def bias_by(rows: pd.DataFrame, pred_ms: np.ndarray, by) -> str:
+    """Mean signed relative error (prediction − measured) / measured per value of `by`, as text."""
+    err = (np.asarray(pred_ms, float) - rows.time_ms.to_numpy()) / rows.time_ms.to_numpy()
+    means = pd.Series(err, index=rows.index).groupby([rows[c] for c in ([by] if isinstance(by, str) else by)]).mean()
+    return " ".join(f"{k}: {100 * v:+.1f} %" for k, v in means.items())
+
+
 def uncalibrated(models: list[ModelRuns]) -> tuple[pd.DataFrame, np.ndarray]:
     rows = pd.concat([m.rows for m in models], ignore_index=True)
     return rows, np.concatenate([[e.iteration_time_ms for e in m.estimates] for m in models])
 
 
 def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None, seed: int = 0, guard: bool = True,
-                        per_tp: bool = False, leave_out: str = "model"
+                        per_tp: bool = False, per_transfer: bool = True, leave_out: str = "model"
                         ) -> tuple[pd.DataFrame, np.ndarray, dict[str, PlanCalibration]]:
     """Leave one model out (`leave_out="model"`): each model's plans predicted through a calibration fitted on
     the measured plans of the other models only (all of them, or `per_model` drawn at random from each);
@@ -148,7 +156,7 @@ def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None
                 continue
             est += [m.estimates[i] for i in picks[m.key]]
             y += [float(m.rows.time_ms.iloc[i]) for i in picks[m.key]]
-        cal = fit_from_estimates(est, y, guard=guard, per_tp=per_tp)
+        cal = fit_from_estimates(est, y, guard=guard, per_tp=per_tp, per_transfer=per_transfer)
         cals[held.key] = cal
         preds.append(calibrated_times(held.estimates, cal))
     rows = pd.concat([m.rows for m in models], ignore_index=True)
@@ -166,16 +174,21 @@ def main() -> None:
         df = df[df.layers == 24]
     models = model_estimates(df)
     print(scores(*uncalibrated(models)).line("vTrain uncalibrated (paper assembly, learned stages)"))
-    runs = [("model", None, False), ("model", None, True), ("hidden", None, True), ("model", args.per_model, True)]
-    for leave_out, per_model, per_tp in runs:
-        rows, pred, cals = held_out_calibrated(models, per_model=per_model, per_tp=per_tp, leave_out=leave_out)
+    print("  mean signed error by pp: " + bias_by(*uncalibrated(models), "pp") + "; by (hidden, tp): "
+          + bias_by(*uncalibrated(models), ["hidden", "tp"]))
+    runs = [("model", None, False, False), ("model", None, False, True), ("model", None, True, True),
+            ("hidden", None, True, True), ("model", args.per_model, True, True)]
+    for leave_out, per_model, per_tp, per_transfer in runs:
+        rows, pred, cals = held_out_calibrated(models, per_model=per_model, per_tp=per_tp, per_transfer=per_transfer,
+                                               leave_out=leave_out)
         for key, cal in cals.items():
             tp = " ".join(f"b{t}={v:.3f}" for t, v in sorted(cal.tp_time_scale.items()))
             print(f"  held out {key}: {cal.summary()}; a={cal.time_scale} {tp} c={cal.comm_scale:.3f} "
                   f"o={cal.overhead_ms:.2f} ms d={cal.p2p_per_transfer_ms:.3f} ms")
         n = "all" if per_model is None else per_model
-        terms = "a, c, o, d" + (", b_tp" if per_tp else "")
+        terms = "a, c, o" + (", d" if per_transfer else "") + (", b_tp" if per_tp else "")
         print(scores(rows, pred).line(f"vTrain leave-one-{leave_out}-out calibrated ({terms}; {n} plans per other model)"))
+        print("  mean signed error by pp (held out): " + bias_by(rows, pred, "pp"))
 
 
 if __name__ == "__main__":

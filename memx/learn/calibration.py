@@ -226,7 +226,7 @@ def fit_plan_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence
                     peak_mem_mib_measured: Sequence[Sequence[float] | None], cluster: Cluster, model: ModelArch,
                     predictor: StagePredictor, **kw) -> PlanCalibration:
     """Fit a PlanCalibration on measured plans (None entries: OOM / not measured, skipped); keywords as
-    fit_from_estimates (time_ridge, mem_ridge, guard, per_tp)."""
+    fit_from_estimates (time_ridge, mem_ridge, guard, per_tp, per_transfer)."""
     if not (len(plans) == len(iteration_time_ms_measured) == len(peak_mem_mib_measured)):
         raise InputError("fit_plan_calibration: plans, iteration times and peaks must have one entry per plan")
     if not plans:
@@ -238,14 +238,15 @@ def fit_plan_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence
 def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Sequence[float | None],
                        peak_mem_mib_measured: Sequence[Sequence[float] | None] | None = None, *,
                        time_ridge: float = TIME_RIDGE, mem_ridge: float = MEM_RIDGE, guard: bool = True,
-                       per_tp: bool = False) -> PlanCalibration:
+                       per_tp: bool = False, per_transfer: bool = True) -> PlanCalibration:
     """A PlanCalibration from the uncalibrated estimates of the measured plans (`estimate_plans` with the base
     predictor, reserve 0); the plans may come from several models, each estimated by its own predictor, as
     long as they share GPU types (bench/vtrain_calibration.py: one A100 calibration from seven models).
     With `guard`, the time part and the memory part are each kept only when their cross-validated error
     beats the uncalibrated error (Guard); without, the fit is taken as it is. `per_tp`: also fit a stage-time
     multiplier b_tp per tensor-parallel degree (the tp all-reduces inside every stage, Shoeybi et al. 2019 §3,
-    and the per-rank GEMM sizes change with tp, so the profile environment can be off by degree)."""
+    and the per-rank GEMM sizes change with tp, so the profile environment can be off by degree).
+    `per_transfer=False` keeps d at 0 (the assembly's p2p as the paper counts it, only scaled by c)."""
     peak_mem_mib_measured = [None] * len(est) if peak_mem_mib_measured is None else peak_mem_mib_measured
     if not (len(est) == len(iteration_time_ms_measured) == len(peak_mem_mib_measured)):
         raise InputError("fit_from_estimates: estimates, iteration times and peaks must have one entry per plan")
@@ -253,12 +254,12 @@ def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Seque
     with_peaks = [i for i, y in enumerate(peak_mem_mib_measured) if y is not None and len(y) > 0]
     t_est, t_y = [est[i] for i in timed], np.asarray([iteration_time_ms_measured[i] for i in timed], float)
     m_est, m_y = [est[i] for i in with_peaks], [np.asarray(peak_mem_mib_measured[i], float) for i in with_peaks]
-    time_fit = _fit_time(t_est, t_y, time_ridge, per_tp)
+    time_fit = _fit_time(t_est, t_y, time_ridge, per_tp, per_transfer)
     mem_fit = _fit_memory(m_est, m_y, mem_ridge)
     n_t, n_m, t_guard, m_guard = len(timed), len(with_peaks), None, None
     if guard:
         # a part with no measurement has nothing to guard (its summary then says "not calibrated")
-        t_guard = _guard(t_est, t_y, lambda e, y: _fit_time(e, y, time_ridge, per_tp), _time_errors) if n_t else None
+        t_guard = _guard(t_est, t_y, lambda e, y: _fit_time(e, y, time_ridge, per_tp, per_transfer), _time_errors) if n_t else None
         m_guard = _guard(m_est, m_y, lambda e, y: _fit_memory(e, y, mem_ridge), _mem_errors) if n_m else None
         if t_guard is not None and not t_guard.accepted:
             time_fit, n_t = {}, 0
@@ -347,8 +348,9 @@ def calibrated_times(est: list[PlanMetrics], calibration: PlanCalibration) -> np
     return _time_predictions(fit, est)
 
 
-def _fit_time(est: list[PlanMetrics], y: np.ndarray, ridge: float, per_tp: bool = False) -> dict:
-    """θ = (log a_g per type seen, [log b_tp per tp degree seen], log c, o / median y, d / (median y / 100) ≥ 0);
+def _fit_time(est: list[PlanMetrics], y: np.ndarray, ridge: float, per_tp: bool = False,
+              per_transfer: bool = True) -> dict:
+    """θ = (log a_g per type seen, [log b_tp per tp degree seen], log c, o / median y, [d / (median y / 100) ≥ 0]);
     residuals: soft-L1 relative errors + ridge."""
     if not est:
         return {}
@@ -362,19 +364,22 @@ def _fit_time(est: list[PlanMetrics], y: np.ndarray, ridge: float, per_tp: bool 
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         a = np.append(np.exp(theta[:k]), 1.0)[gi] * np.append(np.exp(theta[k:k + q]), 1.0)[ti]
-        kq = k + q
-        pred = _assembled(b, a, float(np.exp(theta[kq])), float(theta[kq + 1] * scale), float(theta[kq + 2] * scale * D_UNIT))
+        pred = _assembled(b, a, float(np.exp(theta[k + q])), float(theta[k + q + 1] * scale), d_of(theta))
         return np.concatenate([(pred - y) / y, np.sqrt(ridge) * theta])
 
-    n = k + q + 3
-    lower = np.full(n, -np.inf)
-    lower[n - 1] = 0.0  # a transfer costs time: d ≥ 0
-    start = np.zeros(n)
-    start[n - 1] = 1e-3  # strictly inside the bound: from the bound itself the bounded solver does not move
+    n = k + q + 2 + int(per_transfer)
+
+    def d_of(theta: np.ndarray) -> float:
+        return float(theta[n - 1] * scale * D_UNIT) if per_transfer else 0.0
+
+    lower, start = np.full(n, -np.inf), np.zeros(n)
+    if per_transfer:
+        lower[n - 1] = 0.0  # a transfer costs time: d ≥ 0
+        start[n - 1] = 1e-3  # strictly inside the bound: from the bound itself the bounded solver does not move
     th = least_squares(residuals, start, bounds=(lower, np.inf), loss="soft_l1", f_scale=LOSS_SCALE, x_scale="jac").x
     return {"time_scale": {g: float(np.exp(th[j])) for g, j in idx.items()},
             "tp_time_scale": {t: float(np.exp(th[k + j])) for t, j in tdx.items()}, "comm_scale": float(np.exp(th[k + q])),
-            "overhead_ms": float(th[k + q + 1] * scale), "p2p_per_transfer_ms": float(th[n - 1] * scale * D_UNIT)}
+            "overhead_ms": float(th[k + q + 1] * scale), "p2p_per_transfer_ms": d_of(th)}
 
 
 def _time_predictions(fit: dict, est: list[PlanMetrics]) -> np.ndarray:
