@@ -202,3 +202,14 @@ def test_recovers_a_planted_per_transfer_cost_and_tp_scales(setting):
     plain = fit_from_estimates(est, [e.iteration_time_ms for e in truth], time_ridge=1e-8, guard=False)
     assert plain.tp_time_scale == {}  # per-tp scales only when asked for
     assert cal.mem_guard is None and "memory: not calibrated" in fit_from_estimates(est[:5], [1e3] * 5).summary()
+
+
+def test_search_and_estimate_share_the_per_transfer_cost(setting):
+    cluster, model, flat, _ = setting
+    planted = PlanCalibration(p2p_per_transfer_ms=5.0, tp_time_scale={1: 1.2})
+    chosen = search(cluster, model, load_search("default"), planted.wrap(flat)).chosen
+    again = estimate_plans([chosen.plan], cluster, model, planted.wrap(flat))[0]
+    plain = estimate_plans([chosen.plan], cluster, model, flat)[0]
+    assert chosen.iteration_time_ms == pytest.approx(again.iteration_time_ms, rel=1e-5)
+    assert chosen.plan.pp > 1 and again.iteration_time_ms >= plain.iteration_time_ms + 5.0 * blocking_transfers(
+        chosen.plan.pp, chosen.plan.micro_batches) - 1e-6
