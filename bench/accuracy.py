@@ -10,7 +10,8 @@
 2. vTrain (../shared/realdata/vtrain/data/ground_truth_single.csv, A100, full recompute): per model, a
    3-point design profiled on the simulator with the vTrain-calibrated A100 traits (eager attention),
    predictor trained, every measured configuration predicted; MAPE and Spearman within groups of equal
-   GPU count and model.
+   GPU count and model; then calibrated on the other models' measured plans, held out
+   (bench/vtrain_calibration.py has every protocol).
 3. Sailor GH200 plans from per-layer time-only profiles: tests/validation/test_predictor_sailor.py.
 
 Usage: .venv/bin/python bench/accuracy.py [--plans 900] [--skip-real]
@@ -20,7 +21,6 @@ Last line: time_mape=<x> mem_mape=<x> spearman=<x> top1_time=<0|1> top1_phi=<0|1
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import tempfile
@@ -33,7 +33,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from memx.domain.catalog import load_cluster, load_gpu, load_model, load_search  # noqa: E402
+from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
 from memx.report.evaluate import evaluate  # noqa: E402
 from memx.learn import VARIANTS, fit_predictor  # noqa: E402
 from memx.learn.augment import augment  # noqa: E402
@@ -98,48 +98,13 @@ def _show(label: str, r: dict) -> None:
 
 
 def vtrain(realdata: Path) -> None:
-    from scipy.stats import spearmanr
+    """Uncalibrated and held-out calibrated figures on vTrain (bench/vtrain_calibration.py, one path)."""
+    from bench.vtrain_calibration import held_out_calibrated, load_vtrain, model_estimates, scores, uncalibrated
 
-    from memx.planner.estimate import estimate_plans
-    from memx.domain.plan import Plan, Stage
-    from memx.profiling.design import dense_points, grid_points, gpu_axes, inflight_points
-    from memx.simulator import load_traits, measure_stages
-    from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace
-
-    df = pd.read_csv(realdata / "vtrain" / "data" / "ground_truth_single.csv", encoding="utf-8-sig")
-    df.columns = ["gpus", "gbs", "mbs", "hidden", "heads", "layers", "seq", "tp", "dp", "pp", "time_ms"]
-    a100 = load_gpu("a100-80g")
-    traits = {a100.name: dataclasses.replace(load_traits("a100-80g"), flash_attention=False)}
-    cluster = Cluster(name="vtrain-node", inter_node_bandwidth_gbps=25, nodes=(Node(gpu=a100, count=8),))
-    # vTrain ran without sequence parallelism or a distributed optimizer (tests/validation/test_predictor_vtrain.py)
-    space = SearchSpace(name="vtrain", global_batch=128, tp_options=(1, 2, 4, 8), micro_batch_options=(1, 2, 4, 8),
-                        recompute_levels=("full",), max_pp=4, sequence_parallel=(False,), distributed_optimizer=(False,))
-    pred_all, meas_all, groups = [], [], []
-    for (h, L), grp in df.groupby(["hidden", "layers"]):
-        model = ModelArch(name="gpt", layers=int(L), hidden=int(h), ffn_hidden=4 * int(h), heads=int(grp.heads.iloc[0]),
-                          query_groups=int(grp.heads.iloc[0]), vocab=51200, seq_len=int(grp.seq.iloc[0]), mlp="gelu")
-        ax = gpu_axes(cluster, model, space, a100)
-        sel = {"tp", "micro_batch", "layers"}
-        points = grid_points(ax, model, sel) + inflight_points(ax, model, sel) + dense_points(ax, model)
-        runs = measure_stages(pd.DataFrame(points), seed=int(h + L), gpus=cluster, traits=traits)
-        runs["source"] = [p["source"] for p in points]
-        pred = fit_predictor(augment(runs).stage_runs, {a100.name: a100}, variant="hybrid-calibrated", seed=0)
-        plans = [Plan(model="gpt", cluster=cluster.name, global_batch=int(r.gbs), micro_batch=int(r.mbs), seq_len=int(r.seq),
-                      dp=int(r.dp), stages=tuple(Stage(gpu=a100.name, tp=int(r.tp), layers=int(L) // int(r.pp),
-                                                       recompute="full") for _ in range(int(r.pp))))
-                 for r in grp.itertuples(index=False)]
-        est = estimate_plans(plans, cluster, model, pred)
-        pred_all += [e.iteration_time_ms for e in est]
-        meas_all += grp.time_ms.tolist()
-        groups += [f"{g}-{h}-{L}" for g in grp.gpus]
-    p, m = np.array(pred_all), np.array(meas_all)
-    ape = np.abs(p - m) / m
-    frame = pd.DataFrame({"g": groups, "p": p, "m": m})
-    rhos = [spearmanr(x.p, x.m).statistic for _, x in frame.groupby("g") if len(x) > 2]
-    top1 = [int(x.p.idxmin() == x.m.idxmin()) for _, x in frame.groupby("g")]
-    print(f"vTrain single-node A100: n={len(m)} MAPE={ape.mean():.4f} max={ape.max():.3f} "
-          f"Spearman overall={spearmanr(p, m).statistic:.4f} within {len(rhos)} groups median={np.median(rhos):.4f} "
-          f"min={np.min(rhos):.4f}; top-1 in {sum(top1)}/{len(top1)} groups")
+    models = model_estimates(load_vtrain(realdata))
+    print(scores(*uncalibrated(models)).line("vTrain single-node A100 uncalibrated"))
+    rows, pred, _ = held_out_calibrated(models, per_tp=True)
+    print(scores(rows, pred).line("vTrain single-node A100 calibrated on the other 7 models' plans (held out)"))
 
 
 def main() -> None:

@@ -4,25 +4,32 @@
 of plans, each measured once — an iteration time (null on OOM) and one peak per GPU. A `PlanCalibration`
 fitted on them corrects, on top of any stage predictor (closed form or learned):
 
-- per GPU type g, a multiplier a_g on every stage time of that type;
+- per GPU type g, a multiplier a_g on every stage time of that type; optionally (`per_tp`) also one per
+  tensor-parallel degree, b_tp (the stage's tp all-reduces, Shoeybi et al. 2019 §3, and per-rank GEMM sizes
+  change with tp, so a profile environment can be off by degree; vTrain: tp 1 stages too fast, tp 2 slow);
 - one multiplier c on the assembly's communication and step terms (Σ 2·p2p + max_s (T_dp + optimizer),
   paper §3.1.2; docs/architecture.md §1F1B assembly);
 - a per-iteration overhead o (ms; launch, data loading, logging — what no stage measurement sees; the
   fit leaves its sign free, so it also absorbs a constant over-estimate of the base model);
+- a cost d ≥ 0 (ms) of every blocking p2p transfer on the 1F1B critical path, 2 (pp − 1) + 2 (m − 1) of
+  them (memx.planner.schedule.blocking_transfers; Narayanan et al. 2021 §2.2.1): with blocking send/recv
+  every micro batch's activation and gradient hops cost the bottleneck stage time, which the paper's
+  Σ 2·p2p (counted once per iteration) does not charge — so the error of the paper's assembly grows with
+  pp and m where a framework's send/recv carries a fixed set-up cost (Megatron-DeepSpeed on vTrain's A100s);
 - per GPU type, an affine map of the predicted peak, peak' = k_g·peak + b_g (MiB).
 
 The calibrated iteration time of a plan with m micro batches and stage times t_s is
-    T' = (m − 1)·max_s(a_{g_s}·t_s) + Σ_s a_{g_s}·t_s + c·(T − S) + o,
+    T' = (m − 1)·max_s(a'_s·t_s) + Σ_s a'_s·t_s + c·(T − S) + o + d·blocking_transfers(pp, m),  a'_s = a_{g_s}·b_{tp_s},
 where T is the uncalibrated estimate and S = (m − 1)·max_s t_s + Σ_s t_s its stage part, so T − S is
 exactly the assembly's p2p + T_dp + optimizer terms (memx.planner.schedule.iteration_time_ms).
 
 Fit: robust least squares (scipy `least_squares`, soft-L1 loss on relative errors, Huber 1964 /
-Triggs et al. 2000 §6) with a ridge prior toward identity (log a_g = log c = 0, o = 0; k_g = 1, b_g = 0):
+Triggs et al. 2000 §6) with a ridge prior toward identity (log a_g = log c = 0, o = d = 0; k_g = 1, b_g = 0):
 with a handful of plans the prior dominates, so a few plans cannot overfit; with none the calibration
 is the identity. OOM rows carry no time and no peak and are not used.
 
 Where it applies: `PlanCalibration.wrap(predictor)` is a StagePredictor that applies the per-type
-stage multipliers and memory maps and carries c and o (`assembly`) into memx.planner.schedule.Pipeline,
+stage multipliers and memory maps and carries c, o and d (`assembly`) into memx.planner.schedule.Pipeline,
 so the search, `estimate_plans` and `calibrated_estimates` score plans through one assembly.
 
 Guard (`guard=True`, the default): the time part and the memory part are each kept only when their
@@ -47,11 +54,12 @@ from memx.domain.plan import Plan, plan_from_dict, plan_from_json
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics, per_gpu_peaks
-from memx.planner.schedule import AssemblyCalibration, iteration_time_ms
+from memx.planner.schedule import AssemblyCalibration, blocking_transfers
 from memx.planner.signatures import StagePredictor
 
 TIME_RIDGE = 0.3  # prior weight: a unit of log-multiplier costs like a 30 % error on one plan (soft-L1 scale)
 MEM_RIDGE = 0.3
+D_UNIT = 0.01  # d's parameter unit: 1 % of the median measured iteration per transfer
 LOSS_SCALE = 0.1  # soft-L1 f_scale: relative errors above 10 % count linearly, not quadratically
 MEM_COLUMNS = ("peak_mem_mib", "peak_mem_mib_low", "peak_mem_mib_high")
 
@@ -85,8 +93,10 @@ class PlanCalibration:
     """Corrections fitted on measured plans; the default is the identity."""
 
     time_scale: Mapping[str, float] = field(default_factory=dict)  # a_g per GPU type (missing: 1)
+    tp_time_scale: Mapping[int, float] = field(default_factory=dict)  # b_tp per tensor-parallel degree (missing: 1)
     comm_scale: float = 1.0  # c on p2p + DP step + optimizer step
     overhead_ms: float = 0.0  # o per iteration
+    p2p_per_transfer_ms: float = 0.0  # d per blocking p2p transfer on the 1F1B critical path
     mem_scale: Mapping[str, float] = field(default_factory=dict)  # k_g per GPU type (missing: 1)
     mem_offset_mib: Mapping[str, float] = field(default_factory=dict)  # b_g per GPU type (missing: 0)
     plans_timed: int = 0  # measured plans with an iteration time the fit used
@@ -97,12 +107,15 @@ class PlanCalibration:
     @property
     def is_identity(self) -> bool:
         """Whether it changes no prediction (nothing fitted, or every part kept at the identity)."""
-        return (all(v == 1.0 for v in self.time_scale.values()) and self.comm_scale == 1.0 and self.overhead_ms == 0.0
+        return (all(v == 1.0 for v in self.time_scale.values()) and all(v == 1.0 for v in self.tp_time_scale.values())
+                and self.comm_scale == 1.0 and self.overhead_ms == 0.0
+                and self.p2p_per_transfer_ms == 0.0
                 and all(v == 1.0 for v in self.mem_scale.values()) and all(v == 0.0 for v in self.mem_offset_mib.values()))
 
     @property
     def assembly(self) -> AssemblyCalibration:
-        return AssemblyCalibration(comm_scale=self.comm_scale, overhead_ms=self.overhead_ms)
+        return AssemblyCalibration(comm_scale=self.comm_scale, overhead_ms=self.overhead_ms,
+                                   p2p_per_transfer_ms=self.p2p_per_transfer_ms)
 
     def wrap(self, predictor: StagePredictor) -> StagePredictor:
         """The predictor the search and estimate_plans use: per-type stage time and memory maps, and c
@@ -133,7 +146,9 @@ class PlanCalibration:
         return "; ".join(parts)
 
     def to_dict(self) -> dict:
-        return {"time_scale": dict(self.time_scale), "comm_scale": self.comm_scale, "overhead_ms": self.overhead_ms,
+        return {"time_scale": dict(self.time_scale), "tp_time_scale": {str(t): v for t, v in self.tp_time_scale.items()},
+                "comm_scale": self.comm_scale, "overhead_ms": self.overhead_ms,
+                "p2p_per_transfer_ms": self.p2p_per_transfer_ms,
                 "mem_scale": dict(self.mem_scale), "mem_offset_mib": dict(self.mem_offset_mib),
                 "plans_timed": self.plans_timed, "plans_with_peaks": self.plans_with_peaks,
                 "time_guard": self.time_guard.to_dict() if self.time_guard else None,
@@ -147,13 +162,15 @@ def calibration_from_dict(d: Mapping, *, source: str = "calibration.json") -> Pl
                                                            cv_mape=float(d[k]["cv_mape"]), folds=int(d[k]["folds"]))
                   for k in ("time_guard", "mem_guard")}
         return PlanCalibration(
-            time_scale={str(g): float(v) for g, v in d["time_scale"].items()}, comm_scale=float(d["comm_scale"]),
-            overhead_ms=float(d["overhead_ms"]), mem_scale={str(g): float(v) for g, v in d["mem_scale"].items()},
+            time_scale={str(g): float(v) for g, v in d["time_scale"].items()},
+            tp_time_scale={int(t): float(v) for t, v in d.get("tp_time_scale", {}).items()}, comm_scale=float(d["comm_scale"]),
+            overhead_ms=float(d["overhead_ms"]), p2p_per_transfer_ms=float(d.get("p2p_per_transfer_ms", 0.0)),
+            mem_scale={str(g): float(v) for g, v in d["mem_scale"].items()},
             mem_offset_mib={str(g): float(v) for g, v in d["mem_offset_mib"].items()},
             plans_timed=int(d["plans_timed"]), plans_with_peaks=int(d["plans_with_peaks"]), **guards)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{source}: not a plan calibration ({type(exc).__name__}: {exc}); fields: "
-                         "time_scale, comm_scale, overhead_ms, mem_scale, mem_offset_mib, plans_timed, "
+                         "time_scale, tp_time_scale (optional), comm_scale, overhead_ms, p2p_per_transfer_ms (optional), mem_scale, mem_offset_mib, plans_timed, "
                          "plans_with_peaks, time_guard, mem_guard") from None
 
 
@@ -187,6 +204,7 @@ class CalibratedStagePredictor:
         out = self.base.predict(sigs).copy()
         cal, gpu = self.plan_calibration, sigs["gpu"].astype(str)
         a = gpu.map(lambda g: cal.time_scale.get(g, 1.0)).to_numpy(float)
+        a = a * sigs["tp"].astype(int).map(lambda t: cal.tp_time_scale.get(t, 1.0)).to_numpy(float)
         k = gpu.map(lambda g: cal.mem_scale.get(g, 1.0)).to_numpy(float)
         b = gpu.map(lambda g: cal.mem_offset_mib.get(g, 0.0)).to_numpy(float)
         for col in ("time_ms", "time_ms_low", "time_ms_high"):
@@ -198,12 +216,6 @@ class CalibratedStagePredictor:
         return out
 
 
-def _stage_part(stage_ms: Sequence[float], micro_batches: int) -> float:
-    """S = (m − 1)·max_s t_s + Σ_s t_s: the assembly without p2p and tail (memx.planner.schedule)."""
-    t = np.asarray(stage_ms, dtype=np.float64)[:, None]
-    return float(iteration_time_ms(t, micro_batches, 0.0, np.zeros_like(t))[0])
-
-
 def calibrated_estimates(plans: list[Plan], cluster: Cluster, model: ModelArch, predictor: StagePredictor,
                          calibration: PlanCalibration, *, reserve_gib: float = 1.0) -> list[PlanMetrics]:
     """estimate_plans through the calibrated predictor: the one assembly the search uses."""
@@ -212,29 +224,46 @@ def calibrated_estimates(plans: list[Plan], cluster: Cluster, model: ModelArch, 
 
 def fit_plan_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence[float | None],
                     peak_mem_mib_measured: Sequence[Sequence[float] | None], cluster: Cluster, model: ModelArch,
-                    predictor: StagePredictor, *, time_ridge: float = TIME_RIDGE,
-                    mem_ridge: float = MEM_RIDGE, guard: bool = True) -> PlanCalibration:
-    """Fit a PlanCalibration on measured plans (None entries: OOM / not measured, skipped). With
-    `guard`, the time part and the memory part are each kept only when their cross-validated error
-    beats the uncalibrated error (Guard); without, the fit is taken as it is."""
+                    predictor: StagePredictor, **kw) -> PlanCalibration:
+    """Fit a PlanCalibration on measured plans (None entries: OOM / not measured, skipped); keywords as
+    fit_from_estimates (time_ridge, mem_ridge, guard, per_tp, per_transfer)."""
     if not (len(plans) == len(iteration_time_ms_measured) == len(peak_mem_mib_measured)):
         raise InputError("fit_plan_calibration: plans, iteration times and peaks must have one entry per plan")
     if not plans:
         return PlanCalibration()
     est = estimate_plans(plans, cluster, model, predictor, reserve_gib=0.0)
+    return fit_from_estimates(est, iteration_time_ms_measured, peak_mem_mib_measured, **kw)
+
+
+def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Sequence[float | None],
+                       peak_mem_mib_measured: Sequence[Sequence[float] | None] | None = None, *,
+                       time_ridge: float = TIME_RIDGE, mem_ridge: float = MEM_RIDGE, guard: bool = True,
+                       per_tp: bool = False, per_transfer: bool = True) -> PlanCalibration:
+    """A PlanCalibration from the uncalibrated estimates of the measured plans (`estimate_plans` with the base
+    predictor, reserve 0); the plans may come from several models, each estimated by its own predictor, as
+    long as they share GPU types (bench/vtrain_calibration.py: one A100 calibration from seven models).
+    With `guard`, the time part and the memory part are each kept only when their cross-validated error
+    beats the uncalibrated error (Guard); without, the fit is taken as it is. `per_tp`: also fit a stage-time
+    multiplier b_tp per tensor-parallel degree (the tp all-reduces inside every stage, Shoeybi et al. 2019 §3,
+    and the per-rank GEMM sizes change with tp, so the profile environment can be off by degree).
+    `per_transfer=False` keeps d at 0 (the assembly's p2p as the paper counts it, only scaled by c)."""
+    peak_mem_mib_measured = [None] * len(est) if peak_mem_mib_measured is None else peak_mem_mib_measured
+    if not (len(est) == len(iteration_time_ms_measured) == len(peak_mem_mib_measured)):
+        raise InputError("fit_from_estimates: estimates, iteration times and peaks must have one entry per plan")
     timed = [i for i, y in enumerate(iteration_time_ms_measured) if _finite_positive(y)]
     with_peaks = [i for i, y in enumerate(peak_mem_mib_measured) if y is not None and len(y) > 0]
     t_est, t_y = [est[i] for i in timed], np.asarray([iteration_time_ms_measured[i] for i in timed], float)
     m_est, m_y = [est[i] for i in with_peaks], [np.asarray(peak_mem_mib_measured[i], float) for i in with_peaks]
-    time_fit = _fit_time(t_est, t_y, time_ridge)
+    time_fit = _fit_time(t_est, t_y, time_ridge, per_tp, per_transfer)
     mem_fit = _fit_memory(m_est, m_y, mem_ridge)
     n_t, n_m, t_guard, m_guard = len(timed), len(with_peaks), None, None
     if guard:
-        t_guard = _guard(t_est, t_y, lambda e, y: _fit_time(e, y, time_ridge), _time_errors)
-        m_guard = _guard(m_est, m_y, lambda e, y: _fit_memory(e, y, mem_ridge), _mem_errors)
-        if not t_guard.accepted:
+        # a part with no measurement has nothing to guard (its summary then says "not calibrated")
+        t_guard = _guard(t_est, t_y, lambda e, y: _fit_time(e, y, time_ridge, per_tp, per_transfer), _time_errors) if n_t else None
+        m_guard = _guard(m_est, m_y, lambda e, y: _fit_memory(e, y, mem_ridge), _mem_errors) if n_m else None
+        if t_guard is not None and not t_guard.accepted:
             time_fit, n_t = {}, 0
-        if not m_guard.accepted:
+        if m_guard is not None and not m_guard.accepted:
             mem_fit, n_m = {}, 0
     return PlanCalibration(**time_fit, **mem_fit, plans_timed=n_t, plans_with_peaks=n_m, time_guard=t_guard,
                            mem_guard=m_guard)
@@ -271,42 +300,100 @@ def _finite_positive(y) -> bool:
     return y is not None and bool(np.isfinite(y)) and float(y) > 0.0
 
 
-def _assembled(est: list[PlanMetrics], a: list[np.ndarray], c: float, o: float) -> np.ndarray:
-    """T' of each plan from its base estimate: (m − 1)·max_s(a_s·t_s) + Σ_s a_s·t_s + c·(T − S) + o."""
-    out = np.empty(len(est))
-    for i, (e, ai) in enumerate(zip(est, a)):
-        t = np.asarray(e.stage_time_ms, float) * ai
-        s = _stage_part(e.stage_time_ms, e.plan.micro_batches)
-        out[i] = (e.plan.micro_batches - 1) * t.max() + t.sum() + c * (e.iteration_time_ms - s) + o
-    return out
+@dataclass(frozen=True, kw_only=True)
+class _Base:
+    """The uncalibrated estimates of n plans as arrays (stages padded with 0 to the largest pp): stage times
+    t (n, P), micro batches m, the assembly's p2p + tail terms T − S, blocking transfers, and each stage's GPU
+    type and tp (None on padding) — so a fit evaluates T' for all plans at once."""
+
+    t: np.ndarray
+    m: np.ndarray
+    rest: np.ndarray
+    transfers: np.ndarray
+    gpu: list[list[str | None]]
+    tp: list[list[int | None]]
+
+    def index(self, keys: Mapping, of: str) -> np.ndarray:
+        """(n, P) positions of each stage's GPU type / tp in `keys` (len(keys) on padding: a neutral slot)."""
+        rows = self.gpu if of == "gpu" else self.tp
+        return np.asarray([[keys.get(x, len(keys)) for x in r] for r in rows], dtype=np.int64)
 
 
-def _fit_time(est: list[PlanMetrics], y: np.ndarray, ridge: float) -> dict:
-    """θ = (log a_g per type seen, log c, o / median y); residuals: soft-L1 relative errors + ridge."""
+def _base(est: list[PlanMetrics]) -> _Base:
+    width = max((e.plan.pp for e in est), default=1)
+    t = np.zeros((len(est), width))
+    for i, e in enumerate(est):
+        t[i, :e.plan.pp] = e.stage_time_ms
+    m = np.asarray([e.plan.micro_batches for e in est], dtype=np.float64)
+    pad = [[None] * (width - e.plan.pp) for e in est]
+    return _Base(t=t, m=m, rest=np.asarray([e.iteration_time_ms for e in est]) - ((m - 1) * t.max(axis=1) + t.sum(axis=1)),
+                 transfers=np.asarray([blocking_transfers(e.plan.pp, e.plan.micro_batches) for e in est], dtype=np.float64),
+                 gpu=[[st.gpu for st in e.plan.stages] + p for e, p in zip(est, pad)],
+                 tp=[[st.tp for st in e.plan.stages] + p for e, p in zip(est, pad)])
+
+
+def _assembled(b: _Base, a: np.ndarray, c: float, o: float, d: float = 0.0) -> np.ndarray:
+    """T' of each plan from its base estimate: (m − 1)·max_s(a_s·t_s) + Σ_s a_s·t_s + c·(T − S) + o
+    + d·blocking_transfers(pp, m) — what memx.planner.schedule.Pipeline computes with the calibration
+    (a: (n, P) stage-time multipliers; stage times are positive, so the zero padding changes neither term)."""
+    t = b.t * a
+    return (b.m - 1) * t.max(axis=1) + t.sum(axis=1) + c * b.rest + o + d * b.transfers
+
+
+def calibrated_times(est: list[PlanMetrics], calibration: PlanCalibration) -> np.ndarray:
+    """The calibrated iteration times of plans from their uncalibrated estimates (equal to estimate_plans
+    through `calibration.wrap(predictor)`; for plans of several models, each estimated by its own predictor)."""
+    fit = {"time_scale": calibration.time_scale, "tp_time_scale": calibration.tp_time_scale, "comm_scale": calibration.comm_scale,
+           "overhead_ms": calibration.overhead_ms, "p2p_per_transfer_ms": calibration.p2p_per_transfer_ms}
+    return _time_predictions(fit, est)
+
+
+def _fit_time(est: list[PlanMetrics], y: np.ndarray, ridge: float, per_tp: bool = False,
+              per_transfer: bool = True) -> dict:
+    """θ = (log a_g per type seen, [log b_tp per tp degree seen], log c, o / median y, [d / (median y / 100) ≥ 0]);
+    residuals: soft-L1 relative errors + ridge."""
     if not est:
         return {}
+    b = _base(est)
     types = sorted({st.gpu for e in est for st in e.plan.stages})
-    idx = {g: j for j, g in enumerate(types)}
+    tps = sorted({st.tp for e in est for st in e.plan.stages}) if per_tp else []
+    idx, tdx = {g: j for j, g in enumerate(types)}, {t: j for j, t in enumerate(tps)}
+    gi, ti = b.index(idx, "gpu"), b.index(tdx, "tp")
     scale = float(np.median(y))
-    stage_type = [np.asarray([idx[st.gpu] for st in e.plan.stages]) for e in est]
-    k = len(types)
+    k, q = len(types), len(tps)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        a = np.exp(theta[:k])
-        pred = _assembled(est, [a[ty] for ty in stage_type], float(np.exp(theta[k])), float(theta[k + 1] * scale))
+        a = np.append(np.exp(theta[:k]), 1.0)[gi] * np.append(np.exp(theta[k:k + q]), 1.0)[ti]
+        pred = _assembled(b, a, float(np.exp(theta[k + q])), float(theta[k + q + 1] * scale), d_of(theta))
         return np.concatenate([(pred - y) / y, np.sqrt(ridge) * theta])
 
-    th = least_squares(residuals, np.zeros(k + 2), loss="soft_l1", f_scale=LOSS_SCALE, x_scale="jac").x
-    return {"time_scale": {g: float(np.exp(th[j])) for g, j in idx.items()}, "comm_scale": float(np.exp(th[k])),
-            "overhead_ms": float(th[k + 1] * scale)}
+    n = k + q + 2 + int(per_transfer)
+
+    def d_of(theta: np.ndarray) -> float:
+        return float(theta[n - 1] * scale * D_UNIT) if per_transfer else 0.0
+
+    lower, start = np.full(n, -np.inf), np.zeros(n)
+    if per_transfer:
+        lower[n - 1] = 0.0  # a transfer costs time: d ≥ 0
+        start[n - 1] = 1e-3  # strictly inside the bound: from the bound itself the bounded solver does not move
+    th = least_squares(residuals, start, bounds=(lower, np.inf), loss="soft_l1", f_scale=LOSS_SCALE, x_scale="jac").x
+    return {"time_scale": {g: float(np.exp(th[j])) for g, j in idx.items()},
+            "tp_time_scale": {t: float(np.exp(th[k + j])) for t, j in tdx.items()}, "comm_scale": float(np.exp(th[k + q])),
+            "overhead_ms": float(th[k + q + 1] * scale), "p2p_per_transfer_ms": d_of(th)}
+
+
+def _time_predictions(fit: dict, est: list[PlanMetrics]) -> np.ndarray:
+    """T' of each plan under a time fit ({}: the identity)."""
+    b = _base(est)
+    ts, tt = fit.get("time_scale", {}), fit.get("tp_time_scale", {})
+    a = np.asarray([[ts.get(g, 1.0) if g is not None else 1.0 for g in r] for r in b.gpu])
+    a = a * np.asarray([[tt.get(x, 1.0) if x is not None else 1.0 for x in r] for r in b.tp])
+    return _assembled(b, a, fit.get("comm_scale", 1.0), fit.get("overhead_ms", 0.0), fit.get("p2p_per_transfer_ms", 0.0))
 
 
 def _time_errors(fit: dict, est: list[PlanMetrics], y: np.ndarray) -> np.ndarray:
     """|T' − y| / y of each plan under a time fit ({}: the identity)."""
-    ts = fit.get("time_scale", {})
-    a = [np.asarray([ts.get(st.gpu, 1.0) for st in e.plan.stages]) for e in est]
-    pred = _assembled(est, a, fit.get("comm_scale", 1.0), fit.get("overhead_ms", 0.0))
-    return np.abs(pred - y) / y
+    return np.abs(_time_predictions(fit, est) - y) / y
 
 
 def _gpu_peaks(est: list[PlanMetrics], peaks: list[np.ndarray]) -> tuple[list[str], np.ndarray, np.ndarray]:

@@ -58,6 +58,15 @@ def iteration_time_ms(stage_ms: np.ndarray, m: int, fixed_ms: float, tail_ms: np
     return (m - 1) * stage_ms.max(axis=0) + stage_sum(stage_ms) + (fixed_ms + tail_ms.max(axis=0))
 
 
+def blocking_transfers(pp: int, micro_batches: int) -> int:
+    """Activation / gradient transfers on the 1F1B critical path when send/recv block (Narayanan et al. 2021
+    §2.2.1: in 1F1B every micro batch's forward activation and backward gradient cross each stage boundary,
+    and a stage whose send/recv block cannot compute meanwhile): the fill and drain cross the pp − 1
+    boundaries both ways, 2 (pp − 1), and each of the other m − 1 micro batches adds one receive and one send
+    to the bottleneck stage's cycle, 2 (m − 1). None without a pipeline (pp = 1)."""
+    return 0 if pp <= 1 else 2 * (pp - 1) + 2 * (micro_batches - 1)
+
+
 def stage_sum(x: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
     """Σ_s weight_s·x_s over the stage rows, added row by row: every column's result is bit-identical
     however many columns (plans) the batch has and however it is laid out in memory, so a plan
@@ -97,10 +106,14 @@ def memory_stats(stage_peak_mib: np.ndarray, gpu_weight: np.ndarray, capacity_mi
 class AssemblyCalibration:
     """Corrections of the assembly's own terms fitted on measured plans (memx.learn.calibration, issue
     #16): c multiplies the communication and step terms (Σ 2·p2p + T_dp + optimizer), o is added once
-    per iteration (launch, data loading, logging: what no stage measurement sees). Identity: c 1, o 0."""
+    per iteration (launch, data loading, logging: what no stage measurement sees), d is a fixed cost of every
+    blocking p2p transfer on the 1F1B critical path (`blocking_transfers`: per micro batch and stage boundary;
+    a framework's send/recv set-up and synchronisation, which the bytes / bandwidth + latency of p2p_ms do not
+    see). Identity: c 1, o 0, d 0."""
 
     comm_scale: float = 1.0
     overhead_ms: float = 0.0
+    p2p_per_transfer_ms: float = 0.0
 
 
 IDENTITY_ASSEMBLY = AssemblyCalibration()
@@ -127,11 +140,14 @@ class Pipeline:
     distributed_optimizer: bool = False  # DP step RS + AG, Adam on params/dp (memx.planner.cost)
     comm_scale: float = 1.0  # calibrated c on p2p + DP step + optimizer (AssemblyCalibration)
     overhead_ms: float = 0.0  # calibrated o per iteration (AssemblyCalibration)
+    p2p_per_transfer_ms: float = 0.0  # calibrated d per blocking transfer (AssemblyCalibration)
 
     @property
     def fixed_ms(self) -> float:
-        """The per-plan constant of T: c·Σ_s 2·p2p_s + o (c 1, o 0 without a calibration)."""
-        return self.comm_scale * self.p2p_total_ms + self.overhead_ms
+        """The per-plan constant of T: c·Σ_s 2·p2p_s + o + d·blocking_transfers(pp, m) (c 1, o 0, d 0 without a
+        calibration: the paper's Σ_s 2·p2p_s)."""
+        d = self.p2p_per_transfer_ms * blocking_transfers(len(self.gpu_weight), self.micro_batches)
+        return self.comm_scale * self.p2p_total_ms + self.overhead_ms + d
 
     def tail_ms(self, static_mib: np.ndarray, params_per_rank: np.ndarray) -> np.ndarray:
         """Per stage (rows) and column: optimizer step + T_dp, the terms after the last backward."""
@@ -151,7 +167,7 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
              dp_gbps: Sequence[float], distributed_optimizer: bool = False,
              assembly: AssemblyCalibration = IDENTITY_ASSEMBLY) -> Pipeline:
     """The Pipeline of a layout or plan on `cluster` (p2p_gbps: between stage s and s+1; `assembly`:
-    the calibrated c and o of the predictor that scores it, memx.planner.schedule.assembly_of)."""
+    the calibrated c, o and d of the predictor that scores it, memx.planner.schedule.assembly_of)."""
     gpus = [cluster.gpu(g) for g in stage_gpus]
     p2p = p2p_ms(micro_batch, seq_len, model.hidden, np.asarray(p2p_gbps), cluster.inter_node_latency_ms)
     return Pipeline(micro_batches=micro_batches, p2p_total_ms=float(2.0 * p2p.sum()),
@@ -159,4 +175,5 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
                     capacity_mib=np.asarray([g.memory_mib for g in gpus], dtype=np.float64),
                     memory_bandwidth_gbps=np.asarray([g.memory_bandwidth_gbps for g in gpus], dtype=np.float64),
                     dp=dp, dp_gbps=np.asarray(dp_gbps, dtype=np.float64), distributed_optimizer=distributed_optimizer,
-                    comm_scale=float(assembly.comm_scale), overhead_ms=float(assembly.overhead_ms))
+                    comm_scale=float(assembly.comm_scale), overhead_ms=float(assembly.overhead_ms),
+                    p2p_per_transfer_ms=float(assembly.p2p_per_transfer_ms))

@@ -14,10 +14,11 @@ import pytest
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.domain.errors import InputError
 from memx.learn import fit_predictor
-from memx.learn.calibration import (PlanCalibration, calibrated_estimates, calibration_from_dict, fit_from_config_runs,
-    fit_plan_calibration)
+from memx.learn.calibration import (PlanCalibration, calibrated_estimates, calibrated_times, calibration_from_dict,
+    fit_from_config_runs, fit_from_estimates, fit_plan_calibration)
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import estimate_plans
+from memx.planner.schedule import blocking_transfers
 from memx.planner.search import search
 from memx.simulator import draw_plans, measure_stages, sample_plans, simulate_plan, stage_signatures
 
@@ -158,3 +159,57 @@ def test_identity_assembly_changes_nothing(setting):
     for b, m in zip(base, moved):
         s = (b.plan.micro_batches - 1) * max(b.stage_time_ms) + sum(b.stage_time_ms)
         assert m.iteration_time_ms == pytest.approx(s + 2.0 * (b.iteration_time_ms - s) + 250.0, rel=1e-9)
+
+
+def test_blocking_transfers_count_the_1f1b_critical_path():
+    assert blocking_transfers(1, 16) == 0  # no pipeline, no p2p
+    assert blocking_transfers(2, 1) == 2  # one micro batch: its activation and its gradient
+    assert blocking_transfers(4, 8) == 2 * 3 + 2 * 7
+
+
+def test_per_transfer_cost_and_tp_scales_through_the_one_assembly(setting):
+    cluster, model, flat, ran = setting
+    plans = [p for p, _ in ran[30:40]]
+    assert {p.pp for p in plans} != {1}
+    planted = PlanCalibration(p2p_per_transfer_ms=3.0, tp_time_scale={1: 1.25, 2: 0.8}, overhead_ms=50.0)
+    base = estimate_plans(plans, cluster, model, flat)
+    moved = estimate_plans(plans, cluster, model, planted.wrap(flat))
+    for b, m in zip(base, moved):
+        k = np.asarray([planted.tp_time_scale.get(st.tp, 1.0) for st in b.plan.stages])
+        t, s0 = np.asarray(b.stage_time_ms) * k, (b.plan.micro_batches - 1) * max(b.stage_time_ms) + sum(b.stage_time_ms)
+        want = ((b.plan.micro_batches - 1) * t.max() + t.sum() + (b.iteration_time_ms - s0) + 50.0
+                + 3.0 * blocking_transfers(b.plan.pp, b.plan.micro_batches))
+        assert m.iteration_time_ms == pytest.approx(want, rel=1e-6)
+    # from the uncalibrated estimates (plans of several models, bench/vtrain_calibration.py): the same numbers
+    assert calibrated_times(base, planted) == pytest.approx([m.iteration_time_ms for m in moved], rel=1e-6)
+    assert calibration_from_dict(planted.to_dict()) == planted
+    old = {k: v for k, v in planted.to_dict().items() if k not in ("p2p_per_transfer_ms", "tp_time_scale")}
+    assert calibration_from_dict(old) == PlanCalibration(overhead_ms=50.0)  # files written before these terms
+
+
+def test_recovers_a_planted_per_transfer_cost_and_tp_scales(setting):
+    cluster, model, flat, ran = setting
+    plans = [p for p, _ in ran[:40]]
+    tps = sorted({st.tp for p in plans for st in p.stages})
+    assert len(tps) > 1
+    planted = PlanCalibration(p2p_per_transfer_ms=4.0, tp_time_scale={t: 1.0 + 0.1 * i for i, t in enumerate(tps)})
+    truth = calibrated_estimates(plans, cluster, model, flat, planted)
+    est = estimate_plans(plans, cluster, model, flat, reserve_gib=0.0)
+    cal = fit_from_estimates(est, [e.iteration_time_ms for e in truth], time_ridge=1e-8, guard=False, per_tp=True)
+    assert cal.p2p_per_transfer_ms == pytest.approx(4.0, rel=0.1)
+    got = calibrated_times(est, cal)
+    assert got == pytest.approx([e.iteration_time_ms for e in truth], rel=0.01)
+    plain = fit_from_estimates(est, [e.iteration_time_ms for e in truth], time_ridge=1e-8, guard=False)
+    assert plain.tp_time_scale == {}  # per-tp scales only when asked for
+    assert cal.mem_guard is None and "memory: not calibrated" in fit_from_estimates(est[:5], [1e3] * 5).summary()
+
+
+def test_search_and_estimate_share_the_per_transfer_cost(setting):
+    cluster, model, flat, _ = setting
+    planted = PlanCalibration(p2p_per_transfer_ms=5.0, tp_time_scale={1: 1.2})
+    chosen = search(cluster, model, load_search("default"), planted.wrap(flat)).chosen
+    again = estimate_plans([chosen.plan], cluster, model, planted.wrap(flat))[0]
+    plain = estimate_plans([chosen.plan], cluster, model, flat)[0]
+    assert chosen.iteration_time_ms == pytest.approx(again.iteration_time_ms, rel=1e-5)
+    assert chosen.plan.pp > 1 and again.iteration_time_ms >= plain.iteration_time_ms + 5.0 * blocking_transfers(
+        chosen.plan.pp, chosen.plan.micro_batches) - 1e-6
