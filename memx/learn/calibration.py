@@ -48,9 +48,10 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, NothingUsable
+from memx.domain.groups import any_plan_from_dict, simplest
 from memx.domain.hashing import stable_hash
-from memx.domain.plan import Plan, plan_from_dict, plan_from_json
+from memx.domain.plan import Plan
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics, per_gpu_peaks
@@ -271,16 +272,31 @@ def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Seque
 
 def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch, predictor: StagePredictor,
                          **kw) -> PlanCalibration:
-    """fit_plan_calibration on a config_runs frame (docs/architecture.md §Measurement records)."""
+    """fit_plan_calibration on a config_runs frame (docs/architecture.md §Measurement records). Rows with
+    schema-2 plans (replica groups) are not used: the calibrated terms are one pipeline's 1F1B assembly, and a
+    grouped plan's time also holds the cross-group exchange (memx.planner.replicas), which nothing here fits.
+    NothingUsable (exit 5) when no schema-1 row is left."""
     require_config_runs(runs)
-    plans = [plan_from_dict(p, source=f"config_runs row {i}: field 'plan'") if isinstance(p, dict)
-             else plan_from_json(str(p), source=f"config_runs row {i}: field 'plan'")
-             for i, p in enumerate(runs["plan"])]
+    parsed = [simplest(any_plan_from_dict(p if isinstance(p, dict) else _json_object(p, i),
+                                          source=f"config_runs row {i}: field 'plan'"))  # one group = schema 1
+              for i, p in enumerate(runs["plan"])]
+    keep = np.asarray([isinstance(p, Plan) for p in parsed], dtype=bool)
+    if not keep.any():
+        raise NothingUsable("config_runs for the plan calibration (it fits one pipeline's assembly)",
+                            {"schema-2 plan (replica groups)": len(parsed)})
+    plans, runs = [p for p, k in zip(parsed, keep) if k], runs.loc[keep]
     oom = runs["oom"].astype(bool).to_numpy()
     times = [None if o or not _finite_positive(t) else float(t) for o, t in zip(oom, runs["iteration_time_ms"])]
     peaks = [None if o or p is None or (isinstance(p, float) and np.isnan(p)) else _peaks(p)
              for o, p in zip(oom, runs["peak_mem_mib"])]
     return fit_plan_calibration(plans, times, peaks, cluster, model, predictor, **kw)
+
+
+def _json_object(text, row: int):
+    try:
+        return json.loads(str(text))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"config_runs row {row}: field 'plan' is not valid JSON: {exc}") from exc
 
 
 def require_config_runs(runs: pd.DataFrame, source: str = "config_runs") -> pd.DataFrame:

@@ -6,13 +6,19 @@ predicted time is right."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
+
+import pandas as pd
 
 import numpy as np
 import pytest
 
 from memx.domain.catalog import load_cluster, load_model, load_search
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, NothingUsable
+from memx.domain.groups import any_plan_to_dict, as_grouped
+from memx.domain.plan import plan_from_dict
 from memx.learn import fit_predictor
 from memx.learn.calibration import (PlanCalibration, calibrated_estimates, calibrated_times, calibration_from_dict,
     fit_from_config_runs, fit_from_estimates, fit_plan_calibration)
@@ -101,6 +107,27 @@ def test_fit_from_config_runs_and_bad_columns():
     assert set(cal.time_scale) <= {g.name for g in cluster.gpu_types}
     with pytest.raises(InputError, match="iteration_time_ms"):
         fit_from_config_runs(runs.drop(columns=["iteration_time_ms"]), cluster, model, pred)
+    # schema-2 rows (replica groups) are left out: the same calibration with them added, none with only them
+    plans = [plan_from_dict(json.loads(p)) for p in runs["plan"]]
+    assert any(p.dp > 1 for p in plans)
+    as_two = runs.assign(plan=[json.dumps(any_plan_to_dict(_two_groups(p))) for p in plans])
+    split = as_two[[p.dp > 1 for p in plans]]
+    assert fit_from_config_runs(pd.concat([runs, split], ignore_index=True), cluster, model, pred) == cal
+    # a one-group schema-2 plan is its schema-1 plan: the same calibration
+    assert fit_from_config_runs(runs.assign(plan=[json.dumps(any_plan_to_dict(as_grouped(p))) for p in plans]),
+                                cluster, model, pred) == cal
+    with pytest.raises(NothingUsable, match="schema-2 plan"):
+        fit_from_config_runs(split, cluster, model, pred)
+
+
+def _two_groups(plan):
+    """`plan` with its dp replicas split into two schema-2 replica groups (one group when dp is 1)."""
+    one = as_grouped(plan)
+    g = one.groups[0]
+    if g.dp == 1:
+        return one
+    return dataclasses.replace(one, groups=(dataclasses.replace(g, dp=g.dp // 2),
+                                            dataclasses.replace(g, dp=g.dp - g.dp // 2)))
 
 
 def _fit(setting, pred, **kw) -> PlanCalibration:
