@@ -69,7 +69,7 @@ def conf(conf_root):
 
 
 def test_branch_and_bound_equals_full_enumeration(conf):
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
     @given(problems(conf))
     def check(problem):
         cluster, model, space, k = problem
