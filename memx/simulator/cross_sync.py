@@ -24,8 +24,12 @@ that exchange (it never reads the planner's closed form):
   busy with another segment (segments are issued in order of readiness); a stage's optimizer step
   starts after its last segment.
 
-With the distributed optimizer the same full fp32 gradient is exchanged (simulator assumption: the
-cross-group exchange runs before the in-group reduce-scatter's shards are used by the optimizer).
+With the distributed optimizer (ZeRO-1, Rajbhandari et al. 2020 §5) the in-group step has already
+reduce-scattered the gradient: replica r of a group owns the summed shard it will update, and the lanes
+exchange exactly those shards (lane r's chunk is part of the shard of replica r mod dp_g), so there is no
+in-group all-gather of gradients afterwards: each replica updates its own shard and the parameter
+all-gather of the in-group step follows the optimizer step as in schema 1. Without it, every replica
+needs the whole summed gradient, hence the all-gather.
 """
 
 from __future__ import annotations
@@ -101,6 +105,8 @@ def segment_ms(seg: Segment, plans: Sequence[Plan], where: Sequence[list[list[in
             bw = min(bw, link_bw * t.link_efficiency / share)
             step = max(step, t.collective_step_latency_ms + lat)
         ring = max(ring, ring_allreduce_ms(nbytes / lanes, groups, bw, step))
+    if plans[0].distributed_optimizer:
+        return ring  # each replica keeps the shard it updates (module docstring)
     gather = 0.0
     for p, w, s in zip(plans, where, seg.stages):  # replica r holds the chunks of lanes r, r + dp, …: 1/dp of them
         per_ring, step = dp_ring(p, cluster, w, s, tr[p.stages[s].gpu])

@@ -11,7 +11,7 @@ from memx.domain.catalog import load_cluster, load_model
 from memx.domain.groups import GroupedPlan, ReplicaGroup, as_grouped, group_plans, place_groups
 from memx.domain.plan import Plan, Stage
 from memx.simulator import load_traits, simulate_plan
-from memx.simulator.cross_sync import schedule_sync, segments, Segment
+from memx.simulator.cross_sync import schedule_sync, segment_ms, segments, Segment
 from memx.simulator.physics import FP32_BYTES, ring_allreduce_ms, ring_collective_ms
 
 CLUSTER = "three-vendor-20"
@@ -136,7 +136,7 @@ def test_groups_use_the_joint_placement(tv):
     assert 0 < run.cross_sync_ms < net.cross_sync_ms
 
 
-def test_exchange_with_two_replicas_runs_on_chunks_then_gathers_inside_the_group(tv):
+def test_exchange_with_two_replicas_and_the_distributed_optimizer_runs_on_the_shards(tv):
     cluster, model = tv
     slow = ReplicaGroup(dp=2, micro_batch=1, micro_batches=40,
                         stages=(Stage(gpu="vendor-b-32g", tp=4, layers=32, recompute="full"),))
@@ -150,9 +150,14 @@ def test_exchange_with_two_replicas_runs_on_chunks_then_gathers_inside_the_group
     bw = cluster.inter_node_bandwidth_gbps * 1e6 * min(a.link_efficiency, b.link_efficiency) / 8
     step = max(a.collective_step_latency_ms, b.collective_step_latency_ms) + cluster.inter_node_latency_ms
     ring = ring_allreduce_ms(per_ring / 2, 2, bw, step)
-    # then group 1's two replicas (one node) all-gather the halves they did not exchange, intra-node
+    # with the distributed optimizer each replica keeps the summed shard it updates: no gather afterwards
+    assert run.group_iteration_ms[1] > run.group_iteration_ms[0]
+    opt_a, opt_b = run.optimizer_ms
+    assert run.cross_sync_ms == pytest.approx(ring + max(opt_a, opt_b) - opt_b, rel=1e-9)
+    # without it, group 1's two replicas (one node) then all-gather the halves they did not exchange
     intra = cluster.nodes[1].gpu.intra_node_bandwidth_gbps * 1e6 * b.link_efficiency
     gather = ring_collective_ms(per_ring, 2, intra, b.collective_step_latency_ms)
-    assert gather > 0 and run.group_iteration_ms[1] > run.group_iteration_ms[0]
-    opt_a, opt_b = run.optimizer_ms
-    assert run.cross_sync_ms == pytest.approx(ring + gather + max(opt_a, opt_b) - opt_b, rel=1e-9)
+    plain = group_plans(dataclasses.replace(plan, distributed_optimizer=False))
+    placement = place_groups(plan, cluster)
+    traits = {"a100-80g": a, "vendor-b-32g": b}
+    assert segment_ms(seg, plain, placement, cluster, traits) == pytest.approx(ring + gather, rel=1e-9)
