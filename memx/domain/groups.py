@@ -17,6 +17,8 @@ boundaries would force the fast group into the slow group's depth.
 The distributed optimizer, when on, shards optimizer states over each group's own `dp` ranks (the
 groups' states are replicas of one another); sequence parallelism applies per stage as in schema 1.
 
+`memx.domain.plan.idle_gpus` / `with_idle_gpus` serve both schemas (they read `gpus_per_type`).
+
 A schema-1 `Plan` is the one-group case: `as_grouped` lifts it, `simplest` lowers a one-group plan
 back, and `group_plans` gives every group as a schema-1 `Plan` whose `global_batch` is the group's
 share — the form the per-pipeline machinery (stage signatures, 1F1B assembly, simulator) consumes.
@@ -31,7 +33,7 @@ from typing import Any
 
 from memx.domain.errors import InputError
 from memx.domain.plan import (
-    IdleGpus, Plan, Stage, _idle_from_dict, _need_bool, _need_int, _stages_from_list, place_plan, plan_from_dict,
+    IdleGpus, Plan, Stage, _idle_from_dict, _options_to_dict, idle_gpus, json_document, _need_bool, _need_int, _stages_from_list, place_plan, plan_from_dict,
     plan_to_dict, stage_to_dict, validate_plan,
 )
 from memx.domain.specs import Cluster, ModelArch
@@ -129,17 +131,6 @@ def simplest(plan: AnyPlan) -> AnyPlan:
     return dataclasses.replace(only, global_batch=plan.global_batch, idle_gpus=plan.idle_gpus)
 
 
-def grouped_idle_gpus(plan: AnyPlan, cluster: Cluster) -> dict[str, int]:
-    """GPUs of each type of `cluster` no group uses (negative: the plan uses more than the cluster has)."""
-    used = plan.gpus_per_type()
-    return {g.name: cluster.gpu_count(g.name) - used.get(g.name, 0) for g in cluster.gpu_types}
-
-
-def with_grouped_idle_gpus(plan: GroupedPlan, cluster: Cluster) -> GroupedPlan:
-    idle = tuple((gpu, n) for gpu, n in grouped_idle_gpus(plan, cluster).items() if n > 0)
-    return dataclasses.replace(plan, idle_gpus=idle)
-
-
 # ------------------------------------------------------------------------------------------- JSON
 
 def any_plan_to_dict(plan: AnyPlan) -> dict[str, Any]:
@@ -152,13 +143,7 @@ def any_plan_to_dict(plan: AnyPlan) -> dict[str, Any]:
         "groups": [{"dp": g.dp, "micro_batch": g.micro_batch, "micro_batches": g.micro_batches,
                     "stages": [stage_to_dict(s) for s in g.stages]} for g in plan.groups],
     }
-    if plan.distributed_optimizer:
-        out["distributed_optimizer"] = True
-    if plan.sequence_parallel:
-        out["sequence_parallel"] = True
-    if plan.idle_gpus is not None:
-        out["idle_gpus"] = dict(plan.idle_gpus)
-    return out
+    return {**out, **_options_to_dict(plan)}
 
 
 def any_plan_to_json(plan: AnyPlan) -> str:
@@ -214,11 +199,7 @@ def _group_from_dict(raw: Any, where: str) -> ReplicaGroup:
 
 
 def any_plan_from_json(text: str, source: str = "plan") -> AnyPlan:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{source}: not valid JSON: {exc}") from exc
-    return any_plan_from_dict(data, source)
+    return any_plan_from_dict(json_document(text, source), source)
 
 
 # ------------------------------------------------------------------------------------- validation
@@ -245,7 +226,7 @@ def validate_any_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, source:
         if gpu in known and used > cluster.gpu_count(gpu):
             problems.append(f"the groups use {used} × {gpu} together, cluster {cluster.name} has {cluster.gpu_count(gpu)}")
     if plan.idle_gpus is not None:
-        actual = {g: n for g, n in grouped_idle_gpus(plan, cluster).items() if n > 0}
+        actual = {g: n for g, n in idle_gpus(plan, cluster).items() if n > 0}
         if {g: n for g, n in plan.idle_gpus if n} != actual:
             problems.append(f"field 'idle_gpus' is {dict(plan.idle_gpus)}, but the groups leave {actual or 'no GPU'} idle")
     if not problems and place_groups(plan, cluster) is None:

@@ -89,14 +89,15 @@ class Plan:
         return out
 
 
-def idle_gpus(plan: Plan, cluster: Cluster) -> dict[str, int]:
-    """GPUs of each type of `cluster` that `plan` leaves idle (cluster count − dp × Σ tp; 0 when all
+def idle_gpus(plan: Any, cluster: Cluster) -> dict[str, int]:
+    """GPUs of each type of `cluster` that `plan` (either schema: anything with `gpus_per_type`) leaves idle
+    (cluster count − GPUs used; 0 when all
     are used). Negative counts mean the plan uses more than the cluster has (`validate_plan` rejects it)."""
     used = plan.gpus_per_type()
     return {g.name: cluster.gpu_count(g.name) - used.get(g.name, 0) for g in cluster.gpu_types}
 
 
-def with_idle_gpus(plan: Plan, cluster: Cluster) -> Plan:
+def with_idle_gpus(plan: Any, cluster: Cluster) -> Any:
     """`plan` carrying the record of the GPUs it leaves idle on `cluster` (types with none idle omitted)."""
     idle = tuple((gpu, n) for gpu, n in idle_gpus(plan, cluster).items() if n > 0)
     return dataclasses.replace(plan, idle_gpus=idle)
@@ -122,7 +123,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _options_to_dict(plan: Plan) -> dict[str, Any]:
+def _options_to_dict(plan: Any) -> dict[str, Any]:
     """The job options that differ from their defaults (older plan files stay byte-identical)."""
     out: dict[str, Any] = {}
     if plan.distributed_optimizer:
@@ -131,7 +132,7 @@ def _options_to_dict(plan: Plan) -> dict[str, Any]:
         out["sequence_parallel"] = True
     if plan.idle_gpus is not None:
         out["idle_gpus"] = dict(plan.idle_gpus)
-    out.update({k: getattr(plan, k) for k in _MODEL_KEYS if getattr(plan, k) is not None})
+    out.update({k: getattr(plan, k) for k in _MODEL_KEYS if getattr(plan, k, None) is not None})  # schema 2 has none
     return out
 
 
@@ -241,12 +242,16 @@ def with_model_changes(plan: Plan, trained: ModelArch, model: ModelArch) -> Plan
                                query_groups=trained.query_groups if trained.query_groups != model.query_groups else None)
 
 
-def plan_from_json(text: str, source: str = "plan") -> Plan:
+def json_document(text: str, source: str) -> Any:
+    """The parsed JSON of a plan file or field; InputError naming `source` when it is not JSON."""
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{source}: not valid JSON: {exc}") from exc
-    return plan_from_dict(data, source)
+
+
+def plan_from_json(text: str, source: str = "plan") -> Plan:
+    return plan_from_dict(json_document(text, source), source)
 
 
 def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = "plan") -> None:

@@ -51,7 +51,7 @@ from scipy.optimize import least_squares
 from memx.domain.errors import InputError, NothingUsable
 from memx.domain.groups import any_plan_from_dict, simplest
 from memx.domain.hashing import stable_hash
-from memx.domain.plan import Plan
+from memx.domain.plan import Plan, json_document
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics, per_gpu_peaks
@@ -277,7 +277,7 @@ def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch,
     grouped plan's time also holds the cross-group exchange (memx.planner.replicas), which nothing here fits.
     NothingUsable (exit 5) when no schema-1 row is left."""
     require_config_runs(runs)
-    parsed = [simplest(any_plan_from_dict(p if isinstance(p, dict) else _json_object(p, i),
+    parsed = [simplest(any_plan_from_dict(p if isinstance(p, dict) else json_document(str(p), f"config_runs row {i}: field 'plan'"),
                                           source=f"config_runs row {i}: field 'plan'"))  # one group = schema 1
               for i, p in enumerate(runs["plan"])]
     keep = np.asarray([isinstance(p, Plan) for p in parsed], dtype=bool)
@@ -290,13 +290,6 @@ def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch,
     peaks = [None if o or p is None or (isinstance(p, float) and np.isnan(p)) else _peaks(p)
              for o, p in zip(oom, runs["peak_mem_mib"])]
     return fit_plan_calibration(plans, times, peaks, cluster, model, predictor, **kw)
-
-
-def _json_object(text, row: int):
-    try:
-        return json.loads(str(text))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"config_runs row {row}: field 'plan' is not valid JSON: {exc}") from exc
 
 
 def require_config_runs(runs: pd.DataFrame, source: str = "config_runs") -> pd.DataFrame:

@@ -37,7 +37,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from memx.domain.errors import InfeasibleError
-from memx.domain.groups import GroupedPlan, ReplicaGroup, group_plans, place_groups, with_grouped_idle_gpus
+from memx.domain.groups import GroupedPlan, ReplicaGroup, group_plans, place_groups
+from memx.domain.plan import with_idle_gpus
 from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace
 from memx.planner.metrics import PlanMetrics
 from memx.planner.objective import phi
@@ -152,7 +153,7 @@ def _plan(cluster: Cluster, model: ModelArch, space: SearchSpace, picks: Sequenc
     plan = GroupedPlan(model=model.name, cluster=cluster.name, global_batch=space.global_batch, seq_len=first.seq_len,
                        groups=groups, distributed_optimizer=first.distributed_optimizer,
                        sequence_parallel=first.sequence_parallel)
-    return plan if space.use_all_gpus else with_grouped_idle_gpus(plan, cluster)
+    return plan if space.use_all_gpus else with_idle_gpus(plan, cluster)
 
 
 def _placed(cluster: Cluster, form: Formation, plan: GroupedPlan, order: Sequence[int]):

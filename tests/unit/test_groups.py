@@ -10,9 +10,9 @@ from memx.domain.catalog import load_cluster, load_model
 from memx.domain.errors import InputError
 from memx.domain.groups import (
     GroupedPlan, ReplicaGroup, any_plan_from_dict, any_plan_from_json, any_plan_to_dict, any_plan_to_json,
-    as_grouped, group_plans, grouped_idle_gpus, place_groups, simplest, validate_any_plan,
+    as_grouped, group_plans, place_groups, simplest, validate_any_plan,
 )
-from memx.domain.plan import Plan, Stage, plan_from_dict, plan_to_dict
+from memx.domain.plan import Plan, Stage, idle_gpus, plan_from_dict, plan_to_dict
 
 CLUSTER = "three-vendor-20"
 
@@ -79,10 +79,10 @@ def test_joint_placement_and_idle():
     p = _two_groups()
     where = place_groups(p, cluster)
     assert where is not None and len(where) == 2
-    assert grouped_idle_gpus(p, cluster) == {g.name: 0 for g in cluster.gpu_types}
+    assert idle_gpus(p, cluster) == {g.name: 0 for g in cluster.gpu_types}
     fast, slow = p.groups
     half = _two_groups(groups=(fast, ReplicaGroup(dp=1, micro_batch=1, micro_batches=80, stages=slow.stages)))
-    assert grouped_idle_gpus(half, cluster)["vendor-b-32g"] == 4
+    assert idle_gpus(half, cluster)["vendor-b-32g"] == 4
 
 
 @pytest.mark.parametrize("edit, message", [
