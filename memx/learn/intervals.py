@@ -120,9 +120,11 @@ class Intervals:
         return replace(self, bands=bands, fixed=self.fixed | {f"{gpu}|{head}"})
 
     def to_json(self) -> dict[str, Any]:
-        return {"coverage": self.coverage,
-                "bands": {g: {h: vars(b) for h, b in sorted(per.items())} for g, per in sorted(self.bands.items())},
-                "grouped": {k: vars(b) for k, b in sorted(self.grouped.items())}}
+        out = {"coverage": self.coverage,
+               "bands": {g: {h: vars(b) for h, b in sorted(per.items())} for g, per in sorted(self.bands.items())}}
+        if self.grouped:  # absent without groups: the JSON (and version hash) of ungrouped predictors is unchanged
+            out["grouped"] = {k: vars(b) for k, b in sorted(self.grouped.items())}
+        return out
 
 
 def hull(a: Band, b: Band) -> Band:
