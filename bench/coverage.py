@@ -13,7 +13,9 @@
 
 Usage: .venv/bin/python bench/coverage.py [--cluster v100-t4-6] [--model llama-6l] [--search small] [--plans 300]
        [--distributed-optimizer on|off|both] [--sequence-parallel on|off|both]  (default: as the search lists them)
-Last line: time_coverage=<x> mem_coverage=<x> closed_form_time_coverage=<x> closed_form_mem_coverage=<x> plans=<n>
+       [--mondrian on|off]  (group-conditional memory bands, memx.learn.intervals; off: per GPU type only)
+Last line: time_coverage=<x> mem_coverage=<x> closed_form_time_coverage=<x> closed_form_mem_coverage=<x>
+mem_width=<mean (high − low) / predicted per-GPU peak> plans=<n>
 """
 
 from __future__ import annotations
@@ -75,8 +77,11 @@ def plan_coverage(predictor, plans, measured: pd.DataFrame, cl, mo) -> dict[str,
                            for i, p in zip(meas.ok, meas.peaks)])
     m_above = np.concatenate([p > np.asarray(hi[i].peak_mem_mib) for i, p in zip(meas.ok, meas.peaks)])
     width_t = float(np.median(t_hi / t_lo))
+    mid = estimate_plans(plans, cl, mo, predictor)
+    m_width = np.concatenate([(np.asarray(hi[i].peak_mem_mib) - np.asarray(lo[i].peak_mem_mib))
+                              / np.asarray(mid[i].peak_mem_mib) for i in meas.ok])  # (high − low) / point, per GPU
     return {"time": float(t_in.mean()), "memory": float(m_in.mean()), "memory_above_high": float(m_above.mean()),
-            "median_time_width": width_t, "plans": int(len(meas.ok)), "gpus": int(len(m_in))}
+            "median_time_width": width_t, "mean_memory_width": float(m_width.mean()), "plans": int(len(meas.ok)), "gpus": int(len(m_in))}
 
 
 def main() -> None:
@@ -88,15 +93,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--distributed-optimizer", choices=sorted(OPTION_SETTINGS), default=None)
     ap.add_argument("--sequence-parallel", choices=sorted(OPTION_SETTINGS), default=None)
+    ap.add_argument("--mondrian", choices=("on", "off"), default="on",
+                    help="group-conditional memory bands (memx.learn.intervals.memory_group); off: per GPU type only")
     args = ap.parse_args()
     cl, mo, sp = load_cluster(args.cluster), load_model(args.model), load_search(args.search)
     sp = with_options(sp, args.distributed_optimizer, args.sequence_parallel)
     gpus = {g.name: g for g in cl.gpu_types}
     runs = profile(cl, mo, sp, backend="simulated", seed=args.seed).stage_runs
     aug, valid = split_and_augment(runs, TrainConfig(seed=args.seed))
-    pred = conformalize(fit_predictor(aug.stage_runs, gpus, variant="hybrid-calibrated", seed=args.seed), valid)
+    pred = conformalize(fit_predictor(aug.stage_runs, gpus, variant="hybrid-calibrated", seed=args.seed), valid,
+                        grouped=args.mondrian == "on")
     for g, per in sorted(pred.intervals.bands.items()):
         print(g, {h: (round(b.low, 3), round(b.high, 3), b.n) for h, b in per.items()})
+    for k, b in sorted(pred.intervals.grouped.items()):
+        print(k, (round(b.low, 3), round(b.high, 3), b.n))
     measured = sample_plans(cl, mo, sp, n=args.plans, seed=args.seed + 2024, distributed_optimizer=sp.distributed_optimizer,
                             sequence_parallel=sp.sequence_parallel)  # the plans the search asks for
     plans = _plans(measured, cl, mo)
@@ -108,7 +118,7 @@ def main() -> None:
     print("closed form ", closed)
     print(f"time_coverage={learned['time']:.3f} mem_coverage={learned['memory']:.3f} "
           f"closed_form_time_coverage={closed['time']:.3f} closed_form_mem_coverage={closed['memory']:.3f} "
-          f"plans={learned['plans']}")
+          f"mem_width={learned['mean_memory_width']:.4f} plans={learned['plans']}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,17 @@ type, with GLOBAL for every type without its own. Where a head's number does not
 the band is a documented default instead (CLOSED_FORM_BANDS: memory from the closed form on a GPU type
 without memory labels; UNPROFILED_BANDS: a GPU type never profiled), and `source` says which.
 
+Group-conditional (Mondrian) memory bands (Vovk et al. 2005 §4.5 "Mondrian conformal predictors"; Romano
+et al. 2019 "Conformalized quantile regression" §6 on conditional coverage): the held-out rows are split by
+`memory_group` — the recompute level (full, including block recompute, or not) × micro batches in flight (1
+or more) — and each group with MIN_RESIDUALS rows gets its own memory band, per GPU type where that type has
+the rows, else pooled over types (GLOBAL); a group with fewer rows falls back to the plain per-type band.
+Why: activation memory, and the predictor's error on it, grows with the micro batches held and with what full
+recompute keeps (its checkpoints); plans hold up to pp micro batches on their first stages while most held-out
+rows hold one, so one band per type, dominated by one-in-flight rows, was too narrow where plans need it
+(docs/benchmarks.md §Interval coverage: 86 % on three-vendor-20). Within a group the usual split-conformal
+guarantee holds for rows exchangeable with that group's held-out rows.
+
 Plan level: the planner assembles stages into a plan (memx.planner.estimate); `bound_view(pred, "high")`
 is a StagePredictor whose time and memory are the upper ends, so the same assembly gives the plan's upper
 bound (comonotone stage errors: conservative when stage errors are independent). Feasibility and margins
@@ -41,6 +52,15 @@ GLOBAL = "*"
 HEADS = ("time", "memory")
 COVERAGE = 0.9  # issue #12: the 90 % interval
 MIN_RESIDUALS = 10  # our choice: fewer held-out rows than this → the documented default band
+GROUPED_HEADS = ("memory",)  # heads with group-conditional bands (time covers ≥ 96 % per type already)
+
+
+def memory_group(recompute: np.ndarray, inflight: np.ndarray) -> np.ndarray:
+    """The Mondrian group of each stage signature (module docstring): "full" (full or block recompute) or
+    "stored" (none, selective) × "inflight=1" or "inflight>1"."""
+    rc = np.where(np.asarray(recompute).astype(str) == "full", "full", "stored")
+    fl = np.where(np.asarray(inflight, dtype=np.int64) > 1, "inflight>1", "inflight=1")
+    return np.char.add(np.char.add(rc.astype(str), ","), fl.astype(str))
 
 # The closed form's documented band (its own error, not learned): issue #12 measured the closed form
 # 27 % off on time and 48 % on memory on an independent ground truth (before the runtime overheads of
@@ -77,8 +97,17 @@ class Intervals:
 
     coverage: float = COVERAGE
     bands: dict[str, dict[str, Band]] = field(default_factory=dict)
+    # group-conditional bands, "gpu|head|group" (gpu GLOBAL: pooled over types); empty for older predictors
+    grouped: dict[str, Band] = field(default_factory=dict)
+    fixed: frozenset[str] = frozenset()  # "gpu|head" set by with_gpu: a documented band, no group band applies
 
-    def band(self, gpu: str, head: str) -> Band:
+    def band(self, gpu: str, head: str, group: str | None = None) -> Band:
+        """The band of a GPU type and head; with `group`, its group's band where one was fitted (per type,
+        then pooled), else the per-type band."""
+        if group is not None and f"{gpu}|{head}" not in self.fixed:
+            for key in (f"{gpu}|{head}|{group}", f"{GLOBAL}|{head}|{group}"):
+                if key in self.grouped:
+                    return hull(self.grouped[key], self.band(gpu, head))
         per = self.bands.get(gpu) or {}
         if head in per:
             return per[head]
@@ -88,18 +117,27 @@ class Intervals:
     def with_gpu(self, gpu: str, head: str, band: Band) -> Intervals:
         bands = {k: dict(v) for k, v in self.bands.items()}
         bands.setdefault(gpu, {})[head] = band
-        return replace(self, bands=bands)
+        return replace(self, bands=bands, fixed=self.fixed | {f"{gpu}|{head}"})
 
     def to_json(self) -> dict[str, Any]:
-        return {"coverage": self.coverage,
-                "bands": {g: {h: vars(b) for h, b in sorted(per.items())} for g, per in sorted(self.bands.items())}}
+        out = {"coverage": self.coverage,
+               "bands": {g: {h: vars(b) for h, b in sorted(per.items())} for g, per in sorted(self.bands.items())}}
+        if self.grouped:  # absent without groups: the JSON (and version hash) of ungrouped predictors is unchanged
+            out["grouped"] = {k: vars(b) for k, b in sorted(self.grouped.items())}
+        return out
+
+
+def hull(a: Band, b: Band) -> Band:
+    """The smallest band holding both (same scale)."""
+    return Band(low=min(a.low, b.low), high=max(a.high, b.high), source=f"{a.source} ∪ {b.source}", n=a.n, scale=a.scale)
 
 
 def intervals_from_json(meta: Mapping[str, Any] | None) -> Intervals | None:
     if meta is None:
         return None
     return Intervals(coverage=float(meta["coverage"]),
-                     bands={g: {h: Band(**b) for h, b in per.items()} for g, per in meta["bands"].items()})
+                     bands={g: {h: Band(**b) for h, b in per.items()} for g, per in meta["bands"].items()},
+                     grouped={k: Band(**b) for k, b in (meta.get("grouped") or {}).items()})
 
 
 def default_band(head: str) -> Band:
@@ -132,10 +170,11 @@ MIN_DYNAMIC_MIB = 1.0  # our choice: 1 MiB, far below any stage's activations
 
 def fit_intervals(gpu: np.ndarray, pred_time_ms: np.ndarray, time_ms: np.ndarray, pred_mem_mib: np.ndarray,
                   mem_mib: np.ndarray, *, coverage: float = COVERAGE, source: str = "held-out residuals",
-                  static_mem_mib: np.ndarray | None = None) -> Intervals:
+                  static_mem_mib: np.ndarray | None = None, group: np.ndarray | None = None) -> Intervals:
     """GLOBAL bands from every held-out row, per-GPU bands where a type has MIN_RESIDUALS rows of its own.
     With `static_mem_mib` (the predictor's static memory per row) memory is conformalised on its dynamic part
-    (scale "dynamic", module docstring); without it on the total (the paper's, scale "total")."""
+    (scale "dynamic", module docstring); without it on the total (the paper's, scale "total"). With `group`
+    (memory_group of each row) the GROUPED_HEADS also get group-conditional bands (Mondrian, module docstring)."""
     gpu = np.asarray(gpu).astype(str)
     if static_mem_mib is None:
         mem_res, mem_scale = np.log(mem_mib / pred_mem_mib), "total"
@@ -153,20 +192,34 @@ def fit_intervals(gpu: np.ndarray, pred_time_ms: np.ndarray, time_ms: np.ndarray
             bg = conformal_band(r[gpu == g], coverage, source, scale[head])
             if bg is not None:
                 bands.setdefault(str(g), {})[head] = bg
-    return Intervals(coverage=coverage, bands=bands)
+    grouped: dict[str, Band] = {}
+    if group is not None:
+        group = np.asarray(group).astype(str)
+        for head in GROUPED_HEADS:
+            for k in np.unique(group):
+                sel = group == k
+                for g, rows in [(GLOBAL, sel)] + [(str(t), sel & (gpu == t)) for t in np.unique(gpu)]:
+                    b = conformal_band(res[head][rows], coverage, f"{source}, group {k}", scale[head])
+                    if b is not None:
+                        grouped[f"{g}|{head}|{k}"] = b
+    return Intervals(coverage=coverage, bands=bands, grouped=grouped)
 
 
 def interval_columns(intervals: Intervals | None, gpu: np.ndarray, time_ms: np.ndarray,
-                     mem_mib: np.ndarray, static_mem_mib: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                     mem_mib: np.ndarray, static_mem_mib: np.ndarray | None = None,
+                     group: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """INTERVAL_COLUMNS for predictions of the given rows (documented defaults without intervals). A memory
     band of scale "dynamic" applies to mem − static (`static_mem_mib`, 0 where not given): static + (mem −
-    static) × factor."""
+    static) × factor. `group` (memory_group per row): group-conditional bands where fitted."""
     iv = intervals or Intervals()
     names = np.asarray(gpu).astype(str)
-    uniq, inv = np.unique(names, return_inverse=True)
-    f = {(h, e): np.array([getattr(iv.band(str(u), h), e) for u in uniq])[inv] if len(uniq) else np.ones(0)
+    groups = np.full(len(names), "") if group is None else np.asarray(group).astype(str)
+    keys = np.char.add(np.char.add(names, "\x00"), groups)
+    uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+    picked = {h: [iv.band(names[i], h, groups[i] or None) for i in first] for h in HEADS}
+    f = {(h, e): np.array([getattr(b, e) for b in picked[h]])[inv] if len(uniq) else np.ones(0)
          for h in HEADS for e in ("low", "high")}
-    dyn = np.array([iv.band(str(u), "memory").scale == "dynamic" for u in uniq], dtype=bool)[inv] if len(uniq) \
+    dyn = np.array([b.scale == "dynamic" for b in picked["memory"]], dtype=bool)[inv] if len(uniq) \
         else np.zeros(0, dtype=bool)
     mem = np.asarray(mem_mib, np.float64)
     base = np.where(dyn, np.zeros_like(mem) if static_mem_mib is None else np.minimum(static_mem_mib, mem), 0.0)

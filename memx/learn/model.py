@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from memx.planner.cost import AnalyticStageModel, recomputed_layers
-from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json, layered
+from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json, layered, memory_group
 from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_only_gpus, phase_of, stage_time_labels
 from memx.learn.features import (FEATURE_NAMES, feature_matrix, gpu_arrays, memory_bases, signature_arrays,
                                   time_bases, without_distributed_optimizer)
@@ -226,7 +226,8 @@ class LearnedStagePredictor:
             m = m.copy()
             m[closed] = cf["peak_mem_mib"].to_numpy(np.float64)
         bounds = interval_columns(self.effective_intervals(), names, t, m,
-                                  np.where(closed, 0.0, p.static_mem_mib))  # memory bands on m − static (intervals)
+                                  np.where(closed, 0.0, p.static_mem_mib),  # memory bands on m − static (intervals)
+                                  memory_group(sigs["recompute"].to_numpy(), sigs["inflight"].to_numpy()))
         return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib, **bounds},
                             index=sigs.index)
 
@@ -418,14 +419,16 @@ def _train(xgb, params: XgbParams, seed: int, X: np.ndarray, Y: np.ndarray):
 
 
 def conformalize(predictor: LearnedStagePredictor, held_out: pd.DataFrame, *, coverage: float = 0.9,
-                 source: str = "held-out residuals") -> LearnedStagePredictor:
-    """The predictor with split-conformal bands from rows it never trained on (memx.learn.intervals)."""
+                 source: str = "held-out residuals", grouped: bool = True) -> LearnedStagePredictor:
+    """The predictor with split-conformal bands from rows it never trained on (memx.learn.intervals);
+    `grouped` adds the group-conditional memory bands (Mondrian; False: per GPU type only, as before)."""
     df = training_rows(held_out)
     yt, ym, _ = _targets(df, predictor.backward)
     pr = predictor.predict(df.loc[:, list(SIGNATURE_COLUMNS)])
     pm = pr["peak_mem_mib"].to_numpy(np.float64)
     iv = fit_intervals(df["gpu"].to_numpy(), pr["time_ms"].to_numpy(np.float64), yt, pm, ym, coverage=coverage,
-                       source=source, static_mem_mib=pr["static_mem_mib"].to_numpy(np.float64))  # dynamic scale
+                       source=source, static_mem_mib=pr["static_mem_mib"].to_numpy(np.float64),  # dynamic scale
+                       group=memory_group(df["recompute"].to_numpy(), df["inflight"].to_numpy()) if grouped else None)
     return replace(predictor, intervals=iv)
 
 
