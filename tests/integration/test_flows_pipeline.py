@@ -137,6 +137,7 @@ def test_nightly_reprofiles_only_stale_gpu_types(prefect_api, local_store, tmp_p
     assert len(profiles) == 6  # the old ones stay; lookups take the newest
 
 
+@pytest.mark.slow  # 8 s; the command backend stays in the default set via tests/integration/test_profiling_cli.py and test_profiling_command.py (make test under 3 min)
 def test_memx_plan_with_the_command_backend(prefect_api, tmp_path, monkeypatch):
     """`memx plan --backend command`: a real launcher per profile point (a small script standing in
     for Megatron-LM), then augment, train and search through the pipeline."""

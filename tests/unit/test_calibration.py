@@ -160,6 +160,7 @@ def test_guard_rejects_on_an_accurate_learned_predictor(setting):
     assert "time: kept uncalibrated" in cal.summary()
 
 
+@pytest.mark.slow  # 7 s; search and estimate through a calibration stay in the default set via test_search_and_estimate_share_the_per_transfer_cost (make test under 3 min)
 def test_search_uses_the_calibrated_assembly_and_picks_better(setting):
     cluster, model, flat, _ = setting
     space = load_search("default")
