@@ -138,23 +138,22 @@ class Pipeline:
     dp: int
     dp_gbps: np.ndarray  # (pp,) bandwidth of each stage's DP all-reduce ring
     distributed_optimizer: bool = False  # DP step RS + AG, Adam on params/dp (memx.planner.cost)
-    comm_scale: float = 1.0  # calibrated c on p2p + DP step + optimizer (AssemblyCalibration)
-    overhead_ms: float = 0.0  # calibrated o per iteration (AssemblyCalibration)
-    p2p_per_transfer_ms: float = 0.0  # calibrated d per blocking transfer (AssemblyCalibration)
+    assembly: AssemblyCalibration = IDENTITY_ASSEMBLY  # calibrated c, o, d (memx.learn.calibration)
 
     @property
     def fixed_ms(self) -> float:
         """The per-plan constant of T: c·Σ_s 2·p2p_s + o + d·blocking_transfers(pp, m) (c 1, o 0, d 0 without a
         calibration: the paper's Σ_s 2·p2p_s)."""
-        d = self.p2p_per_transfer_ms * blocking_transfers(len(self.gpu_weight), self.micro_batches)
-        return self.comm_scale * self.p2p_total_ms + self.overhead_ms + d
+        a = self.assembly
+        d = a.p2p_per_transfer_ms * blocking_transfers(len(self.gpu_weight), self.micro_batches)
+        return a.comm_scale * self.p2p_total_ms + a.overhead_ms + d
 
     def tail_ms(self, static_mib: np.ndarray, params_per_rank: np.ndarray) -> np.ndarray:
         """Per stage (rows) and column: optimizer step + T_dp, the terms after the last backward."""
         mbw, dbw = self.memory_bandwidth_gbps[:, None], self.dp_gbps[:, None]
         stepped = static_mib * stepped_static_fraction(self.distributed_optimizer, self.dp)
         tail = optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, self.dp, dbw, self.distributed_optimizer)
-        return tail if self.comm_scale == 1.0 else tail * self.comm_scale
+        return tail if self.assembly.comm_scale == 1.0 else tail * self.assembly.comm_scale
 
     def assemble(self, stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         """(T, M/V/margin) of N plans from (pp, N) stage times, peaks and tails."""
@@ -175,5 +174,4 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
                     capacity_mib=np.asarray([g.memory_mib for g in gpus], dtype=np.float64),
                     memory_bandwidth_gbps=np.asarray([g.memory_bandwidth_gbps for g in gpus], dtype=np.float64),
                     dp=dp, dp_gbps=np.asarray(dp_gbps, dtype=np.float64), distributed_optimizer=distributed_optimizer,
-                    comm_scale=float(assembly.comm_scale), overhead_ms=float(assembly.overhead_ms),
-                    p2p_per_transfer_ms=float(assembly.p2p_per_transfer_ms))
+                    assembly=assembly)
