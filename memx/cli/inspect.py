@@ -25,12 +25,12 @@ from rich.table import Table
 from memx.cli.options import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, load_specs
 from memx.cli.simulate import _read_input, read_plan
 from memx.domain.errors import InputError, NothingUsable
-from memx.domain.plan import plan_from_json, plan_to_dict
+from memx.domain.groups import any_plan_from_json, any_plan_to_dict
 from memx.pipeline.local import registered_predictor
 from memx.planner.cost import AnalyticStageModel
-from memx.planner.estimate import estimate_plans
 from memx.planner.objective import EPSILON_MIB2, PROFILES, parse_weights, phi
-from memx.report.notation import compact_stages
+from memx.planner.replicas import estimate_any_plans
+from memx.report.notation import compact_stages, dp_text, group_line, is_grouped, micro_batch_text, stage_rows
 
 GIB = 1024.0
 PREDICTORS = ("analytic", "registered")
@@ -44,24 +44,29 @@ RankWeightsOpt = Annotated[str, typer.Option("--weights", help=f"{' | '.join(PRO
 
 def inspect_cmd(file: PlanArg, cluster: ClusterOpt = DEFAULT_CLUSTER, model: ModelOpt = DEFAULT_MODEL,
                 conf: ConfOpt = None, predictor: PredictorOpt = "analytic") -> None:
-    """A plan you run today: per-GPU peak, margin and memory variance as predicted."""
+    """A plan you run today (either plan schema): per-GPU peak, margin and memory variance as predicted."""
     if predictor not in PREDICTORS:
         raise InputError(f"--predictor {predictor!r}; allowed: {', '.join(PREDICTORS)}")
     cl, mo, sp = load_specs(cluster, model, DEFAULT_SEARCH, conf)
     plan = read_plan(_read_input(file, "plan"), str(file))
     pred = (AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}) if predictor == "analytic"
             else registered_predictor(cl, mo, sp))
-    m = estimate_plans([plan], cl, mo, pred, reserve_gib=sp.reserve_gib)[0]
+    m = estimate_any_plans([plan], cl, mo, pred, reserve_gib=sp.reserve_gib)[0]
+    d = any_plan_to_dict(plan)
     console = Console(width=160)
-    console.print(f"[bold]{mo.name} on {cl.name}[/] ({predictor}): dp {plan.dp}, µb {plan.micro_batch}: "
-                  f"{compact_stages(plan_to_dict(plan))}")
+    console.print(f"[bold]{mo.name} on {cl.name}[/] ({predictor}): dp {dp_text(d)}, µb {micro_batch_text(d)}: "
+                  f"{compact_stages(d)}")
+    for g, gm in enumerate(m.groups if is_grouped(d) else ()):
+        console.print(f"{group_line(d, g)}: {gm.iteration_time_ms:,.0f} ms alone")
+    if is_grouped(d):
+        console.print(f"cross-group gradient sync: {m.cross_sync_ms:,.0f} ms, added to the slowest group's time")
     t = Table(title="Per GPU type and stage: predicted peak against capacity")
-    for col in ("stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "capacity GiB", "margin"):
+    for col in ("group", "stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "capacity GiB", "margin"):
         t.add_column(col, justify="left" if col in ("GPU", "recompute") else "right")
-    for s, (st, peak, cap) in enumerate(zip(plan.stages, m.stage_peak_mib, m.capacity_mib)):
-        rec = st.recompute if st.recompute_layers is None else f"{st.recompute}:{st.recompute_layers}"
-        t.add_row(str(s), st.gpu, f"{st.tp}×{plan.dp}", str(st.layers), str(rec), f"{peak / GIB:.1f}",
-                  f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}")
+    for (g, s, st, dp), peak, cap in zip(stage_rows(d), m.stage_peak_mib, m.capacity_mib):
+        rec = st["recompute"] if st.get("recompute_layers") is None else f"{st['recompute']}:{st['recompute_layers']}"
+        t.add_row("" if g is None else str(g), str(s), st["gpu"], f"{st['tp']}×{dp}", str(st["layers"]), str(rec),
+                  f"{peak / GIB:.1f}", f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}")
     console.print(t)
     console.print(f"iteration {m.iteration_time_ms:,.0f} ms; max memory {m.max_mem_mib / GIB:.1f} GiB; memory std-dev "
                   f"{m.mem_variance_mib2 ** 0.5 / GIB:.2f} GiB (variance {m.mem_variance_mib2:,.0f} MiB²); smallest "
@@ -124,9 +129,9 @@ def rank_cmd(measured: MeasuredOpt, weights: RankWeightsOpt = "default",
         t.add_column(col, justify="left" if col == "stages" else "right")
     fastest = r.loc[r.time_ms.idxmin()]
     for i, row in r.head(top).iterrows():
-        p = plan_to_dict(plan_from_json(row.plan))
+        p = any_plan_to_dict(any_plan_from_json(row.plan, source=f"--measured row {i}: field 'plan'"))
         t.add_row(str(i + 1), f"{row.phi:.3f}", f"{row.time_ms:,.0f}", f"{row.time_ms / fastest.time_ms - 1:+.1%}",
-                  f"{row.M / GIB:.1f}", f"{row.V ** 0.5 / GIB:.2f}", str(p["dp"]), str(p["micro_batch"]),
+                  f"{row.M / GIB:.1f}", f"{row.V ** 0.5 / GIB:.2f}", dp_text(p), micro_batch_text(p),
                   compact_stages(p))
     console.print(t)
     best = r.iloc[0]

@@ -30,6 +30,7 @@ from memx.domain.errors import InputError
 from memx.domain.groups import (AnyPlan, GroupedPlan, any_plan_from_dict, any_plan_to_dict, group_plans,
                                 validate_any_plan)
 from memx.domain.io import atomic_write_parquet, atomic_write_text
+from memx.domain.plan import json_document
 from memx.domain.records import config_runs_frame, now_iso
 from memx.report.notation import group_line
 from memx.simulator.runs import config_run_row
@@ -54,10 +55,7 @@ def _read_input(path: Optional[Path], what: str) -> str:
 
 def read_plan(text: str, source: str) -> AnyPlan:
     """A plan of either schema from `memx plan`'s answer (its "plan" field) or from a bare plan JSON."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{source}: not valid JSON: {exc}") from exc
+    data = json_document(text, source)
     if isinstance(data, dict) and isinstance(data.get("plan"), dict):
         data = data["plan"]
     return any_plan_from_dict(data, source=source)
@@ -75,12 +73,7 @@ def _json_out(data: dict[str, Any]) -> None:
 def stage(file: Annotated[Optional[Path], typer.Argument(help="stage signature JSON (default: stdin)")] = None,
           seed: SeedOpt = 0, conf: ConfOpt = None) -> None:
     """Run one stage alone on tp GPUs: time_ms, peak_mem_mib, static_mem_mib, status, reason."""
-    text = _read_input(file, "stage")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"stage: not valid JSON: {exc}") from exc
-    sig = signature_from_dict(data)
+    sig = signature_from_dict(json_document(_read_input(file, "stage"), "stage"))
     run = measure_stage(sig, load_gpu(sig.gpu, conf), load_traits(sig.gpu, conf), rng=np.random.default_rng(seed))
     _json_out({**sig.to_dict(), **dataclasses.asdict(run), "backend": "simulated", "seed": seed})
 

@@ -80,3 +80,36 @@ def test_rank_bad_input(tmp_path):
     (tmp_path / "oom.csv").write_text('plan,iteration_time_ms,peak_mem_mib,oom\n"{}",,,True\n')
     out = runner.invoke(app, ["rank", "--measured", str(tmp_path / "oom.csv")])
     assert out.exit_code == 5
+
+
+GROUPED = {"schema": 2, "model": "llama2-7b", "cluster": "three-vendor-20", "global_batch": 128, "seq_len": 4096,
+           "distributed_optimizer": True,
+           "groups": [{"dp": 1, "micro_batch": 2, "micro_batches": 24,
+                       "stages": [{"gpu": "a100-80g", "tp": 4, "layers": 32}]},
+                      {"dp": 2, "micro_batch": 1, "micro_batches": 40,
+                       "stages": [{"gpu": "vendor-b-32g", "tp": 4, "layers": 16, "recompute": "full"},
+                                  {"gpu": "vendor-c-32g", "tp": 4, "layers": 16, "recompute": "full"}]}]}
+
+
+def test_inspect_and_rank_read_schema_two_plans(tmp_path):
+    from memx.domain.groups import any_plan_from_dict, any_plan_to_json
+    from memx.planner.replicas import estimate_any_plans
+
+    path = tmp_path / "grouped.json"
+    path.write_text(json.dumps(GROUPED))
+    cl, mo = load_cluster("three-vendor-20"), load_model("llama2-7b")
+    plan = any_plan_from_dict(GROUPED)
+    (m,) = estimate_any_plans([plan], cl, mo, AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}))
+    out = runner.invoke(app, ["inspect", str(path), "--model", "llama2-7b"])
+    assert out.exit_code == 0, out.output
+    assert f"iteration {m.iteration_time_ms:,.0f} ms" in out.stdout and m.cross_sync_ms > 0
+    assert "group 1: dp 2 × vendor-b-32g×4 [16] full → vendor-c-32g×4 [16] full" in out.stdout
+    assert f"cross-group gradient sync: {m.cross_sync_ms:,.0f} ms" in out.stdout
+    assert "4×1" in out.stdout and out.stdout.count("4×2") == 2  # stage rows: tp × their group's dp
+
+    runs = tmp_path / "runs.csv"
+    pd.DataFrame([{"plan": any_plan_to_json(plan), "iteration_time_ms": m.iteration_time_ms,
+                   "peak_mem_mib": json.dumps(list(m.peak_mem_mib)), "oom": False}]).to_csv(runs, index=False)
+    ranked = runner.invoke(app, ["rank", "--measured", str(runs)])
+    assert ranked.exit_code == 0, ranked.output
+    assert "1+2" in ranked.stdout and "2/1" in ranked.stdout  # the groups' dp and micro batches
