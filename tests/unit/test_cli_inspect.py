@@ -13,6 +13,7 @@ from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import estimate_plans
 from memx.planner.search import search
+from tests.support.plans import GROUPED
 
 runner = CliRunner()
 
@@ -82,28 +83,19 @@ def test_rank_bad_input(tmp_path):
     assert out.exit_code == 5
 
 
-GROUPED = {"schema": 2, "model": "llama2-7b", "cluster": "three-vendor-20", "global_batch": 128, "seq_len": 4096,
-           "distributed_optimizer": True,
-           "groups": [{"dp": 1, "micro_batch": 2, "micro_batches": 24,
-                       "stages": [{"gpu": "a100-80g", "tp": 4, "layers": 32}]},
-                      {"dp": 2, "micro_batch": 1, "micro_batches": 40,
-                       "stages": [{"gpu": "vendor-b-32g", "tp": 4, "layers": 16, "recompute": "full"},
-                                  {"gpu": "vendor-c-32g", "tp": 4, "layers": 16, "recompute": "full"}]}]}
-
-
 def test_inspect_and_rank_read_schema_two_plans(tmp_path):
     from memx.domain.groups import any_plan_from_dict, any_plan_to_json
     from memx.planner.replicas import estimate_any_plans
 
     path = tmp_path / "grouped.json"
-    path.write_text(json.dumps(GROUPED))
+    path.write_text(json.dumps({**GROUPED, "distributed_optimizer": True}))
     cl, mo = load_cluster("three-vendor-20"), load_model("llama2-7b")
-    plan = any_plan_from_dict(GROUPED)
+    plan = any_plan_from_dict({**GROUPED, "distributed_optimizer": True})
     (m,) = estimate_any_plans([plan], cl, mo, AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}))
     out = runner.invoke(app, ["inspect", str(path), "--model", "llama2-7b"])
     assert out.exit_code == 0, out.output
     assert f"iteration {m.iteration_time_ms:,.0f} ms" in out.stdout and m.cross_sync_ms > 0
-    assert "group 1: dp 2 × vendor-b-32g×4 [16] full → vendor-c-32g×4 [16] full" in out.stdout
+    assert "group 1: dp 2 × vendor-b-32g×4 [16] sel → vendor-c-32g×4 [16] full" in out.stdout
     assert f"cross-group gradient sync: {m.cross_sync_ms:,.0f} ms" in out.stdout
     assert "4×1" in out.stdout and out.stdout.count("4×2") == 2  # stage rows: tp × their group's dp
 

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from memx.cli.app import app as memx_app
 from memx.domain.groups import any_plan_from_dict, any_plan_from_json
+from tests.support.plans import GROUPED
 
 runner = CliRunner()
 
@@ -72,14 +73,6 @@ def test_sample_bad_model_writes_nothing(tmp_path):
                               "--out", str(out)])
     assert res.exit_code == 2 and "unknown model" in res.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
-
-
-GROUPED = {"schema": 2, "model": "llama2-7b", "cluster": "three-vendor-20", "global_batch": 128, "seq_len": 4096,
-           "groups": [{"dp": 1, "micro_batch": 2, "micro_batches": 24,
-                       "stages": [{"gpu": "a100-80g", "tp": 4, "layers": 32}]},
-                      {"dp": 2, "micro_batch": 1, "micro_batches": 40,
-                       "stages": [{"gpu": "vendor-b-32g", "tp": 4, "layers": 16, "recompute": "selective"},
-                                  {"gpu": "vendor-c-32g", "tp": 4, "layers": 16, "recompute": "full"}]}]}
 
 
 def test_schema_two_plan_reports_groups_and_the_cross_group_sync(tmp_path):
