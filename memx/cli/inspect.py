@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,7 @@ from memx.pipeline.local import registered_predictor
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.objective import EPSILON_MIB2, PROFILES, parse_weights, phi
 from memx.planner.replicas import estimate_any_plans
+from memx.report.evaluate import read_config_runs
 from memx.report.notation import compact_stages, dp_text, group_line, is_grouped, micro_batch_text, stage_rows
 
 GIB = 1024.0
@@ -76,25 +77,6 @@ def inspect_cmd(file: PlanArg, cluster: ClusterOpt = DEFAULT_CLUSTER, model: Mod
                    "(the paper's safety threshold)", err=True)
 
 
-def _read_measured(path: Path) -> pd.DataFrame:
-    if not path.is_file():
-        raise InputError(f"--measured {path}: no such file")
-    try:
-        if path.suffix == ".parquet":
-            df = pd.read_parquet(path)
-        elif path.suffix in (".jsonl", ".json"):
-            df = pd.read_json(path, lines=path.suffix == ".jsonl")
-        else:
-            df = pd.read_csv(path)
-    except Exception as exc:  # any reader's failure is the user's file: one line
-        raise InputError(f"--measured {path}: not a readable Parquet/CSV/JSONL table ({type(exc).__name__})") from exc
-    missing = [c for c in ("plan", "iteration_time_ms", "peak_mem_mib") if c not in df]
-    if missing:
-        raise InputError(f"--measured {path}: missing column(s) {', '.join(missing)}; config_runs has plan, "
-                         "iteration_time_ms, peak_mem_mib, oom")
-    return df
-
-
 def _peaks(v) -> np.ndarray:
     if isinstance(v, str):
         v = json.loads(v)
@@ -122,7 +104,7 @@ def measured_ranking(df: pd.DataFrame, weights: str) -> pd.DataFrame:
 def rank_cmd(measured: MeasuredOpt, weights: RankWeightsOpt = "default",
              top: Annotated[int, typer.Option("--top", min=1, help="How many plans to list.")] = 10) -> None:
     """Re-rank plans you already measured by Φ (paper §3.1.2) and compare the top one with the fastest."""
-    r = measured_ranking(_read_measured(measured), weights)
+    r = measured_ranking(read_config_runs(measured, ("plan", "iteration_time_ms", "peak_mem_mib")), weights)
     console = Console(width=160)
     t = Table(title=f"Measured plans by Φ (weights {weights}; medians over the {len(r)} that ran)")
     for col in ("#", "Φ", "T ms", "vs fastest", "M GiB", "std GiB", "dp", "µb", "stages"):

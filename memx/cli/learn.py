@@ -22,7 +22,6 @@ import typer
 from memx.cli.options import (DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt,
     load_specs, sub_app)
 from memx.domain.errors import InputError
-from memx.learn.calibration import require_config_runs
 from memx.pipeline import registry
 from memx.pipeline.local import calibrate_registered, registered_predictor, train_config, train_step
 from memx.pipeline.training import train_and_register
@@ -46,7 +45,7 @@ def train_cmd(cluster: ClusterOpt,
               store: StoreOpt = None) -> None:
     """Train the stage predictor on the stored profiles (or --stage-runs) and register it (champion only if better)."""
     cl, mo, sp = load_specs(cluster, model, search, conf)
-    runs = _read_measured(measured) if measured is not None else None  # bad input exits 2 before training
+    runs = read_config_runs(measured) if measured is not None else None  # bad input exits 2 before training
     if stage_runs is not None:
         if not stage_runs.is_file():
             raise InputError(f"--stage-runs {stage_runs}: no such file")
@@ -68,19 +67,6 @@ def train_cmd(cluster: ClusterOpt,
                   + ("; reused the stored training" if res.train.reused else ""))
     typer.echo(f"champion of fingerprint {res.fingerprint}: version {res.champion.get('model_version')}")
     _calibrate(res.model_version, cl, mo, runs)
-
-
-def _read_measured(path: Path) -> pd.DataFrame:
-    """config_runs for --measured: Parquet or JSONL (memx.report.evaluate.read_config_runs) or CSV."""
-    if path.suffix != ".csv":
-        return read_config_runs(path)
-    if not path.is_file():
-        raise InputError(f"--measured {path}: no such file")
-    try:
-        runs = pd.read_csv(path)
-    except Exception as exc:  # pandas parser errors: bad input, not a crash
-        raise InputError(f"{path}: not readable as CSV ({exc.__class__.__name__}: {exc})") from exc
-    return require_config_runs(runs, str(path))
 
 
 def _calibrate(version: int, cl, mo, runs: pd.DataFrame | None) -> None:

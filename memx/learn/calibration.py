@@ -292,12 +292,17 @@ def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch,
     return fit_plan_calibration(plans, times, peaks, cluster, model, predictor, **kw)
 
 
-def require_config_runs(runs: pd.DataFrame, source: str = "config_runs") -> pd.DataFrame:
-    """`runs` when it has the config_runs columns a calibration reads; else InputError naming them."""
-    missing = [c for c in ("plan", "iteration_time_ms", "peak_mem_mib", "oom") if c not in runs.columns]
+CONFIG_RUNS_COLUMNS = ("plan", "iteration_time_ms", "peak_mem_mib", "oom")
+
+
+def require_config_runs(runs: pd.DataFrame, source: str = "config_runs",
+                        required: tuple[str, ...] = CONFIG_RUNS_COLUMNS) -> pd.DataFrame:
+    """`runs` when it has the `required` config_runs columns (by default what a calibration reads); else
+    InputError naming the missing ones."""
+    missing = [c for c in required if c not in runs.columns]
     if missing:
-        raise InputError(f"{source}: missing column(s) {', '.join(missing)}; config_runs needs plan, iteration_time_ms, "
-                         "peak_mem_mib, oom (docs/architecture.md §Measurement records)")
+        raise InputError(f"{source}: missing column(s) {', '.join(missing)}; config_runs needs {', '.join(required)} "
+                         "(docs/architecture.md §Measurement records)")
     return runs
 
 

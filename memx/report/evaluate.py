@@ -27,6 +27,7 @@ from memx.domain.errors import InputError
 from memx.domain.groups import (AnyPlan, GroupedPlan, any_plan_from_dict, any_plan_from_json, group_plans,
                                 validate_any_plan)
 from memx.domain.specs import Cluster, ModelArch, Weights
+from memx.learn.calibration import CONFIG_RUNS_COLUMNS, require_config_runs
 from memx.planner.baselines import uniform_view
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.metrics import PlanMetrics
@@ -38,23 +39,30 @@ KEYS = ("n", "time_mape", "time_max_ape", "mem_mape", "spearman_time", "spearman
         "oom_accuracy")
 
 
-def read_config_runs(path: str | Path) -> pd.DataFrame:
-    """config_runs from Parquet or JSONL (plan as a JSON string or an object); InputError names the problem."""
+def read_config_runs(path: str | Path, required: tuple[str, ...] = CONFIG_RUNS_COLUMNS) -> pd.DataFrame:
+    """config_runs from Parquet, JSONL (`.json` also as one JSON array) or CSV (plan as a JSON string or an
+    object) with the `required` columns — the one reader of `--measured` files; InputError names the problem."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"--measured {path}: no such file")
     try:
-        if path.suffix in (".jsonl", ".json", ".ndjson"):
-            df = pd.read_json(path, lines=True)
-        else:
-            df = pd.read_parquet(path)
-    except Exception as exc:  # pyarrow / json errors: bad input, not a crash
-        raise InputError(f"{path}: not readable as Parquet or JSONL ({exc.__class__.__name__}: {exc})") from exc
-    missing = [c for c in ("plan", "iteration_time_ms", "peak_mem_mib", "oom") if c not in df.columns]
-    if missing:
-        raise InputError(f"{path}: missing column(s) {', '.join(missing)}; config_runs needs plan, "
-                         "iteration_time_ms, peak_mem_mib, oom (docs/architecture.md §Measurement records)")
-    return df
+        df = _read_table(path)
+    except Exception as exc:  # pyarrow / json / csv parser errors: bad input, not a crash
+        raise InputError(f"{path}: not readable as Parquet, JSONL or CSV ({exc.__class__.__name__}: {exc})") from exc
+    return require_config_runs(df, str(path), required)
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    if path.suffix in (".jsonl", ".ndjson"):
+        return pd.read_json(path, lines=True)
+    if path.suffix == ".json":
+        try:
+            return pd.read_json(path, lines=True)
+        except ValueError:
+            return pd.read_json(path)  # one JSON array of rows
+    return pd.read_parquet(path)
 
 
 def _plans(df: pd.DataFrame, cluster: Cluster, model: ModelArch) -> list[AnyPlan]:
