@@ -15,6 +15,9 @@ that ran (OOM rows carry no time or peak).
 
 Usage: PYTHONPATH=. .venv/bin/python bench/learning_curve.py [--cluster three-vendor-20] [--model llama2-7b]
        [--runtime none] [--profile-rows N] [--plans 300] [--test 40] [--n 0 5 10 20 40] [--seeds 3] [--seed 7]
+       [--residual on|off]
+From 40 timed plans on the fit also tries the plan residual (memx.learn.residual; `--residual off`: the
+parametric calibration alone, for the side-by-side in docs/benchmarks.md).
 Output: one line per n and guard: mean (± spread over seeds) time and memory MAPE, the ratio to n = 0,
 and (guarded) how many seeds kept the time / memory part.
 """
@@ -71,6 +74,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[0, 5, 10, 20, 40])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--residual", choices=("on", "off"), default="on",
+                    help="the plan residual (memx.learn.residual, from 40 timed plans on): on = the library default")
     args = ap.parse_args()
     t0 = time.perf_counter()
     cluster, model = load_cluster(args.cluster), load_model(args.model)
@@ -89,19 +94,22 @@ def main() -> None:
     base = None
     for n in args.n:
         for guard in ((False, True) if n else (False,)):
-            scores, kept = [], [0, 0]
+            scores, kept = [], [0, 0, 0]
             for s in range(args.seeds if n else 1):
                 fit = random.Random(1000 * args.seed + s).sample(pool, n)
                 cal = fit_plan_calibration([p for p, _ in fit], [r.iteration_time_ms for _, r in fit],
-                                           [r.peak_mem_mib for _, r in fit], cluster, model, pred, guard=guard)
+                                           [r.peak_mem_mib for _, r in fit], cluster, model, pred, guard=guard,
+                                           residual=args.residual == "on")
                 scores.append(score(cluster, model, pred, cal, test))
                 kept[0] += bool(cal.time_guard and cal.time_guard.accepted)
                 kept[1] += bool(cal.mem_guard and cal.mem_guard.accepted)
+                kept[2] += cal.residual is not None
             t, m = np.mean(scores, axis=0)
             t_sd, m_sd = np.std(scores, axis=0)
             base = base or (t, m)
-            tag = f"guard kept time {kept[0]}/{len(scores)} mem {kept[1]}/{len(scores)}" if guard else "no guard"
-            print(f"n={n:3d} {tag:32s} time_mape={t:.4f} (±{t_sd:.4f}) mem_mape={m:.4f} (±{m_sd:.4f}) "
+            tag = (f"guard kept time {kept[0]}/{len(scores)} mem {kept[1]}/{len(scores)} residual {kept[2]}/{len(scores)}"
+                   if guard else f"no guard (residual {kept[2]}/{len(scores)})")
+            print(f"n={n:3d} {tag:44s} time_mape={t:.4f} (±{t_sd:.4f}) mem_mape={m:.4f} (±{m_sd:.4f}) "
                   f"time_ratio_vs_0={t / base[0]:.3f} mem_ratio_vs_0={m / base[1]:.3f}", flush=True)
     print(f"elapsed {time.perf_counter() - t0:.1f}s")
 

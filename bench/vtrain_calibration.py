@@ -11,7 +11,9 @@ and tests/validation/test_predictor_vtrain.py). Then:
    (memx.learn.calibration, with its guard) on the measured plans of the other seven models only
    (`leave_out="model"`), or of the four models of the other hidden size (`leave_out="hidden"`), and the
    held-out model's plans are predicted through it. No plan is scored by a calibration that saw it.
-   Terms: a (per GPU type), c, o, then + d (per blocking p2p transfer), then + b_tp (per tp degree).
+   Terms: a (per GPU type), c, o, then + d (per blocking p2p transfer), then + b_tp (per tp degree), then the
+   plan residual (memx.learn.residual: boosted trees on log(measured / T'), setting chosen by cross-validation
+   grouped by model over the seven training models only) with and without b_tp.
 
 Figures: MAPE, median within-group Spearman (groups of equal GPU count and model), measured-best predicted
 first (of 24 groups), and the mean signed error by pp (where the paper's assembly errs).
@@ -139,8 +141,8 @@ def uncalibrated(models: list[ModelRuns]) -> tuple[pd.DataFrame, np.ndarray]:
 
 
 def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None, seed: int = 0, guard: bool = True,
-                        per_tp: bool = False, per_transfer: bool = True, leave_out: str = "model"
-                        ) -> tuple[pd.DataFrame, np.ndarray, dict[str, PlanCalibration]]:
+                        per_tp: bool = False, per_transfer: bool = True, leave_out: str = "model",
+                        residual: bool = False) -> tuple[pd.DataFrame, np.ndarray, dict[str, PlanCalibration]]:
     """Leave one model out (`leave_out="model"`): each model's plans predicted through a calibration fitted on
     the measured plans of the other models only (all of them, or `per_model` drawn at random from each);
     `leave_out="hidden"`: on the models of the other hidden size only (no sibling of another depth)."""
@@ -150,13 +152,15 @@ def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None
              for m in models}
     preds, cals = [], {}
     for held in models:
-        est, y = [], []
+        est, y, groups = [], [], []
         for m in models:
             if m.key == held.key or (leave_out == "hidden" and m.rows.hidden.iloc[0] == held.rows.hidden.iloc[0]):
                 continue
             est += [m.estimates[i] for i in picks[m.key]]
             y += [float(m.rows.time_ms.iloc[i]) for i in picks[m.key]]
-        cal = fit_from_estimates(est, y, guard=guard, per_tp=per_tp, per_transfer=per_transfer)
+            groups += [m.key] * len(picks[m.key])
+        cal = fit_from_estimates(est, y, guard=guard, per_tp=per_tp, per_transfer=per_transfer, residual=residual,
+                                 groups=groups)
         cals[held.key] = cal
         preds.append(calibrated_times(held.estimates, cal))
     rows = pd.concat([m.rows for m in models], ignore_index=True)
@@ -176,17 +180,20 @@ def main() -> None:
     print(scores(*uncalibrated(models)).line("vTrain uncalibrated (paper assembly, learned stages)"))
     print("  mean signed error by pp: " + bias_by(*uncalibrated(models), "pp") + "; by (hidden, tp): "
           + bias_by(*uncalibrated(models), ["hidden", "tp"]))
-    runs = [("model", None, False, False), ("model", None, False, True), ("model", None, True, True),
-            ("hidden", None, True, True), ("model", args.per_model, True, True)]
-    for leave_out, per_model, per_tp, per_transfer in runs:
+    # (leave out, plans per other model, b_tp, d, plan residual); the last three: the library's defaults (per_tp
+    # off, residual on), with every other model's plans, across hidden sizes, and with --per-model plans each
+    runs = [("model", None, False, False, False), ("model", None, False, True, False), ("model", None, True, True, False),
+            ("model", None, True, True, True), ("model", None, False, True, True), ("hidden", None, False, True, True),
+            ("model", args.per_model, False, True, True)]
+    for leave_out, per_model, per_tp, per_transfer, residual in runs:
         rows, pred, cals = held_out_calibrated(models, per_model=per_model, per_tp=per_tp, per_transfer=per_transfer,
-                                               leave_out=leave_out)
+                                               leave_out=leave_out, residual=residual)
         for key, cal in cals.items():
             tp = " ".join(f"b{t}={v:.3f}" for t, v in sorted(cal.tp_time_scale.items()))
             print(f"  held out {key}: {cal.summary()}; a={cal.time_scale} {tp} c={cal.comm_scale:.3f} "
                   f"o={cal.overhead_ms:.2f} ms d={cal.p2p_per_transfer_ms:.3f} ms")
         n = "all" if per_model is None else per_model
-        terms = "a, c, o" + (", d" if per_transfer else "") + (", b_tp" if per_tp else "")
+        terms = "a, c, o" + (", d" if per_transfer else "") + (", b_tp" if per_tp else "") + (", residual" if residual else "")
         print(scores(rows, pred).line(f"vTrain leave-one-{leave_out}-out calibrated ({terms}; {n} plans per other model)"))
         print("  mean signed error by pp (held out): " + bias_by(rows, pred, "pp"))
 

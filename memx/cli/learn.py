@@ -39,6 +39,7 @@ def train_cmd(cluster: ClusterOpt,
               conf: ConfOpt = None,
               stage_runs: Annotated[Optional[Path], typer.Option("--stage-runs", help="stage_runs Parquet (default: the profiles `memx profile` stored for this cluster, model and search space).")] = None,
               measured: Annotated[Optional[Path], typer.Option("--measured", help="config_runs (Parquet, JSONL or CSV) of measured plans: fit a plan calibration of the trained version on them (kept only where its leave-one-out error beats the uncalibrated error); `memx plan --predictor registered` applies it.")] = None,
+              residual: Annotated[bool, typer.Option("--residual/--no-residual", help="With --measured: also learn a plan residual (boosted trees on the calibrated time's error; from 40 timed plans on, kept only where its held-out error beats the calibrated one by 10 %). --no-residual: the parametric calibration alone.")] = True,
               trials: Annotated[int, typer.Option(min=1, help="Optuna trials.")] = 8,
               seconds: Annotated[Optional[float], typer.Option(min=1.0, help="Optional wall-clock cap on tuning (s); stops early with a warning. Without it the result depends only on inputs and seed.")] = None,
               seed: SeedOpt = 0,
@@ -56,7 +57,7 @@ def train_cmd(cluster: ClusterOpt,
         _trained_line(int(out.version), out.promoted, out.predictor.variant, out.errors,
                       f"memory {out.predictor.memory_source}; "
                       f"rows {out.augmented.rows_before} -> {out.augmented.rows_after} after interpolation")
-        _calibrate(int(out.version), cl, mo, runs)
+        _calibrate(int(out.version), cl, mo, runs, residual)
         return
     res = train_step(cl, mo, sp, store=store, seed=seed, trials=trials, seconds=seconds,
                      log=lambda line: typer.echo(line, err=True))
@@ -66,13 +67,13 @@ def train_cmd(cluster: ClusterOpt,
                   f"rows {aug.get('rows_before')} -> {aug.get('rows_after')} after interpolation"
                   + ("; reused the stored training" if res.train.reused else ""))
     typer.echo(f"champion of fingerprint {res.fingerprint}: version {res.champion.get('model_version')}")
-    _calibrate(res.model_version, cl, mo, runs)
+    _calibrate(res.model_version, cl, mo, runs, residual)
 
 
-def _calibrate(version: int, cl, mo, runs: pd.DataFrame | None) -> None:
+def _calibrate(version: int, cl, mo, runs: pd.DataFrame | None, residual: bool) -> None:
     if runs is None:
         return
-    cal = calibrate_registered(version, cl, mo, runs)
+    cal = calibrate_registered(version, cl, mo, runs, residual=residual)
     typer.echo(f"plan calibration of version {version}: {cal.summary()}")
 
 

@@ -16,7 +16,9 @@ fitted on them corrects, on top of any stage predictor (closed form or learned):
   every micro batch's activation and gradient hops cost the bottleneck stage time, which the paper's
   Σ 2·p2p (counted once per iteration) does not charge — so the error of the paper's assembly grows with
   pp and m where a framework's send/recv carries a fixed set-up cost (Megatron-DeepSpeed on vTrain's A100s);
-- per GPU type, an affine map of the predicted peak, peak' = k_g·peak + b_g (MiB).
+- per GPU type, an affine map of the predicted peak, peak' = k_g·peak + b_g (MiB; memx.learn.peak_calibration);
+- from 40 timed plans on, a plan residual T'' = T'·exp(r(x)) (memx.learn.residual: boosted trees on what the
+  parametric terms leave, at plan level; `residual=False` leaves it out).
 
 The calibrated iteration time of a plan with m micro batches and stage times t_s is
     T' = (m − 1)·max_s(a'_s·t_s) + Σ_s a'_s·t_s + c·(T − S) + o + d·blocking_transfers(pp, m),  a'_s = a_{g_s}·b_{tp_s},
@@ -40,6 +42,7 @@ predictor the fit mostly chases measurement noise, which cross-validation expose
 
 from __future__ import annotations
 
+import binascii
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,15 +56,16 @@ from memx.domain.groups import any_plan_from_dict, simplest
 from memx.domain.hashing import stable_hash
 from memx.domain.plan import Plan, json_document
 from memx.domain.specs import Cluster, ModelArch
+from memx.learn.peak_calibration import LOSS_SCALE, fit_memory, mem_errors
+from memx.learn.residual import PlanResidual, fit_residual, residual_from_dict
 from memx.planner.estimate import estimate_plans
-from memx.planner.metrics import PlanMetrics, per_gpu_peaks
+from memx.planner.metrics import PlanMetrics
 from memx.planner.schedule import AssemblyCalibration, blocking_transfers
 from memx.planner.signatures import StagePredictor
 
 TIME_RIDGE = 0.3  # prior weight: a unit of log-multiplier costs like a 30 % error on one plan (soft-L1 scale)
 MEM_RIDGE = 0.3
 D_UNIT = 0.01  # d's parameter unit: 1 % of the median measured iteration per transfer
-LOSS_SCALE = 0.1  # soft-L1 f_scale: relative errors above 10 % count linearly, not quadratically
 MEM_COLUMNS = ("peak_mem_mib", "peak_mem_mib_low", "peak_mem_mib_high")
 
 
@@ -104,13 +108,14 @@ class PlanCalibration:
     plans_with_peaks: int = 0
     time_guard: Guard | None = None  # None: fitted without the guard (or nothing to fit)
     mem_guard: Guard | None = None
+    residual: PlanResidual | None = None  # kept plan residual on T' (memx.learn.residual), None: none kept
 
     @property
     def is_identity(self) -> bool:
         """Whether it changes no prediction (nothing fitted, or every part kept at the identity)."""
         return (all(v == 1.0 for v in self.time_scale.values()) and all(v == 1.0 for v in self.tp_time_scale.values())
                 and self.comm_scale == 1.0 and self.overhead_ms == 0.0
-                and self.p2p_per_transfer_ms == 0.0
+                and self.p2p_per_transfer_ms == 0.0 and self.residual is None
                 and all(v == 1.0 for v in self.mem_scale.values()) and all(v == 0.0 for v in self.mem_offset_mib.values()))
 
     @property
@@ -125,7 +130,7 @@ class PlanCalibration:
 
     def headline(self) -> str:
         """A few words for the plan output's predictor name."""
-        n = max(self.plans_timed, self.plans_with_peaks)
+        n = max(self.plans_timed, self.plans_with_peaks, self.residual.plans if self.residual else 0)
         if n:
             return f"calibrated on {n} measured plans"
         g = self.time_guard or self.mem_guard
@@ -144,6 +149,8 @@ class PlanCalibration:
                 verdict = f"calibrated on {n} measured plans" if g.accepted else "kept uncalibrated"
                 parts.append(f"{what}: {verdict} (held-out error {100 * g.cv_mape:.1f} % vs uncalibrated "
                              f"{100 * g.base_mape:.1f} %, {g.folds} folds)")
+        if self.residual is not None:
+            parts.append(self.residual.summary())
         return "; ".join(parts)
 
     def to_dict(self) -> dict:
@@ -153,7 +160,8 @@ class PlanCalibration:
                 "mem_scale": dict(self.mem_scale), "mem_offset_mib": dict(self.mem_offset_mib),
                 "plans_timed": self.plans_timed, "plans_with_peaks": self.plans_with_peaks,
                 "time_guard": self.time_guard.to_dict() if self.time_guard else None,
-                "mem_guard": self.mem_guard.to_dict() if self.mem_guard else None}
+                "mem_guard": self.mem_guard.to_dict() if self.mem_guard else None,
+                "residual": self.residual.to_dict() if self.residual else None}
 
 
 def calibration_from_dict(d: Mapping, *, source: str = "calibration.json") -> PlanCalibration:
@@ -168,11 +176,12 @@ def calibration_from_dict(d: Mapping, *, source: str = "calibration.json") -> Pl
             overhead_ms=float(d["overhead_ms"]), p2p_per_transfer_ms=float(d.get("p2p_per_transfer_ms", 0.0)),
             mem_scale={str(g): float(v) for g, v in d["mem_scale"].items()},
             mem_offset_mib={str(g): float(v) for g, v in d["mem_offset_mib"].items()},
-            plans_timed=int(d["plans_timed"]), plans_with_peaks=int(d["plans_with_peaks"]), **guards)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            plans_timed=int(d["plans_timed"]), plans_with_peaks=int(d["plans_with_peaks"]),
+            residual=None if d.get("residual") is None else residual_from_dict(d["residual"]), **guards)
+    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
         raise InputError(f"{source}: not a plan calibration ({type(exc).__name__}: {exc}); fields: "
                          "time_scale, tp_time_scale (optional), comm_scale, overhead_ms, p2p_per_transfer_ms (optional), mem_scale, mem_offset_mib, plans_timed, "
-                         "plans_with_peaks, time_guard, mem_guard") from None
+                         "plans_with_peaks, time_guard, mem_guard, residual (optional)") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +204,11 @@ class CalibratedStagePredictor:
     @property
     def assembly(self) -> AssemblyCalibration:
         return self.plan_calibration.assembly
+
+    def correct_plans(self, metrics: list[PlanMetrics]) -> list[PlanMetrics]:
+        """Plan-level scores with the plan residual (memx.planner.metrics.corrected_plans); unchanged without one."""
+        r = self.plan_calibration.residual
+        return list(metrics) if r is None else r.correct(metrics)
 
     def __getattr__(self, attr):  # only for attributes not defined here: those of the base
         if attr.startswith("__") or attr in ("base", "plan_calibration"):
@@ -239,7 +253,8 @@ def fit_plan_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence
 def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Sequence[float | None],
                        peak_mem_mib_measured: Sequence[Sequence[float] | None] | None = None, *,
                        time_ridge: float = TIME_RIDGE, mem_ridge: float = MEM_RIDGE, guard: bool = True,
-                       per_tp: bool = False, per_transfer: bool = True) -> PlanCalibration:
+                       per_tp: bool = False, per_transfer: bool = True, residual: bool = True,
+                       groups: Sequence[str] | None = None) -> PlanCalibration:
     """A PlanCalibration from the uncalibrated estimates of the measured plans (`estimate_plans` with the base
     predictor, reserve 0); the plans may come from several models, each estimated by its own predictor, as
     long as they share GPU types (bench/vtrain_calibration.py: one A100 calibration from seven models).
@@ -247,7 +262,10 @@ def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Seque
     beats the uncalibrated error (Guard); without, the fit is taken as it is. `per_tp`: also fit a stage-time
     multiplier b_tp per tensor-parallel degree (the tp all-reduces inside every stage, Shoeybi et al. 2019 §3,
     and the per-rank GEMM sizes change with tp, so the profile environment can be off by degree).
-    `per_transfer=False` keeps d at 0 (the assembly's p2p as the paper counts it, only scaled by c)."""
+    `per_transfer=False` keeps d at 0 (the assembly's p2p as the paper counts it, only scaled by c).
+    `residual`: then fit a plan residual on T' (memx.learn.residual; from MIN_RESIDUAL_PLANS timed plans on,
+    with the guard kept only when its held-out error beats T' by 10 %), cross-validated by `groups` (one label
+    per estimate, e.g. the model) when given."""
     peak_mem_mib_measured = [None] * len(est) if peak_mem_mib_measured is None else peak_mem_mib_measured
     if not (len(est) == len(iteration_time_ms_measured) == len(peak_mem_mib_measured)):
         raise InputError("fit_from_estimates: estimates, iteration times and peaks must have one entry per plan")
@@ -256,18 +274,24 @@ def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Seque
     t_est, t_y = [est[i] for i in timed], np.asarray([iteration_time_ms_measured[i] for i in timed], float)
     m_est, m_y = [est[i] for i in with_peaks], [np.asarray(peak_mem_mib_measured[i], float) for i in with_peaks]
     time_fit = _fit_time(t_est, t_y, time_ridge, per_tp, per_transfer)
-    mem_fit = _fit_memory(m_est, m_y, mem_ridge)
+    mem_fit = fit_memory(m_est, m_y, mem_ridge)
     n_t, n_m, t_guard, m_guard = len(timed), len(with_peaks), None, None
     if guard:
         # a part with no measurement has nothing to guard (its summary then says "not calibrated")
         t_guard = _guard(t_est, t_y, lambda e, y: _fit_time(e, y, time_ridge, per_tp, per_transfer), _time_errors) if n_t else None
-        m_guard = _guard(m_est, m_y, lambda e, y: _fit_memory(e, y, mem_ridge), _mem_errors) if n_m else None
+        m_guard = _guard(m_est, m_y, lambda e, y: fit_memory(e, y, mem_ridge), mem_errors) if n_m else None
         if t_guard is not None and not t_guard.accepted:
             time_fit, n_t = {}, 0
         if m_guard is not None and not m_guard.accepted:
             mem_fit, n_m = {}, 0
+    kept = None
+    if residual and timed:
+        stages, T = _time_parts(time_fit, t_est)
+        r = fit_residual([e.plan for e in t_est], stages, T, t_y,
+                         groups=None if groups is None else [str(groups[i]) for i in timed])
+        kept = r if r is not None and (r.accepted or not guard) else None
     return PlanCalibration(**time_fit, **mem_fit, plans_timed=n_t, plans_with_peaks=n_m, time_guard=t_guard,
-                           mem_guard=m_guard)
+                           mem_guard=m_guard, residual=kept)
 
 
 def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch, predictor: StagePredictor,
@@ -356,10 +380,14 @@ def _assembled(b: _Base, a: np.ndarray, c: float, o: float, d: float = 0.0) -> n
 
 def calibrated_times(est: list[PlanMetrics], calibration: PlanCalibration) -> np.ndarray:
     """The calibrated iteration times of plans from their uncalibrated estimates (equal to estimate_plans
-    through `calibration.wrap(predictor)`; for plans of several models, each estimated by its own predictor)."""
+    through `calibration.wrap(predictor)`, the plan residual included; for plans of several models, each
+    estimated by its own predictor)."""
     fit = {"time_scale": calibration.time_scale, "tp_time_scale": calibration.tp_time_scale, "comm_scale": calibration.comm_scale,
            "overhead_ms": calibration.overhead_ms, "p2p_per_transfer_ms": calibration.p2p_per_transfer_ms}
-    return _time_predictions(fit, est)
+    stages, T = _time_parts(fit, est)
+    if calibration.residual is None:
+        return T
+    return T * calibration.residual.factors([e.plan for e in est], stages, T)
 
 
 def _fit_time(est: list[PlanMetrics], y: np.ndarray, ridge: float, per_tp: bool = False,
@@ -398,62 +426,22 @@ def _fit_time(est: list[PlanMetrics], y: np.ndarray, ridge: float, per_tp: bool 
 
 def _time_predictions(fit: dict, est: list[PlanMetrics]) -> np.ndarray:
     """T' of each plan under a time fit ({}: the identity)."""
+    return _time_parts(fit, est)[1]
+
+
+def _time_parts(fit: dict, est: list[PlanMetrics]) -> tuple[list[np.ndarray], np.ndarray]:
+    """(each plan's calibrated stage times a_s·t_s, its T') under a time fit."""
     b = _base(est)
     ts, tt = fit.get("time_scale", {}), fit.get("tp_time_scale", {})
     a = np.asarray([[ts.get(g, 1.0) if g is not None else 1.0 for g in r] for r in b.gpu])
     a = a * np.asarray([[tt.get(x, 1.0) if x is not None else 1.0 for x in r] for r in b.tp])
-    return _assembled(b, a, fit.get("comm_scale", 1.0), fit.get("overhead_ms", 0.0), fit.get("p2p_per_transfer_ms", 0.0))
+    T = _assembled(b, a, fit.get("comm_scale", 1.0), fit.get("overhead_ms", 0.0), fit.get("p2p_per_transfer_ms", 0.0))
+    return [(b.t * a)[i, :e.plan.pp] for i, e in enumerate(est)], T
 
 
 def _time_errors(fit: dict, est: list[PlanMetrics], y: np.ndarray) -> np.ndarray:
     """|T' − y| / y of each plan under a time fit ({}: the identity)."""
     return np.abs(_time_predictions(fit, est) - y) / y
-
-
-def _gpu_peaks(est: list[PlanMetrics], peaks: list[np.ndarray]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(GPU type, predicted peak, measured peak) of every GPU of every plan."""
-    types, pred, meas = [], [], []
-    for e, y in zip(est, peaks):
-        stage_of_gpu = per_gpu_peaks(e.plan, range(e.plan.pp))
-        if len(y) != len(stage_of_gpu):
-            raise InputError(f"config_runs: plan with {len(stage_of_gpu)} GPUs has {len(y)} peaks")
-        for s, v in zip(stage_of_gpu, y):
-            types.append(e.plan.stages[int(s)].gpu)
-            pred.append(e.stage_peak_mib[int(s)])
-            meas.append(float(v))
-    return types, np.asarray(pred, float), np.asarray(meas, float)
-
-
-def _fit_memory(est: list[PlanMetrics], peaks: list[np.ndarray], ridge: float) -> dict:
-    """Per GPU type: (k_g, b_g) minimising soft-L1 relative errors of k·p + b over that type's GPUs."""
-    types, pred, meas = _gpu_peaks(est, peaks)
-    types_a = np.asarray(types, dtype=object)
-    scale, offset = {}, {}
-    for g in sorted(set(types)):
-        sel = types_a == g
-        p, y = pred[sel], meas[sel]
-        ok = (y > 0) & np.isfinite(y) & np.isfinite(p)
-        if not ok.any():
-            continue
-        p, y = p[ok], y[ok]
-        ref = float(np.median(y))
-
-        def residuals(theta: np.ndarray, p=p, y=y, ref=ref) -> np.ndarray:
-            return np.concatenate([(np.exp(theta[0]) * p + theta[1] * ref - y) / y, np.sqrt(ridge) * theta])
-
-        th = least_squares(residuals, np.zeros(2), bounds=([-3.0, -1.0], [3.0, 1.0]), loss="soft_l1",
-                           f_scale=LOSS_SCALE).x
-        scale[g], offset[g] = float(np.exp(th[0])), float(th[1] * ref)
-    return {"mem_scale": scale, "mem_offset_mib": offset} if scale else {}
-
-
-def _mem_errors(fit: dict, est: list[PlanMetrics], peaks: list[np.ndarray]) -> np.ndarray:
-    """|k·p + b − y| / y of every measured GPU under a memory fit ({}: the identity)."""
-    types, pred, meas = _gpu_peaks(est, peaks)
-    k = np.asarray([fit.get("mem_scale", {}).get(g, 1.0) for g in types])
-    b = np.asarray([fit.get("mem_offset_mib", {}).get(g, 0.0) for g in types])
-    ok = (meas > 0) & np.isfinite(meas) & np.isfinite(pred)
-    return np.abs(k * pred + b - meas)[ok] / meas[ok]
 
 
 def _guard(est: list[PlanMetrics], y, fit, errors) -> Guard:

@@ -130,13 +130,14 @@ def registered_predictor(cluster: Cluster, model: ModelArch, space: SearchSpace,
 
 
 def calibrate_registered(version: int, cluster: Cluster, model: ModelArch, runs: pd.DataFrame, *,
-                         tracking_uri: str | None = None) -> PlanCalibration:
+                         tracking_uri: str | None = None, residual: bool = True) -> PlanCalibration:
     """Fit a plan calibration (memx.learn.calibration, guarded) of registered `version` on measured plans
     (config_runs) and attach it to the version (registry.store_calibration): from then on
     `registered_predictor` and the pipeline's search apply it. A guard that keeps everything at the
-    identity is stored too, so the plan output can say so."""
+    identity is stored too, so the plan output can say so. `residual`: also the plan residual
+    (memx.learn.residual; from MIN_RESIDUAL_PLANS timed plans on, guarded)."""
     registry.setup(tracking_uri)
-    cal = fit_from_config_runs(runs, cluster, model, registry.load_version(version))
+    cal = fit_from_config_runs(runs, cluster, model, registry.load_version(version), residual=residual)
     registry.store_calibration(version, cal)
     return cal
 

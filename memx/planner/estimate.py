@@ -14,7 +14,7 @@ import pandas as pd
 
 from memx.domain.plan import Plan, plan_model, validate_plan
 from memx.domain.specs import Cluster, ModelArch
-from memx.planner.metrics import PlanMetrics, plan_metrics
+from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.predictions import params_per_rank
 from memx.planner.schedule import AssemblyCalibration, assembly_of, pipeline
 from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor, signature_frame
@@ -37,7 +37,7 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
         params = np.array([params_per_rank(c, np.asarray(n), trained) for c, n in zip(ctxs[sl], layers[sl])])
         out.append(_assemble(p, cluster, trained, t_all[sl], m_all[sl], s_all[sl], params, reserve_gib, assembly))
         k += p.pp
-    return out
+    return corrected_plans(predictor, out)  # a calibrated predictor's plan residual (memx.learn.residual)
 
 
 def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredictor):

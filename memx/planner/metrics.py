@@ -51,3 +51,10 @@ def plan_metrics(plan: Plan, *, iteration_time_ms, stage_time_ms, stage_peak_mib
         stage_peak_mib=tuple(float(x) for x in stage_peak_mib), peak_mem_mib=per_gpu_peaks(plan, stage_peak_mib),
         capacity_mib=tuple(float(c) for c in capacity_mib), max_mem_mib=one(stats.max_mib),
         mem_variance_mib2=one(stats.variance_mib2), min_margin=one(stats.min_margin), feasible=feasible, phi=phi)
+
+
+def corrected_plans(predictor, metrics: list[PlanMetrics]) -> list[PlanMetrics]:
+    """Plan-level scores after the predictor's plan-level correction, where it has one (`correct_plans`: a
+    calibrated predictor with a plan residual, memx.learn.residual; issue #16); else `metrics` unchanged."""
+    fn = getattr(predictor, "correct_plans", None)
+    return list(metrics) if fn is None or not metrics else fn(list(metrics))

@@ -33,7 +33,7 @@ from memx.planner.candidates import Cand, Keeper, pareto_front
 from memx.planner.cost import model_static_bytes
 from memx.planner.exhaustive import exhaustive_search
 from memx.planner.medians import exact_medians, sampled_medians
-from memx.planner.metrics import PlanMetrics, plan_metrics
+from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.objective import auto_profile, parse_weights, phi
 from memx.planner.pick import apply_pick
 from memx.planner.predictions import PredictedTables, predict_tables
@@ -194,15 +194,16 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
         for c in items:
             if c.layout not in tables:
                 tables[c.layout] = prepared[c.layout].build()
-        return [_candidate(prepared[c.layout].lay, tables[c.layout], c, variants[owner[c.layout]], model, cluster,
-                           space, refs, chosen) for c in items]
+        return _corrected(predictor, [_candidate(prepared[c.layout].lay, tables[c.layout], c, variants[owner[c.layout]],
+                                                 model, cluster, space, refs, chosen) for c in items], refs, chosen, space)
 
     return apply_pick(SearchResult(  # the pick rule, margin floor, (T, margin, V) front: memx.planner.pick
         weights=chosen,
         space=SpaceCount(layouts=len(layouts), total=_space_total(layouts, total, space.recompute_levels),
                          splits_total=sum(count_compositions(total, lay.pp) for lay in layouts), evaluated=evaluated,
                          feasible=feasible, scored=work.scored, discarded=evaluated - work.scored),
-        refs=refs, refs_sample=sample, top=build(keeper.best_by_score()), top_time=build(keeper.best_by_time()),
+        refs=refs, refs_sample=sample, top=_reranked(predictor, build(keeper.best_by_score()), "phi"),
+        top_time=_reranked(predictor, build(keeper.best_by_time()), "iteration_time_ms"),
         pareto=pareto_front(build(keeper.pareto())),
         search_s=time.perf_counter() - t0, predict_s=pt.predict_s, signatures=pt.signatures,
         epsilon_mib2=space.epsilon_mib2, timings=timings,
@@ -260,6 +261,23 @@ def _hit_rate(hits: list, pts: list[PredictedTables]) -> float | None:
     if len(hits) == 1 or not n:
         return float(hits[0])
     return float(sum(h * p.signatures for h, p in zip(hits, pts)) / n)
+
+
+def _corrected(predictor, cands: list[PlanMetrics], refs, w: Weights, space: SearchSpace) -> list[PlanMetrics]:
+    """The kept candidates re-scored with the predictor's plan-level correction (a calibrated plan residual,
+    memx.learn.residual): T'' replaces T' and Φ is recomputed against the same medians; the branch and bound
+    ranked with T', so this re-ranks the kept top-k (docs/architecture.md §Plan calibration)."""
+    out = corrected_plans(predictor, cands)
+    return [c if c.iteration_time_ms == o.iteration_time_ms else
+            dataclasses.replace(c, phi=float(phi(c.iteration_time_ms, c.max_mem_mib, c.mem_variance_mib2, refs=refs,
+                                                  weights=w, epsilon_mib2=space.epsilon_mib2)))
+            for c, o in zip(out, cands)]
+
+
+def _reranked(predictor, cands: list[PlanMetrics], by: str) -> list[PlanMetrics]:
+    """The kept candidates in the order of `by` again where a plan-level correction may have moved them; as
+    the keeper ranked them otherwise."""
+    return sorted(cands, key=lambda m: getattr(m, by)) if hasattr(predictor, "correct_plans") else cands
 
 
 def _candidate(lay: Layout, lt: LayoutTables, c: Cand, variant: Variant, model, cluster, space, refs, w) -> PlanMetrics:

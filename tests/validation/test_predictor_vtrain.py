@@ -39,3 +39,19 @@ def test_vtrain_a100_calibrated_on_the_other_models_held_out(vtrain_models):
     assert all(c.time_guard.accepted and 0.5 < c.p2p_per_transfer_ms < 2.5 for c in cals.values())
     base = scores(*uncalibrated(vtrain_models))
     assert s.mape < base.mape - 0.015  # the calibration, not the bound, makes the difference
+
+
+@pytest.mark.slow  # ~25 s (8 held-out fits, each a grouped cross-validation over 6 settings); the residual's
+# mechanics stay covered in the default set by tests/unit/test_residual.py
+def test_vtrain_a100_with_the_plan_residual_held_out(vtrain_models):
+    """The library's defaults (a, c, o, d; plan residual, memx.learn.residual), each model through a fit on the
+    other seven models' measured plans only, the residual's setting chosen by cross-validation grouped by model
+    over those seven: the issue's goal (≤ 7 % / ≥ 0.98 / ≥ 20 of 24) is met; across hidden sizes it is not."""
+    rows, pred, cals = held_out_calibrated(vtrain_models, residual=True)
+    s = scores(rows, pred)
+    print(s.line("vTrain leave-one-model-out calibrated with the plan residual"))
+    # measured: MAPE 3.18 %, median Spearman 0.9965 (min 0.990), best first 20 of 24
+    assert s.mape < 0.04 and s.median_spearman > 0.99 and s.min_spearman > 0.98 and s.best_first >= 20
+    assert all(c.residual is not None and c.residual.accepted and c.residual.folds == 7 for c in cals.values())
+    parametric = scores(*held_out_calibrated(vtrain_models)[:2])
+    assert s.mape < 0.6 * parametric.mape  # the residual, not the parametric terms, makes the difference
