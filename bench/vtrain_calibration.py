@@ -16,7 +16,9 @@ and tests/validation/test_predictor_vtrain.py). Then:
    grouped by model over the seven training models only) with and without b_tp.
 
 Figures: MAPE, median within-group Spearman (groups of equal GPU count and model), measured-best predicted
-first (of 24 groups), and the mean signed error by pp (where the paper's assembly errs).
+first (of 24 groups), the regret of the pick (how much slower the predicted-best plan measured than the
+group's measured best: mean and max over groups), and the mean signed error by pp (where the paper's
+assembly errs).
 
 Usage: PYTHONPATH=. .venv/bin/python bench/vtrain_calibration.py [--models all|24] [--per-model 20]
   --models 24: only the two 24-layer models; --per-model N: the last line calibrates on N measured plans
@@ -110,11 +112,13 @@ class Scores:
     min_spearman: float
     best_first: int
     groups: int
+    regret_mean: float  # measured time of each group's predicted-best plan / the group's measured best − 1
+    regret_max: float
 
     def line(self, label: str) -> str:
         return (f"{label}: n={self.n} MAPE={self.mape:.4f} max={self.max_ape:.3f} within-group Spearman "
                 f"median={self.median_spearman:.4f} min={self.min_spearman:.4f} best first {self.best_first} of "
-                f"{self.groups}")
+                f"{self.groups} regret of the pick mean={100 * self.regret_mean:.2f}% max={100 * self.regret_max:.2f}%")
 
 
 def scores(rows: pd.DataFrame, pred_ms: np.ndarray) -> Scores:
@@ -124,8 +128,10 @@ def scores(rows: pd.DataFrame, pred_ms: np.ndarray) -> Scores:
     groups = [g for _, g in frame.groupby(["gpus", "hidden", "layers"])]
     rhos = [spearmanr(g.pred, g.time_ms).statistic for g in groups if len(g) > 2]
     best = sum(int(g.pred.idxmin() == g.time_ms.idxmin()) for g in groups)
+    regret = [g.time_ms[g.pred.idxmin()] / g.time_ms.min() - 1 for g in groups]
     return Scores(n=len(frame), mape=float(ape.mean()), max_ape=float(ape.max()), median_spearman=float(np.median(rhos)),
-                  min_spearman=float(np.min(rhos)), best_first=best, groups=len(groups))
+                  min_spearman=float(np.min(rhos)), best_first=best, groups=len(groups),
+                  regret_mean=float(np.mean(regret)), regret_max=float(np.max(regret)))
 
 
 def bias_by(rows: pd.DataFrame, pred_ms: np.ndarray, by) -> str:
