@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memx.planner.cost import AnalyticStageModel, recomputed_layers
+from memx.planner.cost import AnalyticStageModel, option_columns, recomputed_layers
 from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json, layered, memory_group
 from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_only_gpus, phase_of, stage_time_labels
 from memx.learn.features import (FEATURE_NAMES, feature_matrix, gpu_arrays, memory_bases, signature_arrays,
@@ -204,6 +204,9 @@ class LearnedStagePredictor:
     backward: BackwardModel = field(default_factory=BackwardModel)
     forward_only: dict[str, list[str]] = field(default_factory=dict)  # GPU → recompute levels timed forward-only
     per_layer: bool = False  # trained on per-layer records only: stage times composed from layer pieces
+    # sequence parallelism (in effect: tp > 1) of the training rows; a stage with the other value is predicted
+    # from the seen one × the closed form's ratio (`_transferred`); () = unknown (earlier versions): as trained
+    sequence_parallel_seen: tuple[bool, ...] = ()
     # The closed form's runtime profiles for memory without labels: "catalog" (conf/runtime) or, per GPU
     # type, the profile of the stack that was measured (e.g. eager attention where the catalog assumes a
     # fused kernel) — the same argument as memx.planner.cost.AnalyticStageModel's `runtime`.
@@ -215,6 +218,9 @@ class LearnedStagePredictor:
             object.__setattr__(self, "name", f"memx-{self.variant}")
 
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        unseen = self._unseen_sequence_parallel(sigs)
+        if unseen.any():
+            return self._transferred(sigs, unseen)
         p, t, m = self._heads(sigs)
         if self.per_layer and len(sigs):
             t = self._composed_time(sigs)
@@ -230,6 +236,34 @@ class LearnedStagePredictor:
                                   memory_group(sigs["recompute"].to_numpy(), sigs["inflight"].to_numpy()))
         return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib, **bounds},
                             index=sigs.index)
+
+    def _unseen_sequence_parallel(self, sigs: pd.DataFrame) -> np.ndarray:
+        """Rows at tp > 1 whose sequence parallelism no training row had (only when training saw one value)."""
+        if len(self.sequence_parallel_seen) != 1 or not len(sigs):
+            return np.zeros(len(sigs), dtype=bool)
+        tp = sigs["tp"].to_numpy() > 1
+        return tp & (option_columns(sigs)[2] != self.sequence_parallel_seen[0])
+
+    def _transferred(self, sigs: pd.DataFrame, unseen: np.ndarray) -> pd.DataFrame:
+        """Stages with sequence parallelism the profiles never had: predicted as the seen setting, times and
+        peaks scaled by the flat closed form's ratio (unseen / seen; Korthikanti et al. 2022 §4.2.2: the s·b·h
+        activations and element-wise work divided by tp, RS + AG in place of the all-reduce) — the trees and the
+        prior's weights were fitted where those terms moved together and must not be extrapolated along them
+        (a profile of Megatron-LM's --sequence-parallel stages would otherwise put plans without it 3× off).
+        docs/predictor.md §Options the profiles did not cover."""
+        seen = sigs.assign(sequence_parallel=np.where(unseen, self.sequence_parallel_seen[0], option_columns(sigs)[2]))
+        out = self.predict(seen)
+        cf = AnalyticStageModel(gpus=self.gpus, runtime="none")
+        cols = list(SIGNATURE_COLUMNS)
+        a, b = cf.predict(sigs.loc[unseen, cols]), cf.predict(seen.loc[unseen, cols])
+        kt = (a["time_ms"] / b["time_ms"]).to_numpy(np.float64)
+        km = (a["peak_mem_mib"] / b["peak_mem_mib"]).to_numpy(np.float64)
+        for col in out.columns:
+            if col.startswith("time_ms"):
+                out.loc[unseen, col] = out.loc[unseen, col].to_numpy(np.float64) * kt
+            elif col.startswith("peak_mem_mib"):
+                out.loc[unseen, col] = out.loc[unseen, col].to_numpy(np.float64) * km
+        return out
 
     def _composed_time(self, sigs: pd.DataFrame) -> np.ndarray:
         """A stage's time from per-layer pieces, as the per-layer profilers compose it (Metis, Um et al. ATC
@@ -309,6 +343,7 @@ class LearnedStagePredictor:
                 base64.b64encode(bytes(self.mem_booster.save_raw("ubj"))).decode("ascii"),
                 "gpus": {k: asdict(v) for k, v in sorted(self.gpus.items())},
                 **({"per_layer": True} if self.per_layer else {}),  # absent when default: earlier versions keep
+                **({"sequence_parallel_seen": list(self.sequence_parallel_seen)} if self.sequence_parallel_seen else {}),
                 **({} if isinstance(self.runtime, str) else  # their hash
                    {"runtime": {k: asdict(v) for k, v in sorted(self.runtime.items())}})}
 
@@ -330,6 +365,7 @@ def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredi
         backward=BackwardModel(**meta["backward"]) if meta.get("backward") else BackwardModel(),
         forward_only=dict(meta.get("forward_only") or {}), mem_booster=_booster(meta.get("mem_booster_ubj_b64")),
         per_layer=bool(meta.get("per_layer", False)),
+        sequence_parallel_seen=tuple(bool(v) for v in meta.get("sequence_parallel_seen", ())),
         runtime={k: RuntimeProfile(**v) for k, v in meta["runtime"].items()} if meta.get("runtime") else "catalog",
         gpus={k: GpuType(**v) for k, v in meta["gpus"].items()})
 
@@ -398,6 +434,7 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
                                  memory_source=memory_source, params=params, memory_sources=memory_sources,
                                  backward=backward, forward_only=forward_only_gpus(df),
                                  per_layer=bool(df["layers"].max() <= 1),  # per-layer records (Metis, Sailor)
+                                 sequence_parallel_seen=_sequence_parallel_seen(df),
                                  runtime=runtime if isinstance(runtime, str) else dict(runtime))
     if variant == "calibrated":
         return base
@@ -412,6 +449,12 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
     if has_mem.sum() >= MIN_ROWS_PER_GPU:  # memory head: the memory-bearing rows
         mem_booster = _train(xgb, params, seed, p.X[has_mem], np.log(ym[has_mem] / p.prior_mem_mib[has_mem])[:, None])
     return replace(base, booster=booster, mem_booster=mem_booster)
+
+
+def _sequence_parallel_seen(df: pd.DataFrame) -> tuple[bool, ...]:
+    """The sequence-parallel values of the training rows at tp > 1 (where it is in effect)."""
+    tp = df["tp"].to_numpy() > 1
+    return tuple(sorted({bool(v) for v in option_columns(df)[2][tp]}))
 
 
 def _train(xgb, params: XgbParams, seed: int, X: np.ndarray, Y: np.ndarray):

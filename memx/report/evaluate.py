@@ -49,7 +49,26 @@ def read_config_runs(path: str | Path, required: tuple[str, ...] = CONFIG_RUNS_C
         df = _read_table(path)
     except Exception as exc:  # pyarrow / json / csv parser errors: bad input, not a crash
         raise InputError(f"{path}: not readable as Parquet, JSONL or CSV ({exc.__class__.__name__}: {exc})") from exc
-    return require_config_runs(df, str(path), required)
+    return _peak_lists(require_config_runs(df, str(path), required), path)
+
+
+def _peak_lists(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """peak_mem_mib as one list of numbers (MiB per GPU) or None per row: a CSV cell holds it as a JSON
+    string ("[5579.2, 7020.1]"), an empty cell is NaN (an OOM row)."""
+    if "peak_mem_mib" not in df.columns:
+        return df
+
+    def one(i: int, v):
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            return None
+        try:
+            out = json.loads(v) if isinstance(v, str) else list(v)
+            return [float(x) for x in out]
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"{path}: row {i} field 'peak_mem_mib' is not a list of numbers (MiB per GPU, e.g. "
+                             f"[5579.2, 7020.1]): {str(v)[:60]!r} ({exc.__class__.__name__})") from None
+
+    return df.assign(peak_mem_mib=[one(i, v) for i, v in enumerate(df["peak_mem_mib"])])
 
 
 def _read_table(path: Path) -> pd.DataFrame:
