@@ -246,18 +246,21 @@ class LearnedStagePredictor:
 
     def _transferred(self, sigs: pd.DataFrame, unseen: np.ndarray) -> pd.DataFrame:
         """Stages with sequence parallelism the profiles never had: predicted as the seen setting, times and
-        peaks scaled by the flat closed form's ratio (unseen / seen; Korthikanti et al. 2022 §4.2.2: the s·b·h
+        peaks scaled by the closed form's ratio (unseen / seen; Korthikanti et al. 2022 §4.2.2: the s·b·h
         activations and element-wise work divided by tp, RS + AG in place of the all-reduce) — the trees and the
         prior's weights were fitted where those terms moved together and must not be extrapolated along them
         (a profile of Megatron-LM's --sequence-parallel stages would otherwise put plans without it 3× off).
         docs/predictor.md §Options the profiles did not cover."""
         seen = sigs.assign(sequence_parallel=np.where(unseen, self.sequence_parallel_seen[0], option_columns(sigs)[2]))
         out = self.predict(seen)
-        cf = AnalyticStageModel(gpus=self.gpus, runtime="none")
         cols = list(SIGNATURE_COLUMNS)
-        a, b = cf.predict(sigs.loc[unseen, cols]), cf.predict(seen.loc[unseen, cols])
-        kt = (a["time_ms"] / b["time_ms"]).to_numpy(np.float64)
-        km = (a["peak_mem_mib"] / b["peak_mem_mib"]).to_numpy(np.float64)
+
+        def ratio(runtime, col: str) -> np.ndarray:
+            cf = AnalyticStageModel(gpus=self.gpus, runtime=runtime)
+            return (cf.predict(sigs.loc[unseen, cols])[col] / cf.predict(seen.loc[unseen, cols])[col]).to_numpy(np.float64)
+
+        # time: the flat closed form, as the prior; memory: with the runtime overheads, as memory without labels
+        kt, km = ratio("none", "time_ms"), ratio(self.runtime, "peak_mem_mib")
         for col in out.columns:
             if col.startswith("time_ms"):
                 out.loc[unseen, col] = out.loc[unseen, col].to_numpy(np.float64) * kt

@@ -34,6 +34,6 @@ def test_plans_without_sequence_parallelism_from_profiles_with_it(sp_only):
     before = evaluate(cl, mo, off, dataclasses.replace(pred, sequence_parallel_seen=()), "default")
     print("transferred", res["time_mape"], res["mem_mape"], "extrapolated", before["time_mape"], before["mem_mape"])
     assert res["n"] >= 30 and res["time_mape"] < 0.05 and res["time_mape"] < 0.5 * before["time_mape"]
-    assert res["mem_mape"] <= before["mem_mape"] + 0.01
+    assert res["mem_mape"] < 0.05 and res["mem_mape"] < 0.5 * before["mem_mape"]
     again = from_json(pred.to_json(), pred.booster)
     assert again.sequence_parallel_seen == (True,) and again.version == pred.version
