@@ -13,7 +13,9 @@ and tests/validation/test_predictor_vtrain.py). Then:
    held-out model's plans are predicted through it. No plan is scored by a calibration that saw it.
    Terms: a (per GPU type), c, o, then + d (per blocking p2p transfer), then + b_tp (per tp degree), then the
    plan residual (memx.learn.residual: boosted trees on log(measured / T'), setting chosen by cross-validation
-   grouped by model over the seven training models only) with and without b_tp.
+   grouped by model over the seven training models only) with and without b_tp;
+3. calibrated on plans of the same model (`same_model_calibrated`, what `memx train --measured` does: its
+   plans must be of the trained model): 9 folds per model, each predicted by a fit on 2 or 8 other folds.
 
 Figures: MAPE, median within-group Spearman (groups of equal GPU count and model), measured-best predicted
 first (of 24 groups), the regret of the pick (how much slower the predicted-best plan measured than the
@@ -173,6 +175,23 @@ def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None
     return rows, np.concatenate(preds), cals
 
 
+def same_model_calibrated(models: list[ModelRuns], *, fit_folds: int = 8, folds: int = 9, seed: int = 0,
+                          residual: bool = True) -> tuple[pd.DataFrame, np.ndarray]:
+    """What `memx train --measured` can do (its measured plans must be plans of the model it trains): each
+    model's plans split into `folds` folds; each fold predicted by a calibration fitted on `fit_folds` other
+    folds of the same model only (8 of 9: 160 plans; 2 of 9: 40) — never on the plans it scores."""
+    rng, preds = np.random.default_rng(seed), []
+    for m in models:
+        parts, out = np.array_split(rng.permutation(len(m.plans)), folds), np.zeros(len(m.plans))
+        for k in range(folds):
+            fit = np.concatenate([parts[(k + 1 + j) % folds] for j in range(fit_folds)])
+            cal = fit_from_estimates([m.estimates[i] for i in fit], [float(m.rows.time_ms.iloc[i]) for i in fit],
+                                     residual=residual)
+            out[parts[k]] = calibrated_times([m.estimates[i] for i in parts[k]], cal)
+        preds.append(out)
+    return pd.concat([m.rows for m in models], ignore_index=True), np.concatenate(preds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", choices=("all", "24"), default="all", help="24: only the two 24-layer models")
@@ -201,6 +220,11 @@ def main() -> None:
         n = "all" if per_model is None else per_model
         terms = "a, c, o" + (", d" if per_transfer else "") + (", b_tp" if per_tp else "") + (", residual" if residual else "")
         print(scores(rows, pred).line(f"vTrain leave-one-{leave_out}-out calibrated ({terms}; {n} plans per other model)"))
+    for fit_folds in (2, 8):  # the CLI's case: plans of the model itself, 40 or 160 per fit
+        for residual in (False, True):
+            print(scores(*same_model_calibrated(models, fit_folds=fit_folds, residual=residual)).line(
+                f"vTrain same-model calibrated ({20 * fit_folds} plans per fit, 9 folds; a, c, o, d"
+                + (", residual)" if residual else ")")))
         print("  mean signed error by pp (held out): " + bias_by(rows, pred, "pp"))
 
 
