@@ -122,3 +122,23 @@ def test_time_only_stage_runs_train_and_evaluate_to_strict_json(measured, cli, t
     data = json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert data["spearman_time"] is None and data["n"] == 2
     assert {s["memory"] for s in data["sources"].values()} == {"closed-form"}
+
+
+def test_csv_reads_like_parquet_and_a_bad_peak_cell_is_named(measured, tmp_path, cli):
+    """A CSV holds each row's per-GPU peaks as a JSON string and an OOM row's as an empty cell (evaluate
+    crashed on them before): read as lists, the same figures as Parquet; a cell that is no list exits 2."""
+    cl, mo, _, df = measured
+    df = df.copy()
+    df.loc[0, ["oom", "iteration_time_ms", "peak_mem_mib"]] = [True, float("nan"), None]  # an OOM row: empty cells
+    path = tmp_path / "runs.csv"
+    df.assign(peak_mem_mib=[None if p is None else json.dumps(list(p)) for p in df["peak_mem_mib"]]).to_csv(path, index=False)
+    got = read_config_runs(path)
+    assert got["peak_mem_mib"].map(lambda v: v is None or isinstance(v, list)).all() and got["peak_mem_mib"].isna().any()
+    ana = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    a, b = evaluate(cl, mo, got, ana, "default"), evaluate(cl, mo, df, ana, "default")
+    assert a["time_mape"] == pytest.approx(b["time_mape"]) and a["mem_mape"] == pytest.approx(b["mem_mape"])
+    bad = tmp_path / "bad.csv"
+    pd.read_csv(path).assign(peak_mem_mib="[1, two]").to_csv(bad, index=False)
+    app, runner = cli
+    out = runner.invoke(app, ["evaluate", *ARGS, "--measured", str(bad)])
+    assert out.exit_code == 2 and "row 0 field 'peak_mem_mib'" in out.output and "Traceback" not in out.output
