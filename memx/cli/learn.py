@@ -13,6 +13,8 @@ InputError, which the root group prints as one message naming the file / field /
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -78,7 +80,8 @@ def _calibrate(version: int, cl, mo, runs: pd.DataFrame | None, residual: bool) 
 
 
 def _trained_line(version: int, promoted: bool, variant: str, errors: dict, extra: str) -> None:
-    held = " ".join(f"{k}={float(v):.4f}" for k, v in errors.items() if k in ("time_mape", "mem_mape"))
+    held = " ".join(f"{k}={float(v):.4f}" if math.isfinite(float(v)) else f"{k}=n/a (no labels)"
+                    for k, v in errors.items() if k in ("time_mape", "mem_mape"))
     typer.echo(f"registered {registry.MODEL_NAME} version {version} ({variant}); "
                f"{'promoted to champion' if promoted else 'not promoted (the champion is better)'}; "
                f"held-out {held}; {extra}")

@@ -179,7 +179,9 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
     if variant == "xgb":
         pt, pm, offset = np.ones(len(sigs)), np.ones(len(sigs)), cm - cm_off
     elif variant == "hybrid":  # the closed form's saving: static only, without the allocator's share of it
-        pt, pm, offset = an_t, an_m_off, an_m - an_m_off
+        # floored as the calibrated prior is (apply_calibration): the flat form gives an embedding-only piece
+        # (layers 0, first; per-layer records) no time, and a zero prior is an infinite label for the trees
+        pt, pm, offset = np.maximum(an_t, 1e-3), an_m_off, an_m - an_m_off
     else:
         pt, pm, offset = ct, cm_off, cm - cm_off
     X = feature_matrix(a_off, g, an_off, ct, cm_off)

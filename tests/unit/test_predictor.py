@@ -124,6 +124,23 @@ def test_per_layer_records_with_embedding_and_output_rows_compose_end_stages(sce
     assert np.allclose(back.predict(sigs).to_numpy(), out.to_numpy())
 
 
+def test_every_variant_trains_on_forward_only_per_layer_pieces(scenario):
+    """`memx train` compares every variant; on per-layer forward-only records with embedding-only pieces (0
+    layers, first) the flat closed form gives the piece no time, and the `hybrid` variant crashed in XGBoost
+    (an infinite label) — every variant now trains and predicts finite positive times."""
+    from memx.simulator import measure_stages
+
+    cl, _, _, runs, _ = scenario
+    ok = runs[runs["status"] == "ok"]
+    layer = ok[(ok["layers"] == 1) & ~ok["first"] & ~ok["last"]]
+    sig = layer.loc[:, list(SIGNATURE_COLUMNS)]
+    records = pd.concat([layer, measure_stages(sig.assign(layers=0, first=True), seed=3, gpus=cl)], ignore_index=True)
+    records = records.assign(phase="forward", time_ms=records["time_ms"] / 3.0, peak_mem_mib=np.nan)
+    for v in VARIANTS:
+        out = fit_predictor(records, gpus_of(cl), variant=v, seed=0).predict(ok.loc[:, list(SIGNATURE_COLUMNS)])
+        assert np.isfinite(out["time_ms"]).all() and (out["time_ms"] > 0).all(), v
+
+
 def test_gpu_type_never_profiled_is_predicted_from_its_spec(scenario):
     """Leave one GPU type out: train on V100 rows only, predict T4 stages (documented accuracy)."""
     cl, _, _, runs, _ = scenario
