@@ -109,6 +109,7 @@ class PlanCalibration:
     time_guard: Guard | None = None  # None: fitted without the guard (or nothing to fit)
     mem_guard: Guard | None = None
     residual: PlanResidual | None = None  # kept plan residual on T' (memx.learn.residual), None: none kept
+    residual_guard: Guard | None = None  # the residual's cross-validation (base: T'), None: none was fitted
 
     @property
     def is_identity(self) -> bool:
@@ -151,6 +152,9 @@ class PlanCalibration:
                              f"{100 * g.base_mape:.1f} %, {g.folds} folds)")
         if self.residual is not None:
             parts.append(self.residual.summary())
+        elif (g := self.residual_guard) is not None:
+            parts.append(f"plan residual not kept (held-out error {100 * g.cv_mape:.1f} % vs {100 * g.base_mape:.1f} % "
+                         f"calibrated, {g.folds} folds)")
         return "; ".join(parts)
 
     def to_dict(self) -> dict:
@@ -161,7 +165,8 @@ class PlanCalibration:
                 "plans_timed": self.plans_timed, "plans_with_peaks": self.plans_with_peaks,
                 "time_guard": self.time_guard.to_dict() if self.time_guard else None,
                 "mem_guard": self.mem_guard.to_dict() if self.mem_guard else None,
-                "residual": self.residual.to_dict() if self.residual else None}
+                "residual": self.residual.to_dict() if self.residual else None,
+                "residual_guard": self.residual_guard.to_dict() if self.residual_guard else None}
 
 
 def calibration_from_dict(d: Mapping, *, source: str = "calibration.json") -> PlanCalibration:
@@ -169,7 +174,7 @@ def calibration_from_dict(d: Mapping, *, source: str = "calibration.json") -> Pl
     try:
         guards = {k: None if d.get(k) is None else Guard(base_mape=float(d[k]["base_mape"]),
                                                            cv_mape=float(d[k]["cv_mape"]), folds=int(d[k]["folds"]))
-                  for k in ("time_guard", "mem_guard")}
+                  for k in ("time_guard", "mem_guard", "residual_guard")}
         return PlanCalibration(
             time_scale={str(g): float(v) for g, v in d["time_scale"].items()},
             tp_time_scale={int(t): float(v) for t, v in d.get("tp_time_scale", {}).items()}, comm_scale=float(d["comm_scale"]),
@@ -181,7 +186,7 @@ def calibration_from_dict(d: Mapping, *, source: str = "calibration.json") -> Pl
     except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
         raise InputError(f"{source}: not a plan calibration ({type(exc).__name__}: {exc}); fields: "
                          "time_scale, tp_time_scale (optional), comm_scale, overhead_ms, p2p_per_transfer_ms (optional), mem_scale, mem_offset_mib, plans_timed, "
-                         "plans_with_peaks, time_guard, mem_guard, residual (optional)") from None
+                         "plans_with_peaks, time_guard, mem_guard, residual, residual_guard (optional)") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,14 +289,15 @@ def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Seque
             time_fit, n_t = {}, 0
         if m_guard is not None and not m_guard.accepted:
             mem_fit, n_m = {}, 0
-    kept = None
+    kept, r_guard = None, None
     if residual and timed:
         stages, T = _time_parts(time_fit, t_est)
         r = fit_residual([e.plan for e in t_est], stages, T, t_y,
                          groups=None if groups is None else [str(groups[i]) for i in timed])
         kept = r if r is not None and (r.accepted or not guard) else None
+        r_guard = None if r is None else Guard(base_mape=r.base_mape, cv_mape=r.cv_mape, folds=r.folds)
     return PlanCalibration(**time_fit, **mem_fit, plans_timed=n_t, plans_with_peaks=n_m, time_guard=t_guard,
-                           mem_guard=m_guard, residual=kept)
+                           mem_guard=m_guard, residual=kept, residual_guard=r_guard)
 
 
 def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch, predictor: StagePredictor,

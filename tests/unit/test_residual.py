@@ -61,7 +61,9 @@ def test_not_fitted_below_the_minimum_and_not_kept_on_noise(setting):
     assert few.residual is None
     noise = np.random.default_rng(3).lognormal(0.0, 0.05, len(est))  # nothing a plan's shape predicts
     cal = fit_from_estimates(est[:160], np.asarray([e.iteration_time_ms for e in est[:160]]) * noise[:160])
-    assert cal.residual is None
+    assert cal.residual is None and not cal.residual_guard.accepted and "plan residual not kept" in cal.summary()
+    assert calibration_from_dict(cal.to_dict()) == cal  # the verdict is stored with the calibration
+    assert few.residual_guard is None  # nothing was fitted below the minimum
     raw = fit_from_estimates(est[:160], np.asarray([e.iteration_time_ms for e in est[:160]]) * noise[:160], guard=False)
     assert raw.residual is not None and not raw.residual.accepted  # without the guard it is taken as it is
 
