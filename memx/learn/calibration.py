@@ -56,6 +56,7 @@ from memx.domain.groups import any_plan_from_dict, simplest
 from memx.domain.hashing import stable_hash
 from memx.domain.plan import Plan, json_document
 from memx.domain.specs import Cluster, ModelArch
+from memx.learn.guard import Guard
 from memx.learn.peak_calibration import LOSS_SCALE, fit_memory, mem_errors
 from memx.learn.residual import PlanResidual, fit_residual, residual_from_dict
 from memx.planner.estimate import estimate_plans
@@ -69,25 +70,6 @@ D_UNIT = 0.01  # d's parameter unit: 1 % of the median measured iteration per tr
 MEM_COLUMNS = ("peak_mem_mib", "peak_mem_mib_low", "peak_mem_mib_high")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Guard:
-    """Cross-validated check of one part (time or memory) of a fit: the part is kept only when its
-    held-out error (leave-one-plan-out, or `folds`-fold beyond MAX_LOO plans) beats the uncalibrated
-    error on the same plans; else that part stays the identity."""
-
-    base_mape: float  # uncalibrated, on the measured plans (time) or their GPUs (memory)
-    cv_mape: float  # each plan predicted by a fit on the other folds
-    folds: int
-
-    @property
-    def accepted(self) -> bool:
-        return self.cv_mape < GUARD_GAIN * self.base_mape
-
-    def to_dict(self) -> dict:
-        return {"base_mape": self.base_mape, "cv_mape": self.cv_mape, "folds": self.folds, "accepted": self.accepted}
-
-
-GUARD_GAIN = 0.9  # kept only when the held-out error is at least 10 % (relative) below the uncalibrated one
 MIN_GUARD_PLANS = 3  # fewer measured plans: nothing to cross-validate on, the part stays the identity
 MAX_LOO = 30  # up to this many plans leave-one-out, beyond it 10-fold
 FOLDS = 10
@@ -150,11 +132,11 @@ class PlanCalibration:
                 verdict = f"calibrated on {n} measured plans" if g.accepted else "kept uncalibrated"
                 parts.append(f"{what}: {verdict} (held-out error {100 * g.cv_mape:.1f} % vs uncalibrated "
                              f"{100 * g.base_mape:.1f} %, {g.folds} folds)")
-        if self.residual is not None:
-            parts.append(self.residual.summary())
-        elif (g := self.residual_guard) is not None:
-            parts.append(f"plan residual not kept (held-out error {100 * g.cv_mape:.1f} % vs {100 * g.base_mape:.1f} % "
-                         f"calibrated, {g.folds} folds)")
+        if (g := self.residual_guard) is not None:
+            r = self.residual
+            parts.append(f"plan residual {'kept' if r else 'not kept'} (held-out error {100 * g.cv_mape:.1f} % vs "
+                         f"{100 * g.base_mape:.1f} % calibrated, {g.folds} folds"
+                         + (f", depth {r.max_depth}, {r.rounds} rounds, {r.plans} plans)" if r else ")"))
         return "; ".join(parts)
 
     def to_dict(self) -> dict:
@@ -292,10 +274,11 @@ def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Seque
     kept, r_guard = None, None
     if residual and timed:
         stages, T = _time_parts(time_fit, t_est)
-        r = fit_residual([e.plan for e in t_est], stages, T, t_y,
-                         groups=None if groups is None else [str(groups[i]) for i in timed])
-        kept = r if r is not None and (r.accepted or not guard) else None
-        r_guard = None if r is None else Guard(base_mape=r.base_mape, cv_mape=r.cv_mape, folds=r.folds)
+        fitted = fit_residual([e.plan for e in t_est], stages, T, t_y,
+                              groups=None if groups is None else [str(groups[i]) for i in timed])
+        if fitted is not None:
+            r, r_guard = fitted
+            kept = r if r_guard.accepted or not guard else None
     return PlanCalibration(**time_fit, **mem_fit, plans_timed=n_t, plans_with_peaks=n_m, time_guard=t_guard,
                            mem_guard=m_guard, residual=kept, residual_guard=r_guard)
 
@@ -317,8 +300,7 @@ def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch,
     plans, runs = [p for p, k in zip(parsed, keep) if k], runs.loc[keep]
     oom = runs["oom"].astype(bool).to_numpy()
     times = [None if o or not _finite_positive(t) else float(t) for o, t in zip(oom, runs["iteration_time_ms"])]
-    peaks = [None if o or p is None or (isinstance(p, float) and np.isnan(p)) else _peaks(p)
-             for o, p in zip(oom, runs["peak_mem_mib"])]
+    peaks = [None if o else peak_list(p, f"config_runs row {i}") for i, (o, p) in enumerate(zip(oom, runs["peak_mem_mib"]))]
     return fit_plan_calibration(plans, times, peaks, cluster, model, predictor, **kw)
 
 
@@ -336,8 +318,16 @@ def require_config_runs(runs: pd.DataFrame, source: str = "config_runs",
     return runs
 
 
-def _peaks(p) -> list[float]:
-    return [float(x) for x in (json.loads(p) if isinstance(p, str) else p)]
+def peak_list(v, where: str) -> list[float] | None:
+    """A config_runs `peak_mem_mib` cell as a list of numbers (MiB per GPU), None when empty (an OOM row):
+    a list, or a JSON string as a CSV cell holds it; InputError naming `where` and the field on anything else."""
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return None
+    try:
+        return [float(x) for x in (json.loads(v) if isinstance(v, str) else list(v))]
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"{where} field 'peak_mem_mib' is not a list of numbers (MiB per GPU, e.g. [5579.2, "
+                         f"7020.1]): {str(v)[:60]!r} ({exc.__class__.__name__})") from None
 
 
 def _finite_positive(y) -> bool:

@@ -19,7 +19,7 @@ defined for any plan of any model, so a residual learned on some models applies 
 Model selection and guard: the depth and number of rounds come from GRID by cross-validation over the
 measured plans only — grouped by `groups` (e.g. one group per model) when there are at least three, else
 CV_FOLDS folds by plan — and the residual is kept only when the chosen setting's held-out error is at least
-10 % below the error of T' on the same plans (GUARD_GAIN, as the parametric guard; T' there is fitted on those
+10 % below the error of T' on the same plans (memx.learn.guard, as the parametric parts; T' there is fitted on those
 very plans, so the comparison favours *not* keeping the residual). Below MIN_RESIDUAL_PLANS timed plans
 nothing is fitted: with a few dozen plans a tree ensemble chases noise (bench/learning_curve.py).
 
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from memx.domain.plan import Plan
+from memx.learn.guard import Guard
 from memx.planner.metrics import PlanMetrics
 
 FEATURES = ("log2_pp", "log2_micro_batches", "log2_dp", "log2_micro_batch", "log2_bottleneck_tp",
@@ -49,24 +50,16 @@ LEARNING_RATE = 0.05
 SUBSAMPLE = 0.8
 MIN_RESIDUAL_PLANS = 40  # fewer timed plans: no residual (bench/learning_curve.py, docs/results.md §9)
 CV_FOLDS = 5
-GUARD_GAIN = 0.9  # as memx.learn.calibration.GUARD_GAIN: kept only when ≥ 10 % better held out
 
 
 @dataclass(frozen=True, kw_only=True)
 class PlanResidual:
-    """A fitted plan residual r(x) and the cross-validation that kept it."""
+    """A fitted plan residual r(x) (its cross-validation: the Guard fit_residual returns with it)."""
 
     booster_ubj: bytes = field(repr=False)  # xgboost Booster.save_raw("ubj"): data, never code
     max_depth: int
     rounds: int
     plans: int  # timed plans it was fitted on
-    base_mape: float  # T' (the parametric calibration) on those plans
-    cv_mape: float  # T'' held out (grouped or CV_FOLDS folds) with the chosen setting
-    folds: int
-
-    @property
-    def accepted(self) -> bool:
-        return self.cv_mape < GUARD_GAIN * self.base_mape
 
     def factors(self, plans: Sequence[Plan], stage_ms: Sequence[Sequence[float]], time_ms: np.ndarray) -> np.ndarray:
         """exp(r(x)) of each plan from its calibrated stage times and iteration time."""
@@ -85,15 +78,9 @@ class PlanResidual:
             out[i] = replace(metrics[i], iteration_time_ms=float(metrics[i].iteration_time_ms * k))
         return out
 
-    def summary(self) -> str:
-        verdict = "kept" if self.accepted else "not kept"
-        return (f"plan residual {verdict} (held-out error {100 * self.cv_mape:.1f} % vs {100 * self.base_mape:.1f} % "
-                f"calibrated, {self.folds} folds, depth {self.max_depth}, {self.rounds} rounds, {self.plans} plans)")
-
     def to_dict(self) -> dict:
         return {"booster_ubj_base64": base64.b64encode(self.booster_ubj).decode("ascii"), "max_depth": self.max_depth,
-                "rounds": self.rounds, "plans": self.plans, "base_mape": self.base_mape, "cv_mape": self.cv_mape,
-                "folds": self.folds, "features": list(FEATURES)}
+                "rounds": self.rounds, "plans": self.plans, "features": list(FEATURES)}
 
 
 def residual_from_dict(d) -> PlanResidual:
@@ -102,8 +89,7 @@ def residual_from_dict(d) -> PlanResidual:
     if list(d["features"]) != list(FEATURES):
         raise ValueError(f"residual features {d['features']} are not {list(FEATURES)}")
     return PlanResidual(booster_ubj=base64.b64decode(d["booster_ubj_base64"], validate=True), max_depth=int(d["max_depth"]),
-                        rounds=int(d["rounds"]), plans=int(d["plans"]), base_mape=float(d["base_mape"]),
-                        cv_mape=float(d["cv_mape"]), folds=int(d["folds"]))
+                        rounds=int(d["rounds"]), plans=int(d["plans"]))
 
 
 def features(plans: Sequence[Plan], stage_ms: Sequence[Sequence[float]], time_ms: np.ndarray) -> np.ndarray:
@@ -122,9 +108,10 @@ def features(plans: Sequence[Plan], stage_ms: Sequence[Sequence[float]], time_ms
 
 
 def fit_residual(plans: Sequence[Plan], stage_ms: Sequence[Sequence[float]], time_ms: np.ndarray, measured_ms: np.ndarray,
-                 *, groups: Sequence[str] | None = None, seed: int = 0) -> PlanResidual | None:
-    """The residual of T' (time_ms) against measured_ms, GRID setting by cross-validation; None below
-    MIN_RESIDUAL_PLANS plans. The caller keeps it only when `accepted`."""
+                 *, groups: Sequence[str] | None = None, seed: int = 0) -> tuple[PlanResidual, Guard] | None:
+    """The residual of T' (time_ms) against measured_ms, GRID setting by cross-validation, and that setting's
+    Guard (base: T' on the same plans); None below MIN_RESIDUAL_PLANS plans. The caller keeps it only when the
+    guard is `accepted`."""
     n = len(plans)
     if n < MIN_RESIDUAL_PLANS:
         return None
@@ -142,8 +129,8 @@ def fit_residual(plans: Sequence[Plan], stage_ms: Sequence[Sequence[float]], tim
     err, depth, rounds = best
     base = float(np.mean(np.abs(np.asarray(time_ms) - measured_ms) / measured_ms))
     booster = _train(X, y, depth, rounds, seed)
-    return PlanResidual(booster_ubj=bytes(booster.save_raw("ubj")), max_depth=depth, rounds=rounds, plans=n,
-                        base_mape=base, cv_mape=err, folds=len(folds))
+    return (PlanResidual(booster_ubj=bytes(booster.save_raw("ubj")), max_depth=depth, rounds=rounds, plans=n),
+            Guard(base_mape=base, cv_mape=err, folds=len(folds)))
 
 
 def _folds(n: int, groups: Sequence[str] | None, seed: int) -> list[np.ndarray]:

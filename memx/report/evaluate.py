@@ -27,7 +27,7 @@ from memx.domain.errors import InputError
 from memx.domain.groups import (AnyPlan, GroupedPlan, any_plan_from_dict, any_plan_from_json, group_plans,
                                 validate_any_plan)
 from memx.domain.specs import Cluster, ModelArch, Weights
-from memx.learn.calibration import CONFIG_RUNS_COLUMNS, require_config_runs
+from memx.learn.calibration import CONFIG_RUNS_COLUMNS, peak_list, require_config_runs
 from memx.planner.baselines import uniform_view
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.metrics import PlanMetrics
@@ -53,22 +53,11 @@ def read_config_runs(path: str | Path, required: tuple[str, ...] = CONFIG_RUNS_C
 
 
 def _peak_lists(df: pd.DataFrame, path: Path) -> pd.DataFrame:
-    """peak_mem_mib as one list of numbers (MiB per GPU) or None per row: a CSV cell holds it as a JSON
-    string ("[5579.2, 7020.1]"), an empty cell is NaN (an OOM row)."""
+    """peak_mem_mib as one list of numbers (MiB per GPU) or None per row (calibration.peak_list: a CSV cell
+    holds it as a JSON string, an empty cell is NaN)."""
     if "peak_mem_mib" not in df.columns:
         return df
-
-    def one(i: int, v):
-        if v is None or (isinstance(v, float) and np.isnan(v)):
-            return None
-        try:
-            out = json.loads(v) if isinstance(v, str) else list(v)
-            return [float(x) for x in out]
-        except (ValueError, TypeError) as exc:
-            raise InputError(f"{path}: row {i} field 'peak_mem_mib' is not a list of numbers (MiB per GPU, e.g. "
-                             f"[5579.2, 7020.1]): {str(v)[:60]!r} ({exc.__class__.__name__})") from None
-
-    return df.assign(peak_mem_mib=[one(i, v) for i, v in enumerate(df["peak_mem_mib"])])
+    return df.assign(peak_mem_mib=[peak_list(v, f"{path}: row {i}") for i, v in enumerate(df["peak_mem_mib"])])
 
 
 def _read_table(path: Path) -> pd.DataFrame:

@@ -48,8 +48,8 @@ def test_learns_a_planted_plan_effect_held_out(setting):
     fit, test = slice(0, 160), slice(160, None)
     parametric = fit_from_estimates(est[fit], truth[fit], residual=False)
     both = fit_from_estimates(est[fit], truth[fit])
-    assert parametric.residual is None and both.residual is not None and both.residual.accepted
-    assert both.residual.plans == 160 and both.residual.folds == 5 and "plan residual kept" in both.summary()
+    assert parametric.residual is None and both.residual is not None and both.residual_guard.accepted
+    assert both.residual.plans == 160 and both.residual_guard.folds == 5 and "plan residual kept" in both.summary()
     before, after = mape(calibrated_times(est[test], parametric), truth[test]), mape(calibrated_times(est[test], both), truth[test])
     assert before > 0.05 and after < 0.5 * before
 
@@ -65,7 +65,7 @@ def test_not_fitted_below_the_minimum_and_not_kept_on_noise(setting):
     assert calibration_from_dict(cal.to_dict()) == cal  # the verdict is stored with the calibration
     assert few.residual_guard is None  # nothing was fitted below the minimum
     raw = fit_from_estimates(est[:160], np.asarray([e.iteration_time_ms for e in est[:160]]) * noise[:160], guard=False)
-    assert raw.residual is not None and not raw.residual.accepted  # without the guard it is taken as it is
+    assert raw.residual is not None and not raw.residual_guard.accepted  # without the guard it is taken as it is
 
 
 def test_round_trip_and_bad_residuals(setting):

@@ -52,6 +52,6 @@ def test_vtrain_a100_with_the_plan_residual_held_out(vtrain_models):
     print(s.line("vTrain leave-one-model-out calibrated with the plan residual"))
     # measured: MAPE 3.18 %, median Spearman 0.9965 (min 0.990), best first 20 of 24
     assert s.mape < 0.04 and s.median_spearman > 0.99 and s.min_spearman > 0.98 and s.best_first >= 20
-    assert all(c.residual is not None and c.residual.accepted and c.residual.folds == 7 for c in cals.values())
+    assert all(c.residual is not None and c.residual_guard.accepted and c.residual_guard.folds == 7 for c in cals.values())
     parametric = scores(*held_out_calibrated(vtrain_models)[:2])
     assert s.mape < 0.6 * parametric.mape  # the residual, not the parametric terms, makes the difference
