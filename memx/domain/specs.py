@@ -318,7 +318,11 @@ class SearchSpace:
     margin_floor: Annotated[float, Interval(ge=0, lt=1)] = 0.10
     """Smallest memory margin (a fraction, upper memory bound where the predictor gives one) the pick must
     clear; default = the paper's safety threshold (§3.1.2). memx.planner.pick."""
-    pick_rule: Literal["phi", "phi-bounded", "fastest-above-floor"] = "fastest-above-floor"
+    balance_tolerance: Annotated[float, Interval(ge=0, lt=1)] = 0.02
+    """The balanced rules pick among plans that clear margin_floor within (1 + this) × the fastest of them
+    (a fraction in [0, 1); issue #22, memx.planner.pick)."""
+    pick_rule: Literal["phi", "phi-bounded", "fastest-above-floor", "balanced-phi",
+                       "balanced-margin"] = "fastest-above-floor"
     """How the pick is chosen: phi (the paper's Φ alone), phi-bounded (Φ within max_time_ratio, margin
     floor, never dominated), fastest-above-floor (the default, by docs/results.md §Choosing the pick rule).
     memx.planner.pick, docs/planner.md §The pick."""

@@ -10,6 +10,8 @@ that is not tight (or the top of the ladder), and its final time is ≥ t1. Henc
   (1F1B, paper §3.1.2), B* = the layout's smallest achievable bottleneck, MM ≤ min over the box's splits
   (Σ n = L) of max_s t1 (`MinMax`), SS ≤ min over them of Σ_s t1 (`max_lagrange_sum`);
 * M ≥ max(max_s min m_lo, the box min-max of m_lo);
+* the smallest margin 1 − max_s peak_s / cap_s ≤ 1 − max(max_s min m_lo/cap, the box min-max of m_lo/cap)
+  (each stage's final peak ≥ m_lo; issue #22: the safe sets and the (T, margin, V) front need it);
 * V ≥ min over x_s ∈ [min m_lo, max m1] of the GPU-weighted variance of x = min_c Σ_s w_s·dist(c, I_s)²
   (a convex function of c: the variance is the smallest weighted square distance to one point);
 * log Φ ≥ wT·log T_lb + wM·log M_lb + wV·log(V_lb + ε) (log Φ is non-decreasing in T, M, V).
@@ -28,6 +30,7 @@ from memx.planner.tables import LayoutTables
 
 SLACK = 1e-5  # relative: float32 totals of ≤ 64 stages are within ~64·2⁻²⁴ ≈ 4e−6 of exact arithmetic
 SCORE_SLACK = 1e-4  # absolute, in log Φ (float32 log of values ≈ 10: error ≤ a few 1e−6)
+MARGIN_SLACK = 1e-5  # absolute, on a margin in [0, 1) computed in float32 (error ≤ a few 1e−7)
 
 
 class RangeTable:
@@ -60,6 +63,7 @@ class Corner:
     time_ms: np.ndarray
     max_mib: np.ndarray
     var_mib2: np.ndarray
+    margin_ub: np.ndarray  # an upper bound (not a lower one) of the smallest margin
 
     def score(self, w: Weights, epsilon_mib2: float) -> np.ndarray:
         with np.errstate(divide="ignore"):
@@ -92,6 +96,7 @@ class LayoutBounds:
         self._tables, self._target = lt, target_margin
         self._memory: tuple[RangeTable, RangeTable] | None = None
         self._m_minmax: MinMax | None = None
+        self._used: tuple[RangeTable, MinMax] | None = None  # m_lo / capacity: range min and min-max
 
     def memory_ranges(self) -> tuple[RangeTable, RangeTable]:
         """(range min of the lowest reachable peak, range max of the fitted peak), built on first use."""
@@ -101,6 +106,8 @@ class LayoutBounds:
             m_lo = np.where(self.ok, _lowest_reachable_mib(lt, self._target), np.inf)
             self._memory = (RangeTable(m_lo), RangeTable(m1, maximum=True))
             self._m_minmax = MinMax(m_lo)
+            used = m_lo / lt.capacity_mib.astype(np.float64)[:, None]
+            self._used = (RangeTable(used), MinMax(used))
         return self._memory
 
     def root(self) -> tuple[np.ndarray, np.ndarray]:
@@ -140,8 +147,10 @@ class LayoutBounds:
         lo_range, hi_range = self.memory_ranges()
         lo, hi = lo_range.query(a, b), hi_range.query(a, b)
         m_lb = np.maximum(lo.max(axis=1), self._m_minmax.query(a, b, self.total))
+        used_range, used_minmax = self._used
+        used_lb = np.maximum(used_range.query(a, b).max(axis=1), used_minmax.query(a, b, self.total))
         return Corner(time_ms=time_lb, max_mib=m_lb * (1 - SLACK),
-                      var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight), hi))
+                      var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight), hi), margin_ub=1.0 - used_lb)
 
     def count(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Splits in each box (float64; interior layer counts that are not allowed included)."""

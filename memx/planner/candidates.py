@@ -7,9 +7,16 @@ and does not depend on the order plans are scored in, the batches, the shards or
   while being no slower ("k-staircase"): every plan of the final top-k by Φ among the plans within
   r × the fastest is one of them, whatever the fastest turns out to be (a plan q no slower than an
   eligible plan p is eligible too); with r = 0, simply the k smallest (log Φ, key);
-* the Pareto front of (T, M, V): plans no other plan dominates (≤ everywhere, < somewhere); of equal
-  points the smallest key; with r > 0 restricted to plans within r × the fastest (a plan that
-  dominates one inside the window is inside it, so this is the front of the window).
+* the Pareto front of (T, −margin, V) (time, smallest relative margin, variance): plans no other plan
+  dominates (≤ everywhere, < somewhere); of equal points the smallest key; with r > 0 restricted to plans
+  within r × the fastest (a plan that dominates one inside the window is inside it, so this is the front
+  of the window);
+* with a margin floor f (issue #22): the *safe* staircases — plans whose smallest margin ≥ f that no safe
+  plan beats while being no slower, once by (log Φ, key) and once by (−margin, key) — restricted to
+  (1 + balance_tolerance) × the fastest safe plan: the fastest safe plan and the best-by-Φ and
+  best-by-margin safe plans within the tolerance of it are among them, whatever the fastest safe plan
+  turns out to be, and they do not depend on r (the safe pick may lie outside the Φ window);
+* the widest plan (largest smallest margin, then (T, key)): the answer when no plan clears the floor.
 Log Φ up to the median constant (memx.planner.objective.log_score) ranks plans, so no set needs the
 medians. `Keeper.needs` is the pruning test of the branch-and-bound search on a box's lower bounds.
 """
@@ -21,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memx.planner.bounds import SCORE_SLACK, Corner
+from memx.planner.bounds import MARGIN_SLACK, SCORE_SLACK, Corner
 from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
 
@@ -71,17 +78,27 @@ class Keeper:
 
     `timed_only`: keep only the top-k by time (the step-1 pre-pass of the auto profile)."""
 
-    def __init__(self, *, top_k: int, max_time_ratio: float = 0.0, timed_only: bool = False):
+    def __init__(self, *, top_k: int, max_time_ratio: float = 0.0, timed_only: bool = False,
+                 margin_floor: float | None = None, balance_tolerance: float = 0.0):
         self.k, self.ratio, self.timed_only = max(top_k, 1), max_time_ratio, timed_only
+        self.floor = None if timed_only else margin_floor  # None: no safe sets
+        self.tol = balance_tolerance
         self.fastest_ms = np.inf
+        self.fastest_safe_ms = np.inf
         self.by_time: list[Cand] = []
         self.phi: list[Cand] = []
         self.front: list[Cand] = []
+        self.safe_phi: list[Cand] = []  # staircase by (log Φ, key) among safe plans
+        self.safe_margin: list[Cand] = []  # staircase by (−margin, key) among safe plans
+        self.widest: Cand | None = None
         self._refresh()
 
     # --- thresholds ---------------------------------------------------------------------------
     def window_ms(self) -> float:
         return self.ratio * self.fastest_ms if self.ratio > 0 else np.inf
+
+    def safe_window_ms(self) -> float:
+        return (1.0 + self.tol) * self.fastest_safe_ms
 
     def _refresh(self) -> None:
         self.kth_time = self.by_time[self.k - 1].time_ms if len(self.by_time) >= self.k else np.inf
@@ -94,7 +111,8 @@ class Keeper:
             del best[self.k:]
             kth.append(best[-1] if len(best) >= self.k else np.inf)
         self._stair_kth = np.array(kth)
-        self._front = np.array([[c.time_ms, c.max_mib, c.var_mib2] for c in self.front]).reshape(-1, 3)
+        self._front = np.array([[c.time_ms, -c.margin, c.var_mib2] for c in self.front]).reshape(-1, 3)
+        self._safe_stairs = [_prefix_best(self.safe_phi, _by_score), _prefix_best(self.safe_margin, _by_margin)]
 
     def _phi_threshold(self, time_ms: np.ndarray) -> np.ndarray:
         """k-th smallest log Φ among kept candidates no slower than time_ms (inf where fewer than k)."""
@@ -121,7 +139,10 @@ class Keeper:
         """Boxes whose time bound alone does not rule them out (before bounding memory)."""
         if self.timed_only:
             return time_lb <= self.kth_time
-        return (time_lb <= self.kth_time) | (time_lb <= self.window_ms())
+        need = (time_lb <= self.kth_time) | (time_lb <= self.window_ms())
+        if self.floor is not None:
+            need |= time_lb <= self.safe_window_ms()  # inf until a safe plan is found
+        return need
 
     def needs(self, c: Corner, score_lb: np.ndarray | None) -> np.ndarray:
         """Boxes (by their lower bounds) that may still hold a plan of a decision set."""
@@ -130,8 +151,19 @@ class Keeper:
             return need
         window = c.time_ms <= self.window_ms()
         phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
-        front = window & ~self._dominated(np.stack([c.time_ms, c.max_mib, c.var_mib2], axis=1))
-        return need | phi | front
+        front = window & ~self._dominated(np.stack([c.time_ms, -c.margin_ub, c.var_mib2], axis=1))
+        return need | phi | front | self._safe_needs(c, score_lb)
+
+    def _safe_needs(self, c: Corner, score_lb: np.ndarray) -> np.ndarray:
+        """Boxes that may hold a member of the safe staircases or a wider plan than the widest so far."""
+        if self.floor is None:
+            return np.zeros(len(c.time_ms), dtype=bool)
+        ub = c.margin_ub + MARGIN_SLACK
+        safe = (ub >= self.floor) & (c.time_ms <= self.safe_window_ms())
+        by_phi = ~(_stair_query(self._safe_stairs[0], c.time_ms) < score_lb - SCORE_SLACK)
+        by_margin = ~(_stair_query(self._safe_stairs[1], c.time_ms) < -ub)
+        wider = ub >= (self.widest.margin if self.widest is not None else -np.inf)
+        return (safe & (by_phi | by_margin)) | (wider if not np.isfinite(self.fastest_safe_ms) else False)
 
     # --- offers --------------------------------------------------------------------------------
     def offer(self, sc: Scored) -> None:
@@ -158,13 +190,37 @@ class Keeper:
             if phi_rows.size:
                 self.phi = self._staircase(self.phi + _cands(sc, phi_rows))
                 changed = True
-            pts = np.stack([t, a.stats.max_mib[rows], a.stats.variance_mib2[rows]], axis=1).astype(np.float64)
+            pts = np.stack([t, -a.stats.min_margin[rows], a.stats.variance_mib2[rows]], axis=1).astype(np.float64)
             front_rows = rows[inside & ~self._dominated(pts)]
             if front_rows.size:
                 self.front = self._pareto(self.front + _cands(sc, front_rows))
                 changed = True
+            changed |= self._offer_safe(sc, rows, t, s)
         if changed:
             self._refresh()
+
+    def _offer_safe(self, sc: Scored, rows: np.ndarray, t: np.ndarray, s: np.ndarray) -> bool:
+        """The safe staircases and the widest plan take what they can use of one block."""
+        if self.floor is None:
+            return False
+        m = sc.assignment.stats.min_margin[rows].astype(np.float64)
+        i = int(np.lexsort((t, -m))[0])  # the block's widest: largest margin, then fastest
+        changed = False
+        if self.widest is None or (-m[i], t[i]) < (-self.widest.margin, self.widest.time_ms):
+            self.widest, changed = _cands(sc, rows[i:i + 1])[0], True
+        safe = m >= self.floor
+        if not safe.any():
+            return changed
+        self.fastest_safe_ms = min(self.fastest_safe_ms, float(t[safe].min()))
+        safe &= t <= self.safe_window_ms()
+        by_phi = safe & ~(_stair_query(self._safe_stairs[0], t) < s)
+        by_margin = safe & ~(_stair_query(self._safe_stairs[1], t) < -m)
+        if by_phi.any() or by_margin.any():
+            new = _cands(sc, rows[by_phi | by_margin])
+            self.safe_phi = self._safe_stair(self.safe_phi + new, _by_score)
+            self.safe_margin = self._safe_stair(self.safe_margin + new, _by_margin)
+            changed = True
+        return changed
 
     def merge(self, other: Keeper) -> None:
         """Fold another keeper (a shard's) into this one."""
@@ -173,6 +229,12 @@ class Keeper:
         if not self.timed_only:
             self.phi = self._staircase(self.phi + other.phi)
             self.front = self._pareto(self.front + other.front)
+        if self.floor is not None:
+            self.fastest_safe_ms = min(self.fastest_safe_ms, other.fastest_safe_ms)
+            self.safe_phi = self._safe_stair(self.safe_phi + other.safe_phi, _by_score)
+            self.safe_margin = self._safe_stair(self.safe_margin + other.safe_margin, _by_margin)
+            ws = [w for w in (self.widest, other.widest) if w is not None]
+            self.widest = min(ws, key=lambda c: (-c.margin, c.time_ms, c.key)) if ws else None
         self._refresh()
 
     # --- exact set maintenance (small lists) ---------------------------------------------------
@@ -196,9 +258,20 @@ class Keeper:
     def _pareto(self, cands: list[Cand]) -> list[Cand]:
         window = self.window_ms()
         cands = sorted((c for c in _unique(cands) if c.time_ms <= window),
-                       key=lambda c: (c.time_ms, c.max_mib, c.var_mib2, c.key))
-        keep = non_dominated(np.array([[c.time_ms, c.max_mib, c.var_mib2] for c in cands]).reshape(-1, 3))
+                       key=lambda c: (c.time_ms, -c.margin, c.var_mib2, c.key))
+        keep = non_dominated(np.array([[c.time_ms, -c.margin, c.var_mib2] for c in cands]).reshape(-1, 3))
         return [c for c, k in zip(cands, keep) if k]
+
+    def _safe_stair(self, cands: list[Cand], rank) -> list[Cand]:
+        """Safe plans within the tolerance that no no-slower safe plan beats by `rank` (then key)."""
+        window = self.safe_window_ms()
+        out: list[Cand] = []
+        best = None
+        for c in sorted((c for c in _unique(cands) if c.time_ms <= window), key=lambda c: (c.time_ms, rank(c), c.key)):
+            if best is None or (rank(c), c.key) < best:
+                out.append(c)
+                best = (rank(c), c.key)
+        return out
 
     # --- the answer ----------------------------------------------------------------------------
     def best_by_time(self) -> list[Cand]:
@@ -212,6 +285,39 @@ class Keeper:
     def pareto(self) -> list[Cand]:
         fastest = self.by_time[0].time_ms if self.by_time else np.inf
         return [c for c in self.front if self.ratio <= 0 or c.time_ms <= self.ratio * fastest]
+
+    def safe(self) -> list[Cand]:
+        """The safe staircases within the tolerance of the fastest safe plan; the widest plan if none is safe."""
+        if self.floor is None:
+            return []
+        if not np.isfinite(self.fastest_safe_ms):
+            return [self.widest] if self.widest is not None else []
+        window = self.safe_window_ms()
+        return _unique([c for c in self.safe_margin + self.safe_phi if c.time_ms <= window])
+
+
+def _by_score(c: Cand) -> float:
+    return c.score
+
+
+def _by_margin(c: Cand) -> float:
+    return -c.margin
+
+
+def _prefix_best(stair: list[Cand], rank) -> tuple[np.ndarray, np.ndarray]:
+    """(times ascending, best rank among members no slower) of a staircase."""
+    t = np.array([c.time_ms for c in stair], dtype=np.float64)
+    r = np.minimum.accumulate(np.array([rank(c) for c in stair], dtype=np.float64)) if stair else np.empty(0)
+    return t, r
+
+
+def _stair_query(stair: tuple[np.ndarray, np.ndarray], time_ms: np.ndarray) -> np.ndarray:
+    """Best rank among staircase members no slower than time_ms (inf where none)."""
+    t, r = stair
+    if len(t) == 0:
+        return np.full(np.shape(time_ms), np.inf)
+    i = np.searchsorted(t, time_ms, side="right") - 1
+    return np.where(i >= 0, r[np.maximum(i, 0)], np.inf)
 
 
 def _unique(cands: list[Cand]) -> list[Cand]:

@@ -36,7 +36,9 @@ def exhaustive_search(prepared: list[Prepared], *, total: int, space: SearchSpac
         for sc in scored(None):
             first.offer(sc)
         weights = auto_profile(cluster, first.by_time[0].margin if first.by_time else None)
-    keeper, radix = Keeper(top_k=top_k, max_time_ratio=space.max_time_ratio), RadixMedians()
+    keeper = Keeper(top_k=top_k, max_time_ratio=space.max_time_ratio, margin_floor=space.margin_floor,
+                    balance_tolerance=space.balance_tolerance)
+    radix = RadixMedians()
     for sc in scored(weights):
         keeper.offer(sc)
         radix.first_pass((sc.assignment.time_ms, sc.assignment.stats.max_mib, sc.assignment.stats.variance_mib2))

@@ -12,6 +12,15 @@ among them:
   (dominance; ties on both do not dominate).
 * `fastest-above-floor` — the fastest kept plan whose smallest margin ≥ `margin_floor` (ties: the larger
   margin); if none clears it, the plan of largest margin, with a warning.
+* `balanced-phi` / `balanced-margin` (issue #22) — among the plans that clear the floor within
+  (1 + `balance_tolerance`) × the fastest of them, the one of least Φ / of largest smallest margin (ties:
+  the faster): balance where it costs at most the tolerance; if none clears it, as fastest-above-floor.
+
+Every rule but `phi` respects the floor. The search keeps the safe sets exactly over the whole space
+(memx.planner.candidates.Keeper.safe: the fastest plan above the floor and the balanced picks), so "no
+plan clears the floor" is said only when none does; then the warning names the stage and GPU type of the
+widest plan that cannot clear it. With `phi`, the plan the default rule would pick is kept beside a
+below-floor pick (`Pick.floor_pick`).
 
 Margins are the upper-memory-bound margins where the predictor gives intervals (`margin_high`, computed
 from `peak_mem_mib_high`, memx.planner.estimate.upper_margins), else the point margins.
@@ -31,7 +40,8 @@ from memx.planner.result import SearchResult
 from memx.planner.result import plan_key as result_plan_key
 from memx.planner.signatures import StagePredictor
 
-PICK_RULES = ("phi", "phi-bounded", "fastest-above-floor")
+PICK_RULES = ("phi", "phi-bounded", "fastest-above-floor", "balanced-phi", "balanced-margin")
+FLOOR_RULE = "fastest-above-floor"  # what `phi` puts beside a below-floor pick
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +50,7 @@ class Pick:
     rule: str
     warnings: tuple[str, ...] = ()
     replaced: PlanMetrics | None = None  # the Φ pick a guard set aside (dominated or below the floor)
+    floor_pick: PlanMetrics | None = None  # rule phi, pick below the floor: the best plan that clears it
 
 
 def plan_key(m: PlanMetrics):
@@ -61,9 +72,10 @@ def unique(cands: Sequence[PlanMetrics]) -> list[PlanMetrics]:
 
 
 def choose(by_phi: Sequence[PlanMetrics], others: Sequence[PlanMetrics], *, rule: str, margin_floor: float,
-           max_time_ratio: float = 0.0, margin: Callable[[PlanMetrics], float] | None = None) -> Pick:
+           max_time_ratio: float = 0.0, margin: Callable[[PlanMetrics], float] | None = None,
+           balance_tolerance: float = 0.0) -> Pick:
     """The recommended plan. by_phi: the top by Φ (best first; within the window when max_time_ratio > 0);
-    others: every other kept candidate (top by time, Pareto front, fastest above the floor)."""
+    others: every other kept candidate (top by time, Pareto front, the safe sets)."""
     if rule not in PICK_RULES:
         raise ValueError(f"pick_rule {rule!r}: allowed values are {', '.join(PICK_RULES)}")
     mg = margin or (lambda m: m.min_margin)
@@ -71,15 +83,13 @@ def choose(by_phi: Sequence[PlanMetrics], others: Sequence[PlanMetrics], *, rule
     fastest_t = min(c.iteration_time_ms for c in pool)
     floor_txt = f"{margin_floor:.0%}"
     clears = [c for c in pool if mg(c) >= margin_floor]
-    below = "" if clears else (f"no plan found clears the margin floor {floor_txt}; showing the best one below it")
+    widest = max(pool, key=lambda c: (mg(c), -c.iteration_time_ms))
+    below = "" if clears else none_clears(widest, margin_floor, mg)
     warnings: list[str] = []
-    if rule == "fastest-above-floor":
-        if clears:
-            best = min(clears, key=lambda c: (c.iteration_time_ms, -mg(c), c.mem_variance_mib2))
-        else:
-            best = max(pool, key=lambda c: (mg(c), -c.iteration_time_ms))
-            warnings.append(below + " (the largest smallest margin)")
-        return Pick(plan=best, rule=rule, warnings=tuple(warnings))
+    if rule in ("fastest-above-floor", "balanced-phi", "balanced-margin"):
+        if not clears:
+            return Pick(plan=widest, rule=rule, warnings=(below + "; showing the plan of largest smallest margin",))
+        return Pick(plan=_safe_pick(clears, rule, mg, balance_tolerance), rule=rule)
     phi_pick = by_phi[0]
     if rule == "phi":
         beater = next((c for c in pool if dominates(c, phi_pick, mg)), None)
@@ -87,9 +97,12 @@ def choose(by_phi: Sequence[PlanMetrics], others: Sequence[PlanMetrics], *, rule
             warnings.append(f"the Φ pick is dominated: another plan is faster or equal ({beater.iteration_time_ms:,.0f} "
                             f"ms) with a larger or equal smallest margin ({mg(beater):.1%}); pick_rule phi-bounded or "
                             "fastest-above-floor avoids it")
+        beside = None
         if mg(phi_pick) < margin_floor:
-            warnings.append(f"the pick's smallest margin {mg(phi_pick):.1%} is below the floor {floor_txt}")
-        return Pick(plan=phi_pick, rule=rule, warnings=tuple(warnings))
+            warnings.append(f"the pick's smallest margin {mg(phi_pick):.1%} is below the floor {floor_txt}"
+                            + ("; the fastest plan that clears it is shown beside it" if clears else f"; {below}"))
+            beside = _safe_pick(clears, FLOOR_RULE, mg, balance_tolerance) if clears else None
+        return Pick(plan=phi_pick, rule=rule, warnings=tuple(warnings), floor_pick=beside)
     # phi-bounded: Φ order within the window, floor first, never dominated (by any kept candidate).
     window = [c for c in by_phi if max_time_ratio <= 0 or c.iteration_time_ms <= max_time_ratio * fastest_t]
     window = window or list(by_phi)
@@ -104,9 +117,33 @@ def choose(by_phi: Sequence[PlanMetrics], others: Sequence[PlanMetrics], *, rule
         best = fallback
     else:
         best = undominated[0] if undominated else fallback
-        warnings.append(below)
+        warnings.append(below + "; showing the best one below it")
     replaced = phi_pick if plan_key(best) != plan_key(phi_pick) else None
     return Pick(plan=best, rule=rule, warnings=tuple(warnings), replaced=replaced)
+
+
+def _safe_pick(clears: list[PlanMetrics], rule: str, mg: Callable[[PlanMetrics], float],
+               tolerance: float) -> PlanMetrics:
+    """fastest-above-floor: the fastest plan that clears the floor (ties: larger margin, smaller V); the
+    balanced rules: of the plans within (1 + tolerance) × it, least Φ or largest margin (ties: the faster)."""
+    fastest = min(clears, key=lambda c: (c.iteration_time_ms, -mg(c), c.mem_variance_mib2))
+    if rule == FLOOR_RULE:
+        return fastest
+    near = [c for c in clears if c.iteration_time_ms <= (1.0 + tolerance) * fastest.iteration_time_ms]
+    if rule == "balanced-phi":
+        return min(near, key=lambda c: (c.phi if c.phi is not None else float("inf"), c.iteration_time_ms))
+    return min(near, key=lambda c: (-mg(c), c.iteration_time_ms, c.mem_variance_mib2))
+
+
+def none_clears(widest: PlanMetrics, margin_floor: float, mg: Callable[[PlanMetrics], float]) -> str:
+    """The reason no plan clears the floor: the widest plan's tightest stage and its GPU type."""
+    stages = getattr(widest.plan, "stages", ())
+    rel = [1.0 - p / c for p, c in zip(widest.stage_peak_mib, widest.capacity_mib)]
+    where = ""
+    if stages and len(rel) == len(stages):
+        s = min(range(len(rel)), key=rel.__getitem__)
+        where = f": even the plan of largest margin leaves stage {s} ({stages[s].gpu}) {mg(widest):.1%}"
+    return f"no plan clears the margin floor {margin_floor:.0%}{where}"
 
 
 def pareto_margin(cands: Sequence[PlanMetrics], margin: Callable[[PlanMetrics], float] | None = None
@@ -129,13 +166,15 @@ def pareto_margin(cands: Sequence[PlanMetrics], margin: Callable[[PlanMetrics], 
 def apply_pick(r: SearchResult, space: SearchSpace, model: ModelArch, predictor: StagePredictor) -> SearchResult:
     """The search's result with the pick of `space.pick_rule`, the (T, margin, V) front of the kept
     candidates, upper-bound margins where the predictor gives intervals, and the pick's warnings."""
-    kept = unique([*r.top, *r.top_time, *r.pareto])
+    kept = unique([*r.top, *r.top_time, *r.pareto, *r.safe])
     high = {plan_key(c): h for c, h in zip(kept, upper_margins(kept, model, predictor)) if h is not None}
 
     def mg(m: PlanMetrics) -> float:
         return high.get(plan_key(m), m.min_margin)
 
-    chosen = choose(r.top, [*r.top_time, *r.pareto], rule=space.pick_rule, margin_floor=space.margin_floor,
-                    max_time_ratio=space.max_time_ratio, margin=mg)
+    chosen = choose(r.top, [*r.top_time, *r.pareto, *r.safe], rule=space.pick_rule,
+                    margin_floor=space.margin_floor, max_time_ratio=space.max_time_ratio, margin=mg,
+                    balance_tolerance=space.balance_tolerance)
     return dataclasses.replace(r, pick=chosen.plan, pick_rule=chosen.rule, margin_floor=space.margin_floor,
-                               warnings=chosen.warnings, margins_high=high, pareto=pareto_margin(kept, mg))
+                               warnings=chosen.warnings, margins_high=high, floor_pick=chosen.floor_pick,
+                               pareto=pareto_margin(kept, mg))

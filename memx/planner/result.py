@@ -48,6 +48,11 @@ class SearchResult:
     margin_floor: float = 0.10
     warnings: tuple[str, ...] = ()
     margins_high: dict = field(default_factory=dict)  # plan key → smallest margin at the upper memory bound
+    # Plans whose smallest margin clears the floor, within balance_tolerance of the fastest such plan
+    # (memx.planner.candidates.Keeper.safe; the widest plan when none clears it): what the rules pick from.
+    safe: list[PlanMetrics] = field(default_factory=list)
+    # With pick_rule phi: the plan the default rule would pick when the Φ pick is below the floor (shown beside it).
+    floor_pick: PlanMetrics | None = None
 
     @property
     def best(self) -> PlanMetrics:

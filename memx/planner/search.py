@@ -81,7 +81,8 @@ def _explore_shard(shard: list[tuple[int, Prepared]], *, weights: Weights | None
     """Branch-and-bound over a shard's layouts, the most promising first (by the root time bound); a
     layout whose root bound already rules it out is discarded without building its tables."""
     keeper = Keeper(top_k=1 if weights is None else top_k, max_time_ratio=space.max_time_ratio,
-                    timed_only=weights is None)
+                    timed_only=weights is None, margin_floor=space.margin_floor,
+                    balance_tolerance=space.balance_tolerance)
     work = Work()
     for root_lb, j in order if order is not None else _root_order(shard, total, space):
         li, prep = shard[j]
@@ -204,7 +205,7 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
                          feasible=feasible, scored=work.scored, discarded=evaluated - work.scored),
         refs=refs, refs_sample=sample, top=_reranked(predictor, build(keeper.best_by_score()), "phi"),
         top_time=_reranked(predictor, build(keeper.best_by_time()), "iteration_time_ms"),
-        pareto=pareto_front(build(keeper.pareto())),
+        pareto=pareto_front(build(keeper.pareto())), safe=pareto_front(build(keeper.safe())),
         search_s=time.perf_counter() - t0, predict_s=pt.predict_s, signatures=pt.signatures,
         epsilon_mib2=space.epsilon_mib2, timings=timings,
         cache_hit_rate=None if hit_rate is None else float(hit_rate),
