@@ -73,6 +73,7 @@ BackendOpt = Annotated[str, typer.Option("--backend", rich_help_panel=PREDICTOR,
 DaskOpt = Annotated[Optional[str], typer.Option("--dask", help="Shard the search on Dask: 'local' (2 workers) or a scheduler address.", rich_help_panel=PREDICTOR)]
 CheckOpt = Annotated[Optional[Path], typer.Option("--check", help="Baseline plan JSON: exit 4 if the new plan is worse or its margin is below --min-margin.", rich_help_panel=CI)]
 MinMarginOpt = Annotated[float, typer.Option("--min-margin", help="With --check: the smallest acceptable memory margin.", rich_help_panel=CI)]
+MaxSlowdownOpt = Annotated[float, typer.Option("--max-slowdown", help="With --check: when the baseline became infeasible, exit 4 if the new plan is more than this fraction slower (0.1 = 10 %; ≥ 0).", rich_help_panel=CI)]
 ProgressOpt = Annotated[Optional[bool], typer.Option("--progress/--no-progress", help="Progress bars with ETA on stderr for steps over 2 s (default: when stderr is a terminal and --format is not json).", rich_help_panel=OUTPUT)]
 LogOpt = Annotated[Optional[bool], typer.Option("--log/--no-log", help="Log the plan as an MLflow run in experiment memx-plans (default: on for --predictor registered|pipeline, off for analytic).", rich_help_panel=OUTPUT)]
 SummaryOpt = Annotated[Optional[Path], typer.Option("--summary", help="With --check: write the Markdown summary here (default $GITHUB_STEP_SUMMARY when set).", rich_help_panel=CI)]
@@ -101,6 +102,7 @@ def plan_cmd(
     jobs: PredJobs = 1,
     check: CheckOpt = None,
     min_margin: MinMarginOpt = 0.05,
+    max_slowdown: MaxSlowdownOpt = 0.10,
     summary: SummaryOpt = None,
     progress: ProgressOpt = None,
     log: LogOpt = None,
@@ -109,6 +111,8 @@ def plan_cmd(
     cl, mo, sp = load_specs(cluster, model, search, conf)
     mode = predictor_mode(predictor, backend)
     check_outputs(out, check, summary)  # before any work: bad paths exit 2 with nothing written
+    if max_slowdown < 0:
+        raise InputError(f"--max-slowdown {max_slowdown:g}: allowed range ≥ 0 (a fraction: 0.1 = 10 % slower)")
     baseline = load_baseline(check) if check is not None else None
     warn_batch(cl, sp)
     show = progress_enabled(progress, json_output=fmt is Fmt.json)
@@ -144,7 +148,7 @@ def plan_cmd(
     if log if log is not None else mode != "analytic":
         _log(obj, cl, mo, sp, written, ref.get("predictor_version"))
     if baseline is not None:
-        _check(obj, baseline, cl, mo, sp, pred, min_margin, summary)
+        _check(obj, baseline, cl, mo, sp, pred, min_margin, summary, max_slowdown)
 
 
 def predictor_mode(predictor: str | None, backend: str) -> str:
@@ -215,13 +219,15 @@ def _plan_pipeline(flow_params: dict) -> dict:
 
 
 def _check(obj: dict, baseline: Plan, cl: Cluster, mo: ModelArch, sp: SearchSpace, predictor: Any,
-           min_margin: float, summary: Path | None) -> None:
+           min_margin: float, summary: Path | None, max_slowdown: float = 0.10) -> None:
     """`--check`: the Markdown verdict on stderr and in the summary file; CheckFailed (exit 4) when worse."""
-    outcome = check_report(obj, baseline, cl, mo, predictor, reserve_gib=sp.reserve_gib, min_margin=min_margin)
+    outcome = check_report(obj, baseline, cl, mo, predictor, reserve_gib=sp.reserve_gib, min_margin=min_margin,
+                           max_slowdown=max_slowdown)
     typer.echo(outcome.markdown, err=True)
     _write_summary(outcome.markdown, summary)
     if outcome.exit_code:
-        raise CheckFailed(f"plan check failed: {outcome.verdict} (--min-margin {min_margin:g}); see the summary above")
+        raise CheckFailed(f"plan check failed: {outcome.verdict} (--min-margin {min_margin:g}, --max-slowdown "
+                          f"{max_slowdown:g}); see the summary above")
 
 
 def _write_summary(markdown: str, summary: Path | None) -> None:

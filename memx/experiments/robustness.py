@@ -110,8 +110,26 @@ def run(out: Path, *, scale: str = "small", seed: int = 0, predictor: str | None
     return res
 
 
-RULE_SCENARIOS = [("v100-t4-6", "llama-6l"), ("three-vendor-20", "llama2-7b"), ("h100-h20-16", "llama2-13b")]
-RULES = {"phi": 0.0, "phi-bounded": 1.25, "fastest-above-floor": 0.0}  # rule → the max_time_ratio it searches with
+RULE_SCENARIOS = [("v100-t4-6", "llama-6l"), ("three-vendor-20", "llama2-7b"), ("h100-h20-16", "llama2-13b"),
+                  ("h100-mi300x-32", "llama2-70b"), ("a100-v100-16", "llama2-7b")]  # the last two: mixed capacities
+# rule → the max_time_ratio it searches with (the safe sets the floor rules pick from do not depend on it)
+RULES = {"phi": 0.0, "phi-bounded": 1.25, "fastest-above-floor": 0.0, "balanced-phi": 1.25, "balanced-margin": 1.25}
+
+
+def _measured_balance(run, m, r) -> dict:
+    """Measured smallest margin, memory std-dev (GiB), recomputed layers and Φ (measured T, M, V against the
+    search's medians and weights; paper §3.1.2) of one simulated pick."""
+    from memx.planner.objective import phi  # the score's one definition
+
+    demand = np.asarray(run.demand_mem_mib, dtype=float)
+    cap = np.asarray([c for _ in range(m.plan.dp) for c, st in zip(m.capacity_mib, m.plan.stages)
+                      for _ in range(st.tp)], dtype=float)
+    recomputed = sum(st.recomputed_layers for st in m.plan.stages)
+    t = run.iteration_time_ms if run.iteration_time_ms is not None else np.nan
+    return {"meas_margin": float(np.min((cap - demand) / cap)), "meas_std_gib": float(demand.std() / 1024),
+            "recomputed_layers": int(recomputed),
+            "meas_phi": float(phi(t, demand.max(), demand.var(), refs=r.refs, weights=r.weights,
+                                  epsilon_mib2=r.epsilon_mib2))}
 
 
 def compare_pick_rules(out: Path, *, seeds: tuple[int, ...] = (0, 1, 2), predictor: str = "analytic",
@@ -128,10 +146,11 @@ def compare_pick_rules(out: Path, *, seeds: tuple[int, ...] = (0, 1, 2), predict
         for seed in seeds:
             sp0 = space("default")
             pred = get_predictor(cl, mo, sp0, predictor, seed)
-            picks_ = {}
+            picks_, results = {}, {}
             for rule, ratio in RULES.items():
                 sp = dataclasses.replace(sp0, pick_rule=rule, max_time_ratio=ratio)
-                picks_[rule] = search(cl, mo, sp, pred, weights=weights, top_k=10).chosen
+                results[rule] = search(cl, mo, sp, pred, weights=weights, top_k=10)
+                picks_[rule] = results[rule].chosen
             ref = simulate_plan(picks_["fastest-above-floor"].plan, cl, mo, seed=seed).iteration_time_ms
             for rule, m in picks_.items():
                 p = m.plan
@@ -140,6 +159,7 @@ def compare_pick_rules(out: Path, *, seeds: tuple[int, ...] = (0, 1, 2), predict
                 rows.append({"scenario": f"{cl_name}/{mo_name}", "seed": seed, "rule": rule, "plan": describe(p),
                              "pred_ms": m.iteration_time_ms, "pred_margin": m.min_margin,
                              "time_ms": run0.iteration_time_ms, "time_cost": run0.iteration_time_ms / ref - 1,
+                             **_measured_balance(run0, m, results[rule]),
                              "oom": run0.oom, "headroom": j, "oom_spike_10pct": bool(j < SPIKE),
                              "oom_mb_x2": _oom(dataclasses.replace(p, micro_batch=2 * p.micro_batch), cl, mo, seed),
                              "oom_seq_x2": _oom(dataclasses.replace(p, seq_len=2 * p.seq_len), cl, mo, seed)})

@@ -204,9 +204,11 @@ class Keeper:
         if self.floor is None:
             return False
         m = sc.assignment.stats.min_margin[rows].astype(np.float64)
-        i = int(np.lexsort((t, -m))[0])  # the block's widest: largest margin, then fastest
+        v = sc.assignment.stats.variance_mib2[rows].astype(np.float64)
+        i = int(np.lexsort((v, t, -m))[0])  # the block's widest: largest margin, then fastest, then least V
         changed = False
-        if self.widest is None or (-m[i], t[i]) < (-self.widest.margin, self.widest.time_ms):
+        w = self.widest
+        if w is None or (-m[i], t[i], v[i]) < (-w.margin, w.time_ms, w.var_mib2):
             self.widest, changed = _cands(sc, rows[i:i + 1])[0], True
         safe = m >= self.floor
         if not safe.any():
@@ -234,7 +236,7 @@ class Keeper:
             self.safe_phi = self._safe_stair(self.safe_phi + other.safe_phi, _by_score)
             self.safe_margin = self._safe_stair(self.safe_margin + other.safe_margin, _by_margin)
             ws = [w for w in (self.widest, other.widest) if w is not None]
-            self.widest = min(ws, key=lambda c: (-c.margin, c.time_ms, c.key)) if ws else None
+            self.widest = min(ws, key=lambda c: (-c.margin, c.time_ms, c.var_mib2, c.key)) if ws else None
         self._refresh()
 
     # --- exact set maintenance (small lists) ---------------------------------------------------
@@ -263,14 +265,15 @@ class Keeper:
         return [c for c, k in zip(cands, keep) if k]
 
     def _safe_stair(self, cands: list[Cand], rank) -> list[Cand]:
-        """Safe plans within the tolerance that no no-slower safe plan beats by `rank` (then key)."""
+        """Safe plans within the tolerance that no no-slower safe plan beats by `rank` (then V, then key)."""
         window = self.safe_window_ms()
         out: list[Cand] = []
         best = None
-        for c in sorted((c for c in _unique(cands) if c.time_ms <= window), key=lambda c: (c.time_ms, rank(c), c.key)):
-            if best is None or (rank(c), c.key) < best:
+        for c in sorted((c for c in _unique(cands) if c.time_ms <= window),
+                        key=lambda c: (c.time_ms, rank(c), c.var_mib2, c.key)):
+            if best is None or (rank(c), c.var_mib2, c.key) < best:
                 out.append(c)
-                best = (rank(c), c.key)
+                best = (rank(c), c.var_mib2, c.key)
         return out
 
     # --- the answer ----------------------------------------------------------------------------

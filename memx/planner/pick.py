@@ -83,7 +83,7 @@ def choose(by_phi: Sequence[PlanMetrics], others: Sequence[PlanMetrics], *, rule
     fastest_t = min(c.iteration_time_ms for c in pool)
     floor_txt = f"{margin_floor:.0%}"
     clears = [c for c in pool if mg(c) >= margin_floor]
-    widest = max(pool, key=lambda c: (mg(c), -c.iteration_time_ms))
+    widest = max(pool, key=lambda c: (mg(c), -c.iteration_time_ms, -c.mem_variance_mib2))
     below = "" if clears else none_clears(widest, margin_floor, mg)
     warnings: list[str] = []
     if rule in ("fastest-above-floor", "balanced-phi", "balanced-margin"):
@@ -131,7 +131,8 @@ def _safe_pick(clears: list[PlanMetrics], rule: str, mg: Callable[[PlanMetrics],
         return fastest
     near = [c for c in clears if c.iteration_time_ms <= (1.0 + tolerance) * fastest.iteration_time_ms]
     if rule == "balanced-phi":
-        return min(near, key=lambda c: (c.phi if c.phi is not None else float("inf"), c.iteration_time_ms))
+        return min(near, key=lambda c: (c.phi if c.phi is not None else float("inf"), c.iteration_time_ms,
+                                        c.mem_variance_mib2))
     return min(near, key=lambda c: (-mg(c), c.iteration_time_ms, c.mem_variance_mib2))
 
 

@@ -2,7 +2,8 @@
 
 Both plans are scored with the current predictor and the current search's Φ references, so the
 comparison is like for like. Exit 0 when the plan is unchanged or better; 4 when it changed for the
-worse, or when the new plan's smallest memory margin is below the threshold.
+worse, when the new plan's smallest memory margin is below the threshold, or when the baseline became
+infeasible and the new plan is more than `max_slowdown` slower than it (issue #22).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from memx.planner.result import metrics_from_dict, weights_from_dict
 
 @dataclass(frozen=True, kw_only=True)
 class CheckOutcome:
-    verdict: str  # same | better | worse | low-margin | baseline-infeasible
+    verdict: str  # same | better | worse | low-margin | baseline-infeasible | baseline-infeasible-slower
     exit_code: int
     markdown: str
 
@@ -41,16 +42,18 @@ def load_baseline(path: Path) -> AnyPlan:
 
 
 def check_report(obj: dict, baseline: AnyPlan, cluster, model, predictor, *, reserve_gib: float,
-                 min_margin: float) -> CheckOutcome:
+                 min_margin: float, max_slowdown: float = 0.10) -> CheckOutcome:
     """`check` on this run's `memx plan --format json` answer (decoded once here)."""
     refs = obj["references"]
     return check(metrics_from_dict(obj), baseline, cluster, model, predictor, weights=weights_from_dict(obj),
                  refs=(refs["time_ms"], refs["max_mem_mib"], refs["mem_variance_mib2"]),
-                 epsilon_mib2=refs["epsilon_mib2"], reserve_gib=reserve_gib, min_margin=min_margin)
+                 epsilon_mib2=refs["epsilon_mib2"], reserve_gib=reserve_gib, min_margin=min_margin,
+                 max_slowdown=max_slowdown)
 
 
 def check(new: PlanMetrics, baseline: AnyPlan, cluster, model, predictor, *, weights: Weights,
-          refs: tuple[float, float, float], epsilon_mib2: float, reserve_gib: float, min_margin: float) -> CheckOutcome:
+          refs: tuple[float, float, float], epsilon_mib2: float, reserve_gib: float, min_margin: float,
+          max_slowdown: float = 0.10) -> CheckOutcome:
     """new: this run's pick; both plans are estimated and scored (Φ against this run's medians `refs`) the same way."""
     if baseline.model != model.name or baseline.cluster != cluster.name:
         raise InputError(f"baseline is for {baseline.model} on {baseline.cluster}, this run is {model.name} on {cluster.name}")
@@ -72,7 +75,8 @@ def check(new: PlanMetrics, baseline: AnyPlan, cluster, model, predictor, *, wei
     elif new.plan == baseline:
         verdict, code = "same", 0
     elif est is None or not est.feasible:
-        verdict, code = "baseline-infeasible", 0
+        slower = est is not None and new.iteration_time_ms > (1.0 + max_slowdown) * est.iteration_time_ms
+        verdict, code = ("baseline-infeasible-slower", 4) if slower else ("baseline-infeasible", 0)
     elif new_phi <= base_phi:
         verdict, code = "better", 0
     else:
@@ -83,7 +87,10 @@ def check(new: PlanMetrics, baseline: AnyPlan, cluster, model, predictor, *, wei
     if est is None:
         md += ["", f"Baseline no longer valid: {reason}"]
     elif not est.feasible:
-        md += ["", "Baseline is predicted to run out of memory with the current predictor."]
+        slowdown = new.iteration_time_ms / est.iteration_time_ms - 1.0
+        md += ["", f"Baseline is predicted to run out of memory with the current predictor; the new plan is "
+               f"{slowdown:+.1%} in iteration time against it (limit --max-slowdown {max_slowdown:.0%}: "
+               f"{'exceeded, exit 4' if code else 'within'})."]
     return CheckOutcome(verdict=verdict, exit_code=code, markdown="\n".join(md) + "\n")
 
 

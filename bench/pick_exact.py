@@ -1,0 +1,143 @@
+"""The floor pick (issue #22): exact against full enumeration, the hm16 / llama2-70b case, and the search time
+of the margin bound against the search without the safe sets, in one process.
+
+  python bench/pick_exact.py property [--spaces 200]   # random small mixed-capacity spaces vs full enumeration
+  python bench/pick_exact.py hm16                      # llama2-70b on 8 × H100-80G + 8 × MI300X-192G
+  python bench/pick_exact.py timing --cluster three-vendor-20 --model llama2-7b [--repeat 2]
+
+`timing` runs the default search twice per repeat: with the safe sets (margin_floor set: the exact floor pick)
+and without them (the keeper of the previous search: top-k by time, Φ's staircase, the front; the front is on
+(T, margin, V) in both), and prints their ratio. Last line of each mode: key=value figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import time
+from pathlib import Path
+
+from memx.domain.catalog import load_cluster, load_gpu, load_model, load_search
+from memx.domain.plan import Plan, plan_from_dict, plan_to_dict
+from memx.domain.specs import Cluster, Node
+from memx.planner import search as search_module
+from memx.planner.candidates import Keeper
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.estimate import estimate_plans
+from memx.planner.search import search
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _spaces(n: int, seed: int):
+    """n random small mixed-capacity problems (the property test's shapes, drawn with `random`)."""
+    from tests.unit.test_pick_exact import PAIRS  # one definition of the shapes
+
+    rng, conf = random.Random(seed), REPO / "conf"
+    for _ in range(n):
+        pair = rng.choice(PAIRS)
+        nodes = tuple(Node(gpu=load_gpu(g, conf), count=rng.choice((1, 2, 4))) for g in pair)
+        cluster = Cluster(name="mixed", inter_node_bandwidth_gbps=rng.choice((12.0, 50.0)), nodes=nodes)
+        model = dataclasses.replace(load_model("llama-6l", conf), layers=rng.randint(3, 9),
+                                    hidden=rng.choice((4096, 8192)), heads=32, query_groups=8,
+                                    seq_len=rng.choice((2048, 4096)))
+        space = dataclasses.replace(
+            load_search("small", conf), global_batch=rng.choice((8, 16)), tp_options=rng.choice(((1,), (2,), (1, 2))),
+            micro_batch_options=(1,), recompute_levels=("none", "selective", "full"), max_pp=rng.randint(2, 4),
+            use_all_gpus=rng.random() < 0.5, max_time_ratio=rng.choice((0.0, 1.1, 1.25)), max_stage_slowdown=0.0,
+            target_margin=rng.choice((0.1, 0.3)), margin_floor=rng.choice((0.1, 0.3, 0.5, 0.7)),
+            balance_tolerance=rng.choice((0.0, 0.02, 0.1)), weights=rng.choice(("auto", "default")))
+        yield cluster, model, space
+
+
+def property_mode(n: int, seed: int) -> None:
+    from tests.unit.test_pick_exact import check_against_enumeration
+
+    feasible = binding = none = 0
+    for cluster, model, space in _spaces(n, seed):
+        if not check_against_enumeration(cluster, model, space):
+            continue
+        feasible += 1
+        r = search(cluster, model, space, AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}), top_k=3)
+        binding += r.fastest.min_margin < space.margin_floor  # the floor changes the answer
+        none += any("no plan clears" in w for w in r.warnings)
+    print(f"spaces={n} agree={n} feasible={feasible} floor_binding={binding} none_clears={none} seed={seed}")
+
+
+def _hand(base: Plan, mi: list[int], h: list[int]) -> Plan:
+    """A hand plan of the issue: tp-2 MI300X stages then one tp-8 H100 stage, no recompute, as `base` otherwise."""
+    d = plan_to_dict(base)
+    stages = [{"gpu": "mi300x-192g", "tp": 2, "layers": n, "recompute": "none"} for n in mi]
+    stages += [{"gpu": "h100-80g", "tp": 8, "layers": n, "recompute": "none"} for n in h]
+    return plan_from_dict({**d, "dp": 1, "stages": stages})
+
+
+def hm16_mode() -> None:
+    conf = REPO / "conf"
+    cluster = Cluster(name="hm16", inter_node_bandwidth_gbps=50.0, nodes=(
+        Node(gpu=load_gpu("h100-80g", conf), count=8), Node(gpu=load_gpu("mi300x-192g", conf), count=8)))
+    model, space = load_model("llama2-70b", conf), load_search("default", conf)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    t0 = time.perf_counter()
+    r = search(cluster, model, space, pred)
+    wall = time.perf_counter() - t0
+    hands = estimate_plans([_hand(r.chosen.plan, [12] * 4, [32]), _hand(r.chosen.plan, [13] * 4, [28])],
+                           cluster, model, pred, reserve_gib=space.reserve_gib)
+    for name, m in zip(("[12,12,12,12]->[32]", "[13,13,13,13]->[28]"), hands):
+        print(f"hand {name}: {m.iteration_time_ms:,.0f} ms margin {m.min_margin:.1%}")
+    p = r.chosen
+    faster = all(p.iteration_time_ms < m.iteration_time_ms for m in hands if m.min_margin >= space.margin_floor)
+    print(f"case=hm16/llama2-70b rule={r.pick_rule} pick_ms={p.iteration_time_ms:.0f} pick_margin={p.min_margin:.4f} "
+          f"faster_than_clearing_hand_plans={faster} warnings={len(r.warnings)} search_s={wall:.2f}")
+
+
+class _NoSafeKeeper(Keeper):
+    """The keeper without the safe sets (the previous search's work), for the timing comparison."""
+
+    def __init__(self, **kw):
+        kw.pop("margin_floor", None)
+        kw.pop("balance_tolerance", None)
+        super().__init__(**kw)
+
+
+def timing_mode(cluster_name: str, model_name: str, repeat: int) -> None:
+    cluster, model, space = load_cluster(cluster_name), load_model(model_name), load_search("default")
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    new, old = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        r_new = search(cluster, model, space, pred)
+        new.append(time.perf_counter() - t0)
+        search_module.Keeper = _NoSafeKeeper
+        try:
+            t0 = time.perf_counter()
+            r_old = search(cluster, model, space, pred)
+            old.append(time.perf_counter() - t0)
+        finally:
+            search_module.Keeper = Keeper
+    print(f"case={model_name}/{cluster_name} with_bound_s={min(new):.2f} without_s={min(old):.2f} "
+          f"ratio={min(new) / min(old):.2f} scored_with={r_new.space.scored} scored_without={r_old.space.scored} "
+          f"pick_with_ms={r_new.chosen.iteration_time_ms:.0f} pick_with_margin={r_new.chosen.min_margin:.4f} "
+          f"pick_without_ms={r_old.chosen.iteration_time_ms:.0f} pick_without_margin={r_old.chosen.min_margin:.4f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=("property", "hm16", "timing"))
+    ap.add_argument("--spaces", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cluster", default="three-vendor-20")
+    ap.add_argument("--model", default="llama2-7b")
+    ap.add_argument("--repeat", type=int, default=2)
+    a = ap.parse_args()
+    if a.mode == "property":
+        property_mode(a.spaces, a.seed)
+    elif a.mode == "hm16":
+        hm16_mode()
+    else:
+        timing_mode(a.cluster, a.model, a.repeat)
+
+
+if __name__ == "__main__":
+    main()
