@@ -166,6 +166,10 @@ CASES = [
     Case("search-seq-len-1e308", search(seq_len=BIG), InputError, ("seq_len", "s.yaml")),
     Case("search-reserve-minus-inf", search(reserve_gib="-.inf"), InputError, ("reserve_gib", "s.yaml")),
     Case("search-max-pp-over-bound", search(max_pp="100000"), InputError, ("max_pp", "s.yaml")),
+    Case("search-balance-tolerance-1", search(balance_tolerance="1.0"), InputError, ("balance_tolerance", "s.yaml", "less than 1")),
+    Case("search-balance-tolerance-negative", search(balance_tolerance="-0.1"), InputError,
+         ("balance_tolerance", "s.yaml", "greater than or equal to 0")),
+    Case("search-margin-floor-1.5", search(margin_floor="1.5"), InputError, ("margin_floor", "s.yaml", "less than 1")),
     # simulator traits
     Case("traits-link-efficiency-nan", traits(link_efficiency=NAN), InputError, ("link_efficiency", "bad-1g.yaml")),
     Case("traits-context-inf", traits(context_memory_mib=INF), InputError, ("context_memory_mib", "bad-1g.yaml")),
