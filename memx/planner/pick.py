@@ -147,6 +147,26 @@ def none_clears(widest: PlanMetrics, margin_floor: float, mg: Callable[[PlanMetr
     return f"no plan clears the margin floor {margin_floor:.0%}{where}"
 
 
+BUBBLE_WARN = 0.25  # pipeline bubble share above which the output warns (issue #22)
+
+
+def bubble_warning(m: PlanMetrics) -> str | None:
+    """A warning when the pick's 1F1B bubble, (p − 1) / (m + p − 1) of the iteration for p stages and m micro
+    batches per replica (Narayanan et al. 2021, §2.2), exceeds BUBBLE_WARN, with the micro-batch count
+    m ≥ 3 (p − 1) that brings it to 25 %; None otherwise (and for schema-2 plans, each group has its own m)."""
+    plan = m.plan
+    if not hasattr(plan, "stages") or not hasattr(plan, "micro_batches"):
+        return None
+    pp, mb = len(plan.stages), plan.micro_batches
+    bubble = (pp - 1) / (mb + pp - 1)
+    if bubble <= BUBBLE_WARN:
+        return None
+    need = 3 * (pp - 1)
+    return (f"pipeline bubble ≈ {bubble:.0%} of the iteration ({pp} stages, {mb} micro batches per replica): "
+            f"{need} or more micro batches bring it to ≤ {BUBBLE_WARN:.0%} (global batch ≥ "
+            f"{need * plan.dp * plan.micro_batch:,} at dp {plan.dp}, micro batch {plan.micro_batch})")
+
+
 def pareto_margin(cands: Sequence[PlanMetrics], margin: Callable[[PlanMetrics], float] | None = None
                   ) -> list[PlanMetrics]:
     """The (time, smallest margin, memory std-dev) front of the candidates, by time: no other candidate is
@@ -177,5 +197,6 @@ def apply_pick(r: SearchResult, space: SearchSpace, model: ModelArch, predictor:
                     margin_floor=space.margin_floor, max_time_ratio=space.max_time_ratio, margin=mg,
                     balance_tolerance=space.balance_tolerance)
     return dataclasses.replace(r, pick=chosen.plan, pick_rule=chosen.rule, margin_floor=space.margin_floor,
-                               warnings=chosen.warnings, margins_high=high, floor_pick=chosen.floor_pick,
+                               warnings=chosen.warnings + tuple(w for w in [bubble_warning(chosen.plan)] if w),
+                               margins_high=high, floor_pick=chosen.floor_pick,
                                pareto=pareto_margin(kept, mg))

@@ -289,6 +289,8 @@ def search_replicas(cluster: Cluster, model: ModelArch, space: SearchSpace, pred
         out.result = dataclasses.replace(
             one, pick=best, margins_high={**one.margins_high, plan_key(best.plan): high},
             warnings=(), search_s=time.perf_counter() - t0, timings={**one.timings, **out.timings})
+    else:  # a one-group pick: the best grouped plan is shown beside it (issue #22)
+        out.result = dataclasses.replace(one, best_grouped=best, margins_high={**one.margins_high, plan_key(best.plan): high})
     return out
 
 

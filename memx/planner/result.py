@@ -53,6 +53,8 @@ class SearchResult:
     safe: list[PlanMetrics] = field(default_factory=list)
     # With pick_rule phi: the plan the default rule would pick when the Φ pick is below the floor (shown beside it).
     floor_pick: PlanMetrics | None = None
+    # With max_replica_groups > 1 and a one-group pick: the best plan with replica groups (memx.planner.replica_search).
+    best_grouped: PlanMetrics | None = None
 
     @property
     def best(self) -> PlanMetrics:
@@ -137,6 +139,8 @@ def search_result_to_dict(r: SearchResult, predictor_name: str) -> dict[str, Any
         "fastest": _entry(r.fastest, r.margins_high),
         "pareto": [_entry(c, r.margins_high) for c in r.pareto],  # (T, smallest margin, std-dev) front
         "pick": {"rule": r.pick_rule, "margin_floor": r.margin_floor},
+        **({"floor_pick": _entry(r.floor_pick, r.margins_high)} if r.floor_pick is not None else {}),
+        **({"best_grouped": _entry(r.best_grouped, r.margins_high)} if r.best_grouped is not None else {}),
         "warnings": list(r.warnings),
     }
 

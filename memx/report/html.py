@@ -16,7 +16,10 @@ from typing import Any, Callable, Mapping
 
 from memx.domain.errors import InputError
 from memx.domain.io import atomic_write_bytes
-from memx.report.notation import compact_stages, dp_text, group_line, is_grouped, micro_batch_text, stage_rows
+from memx.report.notation import (
+    MARGIN_HIGH, MARGIN_POINT, compact_stages, dp_text, group_line, is_grouped, listed_plans, margin_columns,
+    micro_batch_text, stage_rows,
+)
 from memx.report.plots import MIB_PER_GIB, micro_batches, report_pngs, std_gib
 
 REPORT_NAME = "report.html"
@@ -53,7 +56,7 @@ COLUMNS = (
     Column(header="vs fastest", css="slowdown", cell=lambda e, tf: f"{_pred('iteration_time_ms')(e) / tf - 1:+.1%}"),
     Column(header="max memory (GiB)", css="max-mem", cell=lambda e, tf: f"{_pred('max_mem_mib')(e) / MIB_PER_GIB:.2f}"),
     Column(header="memory std-dev (GiB)", css="std", cell=lambda e, tf: f"{std_gib(e['predicted']):.3f}"),
-    Column(header="smallest margin", css="margin", cell=lambda e, tf: f"{_pred('min_margin')(e):.1%}"),
+    Column(header=f"smallest {MARGIN_POINT}", css="margin", cell=lambda e, tf: f"{_pred('min_margin')(e):.1%}"),
     Column(header="Φ", css="phi", cell=lambda e, tf: f"{_pred('phi')(e):.4f}"),
     Column(header="dp", css="dp", cell=lambda e, tf: dp_text(e["plan"])),
     Column(header="micro batch", css="micro-batch", cell=lambda e, tf: micro_batch_text(e["plan"])),
@@ -61,12 +64,23 @@ COLUMNS = (
 )
 
 
+HIGH_COLUMN = Column(header=f"smallest {MARGIN_HIGH}", css="margin-high",
+                     cell=lambda e, tf: f"{e['predicted']['min_margin_high']:.1%}" if "min_margin_high" in e["predicted"]
+                     else "n/a")
+
+
 def comparison_rows(obj: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
-    """(label, source in the object, entry): the pick, the fastest plan, then the other top plans by Φ."""
-    rows: list[tuple[str, str, Mapping[str, Any]]] = [("pick (#1 by Φ)", "pick", obj), ("fastest", "fastest", obj["fastest"])]
-    shown = (obj["plan"], obj["fastest"]["plan"])
-    rows += [(f"#{i + 1} by Φ", f"top:{i}", e) for i, e in enumerate(obj.get("top", [])) if e["plan"] not in shown]
-    return rows
+    """(label, source in the object, entry): memx.report.notation.listed_plans — the pick first, labelled
+    with its rule, as in the terminal and Markdown tables."""
+    return listed_plans(obj)
+
+
+def _columns(rows: list[tuple[str, str, Mapping[str, Any]]]) -> tuple[Column, ...]:
+    """COLUMNS, with the upper-bound margin beside the point margin when an entry has one."""
+    if len(margin_columns([e for _l, _s, e in rows])) == 1:
+        return COLUMNS
+    i = next(j for j, c in enumerate(COLUMNS) if c.css == "margin") + 1
+    return (*COLUMNS[:i], HIGH_COLUMN, *COLUMNS[i:])
 
 
 def _cell(tag: str, text: str, css: str = "") -> str:
@@ -80,17 +94,19 @@ def _tr(cells: list[str], *, tag: str = "td", attrs: str = "", classes: list[str
 
 def comparison_table(obj: Mapping[str, Any]) -> str:
     t_fast = float(obj["fastest"]["predicted"]["iteration_time_ms"])
-    head = _tr(["plan", *(c.header for c in COLUMNS)], tag="th")
-    body = [_tr([label, *(c.cell(e, t_fast) for c in COLUMNS)], classes=["text role", *(c.css for c in COLUMNS)],
+    rows = comparison_rows(obj)
+    cols = _columns(rows)
+    head = _tr(["plan", *(c.header for c in cols)], tag="th")
+    body = [_tr([label, *(c.cell(e, t_fast) for c in cols)], classes=["text role", *(c.css for c in cols)],
                 attrs=f' class="{escape(src.split(":")[0])}" data-source="{escape(src)}"')
-            for label, src, e in comparison_rows(obj)]
+            for label, src, e in rows]
     return f'<div class="scroll"><table id="comparison"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>'
 
 
 def stage_table(obj: Mapping[str, Any]) -> str:
     plan = obj["plan"]
     head = _tr(["stage", "GPU", "GPUs (tp × dp)", "layers", "recompute", "time / micro batch (ms)", "peak (GiB)",
-                "capacity (GiB)", "margin"], tag="th")
+                "capacity (GiB)", MARGIN_POINT], tag="th")
     rows = []
     for (g, s, st, dp), d in zip(stage_rows(plan), obj["stages"]):
         cap, peak = float(d["capacity_mib"]), float(d["peak_mib"])

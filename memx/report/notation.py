@@ -73,3 +73,48 @@ def group_line(plan: Mapping[str, Any], g: int) -> str:
     samples = grp["dp"] * grp["micro_batch"] * grp["micro_batches"]
     return (f"group {g}: dp {grp['dp']} × {compact_stages(grp)}, micro batch {grp['micro_batch']} × "
             f"{grp['micro_batches']} = {samples} samples")
+
+
+# --- one story in every output (issue #22): which plans a table lists, in which order, under which label ---
+MARGIN_POINT, MARGIN_HIGH = "margin (point)", "margin (upper bound)"
+
+
+def pick_label(obj: Mapping[str, Any]) -> str:
+    """`pick (fastest-above-floor)`: the pick, named by the rule that chose it."""
+    rule = (obj.get("pick") or {}).get("rule")
+    return f"pick ({rule})" if rule else "pick"
+
+
+def listed_plans(obj: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """(label, source in the object, entry) for the plans table: the pick first, then the best plan that
+    clears the floor (beside a `phi` pick below it), the best grouped plan (beside a one-group pick), the
+    fastest plan, then the other top plans by Φ; each plan once, under its first label."""
+    floor = (obj.get("pick") or {}).get("margin_floor", 0.1)
+    first = pick_label(obj) + (", the fastest" if obj["plan"] == obj["fastest"]["plan"] else "")
+    rows: list[tuple[str, str, Mapping[str, Any]]] = [(first, "pick", obj)]
+    if obj.get("floor_pick"):
+        rows.append((f"fastest that clears the {floor:.0%} floor", "floor_pick", obj["floor_pick"]))
+    if obj.get("best_grouped"):
+        rows.append(("best with replica groups", "best_grouped", obj["best_grouped"]))
+    rows.append(("fastest", "fastest", obj["fastest"]))
+    rows += [(f"#{i + 1} by Φ", f"top:{i}", e) for i, e in enumerate(obj.get("top", []))]
+    seen, out = [], []
+    for label, src, e in rows:
+        if e["plan"] not in seen:
+            seen.append(e["plan"])
+            out.append((label, src, e))
+    return out
+
+
+def margin_columns(entries: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(header, key of `predicted`): the point margin, and the upper-bound margin when any entry has one
+    (a predictor with intervals); one definition per column, named."""
+    cols = [(MARGIN_POINT, "min_margin")]
+    if any("min_margin_high" in e["predicted"] for e in entries):
+        cols.append((MARGIN_HIGH, "min_margin_high"))
+    return cols
+
+
+def margin_cells(entry: Mapping[str, Any], cols: list[tuple[str, str]]) -> list[str]:
+    q = entry["predicted"]
+    return [f"{q[k]:.1%}" if k in q else "n/a" for _h, k in cols]

@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from memx.report.notation import compact_stages, dp_text, is_grouped, micro_batch_text, stage_rows
+from memx.report.notation import compact_stages, dp_text, is_grouped, micro_batch_text, pick_label, stage_rows
 from memx.simulator.schedule import one_f1b_order
 
 MIB_PER_GIB = 1024.0
@@ -91,33 +91,54 @@ def gpu_bars(obj: Mapping[str, Any]) -> list[GpuBar]:
             for (r, s, t), p in zip(slots, peaks)]
 
 
+AGGREGATE_ABOVE = 48  # more GPUs than this: one bar per stage row (its tp × dp GPUs share the stage's peak)
+LEGEND_STAGES = 16  # stage rows named in the legend at most
+# Stage colours: tab10 without its grey (C7), so no stage looks like the capacity outline.
+_PALETTE = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9")
+
+
 def _stage_color(s: int):
-    return f"C{s % 10}"
+    return _PALETTE[s % len(_PALETTE)]
 
 
 def memory_figure(obj: Mapping[str, Any]) -> Figure:
-    bars = gpu_bars(obj)
-    plan = obj["plan"]
+    """Peak per GPU against capacity; beyond AGGREGATE_ABOVE GPUs one bar per stage row (labelled with its
+    GPU count). Capacity is a black outline behind each bar, never a colour a stage can have."""
+    bars, plan = gpu_bars(obj), obj["plan"]
+    per_stage = len(bars) > AGGREGATE_ABOVE
+    if per_stage:
+        rows = stage_rows(plan)
+        bars = [GpuBar(replica=0, stage=s, tp_rank=0, peak_mib=float(d["peak_mib"]),
+                       capacity_mib=float(d["capacity_mib"])) for s, d in enumerate(obj["stages"])]
+        labels = [f"s{s} ×{int(st['tp']) * dp}" for s, (_g, _k, st, dp) in enumerate(rows)]
+    else:
+        labels = [f"r{b.replica}s{b.stage}" for b in bars]
     x = np.arange(len(bars))
-    fig = Figure(figsize=(min(14.0, max(6.5, 0.28 * len(bars) + 3)), 4.2), dpi=DPI)
+    fig = Figure(figsize=(min(14.0, max(9.0, 0.28 * len(bars) + 5)), 4.4), dpi=DPI)
     ax = fig.add_subplot()
-    ax.bar(x, [b.capacity_mib / MIB_PER_GIB for b in bars], width=0.85, color="#eeeeee", edgecolor="#999999",
-           linewidth=0.6)
-    ax.bar(x, [b.peak_mib / MIB_PER_GIB for b in bars], width=0.85, color=[_stage_color(b.stage) for b in bars])
-    handles = [Patch(facecolor="#eeeeee", edgecolor="#999999", label="GPU memory (capacity)")]
+    ax.bar(x, [b.peak_mib / MIB_PER_GIB for b in bars], width=0.8, color=[_stage_color(b.stage) for b in bars],
+           zorder=2)
+    ax.bar(x, [b.capacity_mib / MIB_PER_GIB for b in bars], width=0.8, facecolor="none", edgecolor="black",
+           linewidth=1.0, zorder=3)
+    handles = [Patch(facecolor="none", edgecolor="black", label="GPU memory (capacity)")]
     for s, ((g, k, st, _dp), d) in enumerate(zip(stage_rows(plan), obj["stages"])):
+        if s == LEGEND_STAGES:
+            handles.append(Patch(facecolor="white", label=f"… {len(obj['stages']) - s} more stage rows"))
+            break
         margin = (d["capacity_mib"] - d["peak_mib"]) / d["capacity_mib"]
         name = f"stage {k}" if g is None else f"group {g} stage {k}"
         handles.append(Patch(color=_stage_color(s), label=f"{name}: {st['gpu']} tp {st['tp']}, "
                              f"{d['peak_mib'] / MIB_PER_GIB:.1f} GiB, margin {margin:.0%}"))
-    for i in range(1, len(bars)):
-        if bars[i].replica != bars[i - 1].replica:
-            ax.axvline(i - 0.5, color="black", lw=0.8, ls=":")
-    ax.set_xticks(x if len(bars) <= 48 else [])
-    ax.set_xticklabels([f"r{b.replica}s{b.stage}" for b in bars] if len(bars) <= 48 else [], rotation=90, fontsize=7)
+    if not per_stage:
+        for i in range(1, len(bars)):
+            if bars[i].replica != bars[i - 1].replica:
+                ax.axvline(i - 0.5, color="black", lw=0.8, ls=":")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, rotation=90, fontsize=7)
     ax.set_xlim(-0.6, len(bars) - 0.4)
     ax.set_ylabel("GiB per GPU")
-    ax.set_title(f"Pick: peak memory per GPU against capacity (dp {dp_text(plan)}; r = replica, s = stage row)", fontsize=10)
+    what = "per stage row (×GPUs)" if per_stage else "per GPU (r = replica, s = stage row)"
+    fig.suptitle(f"Pick: peak memory {what} against capacity, dp {dp_text(plan)}", fontsize=10)
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     fig.tight_layout()
     return fig
@@ -166,7 +187,7 @@ def pareto_figure(obj: Mapping[str, Any]) -> Figure:
     pick, fastest = obj, obj["fastest"]
     fig = Figure(figsize=(10, 4.2), dpi=DPI)
     axes = fig.subplots(1, 2)
-    for ax, col, ylabel, scale in ((axes[0], 1, "smallest memory margin (%)  ↑ better", 100.0),
+    for ax, col, ylabel, scale in ((axes[0], 1, "smallest memory margin, point (%)  ↑ better", 100.0),
                                    (axes[1], 2, "memory std-dev over GPUs (GiB)  ↓ better", 1.0)):
         ax.scatter(pts[~front, 0], pts[~front, col] * scale, s=30, facecolors="none", edgecolors="#888888",
                    label="other plans in the report")
@@ -174,7 +195,7 @@ def pareto_figure(obj: Mapping[str, Any]) -> Figure:
                    label="not dominated (time, margin, std-dev)")
         y_pick = pick["predicted"]["min_margin"] * 100 if col == 1 else std_gib(pick["predicted"])
         y_fast = fastest["predicted"]["min_margin"] * 100 if col == 1 else std_gib(fastest["predicted"])
-        _mark(ax, pick, y_pick, PICK_STYLE, "pick (lowest Φ)")
+        _mark(ax, pick, y_pick, PICK_STYLE, pick_label(obj))
         _mark(ax, fastest, y_fast, FASTEST_STYLE, "fastest plan")
         ax.set_xlabel("predicted iteration time (ms)  ← better")
         ax.set_ylabel(ylabel)

@@ -9,7 +9,10 @@ from typing import Any
 from rich.table import Table
 
 from memx.planner.result import search_result_to_dict
-from memx.report.notation import compact_stages, dp_text, group_line, is_grouped, micro_batch_text, stage_rows
+from memx.report.notation import (
+    MARGIN_POINT, compact_stages, dp_text, group_line, is_grouped, listed_plans, margin_cells, margin_columns,
+    micro_batch_text, pick_label, stage_rows,
+)
 
 GIB = 1024.0
 
@@ -47,9 +50,11 @@ def _search_time(obj: dict[str, Any]) -> str:
 
 def _summary(obj: dict[str, Any]) -> str:
     b, f = obj["predicted"], obj["fastest"]["predicted"]
+    high = f" ({b['min_margin_high']:.1%} at the upper memory bound)" if "min_margin_high" in b else ""
     return (f"Predicted iteration {b['iteration_time_ms']:,.0f} ms ({b['iteration_time_ms'] / f['iteration_time_ms'] - 1:+.1%} "
             f"vs the fastest plan, {f['iteration_time_ms']:,.0f} ms), max memory {b['max_mem_mib'] / GIB:.1f} GiB, memory "
-            f"std-dev {b['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, smallest margin {b['min_margin']:.1%}, Φ = {b['phi']:.3f}.")
+            f"std-dev {b['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB, smallest margin {b['min_margin']:.1%} (point){high}, "
+            f"Φ = {b['phi']:.3f}.")
 
 
 def group_lines(obj: dict[str, Any]) -> list[str]:
@@ -67,21 +72,22 @@ def group_lines(obj: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _pick_line(p: dict[str, Any]) -> str:
+def _pick_line(obj: dict[str, Any]) -> str:
+    p, rule = obj["plan"], f" (rule `{(obj.get('pick') or {}).get('rule', 'phi')}`)"
     if is_grouped(p):
         return (f"**Pick**: {len(p['groups'])} replica groups (plan schema 2), {p['global_batch']} samples per iteration: "
-                f"{compact_stages(p)}")
+                f"{compact_stages(p)}{rule}")
     return (f"**Pick**: dp={p['dp']}, pp={len(p['stages'])}, micro batch {p['micro_batch']} ({_m(p)} per iteration): "
-            f"{compact_stages(p)}")
+            f"{compact_stages(p)}{rule}")
 
 
 def _stage_table(obj: dict[str, Any]) -> list[str]:
     """The pick's stages; a schema-2 plan's rows carry their group and each pipeline's dp."""
     p = obj["plan"]
     grouped = is_grouped(p)
-    lines = (["| group | stage | GPU | tp × dp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | margin |",
+    lines = ([f"| group | stage | GPU | tp × dp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | {MARGIN_POINT} |",
               "|---|---|---|---|---|---|---|---|---|---|"] if grouped else
-             ["| stage | GPU | tp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | margin |",
+             [f"| stage | GPU | tp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | {MARGIN_POINT} |",
               "|---|---|---|---|---|---|---|---|---|"])
     for (g, s, st, dp), d in zip(stage_rows(p), obj["stages"]):
         cap = d["capacity_mib"]
@@ -94,19 +100,14 @@ def _stage_table(obj: dict[str, Any]) -> list[str]:
 def to_markdown(obj: dict[str, Any]) -> str:
     p = obj["plan"]
     groups = group_lines(obj)
-    lines = [f"# MemX plan: {p['model']} on {p['cluster']}", "", _headline(obj), "", _pick_line(p), "",
+    lines = [f"# MemX plan: {p['model']} on {p['cluster']}", "", _headline(obj), "", _pick_line(obj), "",
              *([f"- {x}" for x in groups] + [""] if groups else []), _summary(obj), "", *_stage_table(obj)]
-    lines += ["", "## Top plans by Φ", "", "| # | Φ | T ms | M GiB | std GiB | margin | dp | µb | stages |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for i, e in enumerate(obj["top"], 1):
-        q = e["predicted"]
-        lines.append(f"| {i} | {q['phi']:.3f} | {q['iteration_time_ms']:,.0f} | {q['max_mem_mib'] / GIB:.1f} | "
-                     f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f} | {q['min_margin']:.1%} | {dp_text(e['plan'])} | "
-                     f"{micro_batch_text(e['plan'])} | {compact_stages(e['plan'])} |")
-    rows = _pareto_rows(obj)
+    head, rows = plan_rows(obj)
+    lines += ["", f"## {PLANS_TITLE}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    head, rows = _pareto_rows(obj)
     if rows:
-        lines += ["", "## Pareto front (time, smallest margin, memory std-dev)", "",
-                  "| " + " | ".join(PARETO_COLUMNS) + " |", "|" + "---|" * len(PARETO_COLUMNS)]
+        lines += ["", f"## {PARETO_TITLE}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
     if obj.get("explanation") or obj.get("warnings"):
         lines += ["", "## Why this plan", "", *[f"- {x}" for x in obj.get("explanation", [])],
@@ -117,20 +118,17 @@ def to_markdown(obj: dict[str, Any]) -> str:
 def print_table(obj: dict[str, Any], console) -> None:
     p, f = obj["plan"], obj["fastest"]
     console.print(f"[bold]MemX[/] {p['model']} on {p['cluster']} — {_headline(obj)}")
-    top = Table(title="Top plans by Φ (lower is better)")
-    for col in ("#", "Φ", "T ms", "vs fastest", "M GiB", "std GiB", "margin", "dp", "µb", "stages"):
-        top.add_column(col, justify="left" if col == "stages" else "right")
-    t_fast = f["predicted"]["iteration_time_ms"]
-    for i, e in enumerate(obj["top"], 1):
-        q = e["predicted"]
-        top.add_row(str(i), f"{q['phi']:.3f}", f"{q['iteration_time_ms']:,.0f}", f"{q['iteration_time_ms'] / t_fast - 1:+.1%}",
-                    f"{q['max_mem_mib'] / GIB:.1f}", f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f}", f"{q['min_margin']:.1%}",
-                    dp_text(e["plan"]), micro_batch_text(e["plan"]), compact_stages(e["plan"]))
+    head, rows = plan_rows(obj)
+    top = Table(title=PLANS_TITLE)
+    for col in head:
+        top.add_column(col, justify="left" if col in ("plan", "stages") else "right")
+    for i, r in enumerate(rows):
+        top.add_row(*r, style="bold" if i == 0 else None)
     console.print(top)
     for line in group_lines(obj):
         console.print(f"  {line}")
     mem = Table(title="Pick: per-GPU memory against capacity (each row = tp × dp = the stage's GPUs)")
-    for col in ("stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "capacity GiB", "margin", ""):
+    for col in ("stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "capacity GiB", MARGIN_POINT, ""):
         mem.add_column(col)
     for (g, s, st, dp), d in zip(stage_rows(p), obj["stages"]):
         cap, peak = d["capacity_mib"], d["peak_mib"]
@@ -150,29 +148,54 @@ def print_table(obj: dict[str, Any], console) -> None:
             console.print(f"  • {line}")
 
 
-def _pareto_rows(obj: dict[str, Any]) -> list[list[str]]:
-    """The Pareto front of (time, smallest margin, memory std-dev) as table cells, by time."""
+PLANS_TITLE = "Plans: the pick first, then the top by Φ (lower is better)"
+PARETO_TITLE = "Pareto front (time, smallest margin, memory std-dev), the pick first"
+
+
+def plan_rows(obj: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the plans table: memx.report.notation.listed_plans, the pick first and labelled."""
+    listed = listed_plans(obj)
+    cols = margin_columns([e for _l, _s, e in listed])
     t_fast = obj["fastest"]["predicted"]["iteration_time_ms"]
+    head = ["plan", "Φ", "T ms", "vs fastest", "M GiB", "std GiB", *(h for h, _k in cols), "dp", "µb", "stages"]
     rows = []
-    for e in obj.get("pareto", []):
+    for label, _src, e in listed:
         q = e["predicted"]
-        mark = "pick" if e["plan"] == obj["plan"] else ("fastest" if e["plan"] == obj["fastest"]["plan"] else "")
-        rows.append([f"{q['iteration_time_ms']:,.0f}", f"{q['iteration_time_ms'] / t_fast - 1:+.1%}",
-                     f"{q.get('min_margin_high', q['min_margin']):.1%}", f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f}",
-                     dp_text(e["plan"]), micro_batch_text(e["plan"]), compact_stages(e["plan"]), mark])
-    return rows
+        rows.append([label, f"{q['phi']:.3f}", f"{q['iteration_time_ms']:,.0f}", f"{q['iteration_time_ms'] / t_fast - 1:+.1%}",
+                     f"{q['max_mem_mib'] / GIB:.1f}", f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f}", *margin_cells(e, cols),
+                     dp_text(e["plan"]), micro_batch_text(e["plan"]), compact_stages(e["plan"])])
+    return head, rows
 
 
-PARETO_COLUMNS = ("T ms", "vs fastest", "margin", "std GiB", "dp", "µb", "stages", "")
+def _pareto_rows(obj: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the Pareto front of (time, smallest margin, memory std-dev): the pick first (marked,
+    also when it is not on the front), then the front by time."""
+    front = obj.get("pareto", [])
+    if not front:
+        return [], []
+    entries = [obj, *(e for e in front if e["plan"] != obj["plan"])]
+    cols = margin_columns(entries)
+    t_fast = obj["fastest"]["predicted"]["iteration_time_ms"]
+    on_front = any(e["plan"] == obj["plan"] for e in front)
+    head = ["T ms", "vs fastest", *(h for h, _k in cols), "std GiB", "dp", "µb", "stages", ""]
+    rows = []
+    for e in entries:
+        q = e["predicted"]
+        mark = (pick_label(obj) + ("" if on_front else ", not on the front")) if e is obj else (
+            "fastest" if e["plan"] == obj["fastest"]["plan"] else "")
+        rows.append([f"{q['iteration_time_ms']:,.0f}", f"{q['iteration_time_ms'] / t_fast - 1:+.1%}", *margin_cells(e, cols),
+                     f"{q['mem_variance_mib2'] ** 0.5 / GIB:.2f}", dp_text(e["plan"]), micro_batch_text(e["plan"]),
+                     compact_stages(e["plan"]), mark])
+    return head, rows
 
 
 def _print_pareto(obj: dict[str, Any], console) -> None:
-    rows = _pareto_rows(obj)
+    head, rows = _pareto_rows(obj)
     if not rows:
         return
-    t = Table(title="Pareto front (time, smallest margin, memory std-dev)")
-    for col in PARETO_COLUMNS:
+    t = Table(title=PARETO_TITLE)
+    for col in head:
         t.add_column(col, justify="left" if col in ("stages", "") else "right")
-    for r in rows:
-        t.add_row(*r)
+    for i, r in enumerate(rows):
+        t.add_row(*r, style="bold" if i == 0 else None)
     console.print(t)

@@ -60,13 +60,21 @@ def explain(obj: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"time: {q['iteration_time_ms']:,.0f} ms, {dt:+.1%} vs the fastest plan ({f['iteration_time_ms']:,.0f} ms)")
     mp, mf = _margins_by_type(obj), _margins_by_type(obj["fastest"])
-    lines.append("smallest margin per GPU type: " + ", ".join(
+    lines.append("smallest point margin per GPU type: " + ", ".join(
         f"{g} {m:.1%}" + (f" (fastest {mf[g]:.1%})" if g in mf else "") for g, m in mp.items()))
     lines.append(f"memory std-dev {q['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB (fastest "
                  f"{f['mem_variance_mib2'] ** 0.5 / GIB:.2f} GiB); max memory {q['max_mem_mib'] / GIB:.1f} GiB (fastest "
                  f"{f['max_mem_mib'] / GIB:.1f} GiB)")
     reasons = _recompute_reasons(obj)
     lines += reasons or ["no stage recomputes"]
+    if fp := obj.get("floor_pick"):  # rule phi below the floor: what clears it, beside the paper's pick
+        g = fp["predicted"]
+        lines.append(f"beside it, the fastest plan that clears the {obj['pick']['margin_floor']:.0%} floor: "
+                     f"{g['iteration_time_ms']:,.0f} ms at {g.get('min_margin_high', g['min_margin']):.1%} margin")
+    if bg := obj.get("best_grouped"):
+        g = bg["predicted"]
+        lines.append(f"best plan with replica groups: {g['iteration_time_ms']:,.0f} ms at {g['min_margin']:.1%} point "
+                     "margin (not picked: it does not beat the one-group pick)")
     return lines
 
 

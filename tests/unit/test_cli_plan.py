@@ -36,7 +36,7 @@ def test_json_contract():
 def test_table_and_markdown_and_megatron(tmp_path):
     tmp_path = tmp_path / "out"
     res = runner.invoke(app, ["plan", *SMALL])
-    assert res.exit_code == 0 and "Top plans by Φ" in res.stdout and "capacity" in res.stdout
+    assert res.exit_code == 0 and "Plans: the pick first" in res.stdout and "capacity" in res.stdout
     md = runner.invoke(app, ["plan", *SMALL, "--format", "markdown", "--out", str(tmp_path)])
     assert md.exit_code == 0 and md.stdout.startswith("# MemX plan: llama-6l")
     meg = runner.invoke(app, ["plan", *SMALL, "--format", "megatron"])
