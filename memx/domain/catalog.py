@@ -8,6 +8,7 @@ one `InputError` (exit code 2). See docs/architecture.md §Catalogs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -19,7 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 from memx.domain.errors import InputError, SpecError, short_repr
 from memx.domain.home import home_path
 from memx.domain.io import path_kind
-from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
+from memx.domain.specs import MAX_CLUSTER_GPUS, Cluster, GpuType, ModelArch, SearchSpace
 
 T = TypeVar("T")
 
@@ -206,10 +207,38 @@ def _resolve_gpus(data: dict[str, Any], conf_root: Path | None) -> tuple[dict[st
     return {**data, "nodes": resolved}, problems
 
 
+def _take_repeats(data: dict[str, Any]) -> tuple[dict[str, Any], list[int], dict[str, str]]:
+    """The cluster mapping without the node entries' `repeat:` keys, each entry's repeat count (1 when not
+    given) and the problems keyed `nodes.i.repeat`. `repeat: N` stands for N identical node entries."""
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        return data, [], {}
+    counts, problems, stripped = [], {}, []
+    for i, node in enumerate(nodes):
+        r = node.get("repeat", 1) if isinstance(node, dict) else 1
+        if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_CLUSTER_GPUS:
+            problems[f"nodes.{i}.repeat"] = (f"must be a whole number of nodes from 1 to {MAX_CLUSTER_GPUS}; "
+                                             f"got {short_repr(r)}")
+            r = 1
+        counts.append(r)
+        stripped.append({k: v for k, v in node.items() if k != "repeat"} if isinstance(node, dict) else node)
+    return {**data, "nodes": stripped}, counts, problems
+
+
 def load_cluster(name_or_path: str | Path, conf_root: Path | None = None) -> Cluster:
+    """A cluster entry; node entries with `repeat: N` stand for N identical nodes, in place (the entries are
+    validated once each, so a bad field names the entry as written in the file)."""
     path = resolve("clusters", name_or_path, conf_root)
-    data, problems = _resolve_gpus(_read_yaml(path), conf_root)
-    return validate_entry(Cluster, data, path, problems=problems)
+    data, repeats, problems = _take_repeats(_read_yaml(path))
+    data, gpu_problems = _resolve_gpus(data, conf_root)
+    cluster = validate_entry(Cluster, data, path, problems={**problems, **gpu_problems})
+    if all(r == 1 for r in repeats):
+        return cluster
+    total = sum(n.count * r for n, r in zip(cluster.nodes, repeats))
+    if total > MAX_CLUSTER_GPUS:  # checked before the nodes are expanded
+        raise InputError(f"{path}: invalid catalog entry: field 'nodes': hold at most {MAX_CLUSTER_GPUS} GPUs in all "
+                         f"(counting each entry's repeat); got {total} GPUs")
+    return dataclasses.replace(cluster, nodes=tuple(n for n, r in zip(cluster.nodes, repeats) for _ in range(r)))
 
 
 def load_model(name_or_path: str | Path, conf_root: Path | None = None) -> ModelArch:

@@ -131,6 +131,16 @@ def simplest(plan: AnyPlan) -> AnyPlan:
     return dataclasses.replace(only, global_batch=plan.global_batch, idle_gpus=plan.idle_gpus)
 
 
+def shared_partition(plan: AnyPlan) -> bool:
+    """Whether every replica group splits the layers the same way (same stage boundaries and the same tp per
+    stage, GPU types may differ): then the runtime runs ONE data-parallel collective per stage over the
+    replicas of every group, as stock Megatron-LM / NCCL do for any dp group (issue #23). A one-group plan
+    shares its own partition."""
+    parts = group_plans(plan)
+    return all([(st.layers, st.tp) for st in p.stages] == [(st.layers, st.tp) for st in parts[0].stages]
+               for p in parts[1:])
+
+
 # ------------------------------------------------------------------------------------------- JSON
 
 def any_plan_to_dict(plan: AnyPlan) -> dict[str, Any]:

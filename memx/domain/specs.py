@@ -62,6 +62,7 @@ def gpu_name_problem(value: object) -> str | None:
     return "; ".join(value_problems(GpuName, value)) or None
 
 Bandwidth = Annotated[float, Gt(0), Le(MAX_BANDWIDTH_GBPS)]
+Latency = Annotated[float, Gt(0), Le(MAX_LATENCY_MS)]
 Width = Annotated[int, Gt(0), Le(MAX_WIDTH)]
 Heads = Annotated[int, Gt(0), Le(MAX_HEADS)]
 SeqLen = Annotated[int, Gt(0), Le(MAX_SEQ_LEN)]
@@ -118,9 +119,29 @@ class Node:
     """The GPU type of every GPU in the node (catalog YAML names it; the catalog resolves the name)."""
     count: Annotated[int, Gt(0), Le(MAX_GPUS_PER_NODE)]
     """GPUs in the node (≤ 1,024)."""
+    nic_bandwidth_gbps: Bandwidth | None = None
+    """Bandwidth of one of the node's network interfaces (NICs), GB/s, one direction (≤ 1,000,000); None: the
+    cluster's `inter_node_bandwidth_gbps`. docs/planner.md §Network."""
+    nic_latency_ms: Latency | None = None
+    """Latency of one message through the node's NIC, ms (> 0, ≤ 1,000); None: the cluster's
+    `inter_node_latency_ms`."""
+    gpus_per_nic: Annotated[int, Gt(0), Le(MAX_GPUS_PER_NODE)] | None = None
+    """GPUs sharing one NIC (a divisor of `count`: the node has count / gpus_per_nic NICs); None: one NIC for
+    the whole node (every GPU of the node shares it)."""
 
     def __post_init__(self) -> None:
-        check_spec(self)
+        check_spec(self, self._cross_problems)
+
+    def _cross_problems(self) -> list[Problem]:
+        if self.gpus_per_nic is not None and self.count % self.gpus_per_nic:
+            allowed = ", ".join(str(d) for d in range(1, self.count + 1) if self.count % d == 0)
+            return [("gpus_per_nic", f"must divide 'count' ({self.count}): one of {allowed}", self.gpus_per_nic)]
+        return []
+
+    @property
+    def nics(self) -> int:
+        """Network interfaces of the node (1 unless `gpus_per_nic` says otherwise)."""
+        return 1 if self.gpus_per_nic is None else self.count // self.gpus_per_nic
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +157,13 @@ class Cluster:
     nodes: Annotated[tuple[Node, ...], MinLen(1), MaxLen(MAX_CLUSTER_GPUS)]
     """The nodes, in catalog order (placement packs them first-fit in this order); ≤ 65,536 GPUs in all."""
     inter_node_latency_ms: Annotated[float, Ge(0), Le(MAX_LATENCY_MS)] = 0.01
-    """Latency of one inter-node message, ms (≤ 1,000)."""
+    """Latency of one inter-node message, ms (≤ 1,000); the default of nodes whose `nic_latency_ms` is not given."""
+    cross_vendor_bandwidth_gbps: Bandwidth | None = None
+    """Bandwidth of one path between GPUs of different vendors on different nodes, GB/s (NCCL ↔ RCCL/HCCL have
+    no GPUDirect path: host-staged over TCP or a cross-vendor library); None: as between nodes of one vendor
+    (the two NICs). docs/planner.md §Network."""
+    cross_vendor_latency_ms: Latency | None = None
+    """Latency of one cross-vendor message, ms (> 0, ≤ 1,000); None: as between nodes of one vendor."""
 
     def __post_init__(self) -> None:
         check_spec(self, self._cross_problems)
@@ -169,6 +196,20 @@ class Cluster:
     @property
     def total_gpus(self) -> int:
         return sum(n.count for n in self.nodes)
+
+    def nic_gbps(self, node: int) -> float:
+        """Bandwidth of one NIC of node `node` (its own, else the cluster's `inter_node_bandwidth_gbps`), GB/s."""
+        own = self.nodes[node].nic_bandwidth_gbps
+        return self.inter_node_bandwidth_gbps if own is None else own
+
+    def nic_latency(self, node: int) -> float:
+        """Latency of a message through node `node`'s NIC (its own, else `inter_node_latency_ms`), ms."""
+        own = self.nodes[node].nic_latency_ms
+        return self.inter_node_latency_ms if own is None else own
+
+    def cross_vendor(self, node_a: int, node_b: int) -> bool:
+        """Whether traffic between the two nodes crosses vendors (different GPU makers)."""
+        return self.nodes[node_a].gpu.vendor != self.nodes[node_b].gpu.vendor
 
 
 @dataclass(frozen=True, kw_only=True)

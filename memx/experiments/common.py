@@ -102,8 +102,7 @@ def cached(pred) -> CachedPredictor:
 
 def grow(cluster: Cluster, factor: int, name: str | None = None) -> Cluster:
     """The cluster with every node repeated `factor` times (same GPU types: same predictor fingerprint)."""
-    return Cluster(name=name or f"{cluster.name}-x{factor}", inter_node_bandwidth_gbps=cluster.inter_node_bandwidth_gbps,
-                   nodes=cluster.nodes * factor, inter_node_latency_ms=cluster.inter_node_latency_ms)
+    return dataclasses.replace(cluster, name=name or f"{cluster.name}-x{factor}", nodes=cluster.nodes * factor)  # network kept
 
 
 def build_cluster(name: str, per_type: dict, *, node_size: int = 8, bandwidth_gbps: float = 28.0) -> Cluster:

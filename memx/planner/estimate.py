@@ -76,10 +76,11 @@ def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePr
 def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: np.ndarray, static: np.ndarray,
               params: np.ndarray, reserve_gib: float, assembly: AssemblyCalibration) -> PlanMetrics:
     """One plan through the search's assembly, as a one-column batch."""
-    p2p_gbps, dp_gbps = plan_links(cluster, p)
+    p2p_gbps, dp_gbps, p2p_latency_ms = plan_links(cluster, p)
     pipe = pipeline(cluster, model, stage_gpus=[st.gpu for st in p.stages], stage_tp=[st.tp for st in p.stages],
                     dp=p.dp, micro_batch=p.micro_batch, micro_batches=p.micro_batches, seq_len=p.seq_len,
-                    p2p_gbps=p2p_gbps, dp_gbps=dp_gbps, distributed_optimizer=p.distributed_optimizer,
+                    p2p_gbps=p2p_gbps, dp_gbps=dp_gbps, p2p_latency_ms=p2p_latency_ms,
+                    distributed_optimizer=p.distributed_optimizer,
                     assembly=assembly)
     T, stats = pipe.assemble(t[:, None], mem[:, None], pipe.tail_ms(static[:, None], params[:, None]))
     return plan_metrics(p, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=pipe.capacity_mib,

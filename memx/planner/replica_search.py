@@ -20,8 +20,10 @@ calls memx.planner.search.search and returns its result unchanged). With G_max �
    combined pick clears the floor on every GPU. Combined: memx.planner.replicas.combine with the
    cross-group term over the joint placement (memx.domain.groups.place_groups).
 
-The same bound prunes: a split is abandoned as soon as one group's picked time reaches the best plan's
-time (T ≥ max_g T_g, so no plan of that split can be better). Job options (distributed optimizer,
+The same bound prunes: a split is abandoned as soon as one group's picked time, less its own DP step,
+reaches the best plan's time (T ≥ max_g (T_g − own DP step): groups that share a layer partition run one
+flat collective instead of their own DP steps, memx.planner.replicas.replica_sync_ms; so no plan of that
+split can be better). Job options (distributed optimizer,
 sequence parallelism) are plan-wide in schema 2, so each setting the space allows is searched separately.
 The answer is the better of the one-group (schema-1) pick and the best schema-2 plan — first the one
 whose smallest margin (upper bound where given) clears the floor, then the faster — so turning the
@@ -42,7 +44,7 @@ from memx.domain.plan import with_idle_gpus
 from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace
 from memx.planner.metrics import PlanMetrics
 from memx.planner.objective import phi
-from memx.planner.replicas import combine, cross_group_sync_ms, group_clusters
+from memx.planner.replicas import combine, group_clusters, own_dp_ms, replica_sync_ms
 from memx.planner.result import SearchResult, plan_key
 from memx.planner.search import search
 
@@ -75,12 +77,17 @@ class ReplicaOutcome:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def node_classes(cluster: Cluster) -> list[tuple[str, int, int]]:
-    """(GPU type, node size, nodes) classes, in order of first appearance."""
-    counts: dict[tuple[str, int], int] = {}
+def _classes(cluster: Cluster) -> dict[Node, int]:
+    """Identical nodes (GPU type, size, NICs) → how many, in order of first appearance."""
+    counts: dict[Node, int] = {}
     for n in cluster.nodes:
-        counts[(n.gpu.name, n.count)] = counts.get((n.gpu.name, n.count), 0) + 1
-    return [(g, size, k) for (g, size), k in counts.items()]
+        counts[n] = counts.get(n, 0) + 1
+    return counts
+
+
+def node_classes(cluster: Cluster) -> list[tuple[str, int, int]]:
+    """(GPU type, node size, nodes) classes of identical nodes (same NICs too), in order of first appearance."""
+    return [(n.gpu.name, n.count, k) for n, k in _classes(cluster).items()]
 
 
 def _splits(total: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -109,8 +116,7 @@ def formations(cluster: Cluster, groups: int, use_all_gpus: bool = True) -> list
 
 def formation_cluster(cluster: Cluster, nodes: Sequence[int]) -> Cluster:
     """A group's sub-cluster: `nodes[c]` nodes of each class c, in class order, the cluster's network."""
-    out = tuple(Node(gpu=cluster.gpu(g), count=size) for (g, size, _), k in zip(node_classes(cluster), nodes)
-                for _ in range(k))
+    out = tuple(n for n, k in zip(_classes(cluster), nodes) for _ in range(k))
     return dataclasses.replace(cluster, nodes=out)
 
 
@@ -164,8 +170,7 @@ def _placed(cluster: Cluster, form: Formation, plan: GroupedPlan, order: Sequenc
     if where is None:
         return None
     for g, sub in zip(order, group_clusters(reordered, cluster, where)):
-        if sorted((n.gpu.name, n.count) for n in sub.nodes) != sorted(
-                (n.gpu.name, n.count) for n in formation_cluster(cluster, form[g]).nodes):
+        if sorted(map(repr, sub.nodes)) != sorted(map(repr, formation_cluster(cluster, form[g]).nodes)):
             return None
     return reordered, where
 
@@ -180,7 +185,9 @@ def evaluate_split(groups: _Groups, form: Formation, shares: Sequence[int], best
         p = groups.pick(nodes, share)
         if p is None or p.margin < groups.space.margin_floor:
             return None, float("inf")
-        worst = max(worst, p.metrics.iteration_time_ms)
+        # the bound: T ≥ T_g, or T ≥ T_g − its own DP step where the groups share a partition (flat collective)
+        lower = p.metrics.iteration_time_ms - own_dp_ms(p.metrics.plan, formation_cluster(groups.cluster, nodes), groups.model)
+        worst = max(worst, lower)
         if worst >= best_ms:
             return None, worst
         picks.append(p)
@@ -193,7 +200,7 @@ def evaluate_split(groups: _Groups, form: Formation, shares: Sequence[int], best
         return None, worst
     plan, where = placed
     parts = [dataclasses.replace(picks[g].metrics, plan=gp, phi=None) for g, gp in zip(order, group_plans(plan))]
-    m = combine(plan, parts, cross_group_sync_ms(plan, groups.cluster, groups.model, where))
+    m = combine(plan, parts, replica_sync_ms(plan, parts, groups.cluster, groups.model, where))
     return (m, min(p.margin for p in picks)), worst
 
 

@@ -10,7 +10,24 @@ which runs after every group's in-group reduction and before the optimizer step 
 slowest group; no overlap is assumed). Memory is each group's schema-1 memory; M = max, V = variance,
 margin = min over all GPUs of all groups. With one group T_x = 0 and everything equals schema 1.
 
-T_x, closed form (`cross_group_sync_ms`). Groups may partition the layers differently, so the
+How the groups' gradients are synchronised depends on their layer partitions (`replica_sync_ms`):
+
+- Groups that SHARE a layer partition (same stage boundaries, same tp per stage; GPU types may differ:
+  memx.domain.groups.shared_partition) are what a stock runtime runs when a stage's replicas land on two
+  GPU types: ONE data-parallel collective per stage over every replica of every group (Megatron-LM builds
+  one dp process group per (pp, tp) rank; NCCL runs it as a ring, or a tree, over all its ranks). The
+  closed form charges it as a ring (`flat_dp_ms`): N = Σ_g dp_g ranks, 2(N−1)/N · 4P / B for the fp32
+  all-reduce, (N−1)/N · 6P / B for the distributed optimizer's reduce-scatter + all-gather, B the slowest
+  hop of the ring with the GPUs of a node sharing its NICs (memx.planner.network). NCCL's tree algorithm has
+  the same bandwidth term, 2 · S / B per rank, and a latency term of log₂ N instead of N steps (Sanders et
+  al. 2009, two-tree broadcast; NCCL 2.4 release notes); at the gradient sizes of training the bandwidth
+  term dominates, so the ring's figure stands for both. The term added to max_g T_g is the flat step in
+  place of each group's own DP step (it may be negative).
+- Groups with DIFFERENT partitions (a framework with heterogeneous data parallelism): the two-level
+  exchange below (`cross_group_sync_ms`), the algorithm such frameworks run (in-group all-reduce, a
+  per-segment all-reduce across groups, an in-group broadcast; the hierarchical all-reduce).
+
+T_x of the two-level exchange, closed form (`cross_group_sync_ms`). Groups may partition the layers differently, so the
 exchange is per layer: the union of all groups' stage boundaries cuts the layers into segments, each
 held by exactly one stage of every group. A segment's gradient (P_seg parameters, the embedding with
 the first segment, the output layer and final norm with the last: memx.planner.cost.stage_params_per_rank)
@@ -35,24 +52,31 @@ inter-node link: a node whose ranks carry a fraction f of a group's segment send
 bytes through it, whatever k (each rank sends 2(G−1)/G of its shard, Patarasuk & Yuan 2009). So
 T_x = max(max over (group, stage) of the sum of its segments' ring times (+ the plain broadcast),
 max over nodes of the sum of their rings' bytes / the inter-node bandwidth) — a pp = 1 group on one node
-exchanges its whole fp32 gradient through that node's link. A ring's bandwidth is the GPU type's intra-node bandwidth when all
-its ranks share one node in the joint placement (memx.domain.groups.place_groups), else the cluster's
-inter-node bandwidth; each message also pays the inter-node latency when it crosses nodes.
+exchanges its whole fp32 gradient through that node's NICs. A ring runs at its slowest hop (the GPU type's
+intra-node bandwidth inside a node, else the link between the two nodes: the smaller NIC or the cross-vendor
+link, memx.planner.network.pair_link); a node's load is limited by all its NICs together; each message also
+pays the ring's largest hop latency.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from memx.domain.groups import AnyPlan, GroupedPlan, group_plans, place_groups, simplest, validate_any_plan
-from memx.domain.plan import Plan
+from memx.domain.groups import AnyPlan, GroupedPlan, group_plans, place_groups, shared_partition, simplest, validate_any_plan
+from memx.domain.plan import Plan, place_plan
 from memx.domain.specs import Cluster, ModelArch, Node
-from memx.planner.cost import GRAD_BYTES_PER_PARAM, ring_allreduce_ms, stage_params_per_rank
+from memx.planner.cost import (
+    GRAD_BYTES_PER_PARAM, MIB, dp_step_ms, ring_allreduce_ms, stage_params_per_rank, static_bytes_per_param,
+    stepped_static_fraction,
+)
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics
+from memx.planner.network import ring_link
+from memx.planner.schedule import optimizer_ms
 from memx.planner.signatures import StagePredictor
 
 
@@ -73,46 +97,129 @@ def _stage_of(plan: Plan) -> list[tuple[int, int]]:
 
 def cross_group_sync_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch,
                         where: list[list[list[int]]] | None = None) -> float:
-    """T_x of a schema-2 plan (module docstring; 0 for one group). `where`: the joint placement
-    (memx.domain.groups.place_groups), computed when not given; a plan that cannot be placed raises ValueError."""
+    """T_x of the two-level exchange (module docstring; 0 for one group), for groups whose partitions differ.
+    `where`: the joint placement (memx.domain.groups.place_groups), computed when not given; a plan that cannot
+    be placed raises ValueError."""
     parts = group_plans(plan)
     G = len(parts)
     if G <= 1:
         return 0.0
-    where = place_groups(plan, cluster) if where is None else where
-    if where is None:
-        raise ValueError(f"the groups of the plan cannot be placed on {cluster.name} together")
+    where = _placement(plan, cluster, where)
     do = plan.distributed_optimizer
     bounds = sorted({b for p in parts for a, e in _stage_of(p) for b in (a, e)})
     ranges = [_stage_of(p) for p in parts]
-    intra = {g.name: g.intra_node_bandwidth_gbps for g in cluster.gpu_types}
     load: dict[tuple, float] = {}
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         stage = [next(s for s, (a, e) in enumerate(r) if a <= lo < e) for r in ranges]
         k = min((p.dp if do else 1) * p.stages[s].tp for p, s in zip(parts, stage))
-        nodes = {where[g][0][s] for g, s in enumerate(stage)}
-        same = len(nodes) == 1
-        bw = min(intra[p.stages[s].gpu] for p, s in zip(parts, stage)) if same else cluster.inter_node_bandwidth_gbps
-        lat = 0.0 if same else 2.0 * (G - 1) * cluster.inter_node_latency_ms  # ring: 2(G−1) steps
+        members = [where[g][0][s] for g, s in enumerate(stage)]
+        same = len(set(members)) == 1
+        bw, step = ring_link(cluster, members)  # memx.planner.network: the ring's slowest hop
+        lat = 2.0 * (G - 1) * step  # ring: 2(G−1) steps
         nbytes = GRAD_BYTES_PER_PARAM * _segment_params(model, lo, hi)
         ms = float(ring_allreduce_ms(nbytes / k, G, bw)) + lat
         for g, s in enumerate(stage):
             load[(g, s)] = load.get((g, s), 0.0) + ms
-            if not same:  # the k rings' ranks of this group leave their nodes through one network link each
+            if not same:  # the k rings' ranks of this group leave their nodes through the node's NICs
                 reps = range(parts[g].dp) if do else (0,)
                 for r in reps:
-                    node = ("node", where[g][r][s])
-                    share = float(ring_allreduce_ms(nbytes / len(reps), G, bw)) + lat
-                    load[node] = load.get(node, 0.0) + share
+                    node = where[g][r][s]
+                    nic = min(bw * k, cluster.nic_gbps(node) * cluster.nodes[node].nics)
+                    share = float(ring_allreduce_ms(nbytes / len(reps), G, nic)) + lat
+                    load[("node", node)] = load.get(("node", node), 0.0) + share
     if not do:  # plain: each group broadcasts the global sum from replica 0 to its other replicas
         for g, p in enumerate(parts):
             for s, (a, e) in enumerate(ranges[g]):
                 if p.dp > 1:
-                    nodes = {where[g][r][s] for r in range(p.dp)}
-                    bw = intra[p.stages[s].gpu] if len(nodes) == 1 else cluster.inter_node_bandwidth_gbps
+                    bw, _ = ring_link(cluster, [where[g][r][s] for r in range(p.dp)], p.stages[s].tp)
                     nbytes = GRAD_BYTES_PER_PARAM * _segment_params(model, a, e) / p.stages[s].tp
                     load[(g, s)] += 0.5 * float(ring_allreduce_ms(nbytes, p.dp, bw))
     return max(load.values())
+
+
+def _placement(plan: AnyPlan, cluster: Cluster, where: list[list[list[int]]] | None) -> list[list[list[int]]]:
+    where = place_groups(plan, cluster) if where is None else where
+    if where is None:
+        raise ValueError(f"the groups of the plan cannot be placed on {cluster.name} together")
+    return where
+
+
+def flat_dp_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch,
+               where: list[list[list[int]]] | None = None) -> list[float]:
+    """Per stage, the ONE data-parallel step over the replicas of every group of a plan whose groups share a
+    layer partition (memx.domain.groups.shared_partition), as the runtime runs it: N = Σ_g dp_g ranks per
+    tensor-parallel shard, tp concurrent NCCL rings in group-then-replica order, each as fast as its slowest
+    hop, the GPUs of a node sharing its NICs (memx.planner.network.ring_link); a ring all-reduce of the fp32
+    gradients, 2(N−1)/N · 4P / B, or with the distributed optimizer a reduce-scatter plus an all-gather of
+    the bf16 parameters, (N−1)/N · 6P / B (memx.planner.cost.dp_step_ms; Patarasuk & Yuan 2009; NCCL's ring
+    algorithm, whose bus bandwidth is the algorithm bandwidth × 2(n−1)/n: nccl-tests doc/PERFORMANCE.md)."""
+    parts = group_plans(plan)
+    where = _placement(plan, cluster, where)
+    n = sum(p.dp for p in parts)
+    out = []
+    for s, (lo, hi) in enumerate(_stage_of(parts[0])):
+        tp = parts[0].stages[s].tp
+        bw, _ = ring_link(cluster, [where[g][r][s] for g, p in enumerate(parts) for r in range(p.dp)], tp)
+        params = _segment_params(model, lo, hi) / tp
+        out.append(float(dp_step_ms(params, n, bw, plan.distributed_optimizer)))
+    return out
+
+
+def _own_tails_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch, where: list[list[list[int]]]
+                  ) -> tuple[list[list[float]], list[list[float]]]:
+    """([group][stage] Adam step, [group][stage] the group's own DP step) of the closed form, on the joint
+    placement (the tail of memx.planner.schedule.Pipeline.tail_ms, with the closed form's static memory)."""
+    opt, own = [], []
+    for g, p in enumerate(group_plans(plan)):
+        do, o, d = p.distributed_optimizer, [], []
+        for s, (lo, hi) in enumerate(_stage_of(p)):
+            st = p.stages[s]
+            params = _segment_params(model, lo, hi) / st.tp
+            static_mib = params * float(static_bytes_per_param(do, p.dp)) / MIB
+            o.append(float(optimizer_ms(static_mib * stepped_static_fraction(do, p.dp),
+                                        cluster.gpu(st.gpu).memory_bandwidth_gbps)))
+            bw, _ = ring_link(cluster, [where[g][r][s] for r in range(p.dp)], st.tp)
+            d.append(float(dp_step_ms(params, p.dp, bw, do)))
+        opt.append(o)
+        own.append(d)
+    return opt, own
+
+
+def own_dp_ms(plan: Plan, cluster: Cluster, model: ModelArch) -> float:
+    """The largest closed-form DP step of a schema-1 plan's stages on `cluster` (first-fit placement). A group
+    whose partition other groups share may lose it to the flat collective, so T ≥ T_g − own_dp_ms (the replica
+    search's bound, memx.planner.replica_search.evaluate_split)."""
+    where = place_plan(plan, cluster)
+    if where is None or plan.dp <= 1:
+        return 0.0
+    out = 0.0
+    for s, (lo, hi) in enumerate(_stage_of(plan)):
+        st = plan.stages[s]
+        bw, _ = ring_link(cluster, [where[r][s] for r in range(plan.dp)], st.tp)
+        out = max(out, float(dp_step_ms(_segment_params(model, lo, hi) / st.tp, plan.dp, bw, plan.distributed_optimizer)))
+    return out
+
+
+def replica_sync_ms(plan: AnyPlan, parts: Sequence[PlanMetrics], cluster: Cluster, model: ModelArch,
+                    where: list[list[list[int]]] | None = None) -> float:
+    """What the replica groups' gradient synchronisation adds to the slowest group's own time (`parts`: the
+    groups' own metrics, group order; 0 for one group).
+
+    Groups that share a layer partition (memx.domain.groups.shared_partition): the runtime runs one flat
+    collective per stage over all of them (`flat_dp_ms`) instead of each group's own DP step, so
+    T = max_g (T_g − max_s tail_g,s) + max_g,s (opt_g,s + F_s), tail_g,s = opt_g,s + own DP step_g,s (the
+    1F1B assembly's tail, memx.planner.schedule), and the term is T − max_g T_g — negative when the flat ring
+    beats the slowest group's own DP step. Other plans: the two-level exchange `cross_group_sync_ms`."""
+    if len(parts) <= 1:
+        return 0.0
+    where = _placement(plan, cluster, where)
+    if not shared_partition(plan):
+        return cross_group_sync_ms(plan, cluster, model, where)
+    flat = flat_dp_ms(plan, cluster, model, where)
+    opt, own = _own_tails_ms(plan, cluster, model, where)
+    compute = max(m.iteration_time_ms - max(o + d for o, d in zip(og, dg)) for m, og, dg in zip(parts, opt, own))
+    ends = max(o + f for og in opt for o, f in zip(og, flat))
+    return compute + ends - max(m.iteration_time_ms for m in parts)
 
 
 def combine(plan: GroupedPlan, parts: Sequence[PlanMetrics], cross_sync_ms: float) -> PlanMetrics:
@@ -133,8 +240,15 @@ def combine(plan: GroupedPlan, parts: Sequence[PlanMetrics], cross_sync_ms: floa
 def group_cluster(cluster: Cluster, used: Sequence[int]) -> Cluster:
     """The sub-cluster of the GPUs a group uses: `used[i]` GPUs of node i (nodes with none dropped),
     same name and network. First-fit placement of the group on it reproduces the joint placement."""
-    nodes = tuple(Node(gpu=n.gpu, count=u) for n, u in zip(cluster.nodes, used) if u > 0)
+    nodes = tuple(dataclasses.replace(n, count=u, gpus_per_nic=_nic_gpus(n, u)) for n, u in zip(cluster.nodes, used) if u > 0)
     return dataclasses.replace(cluster, nodes=nodes)
+
+
+def _nic_gpus(node: Node, used: int) -> int | None:
+    """GPUs per NIC of the part of `node` a group uses (its NICs stay with the GPUs they serve)."""
+    if node.gpus_per_nic is None:
+        return None
+    return math.gcd(node.gpus_per_nic, used)
 
 
 def group_clusters(plan: AnyPlan, cluster: Cluster, where: list[list[list[int]]]) -> list[Cluster]:
@@ -156,7 +270,7 @@ def estimate_grouped(plan: GroupedPlan, cluster: Cluster, model: ModelArch, pred
     where = place_groups(plan, cluster)
     parts = [estimate_plans([gp], sub, model, predictor, reserve_gib=reserve_gib)[0]
              for gp, sub in zip(group_plans(plan), group_clusters(plan, cluster, where))]
-    return combine(plan, parts, cross_group_sync_ms(plan, cluster, model, where))
+    return combine(plan, parts, replica_sync_ms(plan, parts, cluster, model, where))
 
 
 def estimate_any_plans(plans: list[AnyPlan], cluster: Cluster, model: ModelArch, predictor: StagePredictor,

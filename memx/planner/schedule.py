@@ -25,7 +25,7 @@ def inflight_micro_batches(pp: int, s: int, micro_batches: int) -> int:
     return min(pp - s, micro_batches)
 
 
-def p2p_ms(micro_batch: int, seq_len: int, hidden: int, bandwidth_gbps: np.ndarray, latency_ms: float) -> np.ndarray:
+def p2p_ms(micro_batch: int, seq_len: int, hidden: int, bandwidth_gbps: np.ndarray, latency_ms) -> np.ndarray:
     """One activation (or its gradient) between stages: b·s·h·2 bytes / bandwidth + latency
     (docs/architecture.md §1F1B assembly)."""
     nbytes = micro_batch * seq_len * hidden * ACT_BYTES
@@ -164,11 +164,14 @@ class Pipeline:
 def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], stage_tp: Sequence[int], dp: int,
              micro_batch: int, micro_batches: int, seq_len: int, p2p_gbps: Sequence[float],
              dp_gbps: Sequence[float], distributed_optimizer: bool = False,
-             assembly: AssemblyCalibration = IDENTITY_ASSEMBLY) -> Pipeline:
-    """The Pipeline of a layout or plan on `cluster` (p2p_gbps: between stage s and s+1; `assembly`:
+             assembly: AssemblyCalibration = IDENTITY_ASSEMBLY,
+             p2p_latency_ms: Sequence[float] | None = None) -> Pipeline:
+    """The Pipeline of a layout or plan on `cluster` (p2p_gbps and p2p_latency_ms: between stage s and s+1,
+    memx.planner.space.plan_links; latency None: the cluster's inter-node latency on every boundary; `assembly`:
     the calibrated c, o and d of the predictor that scores it, memx.planner.schedule.assembly_of)."""
     gpus = [cluster.gpu(g) for g in stage_gpus]
-    p2p = p2p_ms(micro_batch, seq_len, model.hidden, np.asarray(p2p_gbps), cluster.inter_node_latency_ms)
+    lat = cluster.inter_node_latency_ms if p2p_latency_ms is None else np.asarray(p2p_latency_ms, dtype=np.float64)
+    p2p = p2p_ms(micro_batch, seq_len, model.hidden, np.asarray(p2p_gbps), lat)
     return Pipeline(micro_batches=micro_batches, p2p_total_ms=float(2.0 * p2p.sum()),
                     gpu_weight=np.asarray(stage_tp, dtype=np.float64),
                     capacity_mib=np.asarray([g.memory_mib for g in gpus], dtype=np.float64),

@@ -19,6 +19,7 @@ import numpy as np
 from memx.domain.errors import InputError
 from memx.domain.plan import Plan, Recompute, Stage, place_plan
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
+from memx.planner.network import pair_link, ring_link
 from memx.planner.tables import StageContext, stage_contexts
 
 
@@ -33,6 +34,7 @@ class Layout:
     micro_batches: int  # m
     p2p_gbps: tuple[float, ...]  # bandwidth between stage s and s+1 (len pp-1)
     dp_gbps: tuple[float, ...]  # bandwidth of stage s's DP all-reduce ring
+    p2p_latency_ms: tuple[float, ...] | None = None  # latency between stage s and s+1; None: the cluster's
     distributed_optimizer: bool = False  # ZeRO-1 over the dp ranks (memx.planner.cost.static_bytes_per_param)
     sequence_parallel: bool = False  # at tp > 1 (Korthikanti et al. 2022)
 
@@ -70,23 +72,18 @@ def _stage_counts(count: int, dp: int, tp: int, use_all: bool) -> list[int]:
     return list(range(1, count // (dp * tp) + 1))
 
 
-def plan_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """(bandwidth between consecutive stages, bandwidth of each stage's DP ring) in GB/s, from the
-    first-fit placement: intra-node when both ends share a node, else the inter-node links."""
+def plan_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] | None:
+    """(bandwidth between consecutive stages GB/s, bandwidth of each stage's DP ring GB/s, latency between
+    consecutive stages ms) from the first-fit placement (memx.planner.network, docs/planner.md §Network):
+    a p2p transfer on the link between the two stages' nodes of replica 0; a stage's dp replicas in one
+    ring per tp rank, at the ring's slowest hop, the stage's GPUs sharing their nodes' NICs."""
     where = place_plan(plan, cluster)
     if where is None:
         return None
-    inter = cluster.inter_node_bandwidth_gbps
-    intra = {g.name: g.intra_node_bandwidth_gbps for g in cluster.gpu_types}
     r0 = where[0]
-    p2p = tuple(
-        intra[plan.stages[s].gpu] if r0[s] == r0[s + 1] else inter for s in range(plan.pp - 1)
-    )
-    dpbw = tuple(
-        intra[st.gpu] if len({where[r][s] for r in range(plan.dp)}) == 1 else inter
-        for s, st in enumerate(plan.stages)
-    )
-    return p2p, dpbw
+    p2p = tuple(pair_link(cluster, r0[s], r0[s + 1]) for s in range(plan.pp - 1))
+    dpbw = tuple(ring_link(cluster, [where[r][s] for r in range(plan.dp)], st.tp)[0] for s, st in enumerate(plan.stages))
+    return tuple(bw for bw, _ in p2p), dpbw, tuple(lat for _, lat in p2p)
 
 
 def enumerate_layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) -> list[Layout]:
@@ -122,7 +119,7 @@ def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq) -> list[Layou
         return []
     return [
         Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
-               p2p_gbps=links[0], dp_gbps=links[1], distributed_optimizer=do, sequence_parallel=sp)
+               p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do, sequence_parallel=sp)
         for mb in space.micro_batch_options
         if space.global_batch % (dp * mb) == 0
         for do in _effective(space.distributed_optimizer, dp > 1)

@@ -34,13 +34,15 @@ needs the whole summed gradient, hence the all-gather.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
 from memx.domain.plan import Plan
 from memx.domain.specs import Cluster, ModelArch
-from memx.simulator.links import dp_ring, link
-from memx.simulator.physics import FP32_BYTES, Dims, layer_params, ring_allreduce_ms, ring_collective_ms
+from memx.simulator import links
+from memx.simulator.links import dp_ring
+from memx.simulator.physics import BF16_BYTES, FP32_BYTES, Dims, layer_params, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.traits import GpuTraits
 
 
@@ -90,20 +92,12 @@ def segment_ms(seg: Segment, plans: Sequence[Plan], where: Sequence[list[list[in
     lanes = max(p.dp for p in plans)
     nbytes = FP32_BYTES * seg.params / tp  # per ring: the segment split over the smallest tp
     nodes = [[where[g][r % plans[g].dp][seg.stages[g]] for g in range(groups)] for r in range(lanes)]
-    leaving: dict[int, int] = {}  # rings that leave each node over the network
-    for lane in nodes:
-        for g in range(groups):
-            if lane[g] != lane[(g + 1) % groups]:
-                leaving[lane[g]] = leaving.get(lane[g], 0) + tp
+    traits = [tr[p.stages[s].gpu] for p, s in zip(plans, seg.stages)]
+    flows = [links.ring_flows(lane, tp) for lane in nodes]
+    total = sum(flows, Counter())
     ring = 0.0
-    for lane in nodes:
-        bw, step = float("inf"), 0.0
-        for g in range(groups):
-            t = tr[plans[g].stages[seg.stages[g]].gpu]
-            link_bw, lat = link(cluster, lane[g], lane[(g + 1) % groups])
-            share = leaving[lane[g]] if lane[g] != lane[(g + 1) % groups] else 1
-            bw = min(bw, link_bw * t.link_efficiency / share)
-            step = max(step, t.collective_step_latency_ms + lat)
+    for lane, own in zip(nodes, flows):  # the lanes run at once: the other lanes' flows share the NICs too
+        bw, step = links.ring(cluster, lane, traits, tp, total - own)
         ring = max(ring, ring_allreduce_ms(nbytes / lanes, groups, bw, step))
     if plans[0].distributed_optimizer:
         return ring  # each replica keeps the shard it updates (module docstring)
@@ -112,6 +106,22 @@ def segment_ms(seg: Segment, plans: Sequence[Plan], where: Sequence[list[list[in
         per_ring, step = dp_ring(p, cluster, w, s, tr[p.stages[s].gpu])
         gather = max(gather, ring_collective_ms(nbytes, p.dp, per_ring, step))
     return ring + gather
+
+
+def flat_stage_ms(plans: Sequence[Plan], where: Sequence[list[list[int]]], s: int, params: float, cluster: Cluster,
+                  tr: dict[str, GpuTraits]) -> float:
+    """Stage s's ONE data-parallel collective over the replicas of every group, for groups that share a layer
+    partition (memx.domain.groups.shared_partition; module docstring of memx.simulator.schedule): tp concurrent
+    rings over all N = Σ dp_g replicas in group-then-replica order, at the slowest hop (links.ring); an fp32
+    all-reduce, or with the distributed optimizer an fp32 reduce-scatter plus a bf16 all-gather (ZeRO-1,
+    Rajbhandari et al. 2020 §5). `params`: the stage's parameters per rank."""
+    nodes = [w[r][s] for p, w in zip(plans, where) for r in range(p.dp)]
+    traits = [tr[p.stages[s].gpu] for p in plans for _ in range(p.dp)]
+    bw, step = links.ring(cluster, nodes, traits, plans[0].stages[s].tp)
+    n = len(nodes)
+    if plans[0].distributed_optimizer:
+        return ring_collective_ms(FP32_BYTES * params, n, bw, step) + ring_collective_ms(BF16_BYTES * params, n, bw, step)
+    return ring_allreduce_ms(FP32_BYTES * params, n, bw, step)
 
 
 def schedule_sync(segs: Sequence[Segment], seg_ms: Sequence[float], ready: Sequence[Sequence[float]]) -> list[list[float]]:

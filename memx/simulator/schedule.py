@@ -16,8 +16,12 @@ Per-GPU peak memory: stage s holds min(pp−s, m) micro batches of activations a
 GPU order in `peak_mem_mib`: replica-major, then stage, then TP rank.
 
 A schema-2 plan (memx.domain.groups, issue #15) is placed jointly (`place_groups`); each replica group
-runs the above with its own m, micro batch and placement, then every layer's gradient is all-reduced
-across the groups (memx/simulator/cross_sync.py) before each stage's optimizer step. Per-GPU and
+runs the above with its own m, micro batch and placement. Groups that share a layer partition (same stage
+boundaries and tp: `shared_partition`, what a stock runtime runs when a stage's replicas are of two GPU
+types) then run ONE data-parallel collective per stage over every replica of every group, starting when
+the last of them has finished its backward (`cross_sync.flat_stage_ms`), before each stage's optimizer
+step; groups whose partitions differ all-reduce every layer's gradient across the groups after their own
+DP step (the two-level exchange, memx/simulator/cross_sync.py). Per-GPU and
 per-stage figures are concatenated over groups in group order; an OOM on any GPU of any group fails the
 run. A one-group plan simulates exactly as its schema-1 plan (same seed, same noise draws).
 """
@@ -32,9 +36,9 @@ from typing import Mapping
 
 import numpy as np
 
-from memx.domain.groups import AnyPlan, group_plans, place_groups, validate_any_plan
+from memx.domain.groups import AnyPlan, group_plans, place_groups, shared_partition, validate_any_plan
 from memx.domain.plan import Plan, plan_model
-from memx.simulator.cross_sync import schedule_sync, segment_ms, segments
+from memx.simulator.cross_sync import flat_stage_ms, schedule_sync, segment_ms, segments
 from memx.simulator.links import dp_ring, link
 from memx.simulator.physics import BF16_BYTES, FP32_BYTES, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import (
@@ -250,9 +254,14 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
     alone = [max(r + c.optimizer_ms for r, c in zip(rd, g.costs)) for g, rd in zip(groups, ready)]
     extra: dict = {}
     if len(groups) > 1:
-        segs = segments(plans, model)
-        seg_ms = [segment_ms(sg, plans, placement, cluster, tr) for sg in segs]
-        synced = schedule_sync(segs, seg_ms, ready)
+        if shared_partition(plan):  # one DP collective per stage over every group's replicas (module docstring)
+            done = [max(finish[:, s].max() for finish, _ in runs) for s in range(plans[0].pp)]
+            synced = [[t + flat_stage_ms(plans, placement, s, groups[0].costs[s].params, cluster, tr)
+                       for s, t in enumerate(done)]] * len(groups)
+        else:
+            segs = segments(plans, model)
+            seg_ms = [segment_ms(sg, plans, placement, cluster, tr) for sg in segs]
+            synced = schedule_sync(segs, seg_ms, ready)
         ends = [max(t + c.optimizer_ms for t, c in zip(sy, g.costs)) for g, sy in zip(groups, synced)]
         iteration = float(max(ends))
         extra = dict(group_iteration_ms=tuple(float(a) for a in alone), cross_sync_ms=iteration - float(max(alone)))

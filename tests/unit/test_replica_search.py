@@ -18,7 +18,7 @@ from memx.domain.specs import Cluster, Node
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.pick import plan_key
 from memx.planner.replica_search import batch_splits, formations, search_replicas
-from memx.planner.replicas import cross_group_sync_ms, estimate_any_plans
+from memx.planner.replicas import cross_group_sync_ms, estimate_any_plans, replica_sync_ms
 from memx.planner.search import search
 
 
@@ -127,7 +127,8 @@ def test_replica_search_equals_brute_force(conf_root):
         if out.grouped is not None:
             (again,) = estimate_any_plans([out.grouped.plan], cluster, model, _pred(cluster), reserve_gib=space.reserve_gib)
             assert again.iteration_time_ms == pytest.approx(out.grouped.iteration_time_ms, rel=1e-6)
-            assert again.cross_sync_ms == pytest.approx(cross_group_sync_ms(out.grouped.plan, cluster, model))
+            assert again.cross_sync_ms == pytest.approx(replica_sync_ms(out.grouped.plan, again.groups, cluster, model),
+                                                        rel=1e-6, abs=1e-6)
 
     check()
 

@@ -150,14 +150,14 @@ def test_exchange_with_two_replicas_and_the_distributed_optimizer_runs_on_the_sh
     bw = cluster.inter_node_bandwidth_gbps * 1e6 * min(a.link_efficiency, b.link_efficiency) / 8
     step = max(a.collective_step_latency_ms, b.collective_step_latency_ms) + cluster.inter_node_latency_ms
     ring = ring_allreduce_ms(per_ring / 2, 2, bw, step)
-    # with the distributed optimizer each replica keeps the summed shard it updates: no gather afterwards
-    assert run.group_iteration_ms[1] > run.group_iteration_ms[0]
-    opt_a, opt_b = run.optimizer_ms
-    assert run.cross_sync_ms == pytest.approx(ring + max(opt_a, opt_b) - opt_b, rel=1e-9)
+    # with the distributed optimizer each replica keeps the summed shard it updates: no gather afterwards.
+    # (Both groups hold all 32 layers at tp 4: they share a partition, so simulate_plan runs the flat collective
+    # instead, tests/unit/test_network.py; the two-level exchange is checked on its own here.)
+    placement = place_groups(plan, cluster)
+    traits = {"a100-80g": a, "vendor-b-32g": b}
+    assert segment_ms(seg, group_plans(plan), placement, cluster, traits) == pytest.approx(ring, rel=1e-9)
     # without it, group 1's two replicas (one node) then all-gather the halves they did not exchange
     intra = cluster.nodes[1].gpu.intra_node_bandwidth_gbps * 1e6 * b.link_efficiency
     gather = ring_collective_ms(per_ring, 2, intra, b.collective_step_latency_ms)
     plain = group_plans(dataclasses.replace(plan, distributed_optimizer=False))
-    placement = place_groups(plan, cluster)
-    traits = {"a100-80g": a, "vendor-b-32g": b}
     assert segment_ms(seg, plain, placement, cluster, traits) == pytest.approx(ring + gather, rel=1e-9)

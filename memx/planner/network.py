@@ -1,0 +1,64 @@
+"""The links a plan's messages cross, in the closed form (issue #23; docs/planner.md §Network).
+
+The cluster YAML gives every node a NIC bandwidth and latency (its own, else the cluster-wide
+`inter_node_bandwidth_gbps` / `inter_node_latency_ms`), a count of NICs (`gpus_per_nic`; one per node
+by default) and, optionally, a cross-vendor link for traffic between GPUs of different makers (NCCL ↔
+RCCL/HCCL have no GPUDirect RDMA path between them: the bytes are staged through host memory and sent
+over TCP or a cross-vendor library, e.g. UCC; so the link is usually far slower than either NIC). The
+closed form reads that as:
+
+- one flow between GPUs of nodes a ≠ b runs at min(NIC_a, NIC_b) (the cross-vendor bandwidth instead
+  when given and the vendors differ) and pays max(latency_a, latency_b) (the cross-vendor latency);
+  inside one node, at the GPU type's intra-node bandwidth, without network latency;
+- the flows that leave (or enter) a node at once share its NICs: k flows over n NICs get
+  NIC · min(1, n / k) each (our assumption: the flows spread evenly over the NICs, as NCCL binds each
+  GPU to its nearest NIC);
+- a ring collective runs at its slowest hop (NCCL's ring: every rank sends and receives each step,
+  so a step takes as long as its slowest transfer; Patarasuk & Yuan 2009 §3). With several concurrent
+  rings (one per tensor-parallel rank) every ring's hop out of a node is one flow through that node.
+
+Nothing here reads the simulator (which has its own model of the same network: memx/simulator/links.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from memx.domain.specs import Cluster
+
+
+def pair_link(cluster: Cluster, node_a: int, node_b: int) -> tuple[float, float]:
+    """(GB/s, latency ms) of one flow between a GPU of node_a and one of node_b (module docstring)."""
+    if node_a == node_b:
+        return cluster.nodes[node_a].gpu.intra_node_bandwidth_gbps, 0.0
+    bw = min(cluster.nic_gbps(node_a), cluster.nic_gbps(node_b))
+    lat = max(cluster.nic_latency(node_a), cluster.nic_latency(node_b))
+    if cluster.cross_vendor(node_a, node_b):
+        if cluster.cross_vendor_bandwidth_gbps is not None:
+            bw = min(bw, cluster.cross_vendor_bandwidth_gbps)
+        if cluster.cross_vendor_latency_ms is not None:
+            lat = cluster.cross_vendor_latency_ms
+    return bw, lat
+
+
+def nic_share_gbps(cluster: Cluster, node: int, flows: int) -> float:
+    """GB/s per flow when `flows` flows cross node `node`'s NICs at once: NIC · min(1, NICs / flows)."""
+    return cluster.nic_gbps(node) * min(1.0, cluster.nodes[node].nics / max(flows, 1))
+
+
+def ring_link(cluster: Cluster, nodes: Sequence[int], rings: int = 1) -> tuple[float, float]:
+    """(GB/s, latency ms of one step) of each of `rings` concurrent rings whose members sit on `nodes`, in
+    ring order: the slowest hop, where every ring's hop out of (into) a node is one flow through its NICs."""
+    n = len(nodes)
+    hops = [(nodes[i], nodes[(i + 1) % n]) for i in range(n)] if n > 1 else []
+    out = Counter(a for a, b in hops if a != b)
+    into = Counter(b for a, b in hops if a != b)
+    bw, lat = math.inf, 0.0
+    for a, b in hops:
+        link_bw, link_lat = pair_link(cluster, a, b)
+        if a != b:
+            link_bw = min(link_bw, nic_share_gbps(cluster, a, rings * out[a]), nic_share_gbps(cluster, b, rings * into[b]))
+        bw, lat = min(bw, link_bw), max(lat, link_lat)
+    return (bw if hops else cluster.nodes[nodes[0]].gpu.intra_node_bandwidth_gbps), lat
