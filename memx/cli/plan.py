@@ -109,7 +109,7 @@ def plan_cmd(
     cl, mo, sp = load_specs(cluster, model, search, conf)
     mode = predictor_mode(predictor, backend)
     check_outputs(out, check, summary)  # before any work: bad paths exit 2 with nothing written
-    baseline = load_baseline(check) if check is not None else None
+    baseline = load_baseline(check, mo) if check is not None else None
     warn_batch(cl, sp)
     show = progress_enabled(progress, json_output=fmt is Fmt.json)
     ref: dict = {}
