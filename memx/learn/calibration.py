@@ -55,7 +55,7 @@ from memx.domain.errors import InputError, NothingUsable
 from memx.domain.groups import any_plan_from_dict, simplest
 from memx.domain.hashing import stable_hash
 from memx.domain.plan import Plan, json_document
-from memx.domain.specs import Cluster, ModelArch
+from memx.domain.specs import MAX_GPU_MEMORY_MIB, Cluster, ModelArch
 from memx.learn.guard import Guard
 from memx.learn.peak_calibration import LOSS_SCALE, fit_memory, mem_errors
 from memx.learn.residual import PlanResidual, fit_residual, residual_from_dict
@@ -324,10 +324,17 @@ def peak_list(v, where: str) -> list[float] | None:
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return None
     try:
-        return [float(x) for x in (json.loads(v) if isinstance(v, str) else list(v))]
-    except (ValueError, TypeError) as exc:
+        peaks = [float(x) for x in (json.loads(v) if isinstance(v, str) else list(v))]
+    except (ValueError, TypeError, RecursionError) as exc:
         raise InputError(f"{where} field 'peak_mem_mib' is not a list of numbers (MiB per GPU, e.g. [5579.2, "
                          f"7020.1]): {str(v)[:60]!r} ({exc.__class__.__name__})") from None
+    bad = [x for x in peaks if not (0.0 < x <= MAX_GPU_MEMORY_MIB)]  # NaN fails both comparisons
+    if not peaks:
+        raise InputError(f"{where} field 'peak_mem_mib' is an empty list; one peak (MiB) per GPU of the plan")
+    if bad:
+        raise InputError(f"{where} field 'peak_mem_mib' holds {bad[0]!r}; each GPU's peak must be a finite number "
+                         f"of MiB in (0, {MAX_GPU_MEMORY_MIB:,.0f}]")
+    return peaks
 
 
 def _finite_positive(y) -> bool:

@@ -42,7 +42,7 @@ import pandas as pd
 
 from memx.domain.errors import InputError
 from memx.domain.hashing import canonical_json, stable_hash
-from memx.domain.home import home_path, memx_home
+from memx.domain.home import home_path, memx_home, telemetry_off
 from memx.domain.specs import Cluster, GpuType, ModelArch
 
 MODEL_NAME = "memx-stage-predictor"
@@ -81,9 +81,14 @@ def tracking_uri(uri: str | None = None) -> str:
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
-    home = memx_home()
-    home.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{home / 'mlflow.db'}"
+    return f"sqlite:///{memx_home() / 'mlflow.db'}"
+
+
+def store_exists(uri: str | None = None) -> bool:
+    """False for a SQLite tracking store whose file does not exist yet (nothing registered; reading it must
+    not create it), True for every other store."""
+    resolved = tracking_uri(uri)
+    return not resolved.startswith("sqlite:///") or Path(resolved.removeprefix("sqlite:///")).is_file()
 
 
 def public_tracking_uri(uri: str | None = None) -> str:
@@ -104,13 +109,18 @@ def artifact_location(uri: str) -> str | None:
 def setup(uri: str | None = None, experiment: str = EXPERIMENT):
     """Point MLflow at the tracking store and `experiment` (created with artifact_location when new);
     returns an MlflowClient."""
+    telemetry_off()  # before mlflow is imported
     import mlflow
 
+    for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables…", migrations: not for users
+        logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keeps CLI stdout clean
     # MLflow writes "View run … at: <URL with credentials>" to stdout after every run on a server (issue #11)
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     before = os.environ.get("MLFLOW_TRACKING_URI")
     resolved = tracking_uri(uri)
+    if resolved.startswith("sqlite:///"):
+        Path(resolved.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(resolved)
     mlflow.set_registry_uri(resolved)
     # mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI; undo that so a later MEMX_HOME is honoured

@@ -178,7 +178,10 @@ def cached(predictor: LearnedStagePredictor, fp: str, version: int) -> CachedPre
 
 
 def champion_ref(fp: str, tracking_uri: str | None = None) -> dict[str, Any] | None:
-    """The champion of a fingerprint as plain data (what a search version depends on), or None."""
+    """The champion of a fingerprint as plain data (what a search version depends on), or None (also when
+    no tracking store exists yet: reading never creates one)."""
+    if not registry.store_exists(tracking_uri):
+        return None
     registry.setup(tracking_uri)
     mv = registry.champion(fp)
     if mv is None:
