@@ -48,7 +48,11 @@ class MemxGroup(typer.core.TyperGroup):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
+            _one_conf(list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:]))
             code = super().main(*args, standalone_mode=False, **kwargs)
+        except InputError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
         except click_errors.NoArgsIsHelpError as exc:
             exc.show()
             sys.exit(exc.exit_code)
@@ -62,6 +66,17 @@ class MemxGroup(typer.core.TyperGroup):
             typer.echo("Aborted!", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_conf(argv: list[str]) -> None:
+    """`--conf` at most once: one folder is layered over $MEMX_HOME/conf and the packaged conf/
+    (memx.domain.catalog.catalog_roots); a second one would silently replace the first."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    given = [w.partition("=")[2] or (words[i + 1] if i + 1 < len(words) else "")
+             for i, w in enumerate(words) if w == "--conf" or w.startswith("--conf=")]
+    if len(given) > 1:
+        raise InputError(f"--conf given {len(given)} times ({', '.join(given)}); give one catalog folder (it is "
+                         "layered over $MEMX_HOME/conf and the packaged conf/; put your entries in one folder)")
 
 
 def new_app(help_text: str) -> typer.Typer:
