@@ -170,3 +170,16 @@ def test_every_command_runs_with_telemetry_off(monkeypatch):
 
 def test_at_least_twenty_cli_cases():
     assert len(CASES) >= 20 and len({c.id for c in CASES}) == len(CASES)
+
+
+def test_paper_cuts_inspect_uses_the_plans_own_specs_and_the_tp_warning_names_what_remains(tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps({"plan": PLAN}))
+    res = runner.invoke(app, ["inspect", str(tmp_path / "p.json")])  # no --cluster/--model: the plan's
+    assert res.exit_code == 0 and "llama-6l on xy-2" in res.stdout, res.output
+    model = tmp_path / "m28.yaml"
+    model.write_text("name: m28\nlayers: 4\nhidden: 3584\nffn_hidden: 9728\nheads: 28\nquery_groups: 4\n"
+                     "vocab: 32000\nseq_len: 2048\n")
+    search = tmp_path / "s.yaml"
+    search.write_text("name: s\nglobal_batch: 16\ntp_options: [1, 2, 4, 8]\n")
+    res = runner.invoke(app, ["plan", "--cluster", "xy-2", "--model", str(model), "--search", str(search)])
+    assert "tp 8 ruled out" in res.stderr and "keeps tp 1, 2, 4" in res.stderr, res.stderr
