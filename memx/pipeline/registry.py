@@ -27,6 +27,7 @@ mlflow and xgboost are imported inside functions: ``import memx`` stays light.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -96,6 +97,47 @@ def public_tracking_uri(uri: str | None = None) -> str:
     return redact_uri(tracking_uri(uri)) or ""
 
 
+def portable_uri(uri: str | None = None) -> str:
+    """The tracking URI as stored in manifests and version hashes: public_tracking_uri with a SQLite store
+    under $MEMX_HOME written `sqlite:///$MEMX_HOME/…`, so a home moved or copied to another path still finds
+    its stored steps (issue #25)."""
+    public = public_tracking_uri(uri)
+    home = f"sqlite:///{memx_home()}/"
+    return "sqlite:///$MEMX_HOME/" + public.removeprefix(home) if public.startswith(home) else public
+
+
+def relocate(uri: str) -> None:
+    """A SQLite store under $MEMX_HOME whose experiments keep their artifacts under another folder's
+    `mlartifacts` (MLflow stores absolute paths; the home was moved or copied): rewrite those paths to this
+    home's `mlartifacts`, in one transaction, with a warning naming both. Without it a moved home would
+    read and write the old folder (or fail where it is gone)."""
+    db = Path(uri.removeprefix("sqlite:///"))
+    if not uri.startswith("sqlite:///") or not db.is_file() or db.parent.resolve() != memx_home().resolve():
+        return
+    import sqlite3
+
+    new = artifact_location(uri)
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        tables = {r[0]: {c[1] for c in con.execute(f"pragma table_info('{r[0]}')")}
+                  for r in con.execute("select name from sqlite_master where type = 'table'")}
+        if "artifact_location" not in tables.get("experiments", ()):
+            return
+        olds = {r[0] for r in con.execute("select artifact_location from experiments")
+                if r[0] and r[0].endswith("/mlartifacts") and r[0] != new}
+        for old in olds:
+            for table, column in RELOCATED_COLUMNS:
+                if column in tables.get(table, ()):
+                    con.execute(f"update {table} set {column} = ? || substr({column}, ?) "
+                                f"where substr({column}, 1, ?) = ?", (new, len(old) + 1, len(old), old))
+            log.warning("memx: MEMX_HOME moved: MLflow's artifact paths %s rewritten to %s", old, new)
+
+
+# Where MLflow's SQLite store keeps absolute artifact paths (MLflow 3 schema; absent columns are skipped).
+RELOCATED_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"),
+                     ("logged_models", "artifact_location"), ("model_versions", "storage_location"),
+                     ("model_versions", "source"))
+
+
 def artifact_location(uri: str) -> str | None:
     """Where a new experiment keeps run artifacts: beside a SQLite database, under $MEMX_HOME for other
     database stores, the server's choice for an HTTP tracking server."""
@@ -121,6 +163,7 @@ def setup(uri: str | None = None, experiment: str = EXPERIMENT):
     resolved = tracking_uri(uri)
     if resolved.startswith("sqlite:///"):
         Path(resolved.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        relocate(resolved)
     mlflow.set_tracking_uri(resolved)
     mlflow.set_registry_uri(resolved)
     # mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI; undo that so a later MEMX_HOME is honoured

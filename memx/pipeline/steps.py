@@ -258,7 +258,7 @@ def compute_train(augmented: dict[str, pd.DataFrame], augment_manifest: dict[str
                   "variant": out.predictor.variant, "predictor_version": out.predictor.version,
                   "fingerprint": fp.fingerprint, "held_out": {k: float(v) for k, v in out.errors.items()},
                   "sha256": dict(out.hashes),
-                  "tracking_uri": registry.public_tracking_uri(tracking_uri)})
+                  "tracking_uri": registry.portable_uri(tracking_uri)})
 
 
 def _registered(manifest: dict[str, Any], tracking_uri: str | None) -> bool:
@@ -277,7 +277,7 @@ def train_augmented(store: ArtifactStore, augment_version: str, cluster: Cluster
     reused when the same training is stored and its model is still in this registry."""
     fp = registry.fingerprint(cluster, model, space.global_batch)
     key = train_key(augment_version, fp.fingerprint, seed=config.seed, budget=dataclasses.asdict(config.budget))
-    found = newest_with(store, "train", key=key, tracking_uri=registry.public_tracking_uri(tracking_uri))
+    found = newest_with(store, "train", key=key, tracking_uri=registry.portable_uri(tracking_uri))
     if found is not None and _registered(found[1], tracking_uri):
         return StepRun(step="train", version=found[0], reused=True, manifest=found[1])
     augmented = {n: store.get_table("augment", augment_version, n) for n in ("train", "valid", "gates")}

@@ -187,7 +187,7 @@ def champion_ref(fp: str, tracking_uri: str | None = None) -> dict[str, Any] | N
     if mv is None:
         return None
     return {"fingerprint": fp, "model_version": int(mv.version), "predictor_version": mv.tags.get("predictor_version", ""),
-            "variant": mv.tags.get("variant", ""), "run_id": mv.run_id, "tracking_uri": registry.public_tracking_uri(tracking_uri),
+            "variant": mv.tags.get("variant", ""), "run_id": mv.run_id, "tracking_uri": registry.portable_uri(tracking_uri),
             **({"calibration_sha256": c} if (c := mv.tags.get(registry.CALIBRATION_TAG)) else {})}
 
 
