@@ -111,6 +111,15 @@ class PlanCalibration:
         and o through `assembly` (memx.planner.schedule.assembly_of); the base itself when identity."""
         return predictor if self.is_identity else CalibratedStagePredictor(base=predictor, plan_calibration=self)
 
+    def time_error(self) -> float | None:
+        """Held-out iteration-time MAPE on the measured plans of what this calibration applies (the residual's
+        cross-validation when a residual is kept, the time part's when it is kept, else the uncalibrated
+        error); None without timed plans. Two versions calibrated on the same plans compare by it."""
+        if self.residual is not None and self.residual_guard is not None:
+            return self.residual_guard.cv_mape
+        g = self.time_guard
+        return None if g is None else (g.cv_mape if g.accepted else g.base_mape)
+
     def headline(self) -> str:
         """A few words for the plan output's predictor name."""
         n = max(self.plans_timed, self.plans_with_peaks, self.residual.plans if self.residual else 0)

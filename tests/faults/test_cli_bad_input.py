@@ -183,3 +183,21 @@ def test_paper_cuts_inspect_uses_the_plans_own_specs_and_the_tp_warning_names_wh
     search.write_text("name: s\nglobal_batch: 16\ntp_options: [1, 2, 4, 8]\n")
     res = runner.invoke(app, ["plan", "--cluster", "xy-2", "--model", str(model), "--search", str(search)])
     assert "tp 8 ruled out" in res.stderr and "keeps tp 1, 2, 4" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("cut", ["ends-early", "mid-line"])
+def test_a_truncated_megatron_log_is_ingested_with_a_warning(tmp_path, cut, caplog):
+    text = log().replace("10/ 20", "20/ 20")
+    if cut == "ends-early":
+        text = text.replace("20/ 20", "7/ 20")
+    else:
+        text = text.rstrip("\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "run0.log").write_text(text)
+    args = ["ingest", "megatron", str(tmp_path / "logs"), "--model", "llama2-7b", "--gpu", "a100-80g", "--out",
+            str(tmp_path / "x.parquet")]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0 and "truncated?" in caplog.text and "run0.log" in caplog.text, res.output
+    caplog.clear()
+    (tmp_path / "logs" / "run0.log").write_text(log().replace("10/ 20", "20/ 20"))
+    assert runner.invoke(app, args).exit_code == 0 and "truncated" not in caplog.text  # a whole log: no warning
