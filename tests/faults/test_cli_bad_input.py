@@ -201,3 +201,15 @@ def test_a_truncated_megatron_log_is_ingested_with_a_warning(tmp_path, cut, capl
     caplog.clear()
     (tmp_path / "logs" / "run0.log").write_text(log().replace("10/ 20", "20/ 20"))
     assert runner.invoke(app, args).exit_code == 0 and "truncated" not in caplog.text  # a whole log: no warning
+
+
+def test_the_batch_warning_never_has_blank_values(capsys):
+    import dataclasses
+
+    from memx.cli.plan import warn_batch
+    from memx.domain.catalog import load_cluster, load_search
+
+    space = dataclasses.replace(load_search("small"), global_batch=7, micro_batch_options=(2, 4))
+    warn_batch(load_cluster("three-vendor-20"), space)
+    line = capsys.readouterr().err
+    assert "keeps micro batch none and dp none" in line and "  " not in line.split("rules out")[1], line
