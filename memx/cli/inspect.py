@@ -1,6 +1,6 @@
 """The paper's adoption steps as commands (issue #12 "Why this plan"):
 
-    memx inspect PLAN.json --cluster C --model M [--predictor analytic|registered]
+    memx inspect PLAN.json [--cluster C] [--model M] [--predictor analytic|registered]   (default: the plan's)
         a plan you run today: per-GPU peak, margin, memory variance, iteration time
     memx rank --measured FILE [--weights W] [--top K]
         configurations you already measured (config_runs: Parquet, CSV or JSONL) re-ranked by Φ with a
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import numpy as np
 import pandas as pd
@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from memx.cli.options import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, load_specs
+from memx.cli.options import DEFAULT_SEARCH, ConfOpt, load_specs
 from memx.cli.simulate import _read_input, read_plan
 from memx.domain.errors import InputError, NothingUsable
 from memx.domain.groups import any_plan_from_json, any_plan_to_dict
@@ -43,13 +43,15 @@ MeasuredOpt = Annotated[Path, typer.Option("--measured", help="config_runs of me
 RankWeightsOpt = Annotated[str, typer.Option("--weights", help=f"{' | '.join(PROFILES)} | 'wT,wM,wV'.")]
 
 
-def inspect_cmd(file: PlanArg, cluster: ClusterOpt = DEFAULT_CLUSTER, model: ModelOpt = DEFAULT_MODEL,
+def inspect_cmd(file: PlanArg,
+                cluster: Annotated[Optional[str], typer.Option("--cluster", help="Cluster name or YAML path (default: the plan's).")] = None,
+                model: Annotated[Optional[str], typer.Option("--model", help="Model name or YAML path (default: the plan's).")] = None,
                 conf: ConfOpt = None, predictor: PredictorOpt = "analytic") -> None:
     """A plan you run today (either plan schema): per-GPU peak, margin and memory variance as predicted."""
     if predictor not in PREDICTORS:
         raise InputError(f"--predictor {predictor!r}; allowed: {', '.join(PREDICTORS)}")
-    cl, mo, sp = load_specs(cluster, model, DEFAULT_SEARCH, conf)
     plan = read_plan(_read_input(file, "plan"), str(file))
+    cl, mo, sp = load_specs(cluster or plan.cluster, model or plan.model, DEFAULT_SEARCH, conf)
     pred = (AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}) if predictor == "analytic"
             else registered_predictor(cl, mo, sp))
     m = estimate_any_plans([plan], cl, mo, pred, reserve_gib=sp.reserve_gib)[0]

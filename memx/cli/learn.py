@@ -25,7 +25,8 @@ from memx.cli.options import (DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, Sea
     load_specs, sub_app)
 from memx.domain.errors import InputError
 from memx.pipeline import registry
-from memx.pipeline.local import calibrate_registered, registered_predictor, train_config, train_step
+from memx.pipeline.local import (calibrate_registered, promote_if_calibrated_better, registered_predictor,
+                                 train_config, train_step)
 from memx.pipeline.training import train_and_register
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.signatures import SIGNATURE_COLUMNS
@@ -59,7 +60,7 @@ def train_cmd(cluster: ClusterOpt,
         _trained_line(int(out.version), out.promoted, out.predictor.variant, out.errors,
                       f"memory {out.predictor.memory_source}; "
                       f"rows {out.augmented.rows_before} -> {out.augmented.rows_after} after interpolation")
-        _calibrate(int(out.version), cl, mo, runs, residual)
+        _calibrate(int(out.version), cl, mo, runs, residual, fp.fingerprint)
         return
     res = train_step(cl, mo, sp, store=store, seed=seed, trials=trials, seconds=seconds,
                      log=lambda line: typer.echo(line, err=True))
@@ -69,14 +70,17 @@ def train_cmd(cluster: ClusterOpt,
                   f"rows {aug.get('rows_before')} -> {aug.get('rows_after')} after interpolation"
                   + ("; reused the stored training" if res.train.reused else ""))
     typer.echo(f"champion of fingerprint {res.fingerprint}: version {res.champion.get('model_version')}")
-    _calibrate(res.model_version, cl, mo, runs, residual)
+    _calibrate(res.model_version, cl, mo, runs, residual, res.fingerprint)
 
 
-def _calibrate(version: int, cl, mo, runs: pd.DataFrame | None, residual: bool) -> None:
+def _calibrate(version: int, cl, mo, runs: pd.DataFrame | None, residual: bool, fp: str) -> None:
     if runs is None:
         return
     cal = calibrate_registered(version, cl, mo, runs, residual=residual)
     typer.echo(f"plan calibration of version {version}: {cal.summary()}")
+    decided = promote_if_calibrated_better(version, cal, fp, cl, mo, runs, residual=residual)
+    if decided:
+        typer.echo(decided)
 
 
 def _trained_line(version: int, promoted: bool, variant: str, errors: dict, extra: str) -> None:

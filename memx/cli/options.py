@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import copy
 import shlex
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional, get_args
 
 import typer
 import typer.core
+from typer._click import exceptions as click_errors  # typer vendors click: its own exception classes
 
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.domain.errors import InputError, MemxError
+from memx.domain.home import telemetry_off
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 
 DEFAULT_CLUSTER = "three-vendor-20"
@@ -30,6 +33,7 @@ class MemxGroup(typer.core.TyperGroup):
     """The root command group: the single place where errors become messages and exit codes."""
 
     def invoke(self, ctx):  # noqa: D401 - click API
+        telemetry_off()  # this process and every process it starts (memx.domain.home.TELEMETRY_OFF)
         try:
             return super().invoke(ctx)
         except MemxError as exc:
@@ -37,6 +41,42 @@ class MemxGroup(typer.core.TyperGroup):
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             raise typer.Exit(INTERRUPTED_EXIT) from None
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):  # noqa: D401 - click API
+        """Usage errors (an unknown option, a missing or malformed value) as one `error: …` line and exit 2,
+        like every other bad input, instead of typer's boxed usage panel; `memx` alone still shows the help."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            _one_conf(list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:]))
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except InputError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except click_errors.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click_errors.ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            hint = f" (see {ctx.command_path} --help)" if isinstance(exc, click_errors.UsageError) and ctx else ""
+            typer.echo(f"error: {where}{' '.join(exc.format_message().split())}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_conf(argv: list[str]) -> None:
+    """`--conf` at most once: one folder is layered over $MEMX_HOME/conf and the packaged conf/
+    (memx.domain.catalog.catalog_roots); a second one would silently replace the first."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    given = [w.partition("=")[2] or (words[i + 1] if i + 1 < len(words) else "")
+             for i, w in enumerate(words) if w == "--conf" or w.startswith("--conf=")]
+    if len(given) > 1:
+        raise InputError(f"--conf given {len(given)} times ({', '.join(given)}); give one catalog folder (it is "
+                         "layered over $MEMX_HOME/conf and the packaged conf/; put your entries in one folder)")
 
 
 def new_app(help_text: str) -> typer.Typer:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from memx.domain.home import memx_home
+from memx.domain.home import memx_home, telemetry_off
 from memx.pipeline import lifeline
 
 
@@ -20,7 +20,7 @@ def prefect_env() -> None:
     os.environ.setdefault("PREFECT_HOME", str(home))
     os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)  # its SQLite DB needs the folder
     os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(home / "storage"))
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    telemetry_off()  # PREFECT_SERVER_ANALYTICS_ENABLED, DO_NOT_TRACK (memx.domain.home.TELEMETRY_OFF)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # The temporary server needs ~15 s on 2 busy cores; Prefect waits 20 s by default.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

@@ -113,8 +113,9 @@ def plan_cmd(
     check_outputs(out, check, summary)  # before any work: bad paths exit 2 with nothing written
     if max_slowdown < 0:
         raise InputError(f"--max-slowdown {max_slowdown:g}: allowed range ≥ 0 (a fraction: 0.1 = 10 % slower)")
-    baseline = load_baseline(check) if check is not None else None
+    baseline = load_baseline(check, mo) if check is not None else None
     warn_batch(cl, sp)
+    warn_tp(mo, sp)
     show = progress_enabled(progress, json_output=fmt is Fmt.json)
     ref: dict = {}
     if mode == "analytic":
@@ -189,8 +190,19 @@ def warn_batch(cl: Cluster, sp: SearchSpace) -> None:
         lost_dp = [dp for dp in range(1, most_dp + 1) if dp not in kept_dp]
         typer.echo(f"warning: global_batch {gb} (search '{sp.name}') rules out micro batch "
                    f"{', '.join(map(str, lost_mb)) or 'none'} and dp {_ranges(lost_dp) or 'none'} (dp × micro batch "
-                   f"must divide it); the search keeps micro batch {', '.join(map(str, kept_mb))} and dp "
-                   f"{_ranges(kept_dp)}", err=True)
+                   f"must divide it); the search keeps micro batch {', '.join(map(str, kept_mb)) or 'none'} and dp "
+                   f"{_ranges(kept_dp) or 'none'}", err=True)
+
+
+def warn_tp(mo: ModelArch, sp: SearchSpace) -> None:
+    """A warning on stderr naming the tp options the model's heads / query groups rule out, and those kept
+    (tp must divide both: memx.planner.space.valid_tps); none kept is the planner's error."""
+    lost = [t for t in sp.tp_options if mo.heads % t or mo.query_groups % t]
+    kept = [t for t in sp.tp_options if t not in lost]
+    if lost and kept:
+        typer.echo(f"warning: model {mo.name} has {mo.heads} heads and {mo.query_groups} query groups: tp "
+                   f"{', '.join(map(str, lost))} ruled out (tp must divide both); the search keeps tp "
+                   f"{', '.join(map(str, kept))}", err=True)
 
 
 def _ranges(values: list[int]) -> str:

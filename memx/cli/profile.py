@@ -102,7 +102,8 @@ def profile_cmd(
         typer.echo(f"{gpu}: profile {version} rows={doc.get('rows')} runs={doc.get('runs')} "
                    f"full_grid={doc.get('full_grid')} failed={doc.get('failed')}")
     typer.echo(f"stored in {st.root_uri}; next: memx train --cluster {cluster} --model {model}"
-               + (f" --search {search}" if search != DEFAULT_SEARCH else ""))
+               + (f" --search {search}" if search != DEFAULT_SEARCH else "") + (f" --conf {conf}" if conf else "")
+               + (f" --store {store}" if store else ""))
     if out is not None:
         _export(st, versions, out)
 

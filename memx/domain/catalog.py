@@ -78,8 +78,9 @@ def _message(error: dict[str, Any]) -> str:
     return error["msg"] + (f" (allowed: {ctx['expected']})" if "expected" in ctx else "")
 
 
-def _error_lines(err: ValidationError) -> dict[str, str]:
-    """One line per offending field: pydantic's field errors and the spec's own SpecError problems."""
+def _error_lines(err: ValidationError, spec_type: type | None = None) -> dict[str, str]:
+    """One line per offending field: pydantic's field errors and the spec's own SpecError problems; an
+    unknown top-level field lists the fields `spec_type` has."""
     errors = err.errors()
     lines: dict[str, str] = {}
     for e in errors:
@@ -92,6 +93,9 @@ def _error_lines(err: ValidationError) -> dict[str, str]:
         elif e["type"] == "too_short" and any(len(x["loc"]) > len(e["loc"]) and x["loc"][:len(e["loc"])] == e["loc"]
                                               for x in errors):
             continue  # its items were rejected, each on its own line: the list itself is not short
+        elif e["type"] == "unexpected_keyword_argument" and len(e["loc"]) == 1 and dataclasses.is_dataclass(spec_type):
+            allowed = ", ".join(f.name for f in dataclasses.fields(spec_type) if f.init)
+            lines.setdefault(loc, _line(loc, f"unknown field; allowed: {allowed}"))
         else:
             lines.setdefault(loc or "(top level)", _line(loc or "(top level)", _message(e), e.get("input")))
     return lines
@@ -169,7 +173,7 @@ def validate_entry(spec_type: type[T], data: dict[str, Any], path: Path, *,
     try:
         spec = _adapter(spec_type).validate_python(data)
     except ValidationError as exc:
-        for loc, line in _error_lines(exc).items():
+        for loc, line in _error_lines(exc, spec_type).items():
             lines.setdefault(loc, line)
     if len(lines) == 1:
         raise InputError(f"{path}: invalid catalog entry: {next(iter(lines.values()))}")

@@ -34,7 +34,7 @@ from typing import Any
 from memx.domain.errors import InputError
 from memx.domain.plan import (
     IdleGpus, Plan, Stage, _idle_from_dict, _options_to_dict, idle_gpus, json_document, _need_bool, _need_int, _stages_from_list, place_plan, plan_from_dict,
-    plan_to_dict, stage_to_dict, validate_plan,
+    model_problems, plan_to_dict, stage_to_dict, validate_plan,
 )
 from memx.domain.specs import Cluster, ModelArch
 
@@ -213,6 +213,16 @@ def any_plan_from_json(text: str, source: str = "plan") -> AnyPlan:
 
 
 # ------------------------------------------------------------------------------------- validation
+
+def validate_for_model(plan: AnyPlan, model: ModelArch, source: str = "plan") -> None:
+    """A plan of either schema is a plan of `model` whatever the cluster (memx.domain.plan.model_problems,
+    each group's pipeline on its own); InputError naming every problem. A plan that passes may still not
+    fit a cluster: that is validate_any_plan's question."""
+    pipelines = [("", plan)] if isinstance(plan, Plan) else [(f"groups[{i}]: ", gp) for i, gp in enumerate(group_plans(plan))]
+    problems = [where + p for where, gp in pipelines for p in model_problems(gp, model)]
+    if problems:
+        raise InputError(f"{source}: invalid plan of model {model.name}: " + "; ".join(problems))
+
 
 def validate_any_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, source: str = "plan") -> None:
     """`validate_plan` for either schema: each group checked as a pipeline, then the groups together

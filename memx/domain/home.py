@@ -21,3 +21,16 @@ def memx_home() -> Path:
 def home_path(*parts: str) -> Path:
     """A path under `memx_home()`; the caller creates it when it writes."""
     return memx_home().joinpath(*parts)
+
+
+# Usage telemetry off in this process and every process it starts (they inherit the environment):
+# MLflow 3.2+ (`MLFLOW_DISABLE_TELEMETRY`, and the `DO_NOT_TRACK` convention it also reads; otherwise it
+# writes ~/.config/mlflow/telemetry.json and sends usage data — mlflow.org/docs/latest/community/usage-tracking),
+# Prefect's SDK (`DO_NOT_TRACK`) and its server (`PREFECT_SERVER_ANALYTICS_ENABLED`).
+TELEMETRY_OFF = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+def telemetry_off() -> None:
+    """Set TELEMETRY_OFF in the environment (a value the user set explicitly is kept)."""
+    for key, value in TELEMETRY_OFF.items():
+        os.environ.setdefault(key, value)

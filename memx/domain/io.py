@@ -40,7 +40,17 @@ def path_kind(path: str | Path, what: str) -> Literal["file", "dir", "missing", 
 
 
 def _tmp_beside(path: Path, executable: bool = False) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """A temporary file beside `path` (its folder created); a path that cannot hold a file (a file on the
+    way, a folder at `path`, no permission) is bad input naming it, before anything is written."""
+    for parent in path.parents:
+        if path_kind(parent, "output") in ("file", "other"):
+            raise InputError(f"output {path}: {parent} exists and is not a folder")
+    if path_kind(path, "output") == "dir":
+        raise InputError(f"output {path}: is a folder; expected a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"output {path}: cannot create its folder: {exc.strerror or exc}") from None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, (0o777 if executable else 0o666) & ~_umask())
     os.close(fd)

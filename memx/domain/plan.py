@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, short_repr
 from memx.domain.recompute import PLAN_RECOMPUTE, SEARCH_BLOCK, Recompute  # noqa: F401  (re-exported)
-from memx.domain.specs import Cluster, ModelArch
+from memx.domain.specs import MAX_CLUSTER_GPUS, Cluster, ModelArch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,27 +261,12 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
         problems.append(f"field 'model' is {plan.model!r} but the model given is {model.name!r}")
     if plan.cluster != cluster.name:
         problems.append(f"field 'cluster' is {plan.cluster!r} but the cluster given is {cluster.name!r}")
-    total = sum(s.layers for s in plan.stages)
-    if total != model.layers:
-        problems.append(f"stage 'layers' sum to {total}, model {model.name} has {model.layers}")
-    if plan.global_batch % (plan.dp * plan.micro_batch):
-        problems.append(
-            f"field 'global_batch' ({plan.global_batch}) is not divisible by dp × micro_batch "
-            f"({plan.dp} × {plan.micro_batch})"
-        )
-    try:
-        model = plan_model(plan, model)
-    except InputError as exc:
-        problems.append(f"fields 'heads'/'query_groups' do not fit model {model.name}: {exc}")
+    problems += model_problems(plan, model)
     known = {g.name for g in cluster.gpu_types}
     for i, s in enumerate(plan.stages):
         if s.gpu not in known:
             problems.append(f"stages[{i}].gpu {s.gpu!r} is not in cluster {cluster.name}; allowed: {', '.join(sorted(known))}")
             continue
-        if model.heads % s.tp or model.query_groups % s.tp:
-            problems.append(
-                f"stages[{i}].tp ({s.tp}) must divide heads ({model.heads}) and query_groups ({model.query_groups})"
-            )
         if s.tp > max(cluster.node_sizes(s.gpu)):
             problems.append(f"stages[{i}].tp ({s.tp}) exceeds the largest {s.gpu} node ({max(cluster.node_sizes(s.gpu))} GPUs)")
     # fewer GPUs than the cluster has is a valid plan (the rest stay idle); more is not
@@ -293,6 +278,33 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
         problems.append("the stages' TP groups cannot be placed on the cluster's nodes (a TP group must fit in one node)")
     if problems:
         raise InputError(f"{source}: invalid plan: " + "; ".join(problems))
+
+
+def model_problems(plan: Plan, model: ModelArch) -> list[str]:
+    """What makes `plan` no plan of `model` whatever the cluster: layers that do not sum to the model's,
+    a global batch dp × micro_batch does not divide, heads / query groups that do not fit, a tp that does
+    not divide them, sizes beyond the catalog bounds (memx.domain.specs)."""
+    problems = []
+    total = sum(s.layers for s in plan.stages)
+    if total != model.layers:
+        problems.append(f"stage 'layers' sum to {total}, model {model.name} has {model.layers}")
+    if plan.dp > MAX_CLUSTER_GPUS:
+        problems.append(f"field 'dp' ({short_repr(plan.dp)}) exceeds {MAX_CLUSTER_GPUS} (the most GPUs a cluster has)")
+    elif plan.global_batch % (plan.dp * plan.micro_batch):
+        problems.append(
+            f"field 'global_batch' ({plan.global_batch}) is not divisible by dp × micro_batch "
+            f"({plan.dp} × {plan.micro_batch})"
+        )
+    try:
+        model = plan_model(plan, model)
+    except InputError as exc:
+        problems.append(f"fields 'heads'/'query_groups' do not fit model {model.name}: {exc}")
+    for i, s in enumerate(plan.stages):
+        if model.heads % s.tp or model.query_groups % s.tp:
+            problems.append(
+                f"stages[{i}].tp ({s.tp}) must divide heads ({model.heads}) and query_groups ({model.query_groups})"
+            )
+    return problems
 
 
 def _idle_record_problems(plan: Plan, cluster: Cluster) -> list[str]:

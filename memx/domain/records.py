@@ -194,6 +194,7 @@ class RejectedRow:
     column: str
     reason: str
     file: str = ""
+    gpu: str = ""  # the row's GPU name as given (a per-type verdict: every row of one type rejected)
 
 
 def _allowed(value: Any, allowed: Sequence[str]) -> str | None:
@@ -324,7 +325,8 @@ def validate_stage_runs(raw: pd.DataFrame, *, backend: str = "records", source: 
         row = _clean(row)
         problems = row_problems(row, gpu_memory_mib)
         if problems:
-            rejects.extend(RejectedRow(row=i, column=c, reason=p, file=file) for c, p in problems)
+            gpu = str(row.get("gpu", ""))[:specs.MAX_GPU_NAME_CHARS]
+            rejects.extend(RejectedRow(row=i, column=c, reason=p, file=file, gpu=gpu) for c, p in problems)
             continue
         row.update(backend=row.get("backend") or backend, measured_at=row.get("measured_at") or stamp,
                    source=row.get("source") or source, reason=row.get("reason") or "")

@@ -12,6 +12,14 @@ after the table) and checked on load. A cache that is truncated, does not parse,
 the check is discarded with a warning naming it and rebuilt from the predictor: edited cached values
 never change a plan under the same version hash.
 
+A hash beside the data proves only that nobody changed one without the other (issue #25: scaled rows plus
+a rewritten ``.sha256`` changed a pick silently). So the cache also stores each entry's canonical
+signature, and a load checks it against what produced it: every key must be the hash of its stored
+signature under this predictor version, and SPOT_CHECKS entries drawn at random (os.urandom: a forger
+cannot know which) are predicted again by the predictor and must agree (rtol SPOT_RTOL). A forged
+cache is discarded with a warning and rebuilt. A forger who alters a handful of a million entries may
+escape one spot check of 64 (docs/reliability.md §Integrity says so).
+
 The per-signature keys are pandas' vectorised 64-bit hash (`hash_pandas_object`), not
 memx.domain.hashing: millions of keys per search, where sha256 per row would dominate the search time.
 The predictor version (memx.domain.hashing) is the hash key, so the two families never mix.
@@ -22,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +45,8 @@ from memx.planner.signatures import INTERVAL_COLUMNS, PREDICTION_COLUMNS, SIGNAT
 CACHED_COLUMNS = PREDICTION_COLUMNS + INTERVAL_COLUMNS
 
 log = logging.getLogger(__name__)
+SPOT_CHECKS = 64  # cached entries predicted again on every load
+SPOT_RTOL = 1e-6  # the same predictor on the same signature: equal up to float rounding
 
 _INT = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab",
         "dp")
@@ -51,6 +62,11 @@ def canonical_signatures(sigs: pd.DataFrame) -> pd.DataFrame:
     for c in ("gpu", "recompute", "mlp"):
         out[c] = sigs[c].astype(str).to_numpy(dtype=object)
     return pd.DataFrame({c: out[c] for c in SIGNATURE_COLUMNS})
+
+
+_EMPTY_SIGS = pd.DataFrame({c: pd.Series(dtype=object if c in ("gpu", "recompute", "mlp") else
+                                      bool if c in ("first", "last", "distributed_optimizer", "sequence_parallel")
+                                      else np.int64) for c in SIGNATURE_COLUMNS})
 
 
 def signature_keys(sigs: pd.DataFrame, version: str) -> np.ndarray:
@@ -83,6 +99,7 @@ class CachedPredictor:
         self.name = f"cached-{inner.name}"
         self._keys = pd.Index(np.empty(0, dtype=np.uint64))
         self._values = np.empty((0, len(CACHED_COLUMNS)))
+        self._sigs = canonical_signatures(_EMPTY_SIGS)  # canonical signature per entry (checked on load)
         self.history: list[CacheStats] = []
         if self.path is not None and self.path.exists():
             self._load()
@@ -105,9 +122,10 @@ class CachedPredictor:
             if want != hashlib.sha256(data).hexdigest():
                 raise ValueError("no recorded sha256" if want is None else "sha256 check failed")
             df = pd.read_parquet(io.BytesIO(data))
-            df = df[df["version"].astype(str) == self.version]
+            df = df[df["version"].astype(str) == self.version].reset_index(drop=True)
             keys = pd.Index(df["key"].to_numpy(np.uint64))
             values = df.loc[:, list(CACHED_COLUMNS)].to_numpy(np.float64)
+            self._verify(df, keys.to_numpy(np.uint64), values)
         except (OSError, ValueError, KeyError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             log.warning("memx: prediction cache %s discarded (%s); it is rebuilt from the predictor",
                         self.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -115,6 +133,25 @@ class CachedPredictor:
             self.hash_path.unlink(missing_ok=True)
             return
         self._keys, self._values = keys, values
+        self._sigs = df.loc[:, list(SIGNATURE_COLUMNS)]
+
+    def _verify(self, df: pd.DataFrame, keys: np.ndarray, values: np.ndarray) -> None:
+        """ValueError unless the stored entries are what this predictor gives (see the module doc)."""
+        if not len(df):
+            return
+        sigs = df.loc[:, list(SIGNATURE_COLUMNS)]
+        if not np.array_equal(signature_keys(sigs, self.version), keys):
+            raise ValueError("a key is not the hash of its stored signature")
+        rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+        rows = rng.choice(len(df), size=min(SPOT_CHECKS, len(df)), replace=False)
+        sample = sigs.iloc[rows].copy()
+        sample["recompute_layers"] = sample["recompute_layers"].where(sample["recompute_layers"] >= 0)
+        for c in ("first", "last", "distributed_optimizer", "sequence_parallel"):
+            sample[c] = sample[c].astype(bool)
+        fresh = self.inner.predict(sample).reindex(columns=list(PREDICTION_COLUMNS)).to_numpy(np.float64)
+        cached = values[rows][:, :len(PREDICTION_COLUMNS)]
+        if not np.allclose(fresh, cached, rtol=SPOT_RTOL, atol=0.0, equal_nan=True):
+            raise ValueError(f"cached predictions disagree with the predictor ({SPOT_CHECKS} entries predicted again)")
 
     def save(self) -> None:
         if self.path is None:
@@ -122,6 +159,7 @@ class CachedPredictor:
         df = pd.DataFrame(self._values, columns=list(CACHED_COLUMNS))
         df.insert(0, "key", self._keys.to_numpy(np.uint64))
         df.insert(1, "version", self.version)
+        df = pd.concat([df, self._sigs.reset_index(drop=True)], axis=1)
         buf = io.BytesIO()
         df.to_parquet(buf, index=False)
         data = buf.getvalue()
@@ -145,6 +183,7 @@ class CachedPredictor:
             vals = pred.reindex(columns=list(CACHED_COLUMNS)).to_numpy(np.float64)
             self._keys = self._keys.append(pd.Index(miss_keys))
             self._values = np.vstack([self._values, vals])
+            self._sigs = pd.concat([self._sigs, canonical_signatures(sigs.iloc[rows])], ignore_index=True)
             out[~hit] = vals[np.searchsorted(miss_keys, keys[~hit])]
             self.save()
         self.history.append(CacheStats(queries=len(sigs), hits=int(hit.sum())))

@@ -55,7 +55,7 @@ from memx.domain.errors import InputError, NothingUsable
 from memx.domain.groups import any_plan_from_dict, simplest
 from memx.domain.hashing import stable_hash
 from memx.domain.plan import Plan, json_document
-from memx.domain.specs import Cluster, ModelArch
+from memx.domain.specs import MAX_GPU_MEMORY_MIB, Cluster, ModelArch
 from memx.learn.guard import Guard
 from memx.learn.peak_calibration import LOSS_SCALE, fit_memory, mem_errors
 from memx.learn.residual import PlanResidual, fit_residual, residual_from_dict
@@ -110,6 +110,15 @@ class PlanCalibration:
         """The predictor the search and estimate_plans use: per-type stage time and memory maps, and c
         and o through `assembly` (memx.planner.schedule.assembly_of); the base itself when identity."""
         return predictor if self.is_identity else CalibratedStagePredictor(base=predictor, plan_calibration=self)
+
+    def time_error(self) -> float | None:
+        """Held-out iteration-time MAPE on the measured plans of what this calibration applies (the residual's
+        cross-validation when a residual is kept, the time part's when it is kept, else the uncalibrated
+        error); None without timed plans. Two versions calibrated on the same plans compare by it."""
+        if self.residual is not None and self.residual_guard is not None:
+            return self.residual_guard.cv_mape
+        g = self.time_guard
+        return None if g is None else (g.cv_mape if g.accepted else g.base_mape)
 
     def headline(self) -> str:
         """A few words for the plan output's predictor name."""
@@ -324,10 +333,17 @@ def peak_list(v, where: str) -> list[float] | None:
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return None
     try:
-        return [float(x) for x in (json.loads(v) if isinstance(v, str) else list(v))]
-    except (ValueError, TypeError) as exc:
+        peaks = [float(x) for x in (json.loads(v) if isinstance(v, str) else list(v))]
+    except (ValueError, TypeError, RecursionError) as exc:
         raise InputError(f"{where} field 'peak_mem_mib' is not a list of numbers (MiB per GPU, e.g. [5579.2, "
                          f"7020.1]): {str(v)[:60]!r} ({exc.__class__.__name__})") from None
+    bad = [x for x in peaks if not (0.0 < x <= MAX_GPU_MEMORY_MIB)]  # NaN fails both comparisons
+    if not peaks:
+        raise InputError(f"{where} field 'peak_mem_mib' is an empty list; one peak (MiB) per GPU of the plan")
+    if bad:
+        raise InputError(f"{where} field 'peak_mem_mib' holds {bad[0]!r}; each GPU's peak must be a finite number "
+                         f"of MiB in (0, {MAX_GPU_MEMORY_MIB:,.0f}]")
+    return peaks
 
 
 def _finite_positive(y) -> bool:

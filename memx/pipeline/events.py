@@ -1,7 +1,8 @@
 """Cluster changes: add a node to a cluster catalog and tell Prefect (`memx.cluster.changed`).
 
 The event's resource id is `memx.cluster.<name>`; its payload names the cluster, the GPU type and
-count added, and whether that GPU type was new to the cluster. The `reprofile-on-hardware`
+count added, whether that GPU type was new to the cluster, the changed file and its catalog folder, and
+the model and search space to re-plan (`memx cluster add-node --model --search`). The `reprofile-on-hardware`
 deployment (prefect.yaml) triggers on it. An inventory system can emit the same event.
 """
 
@@ -15,9 +16,10 @@ from typing import Any
 import yaml
 
 from memx.domain.catalog import load_cluster, load_gpu, packaged_conf_root, resolve
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, short_repr
 from memx.domain.home import home_path
 from memx.domain.io import atomic_write_text
+from memx.domain.specs import MAX_CLUSTER_GPUS, MAX_GPUS_PER_NODE
 
 EVENT = "memx.cluster.changed"
 
@@ -37,11 +39,14 @@ def add_node(cluster: str, gpu: str, count: int, conf_root: Path | None = None) 
     A cluster from the packaged conf/ is never changed in place: the changed copy goes to the user's
     catalog (`conf_root`, else $MEMX_HOME/conf), whose entries win over the packaged ones
     (memx.domain.catalog.catalog_roots). A user's own file is changed in place (atomically)."""
-    if count < 1:
-        raise InputError(f"--count must be ≥ 1, got {count}")
+    if not 1 <= count <= MAX_GPUS_PER_NODE:  # checked before anything is written (memx.domain.specs bounds)
+        raise InputError(f"--count must be in 1..{MAX_GPUS_PER_NODE} (GPUs in one node), got {short_repr(count)}")
     src = resolve("clusters", cluster, conf_root)
     load_gpu(gpu, conf_root)  # unknown GPU → InputError listing the known ones
     before = load_cluster(src, conf_root)
+    if before.total_gpus + count > MAX_CLUSTER_GPUS:
+        raise InputError(f"--count {count}: cluster {before.name} would hold {before.total_gpus + count} GPUs; "
+                         f"at most {MAX_CLUSTER_GPUS}")
     text = with_node(src.read_text(encoding="utf-8"), gpu, count, src)
     dest = src
     if src.resolve().is_relative_to(packaged_conf_root().resolve()):
@@ -82,12 +87,17 @@ def with_node(text: str, gpu: str, count: int, source: Path) -> str:
     return out
 
 
-def event_payload(change: NodeAdded) -> dict[str, Any]:
+def event_payload(change: NodeAdded, model: str, search: str) -> dict[str, Any]:
+    """What the `reprofile-on-hardware` deployment needs to run the pipeline (prefect.yaml): the changed
+    cluster file (a path is a valid --cluster), the catalog folder it lives in (its GPU types), the model
+    and search space to plan."""
+    folder = change.path.parent
+    conf = folder.parent if folder.name == "clusters" else folder
     return {"cluster": change.cluster, "gpu": change.gpu, "count": change.count, "new_gpu_type": change.new_gpu_type,
-            "path": str(change.path)}
+            "path": str(change.path), "conf": str(conf.absolute()), "model": model, "search": search}
 
 
-def emit_cluster_changed(change: NodeAdded) -> bool:
+def emit_cluster_changed(change: NodeAdded, model: str, search: str) -> bool:
     """Emit the event to the Prefect API in use; False when no Prefect server is configured
     (PREFECT_API_URL unset: a temporary server would vanish with the event)."""
     from prefect.events import emit_event
@@ -97,5 +107,5 @@ def emit_cluster_changed(change: NodeAdded) -> bool:
         return False
 
     ev = emit_event(event=EVENT, resource={"prefect.resource.id": f"memx.cluster.{change.cluster}"},
-                    payload=event_payload(change))
+                    payload=event_payload(change, model, search))
     return ev is not None

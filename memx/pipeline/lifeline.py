@@ -58,35 +58,54 @@ for sig in (signal.SIGTERM, signal.SIGKILL):
 """
 
 _lock = threading.RLock()
-_held: dict[Path, tuple[IO[bytes], int]] = {}  # lock path → (open file, depth)
+_held: dict[Path, tuple[IO[bytes], int, bool]] = {}  # lock path → (open file, depth, home created by it)
 _watchdog: subprocess.Popen | None = None
 _adopted: set[int] = set()
 
 
 @contextlib.contextmanager
 def home_lock(home: Path | None = None) -> Iterator[Path]:
-    """Hold the exclusive lock of $MEMX_HOME (waits for another process that holds it)."""
+    """Hold the exclusive lock of $MEMX_HOME (waits for another process that holds it). The `.lock` file
+    goes when the last holder leaves (and the home too when this lock created it and nothing else was
+    written): a rejected input leaves nothing behind."""
     path = (home or memx_home()) / ".lock"
     with _lock:
         if path in _held:
-            f, depth = _held[path]
-            _held[path] = (f, depth + 1)
+            f, depth, created = _held[path]
+            _held[path] = (f, depth + 1, created)
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            f = open(path, "ab")  # noqa: SIM115 - held across the yield
-            fcntl.flock(f, fcntl.LOCK_EX)
-            _held[path] = (f, 1)
+            created = not path.parent.exists()
+            _held[path] = (_acquire(path), 1, created)
     try:
         yield path
     finally:
         with _lock:
-            f, depth = _held[path]
+            f, depth, created = _held[path]
             if depth > 1:
-                _held[path] = (f, depth - 1)
+                _held[path] = (f, depth - 1, created)
             else:
                 del _held[path]
+                path.unlink(missing_ok=True)  # while held: a waiter re-checks the inode (_acquire)
                 fcntl.flock(f, fcntl.LOCK_UN)
                 f.close()
+                if created:
+                    with contextlib.suppress(OSError):
+                        path.parent.rmdir()  # only when empty
+
+
+def _acquire(path: Path):
+    """flock on `path`, retried when the holder removed the file meanwhile (the lock we got is then on
+    an unlinked inode; the next holder creates a new file)."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)  # a holder that created the home removes it when empty
+        f = open(path, "ab")  # noqa: SIM115 - held across the caller's yield
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            if os.fstat(f.fileno()).st_ino == os.stat(path).st_ino:
+                return f
+        except FileNotFoundError:
+            pass
+        f.close()
 
 
 def _tell(line: str) -> None:

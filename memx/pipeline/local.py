@@ -142,6 +142,27 @@ def calibrate_registered(version: int, cluster: Cluster, model: ModelArch, runs:
     return cal
 
 
+def promote_if_calibrated_better(version: int, cal: PlanCalibration, fp: str, cluster: Cluster, model: ModelArch,
+                                 runs: pd.DataFrame, *, tracking_uri: str | None = None,
+                                 residual: bool = True) -> str | None:
+    """After `memx train --measured`: when `version` is not the champion of `fp`, the champion is calibrated
+    on the same measured plans (not stored) and `version` is promoted if its calibrated held-out plan time
+    error (PlanCalibration.time_error) is lower. The sentence saying what was decided; None when there is
+    nothing to compare (no champion, already champion, no timed plans)."""
+    ref = champion_ref(fp, tracking_uri)
+    mine = cal.time_error()
+    if ref is None or int(ref["model_version"]) == int(version) or mine is None:
+        return None
+    theirs = fit_from_config_runs(runs, cluster, model, registry.load_version(ref["model_version"]),
+                                  residual=residual).time_error()
+    if theirs is not None and mine >= theirs:
+        return (f"champion stays version {ref['model_version']}: calibrated plan time error {theirs:.1%} ≤ "
+                f"version {version}'s {mine:.1%}")
+    registry.promote(version, fp)
+    return (f"promoted version {version} to champion: calibrated plan time error {mine:.1%} < version "
+            f"{ref['model_version']}'s {'n/a' if theirs is None else f'{theirs:.1%}'} on the same measured plans")
+
+
 def search_step(cluster: Cluster, model: ModelArch, space: SearchSpace, *, store: StoreArg = None,
                 tracking_uri: str | None = None, weights: str | None = None, top_k: int = 10, mapper=None,
                 shard_by: str = "layout", on_progress: Progress | None = None) -> tuple[StepRun, dict[str, Any]]:

@@ -27,6 +27,7 @@ mlflow and xgboost are imported inside functions: ``import memx`` stays light.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -42,7 +43,7 @@ import pandas as pd
 
 from memx.domain.errors import InputError
 from memx.domain.hashing import canonical_json, stable_hash
-from memx.domain.home import home_path, memx_home
+from memx.domain.home import home_path, memx_home, telemetry_off
 from memx.domain.specs import Cluster, GpuType, ModelArch
 
 MODEL_NAME = "memx-stage-predictor"
@@ -81,14 +82,60 @@ def tracking_uri(uri: str | None = None) -> str:
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
-    home = memx_home()
-    home.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{home / 'mlflow.db'}"
+    return f"sqlite:///{memx_home() / 'mlflow.db'}"
+
+
+def store_exists(uri: str | None = None) -> bool:
+    """False for a SQLite tracking store whose file does not exist yet (nothing registered; reading it must
+    not create it), True for every other store."""
+    resolved = tracking_uri(uri)
+    return not resolved.startswith("sqlite:///") or Path(resolved.removeprefix("sqlite:///")).is_file()
 
 
 def public_tracking_uri(uri: str | None = None) -> str:
     """The tracking URI as it may be stored, logged or printed: credentials redacted."""
     return redact_uri(tracking_uri(uri)) or ""
+
+
+def portable_uri(uri: str | None = None) -> str:
+    """The tracking URI as stored in manifests and version hashes: public_tracking_uri with a SQLite store
+    under $MEMX_HOME written `sqlite:///$MEMX_HOME/…`, so a home moved or copied to another path still finds
+    its stored steps (issue #25)."""
+    public = public_tracking_uri(uri)
+    home = f"sqlite:///{memx_home()}/"
+    return "sqlite:///$MEMX_HOME/" + public.removeprefix(home) if public.startswith(home) else public
+
+
+def relocate(uri: str) -> None:
+    """A SQLite store under $MEMX_HOME whose experiments keep their artifacts under another folder's
+    `mlartifacts` (MLflow stores absolute paths; the home was moved or copied): rewrite those paths to this
+    home's `mlartifacts`, in one transaction, with a warning naming both. Without it a moved home would
+    read and write the old folder (or fail where it is gone)."""
+    db = Path(uri.removeprefix("sqlite:///"))
+    if not uri.startswith("sqlite:///") or not db.is_file() or db.parent.resolve() != memx_home().resolve():
+        return
+    import sqlite3
+
+    new = artifact_location(uri)
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        tables = {r[0]: {c[1] for c in con.execute(f"pragma table_info('{r[0]}')")}
+                  for r in con.execute("select name from sqlite_master where type = 'table'")}
+        if "artifact_location" not in tables.get("experiments", ()):
+            return
+        olds = {r[0] for r in con.execute("select artifact_location from experiments")
+                if r[0] and r[0].endswith("/mlartifacts") and r[0] != new}
+        for old in olds:
+            for table, column in RELOCATED_COLUMNS:
+                if column in tables.get(table, ()):
+                    con.execute(f"update {table} set {column} = ? || substr({column}, ?) "
+                                f"where substr({column}, 1, ?) = ?", (new, len(old) + 1, len(old), old))
+            log.warning("memx: MEMX_HOME moved: MLflow's artifact paths %s rewritten to %s", old, new)
+
+
+# Where MLflow's SQLite store keeps absolute artifact paths (MLflow 3 schema; absent columns are skipped).
+RELOCATED_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"),
+                     ("logged_models", "artifact_location"), ("model_versions", "storage_location"),
+                     ("model_versions", "source"))
 
 
 def artifact_location(uri: str) -> str | None:
@@ -104,13 +151,19 @@ def artifact_location(uri: str) -> str | None:
 def setup(uri: str | None = None, experiment: str = EXPERIMENT):
     """Point MLflow at the tracking store and `experiment` (created with artifact_location when new);
     returns an MlflowClient."""
+    telemetry_off()  # before mlflow is imported
     import mlflow
 
+    for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables…", migrations: not for users
+        logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keeps CLI stdout clean
     # MLflow writes "View run … at: <URL with credentials>" to stdout after every run on a server (issue #11)
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     before = os.environ.get("MLFLOW_TRACKING_URI")
     resolved = tracking_uri(uri)
+    if resolved.startswith("sqlite:///"):
+        Path(resolved.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        relocate(resolved)
     mlflow.set_tracking_uri(resolved)
     mlflow.set_registry_uri(resolved)
     # mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI; undo that so a later MEMX_HOME is honoured

@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from memx.domain.errors import InputError, NothingUsable
+from memx.domain.records import nothing_usable
 from memx.domain.groups import any_plan_from_dict, validate_any_plan
 from memx.domain.home import home_path
 from memx.domain.plan import plan_to_dict
@@ -96,6 +97,37 @@ def save(store: ArtifactStore, step: str, version: str, result: StepResult, inpu
 
 # --- profile: one artifact per GPU type ------------------------------------------------------------
 
+def _require_usable_type(res: Any, gpu: str) -> None:
+    """A records import (`ProfileResult`) holds a usable row of `gpu`: TypeNotInRecords when it names no row
+    of it (the type stays unprofiled); NothingUsable when every row of it was rejected or failed (bad input:
+    an all-failed profile is never stored)."""
+    from memx.profiling import require_measured
+
+    runs = res.stage_runs.loc[res.stage_runs["gpu"] == gpu]
+    rejected = [r for r in res.rejected if r.gpu == gpu]
+    if runs.empty and rejected:
+        raise nothing_usable(rejected, what=f"records for {gpu}")
+    if runs.empty:
+        raise TypeNotInRecords(f"records for {gpu}: no imported row is for this GPU type",
+                               dict(Counter(f"row for {g}" for g in res.stage_runs["gpu"].astype(str))))
+    require_measured(runs, "records")
+
+
+def _check_records(cluster: Cluster, model: ModelArch, space: SearchSpace, options: dict[str, Any]) -> None:
+    """Before any GPU type is stored: every type the records name has a usable row (NothingUsable)."""
+    from memx.profiling import profile
+
+    res = profile(cluster, model, space, backend="records", records=options.get("records"))
+    for g in cluster.gpu_types:
+        with contextlib.suppress(TypeNotInRecords):
+            _require_usable_type(res, g.name)
+
+
+class TypeNotInRecords(NothingUsable):
+    """A records import names no row of this GPU type (it stays unprofiled); every row of a type that the
+    file does name being rejected is plain NothingUsable."""
+
+
 def compute_profile(cluster: Cluster, gpu: str, model: ModelArch, space: SearchSpace, *, backend: str, seed: int,
                     conf_root: Path | None, options: dict[str, Any], key: str) -> StepResult:
     """One GPU type's profile. Points measured so far are kept in a scratch folder under MEMX_HOME
@@ -106,14 +138,12 @@ def compute_profile(cluster: Cluster, gpu: str, model: ModelArch, space: SearchS
 
     t0 = time.perf_counter()
     res = profile(single_type(cluster, gpu), model, space, backend=backend, seed=seed, conf_root=conf_root,
-                  out_dir=profiling_scratch(key), **options)
+                  out_dir=None if backend == "records" else profiling_scratch(key), **options)  # records: no resume
     runs, count = res.stage_runs, res.runs
     if backend == "records":
         runs = runs.loc[runs["gpu"] == gpu].reset_index(drop=True)
         count = len(runs)
-        if runs.empty:
-            raise NothingUsable(f"records for {gpu}: no imported row is for this GPU type",
-                                dict(Counter(f"row for {g}" for g in res.stage_runs["gpu"].astype(str))))
+        _require_usable_type(res, gpu)
     return StepResult(
         tables={"stage_runs": runs, "sensitivity": res.sensitivity},
         manifest={"key": key, "subject": profile_subject(cluster, gpu, model, space), "gpu": gpu, "backend": backend,
@@ -152,13 +182,13 @@ def profile_all(store: ArtifactStore, cluster: Cluster, model: ModelArch, space:
                 refresh_token: str = "", log: Callable[[str], None] = lambda _: None) -> dict[str, str]:
     """{GPU type: profile version} for every GPU type of the cluster; types in `refresh` re-measured."""
     out, unusable = {}, []
+    if backend == "records":
+        _check_records(cluster, model, space, options)
     for g in cluster.gpu_types:
         try:
             run = profile_one(store, cluster, g.name, model, space, backend=backend, seed=seed, conf_root=conf_root,
                               options=options, refresh_token=refresh_token if g.name in refresh else None)
-        except NothingUsable as exc:
-            if backend != "records":
-                raise
+        except TypeNotInRecords as exc:
             # imported records may cover only some GPU types: the others stay unprofiled (said here and by
             # `memx train`, which names the types without a profile); nothing at all is still an error
             log(f"profile {g.name}: not stored — {str(exc).splitlines()[0]}")
@@ -228,7 +258,7 @@ def compute_train(augmented: dict[str, pd.DataFrame], augment_manifest: dict[str
                   "variant": out.predictor.variant, "predictor_version": out.predictor.version,
                   "fingerprint": fp.fingerprint, "held_out": {k: float(v) for k, v in out.errors.items()},
                   "sha256": dict(out.hashes),
-                  "tracking_uri": registry.public_tracking_uri(tracking_uri)})
+                  "tracking_uri": registry.portable_uri(tracking_uri)})
 
 
 def _registered(manifest: dict[str, Any], tracking_uri: str | None) -> bool:
@@ -247,7 +277,7 @@ def train_augmented(store: ArtifactStore, augment_version: str, cluster: Cluster
     reused when the same training is stored and its model is still in this registry."""
     fp = registry.fingerprint(cluster, model, space.global_batch)
     key = train_key(augment_version, fp.fingerprint, seed=config.seed, budget=dataclasses.asdict(config.budget))
-    found = newest_with(store, "train", key=key, tracking_uri=registry.public_tracking_uri(tracking_uri))
+    found = newest_with(store, "train", key=key, tracking_uri=registry.portable_uri(tracking_uri))
     if found is not None and _registered(found[1], tracking_uri):
         return StepRun(step="train", version=found[0], reused=True, manifest=found[1])
     augmented = {n: store.get_table("augment", augment_version, n) for n in ("train", "valid", "gates")}

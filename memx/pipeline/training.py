@@ -178,13 +178,16 @@ def cached(predictor: LearnedStagePredictor, fp: str, version: int) -> CachedPre
 
 
 def champion_ref(fp: str, tracking_uri: str | None = None) -> dict[str, Any] | None:
-    """The champion of a fingerprint as plain data (what a search version depends on), or None."""
+    """The champion of a fingerprint as plain data (what a search version depends on), or None (also when
+    no tracking store exists yet: reading never creates one)."""
+    if not registry.store_exists(tracking_uri):
+        return None
     registry.setup(tracking_uri)
     mv = registry.champion(fp)
     if mv is None:
         return None
     return {"fingerprint": fp, "model_version": int(mv.version), "predictor_version": mv.tags.get("predictor_version", ""),
-            "variant": mv.tags.get("variant", ""), "run_id": mv.run_id, "tracking_uri": registry.public_tracking_uri(tracking_uri),
+            "variant": mv.tags.get("variant", ""), "run_id": mv.run_id, "tracking_uri": registry.portable_uri(tracking_uri),
             **({"calibration_sha256": c} if (c := mv.tags.get(registry.CALIBRATION_TAG)) else {})}
 
 

@@ -34,7 +34,7 @@ from memx.profiling.runner import load_existing, run_points
 from memx.profiling.sensitivity import (sensitivity_frame, sensitivity_markdown, sensitivity_rows, sweep_plan,
                                         sweep_points)
 
-__all__ = ["BACKENDS", "ProfileResult", "profile"]
+__all__ = ["BACKENDS", "ProfileResult", "profile", "require_measured"]
 
 STAGE_RUNS_FILE = "stage_runs.parquet"
 SENSITIVITY_FILE = "sensitivity.parquet"
@@ -78,7 +78,7 @@ def failures_by_reason(stage_runs: pd.DataFrame) -> dict[str, int]:
     return dict(Counter(f"{s}: {_reason_class(r)}" for s, r in zip(bad["status"], bad["reason"])))
 
 
-def _require_measured(stage_runs: pd.DataFrame, backend: str) -> None:
+def require_measured(stage_runs: pd.DataFrame, backend: str) -> None:
     """NothingUsable when no row is 'ok': counts per reason and the first three points."""
     if (stage_runs["status"] == "ok").any():
         return
@@ -165,7 +165,7 @@ def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: 
     with _launch_guard(backend):
         df = run_points(phase1, be, existing=load_existing(out_path), out_path=out_path, jobs=jobs,
                         progress=progress, label="sensitivity sweeps")
-        _require_measured(df, backend)  # nothing measured: the 3-point grid would fail the same way
+        require_measured(df, backend)  # nothing measured: the 3-point grid would fail the same way
         variant_axes = _variant_axes(cluster, model, space)
         df, sens, runs_by_gpu = _phase2(model, axes, plans, phase1, df, be, out_path, jobs, progress, variant_axes)
     return _result(df, sensitivity_frame(sens), runs_by_gpu=runs_by_gpu,

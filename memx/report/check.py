@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memx.domain.errors import InputError
-from memx.domain.groups import AnyPlan, any_plan_from_dict
-from memx.domain.specs import Weights
+from memx.domain.groups import AnyPlan, any_plan_from_dict, validate_for_model
+from memx.domain.specs import ModelArch, Weights
 from memx.planner.metrics import PlanMetrics
 from memx.planner.objective import phi
 from memx.planner.replicas import estimate_any_plans
@@ -28,17 +28,26 @@ class CheckOutcome:
     markdown: str
 
 
-def load_baseline(path: Path) -> AnyPlan:
-    """A `memx plan --format json` output (its "plan") or a bare plan JSON, schema 1 or 2."""
+def load_baseline(path: Path, model: ModelArch | None = None) -> AnyPlan:
+    """A `memx plan --format json` output (its "plan") or a bare plan JSON, schema 1 or 2. With `model` (the
+    run's, when the baseline names it): a baseline that is no plan of it (layers that do not sum, a tp
+    that does not divide the heads, …) is bad input; one that only no longer fits the cluster is not."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise InputError(f"{path}: baseline file not found") from exc
+    except UnicodeDecodeError:
+        raise InputError(f"--check {path}: not a UTF-8 text file (a baseline plan JSON expected)") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise InputError(f"--check {path}: JSON nested too deeply") from None
     if isinstance(data, dict) and "plan" in data:
         data = data["plan"]
-    return any_plan_from_dict(data, source=str(path))
+    plan = any_plan_from_dict(data, source=str(path))
+    if model is not None and plan.model == model.name:
+        validate_for_model(plan, model, source=f"--check {path}")
+    return plan
 
 
 def check_report(obj: dict, baseline: AnyPlan, cluster, model, predictor, *, reserve_gib: float,

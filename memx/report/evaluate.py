@@ -119,6 +119,32 @@ def _measured(df: pd.DataFrame) -> Measured:
     return Measured(time_ms=t[ok], peaks=peaks, oom=oom, ok=ok)
 
 
+# A measured time or peak this many times below the prediction is another unit (s for ms: 1,000×; GiB for
+# MiB: 1,024×), not a prediction error: the closed form's documented 90 % band is -40 %/+60 %
+# (memx.learn.intervals.CLOSED_FORM_BANDS), a learned predictor's is narrower.
+UNIT_RATIO = 20.0
+
+
+def check_measured(meas: Measured, est: list[PlanMetrics]) -> None:
+    """Measured values the metrics can use: times > 0, one peak per GPU of the plan, and values in the units
+    the columns name (ms, MiB) — InputError naming the row and field otherwise."""
+    for i, t in zip(meas.ok, meas.time_ms):
+        if t <= 0:
+            raise InputError(f"config_runs row {i}: field 'iteration_time_ms' is {float(t)!r}; a plan that ran took > 0 ms "
+                             "(an empty cell or oom = true marks one that did not)")
+    for i, p in zip(meas.ok, meas.peaks):
+        want = len(est[i].peak_mem_mib)
+        if p.shape != (want,):
+            raise InputError(f"config_runs row {i}: field 'peak_mem_mib' has {p.size} value(s); the plan has {want} "
+                             "GPUs (one peak per GPU, in the order memx simulate plan writes them)")
+    ratio_t = float(np.median([est[i].iteration_time_ms for i in meas.ok] / meas.time_ms))
+    ratio_m = float(np.median([est[i].max_mem_mib / p.max() for i, p in zip(meas.ok, meas.peaks)]))
+    for field, ratio, unit, other in (("iteration_time_ms", ratio_t, "ms", "seconds"), ("peak_mem_mib", ratio_m, "MiB", "GiB")):
+        if ratio > UNIT_RATIO:
+            raise InputError(f"config_runs: field '{field}' is {ratio:,.0f}× below the predictions (median): the values "
+                             f"look like {other}, not {unit}; convert them to {unit}")
+
+
 def _metrics(est: list[PlanMetrics], meas: Measured, w: Weights, *, rank_by_time_only: bool = False) -> dict[str, Any]:
     e_ok = [est[i] for i in meas.ok]
     pt = np.array([e.iteration_time_ms for e in e_ok])
@@ -147,6 +173,7 @@ def evaluate(cluster: Cluster, model: ModelArch, measured: pd.DataFrame, predict
     if len(meas.ok) < 2:
         raise InputError(f"config_runs: {len(meas.ok)} plan(s) with a measured time; need at least 2 to evaluate")
     est = estimate_any_plans(plans, cluster, model, predictor, reserve_gib=reserve_gib)
+    check_measured(meas, est)
     w = weights if isinstance(weights, Weights) else parse_weights(weights or "auto")
     if w is None:  # auto: from the fastest predicted feasible plan's margin (paper §3.1.2)
         feas = [e for e in est if e.feasible] or est

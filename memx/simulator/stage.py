@@ -15,11 +15,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, short_repr
 from memx.domain.plan import PLAN_RECOMPUTE, Recompute
 from memx.simulator.physics import Device, Dims, embedding_cost, layer_cost, output_cost, adam_step_ms
 from memx.simulator.traits import GpuTraits
-from memx.domain.specs import GpuType
+from memx.domain.specs import (MAX_CLUSTER_GPUS, MAX_HEADS, MAX_LAYERS, MAX_MICRO_BATCH, MAX_SEQ_LEN, MAX_TP,
+                               MAX_VOCAB, MAX_WIDTH, GpuType)
 
 MIB = 1024.0 * 1024.0
 STAGE_RECOMPUTE = PLAN_RECOMPUTE  # a stage's recompute: the plan JSON's values
@@ -85,13 +86,22 @@ class StageSignature:
 OPTION_FIELDS = ("distributed_optimizer", "dp", "sequence_parallel")  # optional, with defaults
 SIGNATURE_FIELDS = tuple(f.name for f in fields(StageSignature))  # the stage_runs signature columns
 _INT_FIELDS = ("tp", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab")
+# Upper bounds at the edge (memx.domain.specs §bounds): a signature the catalogs could never produce is bad
+# input, never an overflow inside the physics or an "oom" answer for 10^12 layers.
+_MAX = {"tp": MAX_TP, "layers": MAX_LAYERS, "recompute_layers": MAX_LAYERS, "micro_batch": MAX_MICRO_BATCH,
+        "seq_len": MAX_SEQ_LEN, "inflight": MAX_LAYERS, "hidden": MAX_WIDTH, "ffn_hidden": MAX_WIDTH,
+        "heads": MAX_HEADS, "query_groups": MAX_HEADS, "vocab": MAX_VOCAB, "dp": MAX_CLUSTER_GPUS}
 
 
-def _as_int(field: str, value: Any, minimum: int) -> int:
+def _as_int(field: str, given: Any, minimum: int) -> int:
+    value = given
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise InputError(f"stage signature: field '{field}' must be an integer ≥ {minimum}, got {value!r}")
+    top = _MAX[field]
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum
+            or value > top):
+        raise InputError(f"stage signature: field '{field}' must be an integer in {minimum}..{top:,}, "
+                         f"got {short_repr(given)}")
     return int(value)
 
 

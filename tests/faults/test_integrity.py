@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from memx.domain.catalog import load_cluster, load_model, load_search
-from memx.learn.cache import CachedPredictor
+from memx.learn.cache import SPOT_CHECKS, CachedPredictor
 from memx.pipeline import registry
 from memx.pipeline.local import run_local, search_step, train_config
 from memx.pipeline.store import CorruptArtifact, LocalStore, store_from_uri
@@ -126,6 +126,30 @@ def test_tampered_cache_is_discarded_and_rebuilt(sigs, tmp_path, caplog):
         third = CachedPredictor(inner, version="v1", path=path)
     assert len(third) == 0 and "discarded" in caplog.text and not path.exists()
     assert np.array_equal(third.predict(s).to_numpy(), truth.to_numpy())
+
+
+@pytest.mark.parametrize("forge", ["alternate-rows-scaled", "one-row-scaled", "signature-swapped"])
+def test_forged_cache_with_a_rewritten_sha256_is_detected(sigs, tmp_path, caplog, forge):
+    """Issue #25: the forger rewrites the data and the .sha256 beside it; the load still refuses it (keys
+    checked against the stored signatures, random entries predicted again)."""
+    cl, s = sigs
+    inner = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    path = tmp_path / "predictions.parquet"
+    truth = CachedPredictor(inner, version="v1", path=path).predict(s)
+    df = pd.read_parquet(path)
+    if forge == "alternate-rows-scaled":
+        df.loc[::2, "time_ms"] *= 0.03
+    elif forge == "one-row-scaled":  # with fewer entries than SPOT_CHECKS every entry is checked
+        assert len(df) <= SPOT_CHECKS
+        df.loc[len(df) // 2, "peak_mem_mib"] *= 0.5
+    else:
+        df.loc[0, "layers"] = int(df.loc[0, "layers"]) + 1  # a value moved under another signature
+    df.to_parquet(path, index=False)
+    (path.parent / "predictions.parquet.sha256").write_text(hashlib.sha256(path.read_bytes()).hexdigest() + "\n")
+    with caplog.at_level(logging.WARNING):
+        again = CachedPredictor(inner, version="v1", path=path)
+    assert len(again) == 0 and f"prediction cache {path} discarded" in caplog.text
+    assert np.array_equal(again.predict(s).to_numpy(), truth.to_numpy())
 
 
 # --- the pipeline: recompute what is corrupt, validate a stored plan --------------------------------

@@ -241,3 +241,27 @@ def test_search_and_estimate_share_the_per_transfer_cost(setting):
     assert chosen.iteration_time_ms == pytest.approx(again.iteration_time_ms, rel=1e-5)
     assert chosen.plan.pp > 1 and again.iteration_time_ms >= plain.iteration_time_ms + 5.0 * blocking_transfers(
         chosen.plan.pp, chosen.plan.micro_batches) - 1e-6
+
+
+def test_train_measured_promotes_a_version_whose_calibration_beats_the_champions(monkeypatch):
+    """Issue #25: `memx train --measured` compares the new version's calibrated plan time error with the
+    champion's, calibrated on the same measured plans, and promotes when it is lower."""
+    import memx.pipeline.local as local
+    from memx.learn.guard import Guard
+
+    def cal(cv: float, base: float = 0.5) -> PlanCalibration:
+        return PlanCalibration(time_scale={"g": 1.1}, plans_timed=8, time_guard=Guard(base_mape=base, cv_mape=cv, folds=4))
+
+    assert cal(0.1).time_error() == 0.1 and cal(0.49).time_error() == 0.5  # a refused part: the uncalibrated error
+    assert PlanCalibration().time_error() is None
+    champion_fit, promoted = {}, []
+    monkeypatch.setattr(local, "champion_ref", lambda fp, uri=None: {"model_version": 1})
+    monkeypatch.setattr(local.registry, "load_version", lambda v: f"predictor v{v}")
+    monkeypatch.setattr(local, "fit_from_config_runs", lambda runs, cl, mo, pred, **kw: champion_fit[pred])
+    monkeypatch.setattr(local.registry, "promote", lambda v, fp: promoted.append((v, fp)))
+    champion_fit["predictor v1"] = cal(0.2)
+    said = local.promote_if_calibrated_better(2, cal(0.1), "fp", None, None, None)
+    assert promoted == [(2, "fp")] and "promoted version 2" in said and "10.0% < version 1's 20.0%" in said
+    said = local.promote_if_calibrated_better(3, cal(0.3), "fp", None, None, None)
+    assert promoted == [(2, "fp")] and "champion stays version 1" in said
+    assert local.promote_if_calibrated_better(1, cal(0.1), "fp", None, None, None) is None  # already champion

@@ -13,6 +13,7 @@ no row survives, and `InputError` (file, line, field) for a malformed number in 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from memx.profiling.megatron_logs import megatron_args, parse_output, point_from
 
 FORMATS = (".csv", ".parquet", ".jsonl", ".json")
 LOG_SUFFIXES = (".log", ".txt", ".out")
+log = logging.getLogger(__name__)
 
 
 def _read_table(path: Path) -> pd.DataFrame:
@@ -98,6 +100,20 @@ def _micro_batches(point: dict, source: str) -> int:
     return int(m)
 
 
+_ITER_OF = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)")
+
+
+def truncation(text: str) -> str:
+    """Why a Megatron log looks cut short ('' when it does not): its last logged iteration is below the
+    run's total (`iteration N/ M`, N < M), or its last line is unfinished (no newline at the end)."""
+    seen = [(int(n), int(m)) for n, m in _ITER_OF.findall(text)]
+    if seen and seen[-1][0] < seen[-1][1]:
+        return f"truncated? it ends at iteration {seen[-1][0]} of {seen[-1][1]}"
+    if text and not text.endswith("\n"):
+        return "truncated? its last line is unfinished"
+    return ""
+
+
 def ingest_megatron(logdir: Path, *, model: ModelArch, gpu: str, gpu_memory_mib: float | None = None
                     ) -> tuple[pd.DataFrame, list[RejectedRow]]:
     """One stage_runs row per Megatron-LM log in `logdir` (*.log, *.txt, *.out).
@@ -122,6 +138,8 @@ def ingest_megatron(logdir: Path, *, model: ModelArch, gpu: str, gpu_memory_mib:
         point["source"] = point.get("source") or f"records:{f.name}"
         m = _micro_batches(point, str(f))
         parsed = parse_output(text, micro_batches=m, source=str(f))  # OOM or unparseable → a row that says why
+        if parsed.status == "ok" and (cut := truncation(text)):
+            log.warning("memx: %s: %s; its row is kept from the iterations logged", f, cut)
         row_files.append(f)
         if parsed.status == "ok":
             rows.append(ok_row(point, time_ms=parsed.time_ms, peak_mem_mib=parsed.peak_mem_mib,
