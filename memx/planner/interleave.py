@@ -1,0 +1,82 @@
+"""Interleaved 1F1B in the closed form (issue #27; docs/planner.md §Interleaved 1F1B).
+
+Megatron-LM's interleaved schedule (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
+on GPU Clusters Using Megatron-LM", §2.2.2) splits each pipeline rank's layers into v model chunks; rank s
+holds virtual stages s, s + pp, …, s + (v − 1)·pp. On a mixed cluster every rank keeps its own layer share
+(the uneven split), cut into v equal chunks. Three terms change against plain 1F1B:
+
+- the bubble shrinks v-fold: (p − 1)/(v·m) of the ideal time instead of (p − 1)/m (§2.2.2);
+- every micro batch crosses v·pp − 1 chunk boundaries instead of pp − 1: v× the p2p traffic, plus the
+  v − 1 hops from the last rank back to the first (§2.2.2: "the amount of communication also increases by v");
+- early ranks hold more activations: Megatron's warm-up runs (pp − s − 1)·2 + (v − 1)·pp forward chunks
+  on rank s before its first backward (megatron/core/pipeline_parallel/schedules.py,
+  `get_pp_rank_microbatches`, with `microbatch_group_size_per_vp_stage` = pp), so at its peak rank s holds
+  k_s = min(that + 1, v·m) chunks, i.e. k_s / v micro batches of its stage's activations.
+
+A stage predictor takes an integer `inflight`; an interleaved stage context asks for ⌊k/v⌋ and its twin at
+⌊k/v⌋ + 1, and the peak is interpolated between them (exact for every predictor whose memory is linear in
+`inflight`, as the closed forms' static + inflight·activations + workspace is).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from memx.domain.plan import place_plan
+
+
+def inflight_chunks(pp: int, s: int, micro_batches: int, v: int) -> int:
+    """Model chunks rank s holds at its peak under the interleaved schedule: Megatron's warm-up forwards
+    (pp − s − 1)·2 + (v − 1)·pp, plus the one forward of the first 1F1B step, at most all v·m chunks
+    (megatron/core/pipeline_parallel/schedules.py, get_pp_rank_microbatches)."""
+    return min((pp - s - 1) * 2 + (v - 1) * pp + 1, v * micro_batches)
+
+
+def interleaved_time_ms(stage_ms: np.ndarray, total_ms: np.ndarray, m: int, v: int) -> np.ndarray:
+    """Compute part of T under interleaved 1F1B: m·max_s t_s + (Σ_s t_s − max_s t_s)/v. The fill and drain
+    of plain 1F1B cost Σ_s t_s − max_s t_s (its (m − 1)·max + Σ form); with v chunks per rank every fill/drain
+    step is a chunk, t_s / v, so the bubble shrinks v-fold (Narayanan et al. 2021 §2.2.2: bubble
+    (p − 1)/(v·m)). v = 1 gives (m − 1)·max + Σ exactly. stage_ms (pp, N); total_ms = Σ_s t_s (N,)."""
+    top = stage_ms.max(axis=0)
+    return m * top + (total_ms - top) / v
+
+
+def p2p_hops(pp: int, v: int) -> tuple[int, int]:
+    """(hops over each boundary s → s+1, hops over the wrap pp−1 → 0) one micro batch makes through the
+    v·pp virtual stages: v and v − 1 (Narayanan et al. 2021 §2.2.2)."""
+    return v, v - 1
+
+
+def context_twins(ctx):
+    """(the context at ⌊k/v⌋ micro batches, its twin at ⌊k/v⌋ + 1 or None, the fraction k/v − ⌊k/v⌋)
+    of an interleaved stage context (memx.planner.tables.StageContext with virtual_stages > 1); the
+    twins are plain contexts a stage predictor knows."""
+    v, k = ctx.virtual_stages, ctx.inflight_chunks
+    base = dataclasses.replace(ctx, virtual_stages=1, inflight_chunks=0, inflight=k // v)
+    if k % v == 0:
+        return base, None, 0.0
+    return base, dataclasses.replace(base, inflight=k // v + 1), (k % v) / v
+
+
+def interpolate(low: np.ndarray, high: np.ndarray, frac: np.ndarray) -> np.ndarray:
+    """Peak at k/v micro batches from the peaks at ⌊k/v⌋ and ⌊k/v⌋ + 1 (linear in inflight)."""
+    return low + frac * (high - low)
+
+
+def allowed_layers(n: int, code: int, v: int) -> bool:
+    """A stage of n layers with recompute option `code` (memx.planner.tables codes) can be interleaved v ways:
+    n a multiple of v and a block recompute's layer count too (Megatron applies --recompute-num-layers
+    per chunk; memx.domain.plan.interleave_problems)."""
+    return n % v == 0 and (code < 1 or code >= n or code % v == 0)
+
+
+def wrap_gbps(cluster, plan) -> float:
+    """Bandwidth of the hop from the last stage back to the first (replica 0's first-fit placement,
+    memx.domain.plan.place_plan): intra-node when both share a node, else the inter-node network — the same
+    rule as memx.planner.space.plan_links for consecutive stages."""
+    where = place_plan(plan, cluster)
+    if where is None or where[0][0] != where[0][-1]:
+        return cluster.inter_node_bandwidth_gbps
+    return cluster.gpu(plan.stages[0].gpu).intra_node_bandwidth_gbps
