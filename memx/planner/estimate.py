@@ -14,7 +14,7 @@ import pandas as pd
 
 from memx.domain.plan import Plan, plan_model, validate_plan
 from memx.domain.specs import Cluster, ModelArch
-from memx.planner.interleave import context_twins, interpolate, wrap_gbps
+from memx.planner.interleave import context_twins, wrap_gbps
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.predictions import params_per_rank
 from memx.planner.schedule import AssemblyCalibration, assembly_of, pipeline
@@ -48,12 +48,21 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
     layers = np.asarray([st.layers for p in plans for st in p.stages])
     codes = np.asarray([option_code(st) for p in plans for st in p.stages])
     pred = _predict_rows(plans, model, predictor, ctxs, layers, codes)
-    twins = [context_twins(c) if c.virtual_stages > 1 else (c, None, 0.0) for c in ctxs]
-    if any(t[1] is not None for t in twins):  # interleaved: peaks at k/v micro batches (memx.planner.interleave)
-        high = _predict_rows(plans, model, predictor, [t[1] or t[0] for t in twins], layers, codes)
-        frac = np.array([t[2] for t in twins])
-        for col in [c for c in ("peak_mem_mib", "peak_mem_mib_low", "peak_mem_mib_high") if c in pred]:
-            pred[col] = interpolate(pred[col].to_numpy(float), high[col].to_numpy(float), frac)
+    inter = [i for i, c in enumerate(ctxs) if c.virtual_stages > 1]
+    if inter:  # interleaved: peaks from the twins' (memx.planner.interleave.context_twins)
+        twins = {i: context_twins(ctxs[i]) for i in inter}
+        cols = [c for c in ("peak_mem_mib", "peak_mem_mib_low", "peak_mem_mib_high") if c in pred]
+        out = {col: pred[col].to_numpy(float).copy() for col in cols}
+        for t in range(max(len(tw) for tw in twins.values())):
+            alt = [twins[i][t][0] if i in twins and t < len(twins[i]) else c for i, c in enumerate(ctxs)]
+            got = _predict_rows(plans, model, predictor, alt, layers, codes)
+            for col in cols:
+                part = got[col].to_numpy(float)
+                for i in inter:
+                    w = twins[i][t][1] if t < len(twins[i]) else 0.0
+                    out[col][i] = (0.0 if t == 0 else out[col][i]) + w * part[i]
+        for col in cols:
+            pred[col] = out[col]
     return ctxs, layers, pred
 
 

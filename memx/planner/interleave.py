@@ -13,9 +13,10 @@ holds virtual stages s, s + pp, …, s + (v − 1)·pp. On a mixed cluster every
   `get_pp_rank_microbatches`, with `microbatch_group_size_per_vp_stage` = pp), so at its peak rank s holds
   k_s = min(that + 1, v·m) chunks, i.e. k_s / v micro batches of its stage's activations.
 
-A stage predictor takes an integer `inflight`; an interleaved stage context asks for ⌊k/v⌋ and its twin at
-⌊k/v⌋ + 1, and the peak is interpolated between them (exact for every predictor whose memory is linear in
-`inflight`, as the closed forms' static + inflight·activations + workspace is).
+A stage predictor takes an integer `inflight`; an interleaved stage context asks for plain twin contexts
+(⌊k/v⌋ and ⌊k/v⌋ + 1; the last stage also without its output layer, whose logits are held once) and
+combines their peaks (`context_twins`: exact for every predictor whose memory is linear in `inflight`, as
+the closed forms' static + inflight·activations + workspace is).
 """
 
 from __future__ import annotations
@@ -49,20 +50,32 @@ def p2p_hops(pp: int, v: int) -> tuple[int, int]:
     return v, v - 1
 
 
-def context_twins(ctx):
-    """(the context at ⌊k/v⌋ micro batches, its twin at ⌊k/v⌋ + 1 or None, the fraction k/v − ⌊k/v⌋)
-    of an interleaved stage context (memx.planner.tables.StageContext with virtual_stages > 1); the
-    twins are plain contexts a stage predictor knows."""
+def context_twins(ctx) -> list[tuple[object, float]]:
+    """The plain contexts (a stage predictor knows them) and weights whose predicted peaks, summed, give an
+    interleaved context's peak (memx.planner.tables.StageContext with virtual_stages > 1; exact for a peak
+    linear in `inflight`). Layers' activations are held x = k/v times: the peaks at ⌊x⌋ and ⌊x⌋ + 1,
+    interpolated. The output layer's (logits) are held once: in Megatron's table the last rank's k chunks
+    include a single one of its last chunk, so the last stage's peak is P(1) + (x − 1)·(Q(2) − Q(1)) with Q the
+    same context without the output layer."""
     v, k = ctx.virtual_stages, ctx.inflight_chunks
     base = dataclasses.replace(ctx, virtual_stages=1, inflight_chunks=0, inflight=k // v)
+    x = k / v
+    if ctx.last and x > 1:
+        q = dataclasses.replace(base, last=False)
+        return [(dataclasses.replace(base, inflight=1), 1.0), (dataclasses.replace(q, inflight=2), x - 1.0),
+                (dataclasses.replace(q, inflight=1), 1.0 - x)]
     if k % v == 0:
-        return base, None, 0.0
-    return base, dataclasses.replace(base, inflight=k // v + 1), (k % v) / v
+        return [(base, 1.0)]
+    frac = (k % v) / v
+    return [(base, 1.0 - frac), (dataclasses.replace(base, inflight=k // v + 1), frac)]
 
 
-def interpolate(low: np.ndarray, high: np.ndarray, frac: np.ndarray) -> np.ndarray:
-    """Peak at k/v micro batches from the peaks at ⌊k/v⌋ and ⌊k/v⌋ + 1 (linear in inflight)."""
-    return low + frac * (high - low)
+def combine(peaks: list[np.ndarray], weights: list[float]) -> np.ndarray:
+    """Σ_i w_i·peak_i: an interleaved stage's peak from its twins' (context_twins)."""
+    out = peaks[0] * weights[0]
+    for p, w in zip(peaks[1:], weights[1:]):
+        out = out + p * w
+    return out
 
 
 def allowed_layers(n: int, code: int, v: int) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
-from memx.planner.interleave import allowed_layers, context_twins, interpolate
+from memx.planner.interleave import allowed_layers, combine, context_twins
 from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor, signature_frame
 from memx.planner.tables import StageContext, StageTable, stage_options, stage_table
 
@@ -65,19 +65,22 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     t_all = pred["time_ms"].to_numpy(dtype=np.float64)
     m_all = pred["peak_mem_mib"].to_numpy(dtype=np.float64)
     starts = np.searchsorted(ctx_index, np.arange(len(ctx_list) + 1))
-    m_all = interleaved_peaks(ctx_list, starts, m_all)
+    where = {c: i for i, c in enumerate(ctx_list)}
+
+    def rows(c: StageContext, n: int) -> slice:
+        lo, hi = starts[where[c]], starts[where[c] + 1]
+        return slice(lo + np.searchsorted(layers[lo:hi], n), lo + np.searchsorted(layers[lo:hi], n, side="right"))
     s_all = pred["static_mem_mib"].to_numpy(dtype=np.float64)
     k_max = max(len(o) for o in opts.values())
     tables: dict[StageContext, StageTable] = {}
-    for i, c in enumerate(ctx_list):
-        lo, hi = starts[i], starts[i + 1]
-        lay_c = layers[lo:hi]
+    for c in ctx_list:
         n_max = model.layers
         per_n = {}
         static = np.zeros(n_max + 1)
         for n in range(1, bounds[c] + 1):
-            sel = slice(lo + np.searchsorted(lay_c, n), lo + np.searchsorted(lay_c, n, side="right"))
-            per_n[n] = (t_all[sel], m_all[sel]) if c.virtual_stages == 1 else chunkable(t_all[sel], m_all[sel], opts[n], n, c)
+            sel = rows(c, n)
+            per_n[n] = (t_all[sel], m_all[sel]) if c.virtual_stages == 1 else \
+                chunkable(t_all[sel], interleaved_peaks(c, n, rows, m_all), opts[n], n, c)
             static[n] = s_all[sel].max()
         for n in range(bounds[c] + 1, n_max + 1):  # beyond the static bound: never feasible
             per_n[n] = (np.array([np.inf]), np.array([np.inf]))
@@ -88,27 +91,19 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
 
 
 def with_twins(contexts: dict[StageContext, int]) -> dict[StageContext, int]:
-    """`contexts` plus the ⌊k/v⌋ + 1 twin of every interleaved context (same layer cap)."""
+    """`contexts` plus the plain twins of every interleaved context (same layer cap)."""
     out = dict(contexts)
     for c, cap in contexts.items():
-        if c.virtual_stages > 1 and (twin := context_twins(c)[1]) is not None:
+        for twin, _ in context_twins(c) if c.virtual_stages > 1 else ():
             out[twin] = max(out.get(twin, 0), cap)
     return out
 
 
-def interleaved_peaks(ctx_list: list[StageContext], starts: np.ndarray, m_all: np.ndarray) -> np.ndarray:
-    """Peaks of the interleaved contexts' rows at k/v micro batches, interpolated from their twins' rows
-    (same rows: the static bound does not depend on inflight); plain contexts' rows unchanged."""
-    index = {c: i for i, c in enumerate(ctx_list)}
-    out = m_all
-    for i, c in enumerate(ctx_list):
-        if c.virtual_stages == 1 or (twin := context_twins(c)[1]) is None or twin not in index:
-            continue
-        j = index[twin]
-        lo, hi, tlo = starts[i], starts[i + 1], starts[j]
-        out = out.copy() if out is m_all else out
-        out[lo:hi] = interpolate(m_all[lo:hi], m_all[tlo:tlo + hi - lo], context_twins(c)[2])
-    return out
+def interleaved_peaks(c: StageContext, n: int, rows, m_all: np.ndarray) -> np.ndarray:
+    """Peaks of an interleaved context's n-layer rows from its twins' rows (`rows(ctx, n)`: a slice; a twin's
+    static bound is at least the context's, so its rows for n exist)."""
+    twins = context_twins(c)
+    return combine([m_all[rows(t, n)] for t, _ in twins], [w for _, w in twins])
 
 
 def chunkable(times: np.ndarray, mems: np.ndarray, options: list[int], n: int, c: StageContext):
