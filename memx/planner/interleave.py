@@ -35,13 +35,20 @@ def inflight_chunks(pp: int, s: int, micro_batches: int, v: int) -> int:
     return min((pp - s - 1) * 2 + (v - 1) * pp + 1, v * micro_batches)
 
 
+def pipeline_compute_ms(tmax, tsum, m: int, v: int):
+    """The compute part of T from the bottleneck stage time tmax and Σ_s t_s: plain 1F1B (m − 1)·tmax + tsum
+    (paper §3.1.2), interleaved m·tmax + (tsum − tmax)/v. The fill and drain of plain 1F1B cost tsum − tmax;
+    with v chunks per rank every fill/drain step is a chunk, t_s / v, so the bubble shrinks v-fold
+    (Narayanan et al. 2021 §2.2.2: bubble (p − 1)/(v·m)). Increasing in both tmax (m − 1/v > 0) and tsum, so
+    lower bounds of both give a lower bound of T (memx.planner.bounds)."""
+    if v == 1:
+        return (m - 1) * tmax + tsum
+    return m * tmax + (tsum - tmax) / v
+
+
 def interleaved_time_ms(stage_ms: np.ndarray, total_ms: np.ndarray, m: int, v: int) -> np.ndarray:
-    """Compute part of T under interleaved 1F1B: m·max_s t_s + (Σ_s t_s − max_s t_s)/v. The fill and drain
-    of plain 1F1B cost Σ_s t_s − max_s t_s (its (m − 1)·max + Σ form); with v chunks per rank every fill/drain
-    step is a chunk, t_s / v, so the bubble shrinks v-fold (Narayanan et al. 2021 §2.2.2: bubble
-    (p − 1)/(v·m)). v = 1 gives (m − 1)·max + Σ exactly. stage_ms (pp, N); total_ms = Σ_s t_s (N,)."""
-    top = stage_ms.max(axis=0)
-    return m * top + (total_ms - top) / v
+    """pipeline_compute_ms of (pp, N) stage times with total_ms = Σ_s t_s (N,)."""
+    return pipeline_compute_ms(stage_ms.max(axis=0), total_ms, m, v)
 
 
 def p2p_hops(pp: int, v: int) -> tuple[int, int]:

@@ -144,3 +144,6 @@ def test_search_option_finds_interleaved_plans_that_validate():
         assert est.max_mem_mib == pytest.approx(c.max_mem_mib, rel=1e-4)
     plain = search(cluster, model, dataclasses.replace(space, virtual_stages_options=(1,)), pred, top_k=1)
     assert r.fastest.iteration_time_ms < plain.fastest.iteration_time_ms
+    # the branch-and-bound's time bound holds for interleaved layouts (bounds.py: pipeline_compute_ms)
+    ref = search(cluster, model, space, pred, top_k=20, exhaustive=True)
+    assert [(c.plan, c.iteration_time_ms) for c in ref.top_time] == [(c.plan, c.iteration_time_ms) for c in r.top_time]
