@@ -9,7 +9,8 @@ written only when they differ from them, so an older file loads and re-serialise
 `sequence_parallel` (false: norms/dropouts replicated across the TP group), `idle_gpus`
 (absent: not recorded; a plan may use a subset of the cluster's GPUs either way) and `heads` /
 `query_groups` (absent: the model's; present only when the search changed them — a different training
-job, `plan_model` gives the model the plan trains).
+job, `plan_model` gives the model the plan trains) and `virtual_stages` (issue #27, absent: 1, Megatron's
+plain 1F1B; v > 1: the interleaved 1F1B schedule, `interleave_problems`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ class Plan:
     a different training job); None: the model's."""
     query_groups: int | None = None
     """K/V heads (GQA) when the search changed the model's (SearchSpace.query_groups_options); None: the model's."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (Megatron-LM `--num-virtual-stages-per-pipeline-rank`, the interleaved
+    1F1B schedule of Narayanan et al. 2021 §2.2.2): each stage's layers are split into v equal chunks and
+    rank s holds virtual stages s, s + pp, …, s + (v − 1)·pp. 1: plain 1F1B (the JSON key is then absent)."""
 
     @property
     def pp(self) -> int:
@@ -133,6 +138,8 @@ def _options_to_dict(plan: Any) -> dict[str, Any]:
     if plan.idle_gpus is not None:
         out["idle_gpus"] = dict(plan.idle_gpus)
     out.update({k: getattr(plan, k) for k in _MODEL_KEYS if getattr(plan, k, None) is not None})  # schema 2 has none
+    if getattr(plan, "virtual_stages", 1) > 1:  # schema 2 has none
+        out["virtual_stages"] = plan.virtual_stages
     return out
 
 
@@ -188,6 +195,8 @@ def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
         **{k: _need_bool(source, k, data[k]) for k in _OPTION_KEYS if k in data},
         idle_gpus=_idle_from_dict(source, data.get("idle_gpus")),
         **{k: _need_int(source, k, data[k]) for k in _MODEL_KEYS if data.get(k) is not None},
+        **({"virtual_stages": _need_int(source, "virtual_stages", data["virtual_stages"])}
+           if "virtual_stages" in data else {}),
     )
 
 
@@ -274,6 +283,7 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
         if gpu in known and used > cluster.gpu_count(gpu):
             problems.append(f"plan uses {used} × {gpu} (dp × Σ tp), cluster {cluster.name} has {cluster.gpu_count(gpu)}")
     problems += _idle_record_problems(plan, cluster)
+    problems += interleave_problems(plan)
     if not problems and place_plan(plan, cluster) is None:
         problems.append("the stages' TP groups cannot be placed on the cluster's nodes (a TP group must fit in one node)")
     if problems:
@@ -305,6 +315,25 @@ def model_problems(plan: Plan, model: ModelArch) -> list[str]:
                 f"stages[{i}].tp ({s.tp}) must divide heads ({model.heads}) and query_groups ({model.query_groups})"
             )
     return problems
+def interleave_problems(plan: Plan) -> list[str]:
+    """What the interleaved 1F1B schedule (virtual_stages v > 1) needs, one message per factor that does not
+    divide (Megatron-LM, megatron/training/arguments.py and core/pipeline_parallel/schedules.py): pp > 1
+    ('pipeline-model-parallel size should be greater than 1'); every stage's layers a multiple of v (equal
+    chunks); a block recompute's `recompute_layers` a multiple of v (Megatron applies --recompute-num-layers
+    to each chunk); m a multiple of pp (micro batches are scheduled in groups of pp per chunk,
+    `microbatch_group_size_per_vp_stage` = pp: a remainder raises 'dependency bubbles')."""
+    v = plan.virtual_stages
+    if v == 1:
+        return []
+    out = [] if plan.pp > 1 else [f"field 'virtual_stages' ({v}) needs pp > 1, the plan has one stage"]
+    out += [f"stages[{i}].layers ({s.layers}) is not divisible by virtual_stages ({v})"
+            for i, s in enumerate(plan.stages) if s.layers % v]
+    out += [f"stages[{i}].recompute_layers ({s.recompute_layers}) is not divisible by virtual_stages ({v})"
+            for i, s in enumerate(plan.stages) if s.recompute_layers is not None and s.recompute_layers % v]
+    if plan.pp > 1 and plan.micro_batches % plan.pp:
+        out.append(f"micro batches m = global_batch / (dp × micro_batch) ({plan.micro_batches}) is not divisible "
+                   f"by pp ({plan.pp}), which virtual_stages {v} needs")
+    return out
 
 
 def _idle_record_problems(plan: Plan, cluster: Cluster) -> list[str]:

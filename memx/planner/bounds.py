@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memx.domain.specs import Weights
+from memx.planner.interleave import pipeline_compute_ms
 from memx.planner.tables import LayoutTables
 
 SLACK = 1e-5  # relative: float32 totals of ≤ 64 stages are within ~64·2⁻²⁴ ≈ 4e−6 of exact arithmetic
@@ -84,6 +85,7 @@ class LayoutBounds:
         self.tail = np.where(self.ok, lt.tail_ms.reshape(pp, rows).astype(np.float64), np.inf)
         self.t_range, self.tail_range = RangeTable(self.t1), RangeTable(self.tail)
         self.micro_batches, self.fixed_ms = lt.micro_batches, lt.fixed_ms
+        self.virtual_stages = lt.pipeline.virtual_stages
         self.weight = lt.gpu_weight / lt.gpu_weight.sum()
         # next / previous allowed layer count at or after / before n (rows = none).
         idx = np.where(self.ok, n[None, :], rows)
@@ -140,7 +142,8 @@ class LayoutBounds:
         """Lower bound of T over each box, deflated by SLACK."""
         tmax = np.maximum(self.t_minmax.query(a, b, self.total), self.bottleneck_ms)
         tsum = max_lagrange_sum(self.t_sums, a, b, self.total)
-        T = (self.micro_batches - 1) * tmax + tsum + self.fixed_ms + self.tail_range.query(a, b).max(axis=1)
+        T = pipeline_compute_ms(tmax, tsum, self.micro_batches, self.virtual_stages) + self.fixed_ms \
+            + self.tail_range.query(a, b).max(axis=1)  # interleaved 1F1B too (issue #27)
         return T * (1 - SLACK)
 
     def corner(self, a: np.ndarray, b: np.ndarray, time_lb: np.ndarray) -> Corner:

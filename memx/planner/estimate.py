@@ -14,6 +14,7 @@ import pandas as pd
 
 from memx.domain.plan import Plan, plan_model, validate_plan
 from memx.domain.specs import Cluster, ModelArch
+from memx.planner.interleave import context_twins, wrap_gbps
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.predictions import params_per_rank
 from memx.planner.schedule import AssemblyCalibration, assembly_of, pipeline
@@ -46,6 +47,27 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
     ctxs = [c for p in plans for c in plan_contexts(p)]
     layers = np.asarray([st.layers for p in plans for st in p.stages])
     codes = np.asarray([option_code(st) for p in plans for st in p.stages])
+    pred = _predict_rows(plans, model, predictor, ctxs, layers, codes)
+    inter = [i for i, c in enumerate(ctxs) if c.virtual_stages > 1]
+    if inter:  # interleaved: peaks from the twins' (memx.planner.interleave.context_twins)
+        twins = {i: context_twins(ctxs[i]) for i in inter}
+        cols = [c for c in ("peak_mem_mib", "peak_mem_mib_low", "peak_mem_mib_high") if c in pred]
+        out = {col: pred[col].to_numpy(float).copy() for col in cols}
+        for t in range(max(len(tw) for tw in twins.values())):
+            alt = [twins[i][t][0] if i in twins and t < len(twins[i]) else c for i, c in enumerate(ctxs)]
+            got = _predict_rows(plans, model, predictor, alt, layers, codes)
+            for col in cols:
+                part = got[col].to_numpy(float)
+                for i in inter:
+                    w = twins[i][t][1] if t < len(twins[i]) else 0.0
+                    out[col][i] = (0.0 if t == 0 else out[col][i]) + w * part[i]
+        for col in cols:
+            pred[col] = out[col]
+    return ctxs, layers, pred
+
+
+def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor, ctxs, layers, codes):
+    """The predictor's frame for one row per stage (contexts `ctxs`, in plan order)."""
     frames, k = [], 0
     for trained, group in groupby(plans, key=lambda p: plan_model(p, model)):  # consecutive runs keep the order
         n = sum(p.pp for p in group)
@@ -53,7 +75,7 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
         frames.append(signature_frame(ctxs[sl], layers[sl], codes[sl], np.arange(n), trained, trained.seq_len))
         k += n
     sigs = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-    return ctxs, layers, predictor.predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
+    return predictor.predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
 
 
 def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePredictor) -> list[float | None]:
@@ -80,8 +102,8 @@ def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: n
     pipe = pipeline(cluster, model, stage_gpus=[st.gpu for st in p.stages], stage_tp=[st.tp for st in p.stages],
                     dp=p.dp, micro_batch=p.micro_batch, micro_batches=p.micro_batches, seq_len=p.seq_len,
                     p2p_gbps=p2p_gbps, dp_gbps=dp_gbps, p2p_latency_ms=p2p_latency_ms,
-                    distributed_optimizer=p.distributed_optimizer,
-                    assembly=assembly)
+                    distributed_optimizer=p.distributed_optimizer, assembly=assembly, virtual_stages=p.virtual_stages,
+                    wrap_gbps=wrap_gbps(cluster, p) if p.virtual_stages > 1 else None)
     T, stats = pipe.assemble(t[:, None], mem[:, None], pipe.tail_ms(static[:, None], params[:, None]))
     return plan_metrics(p, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=pipe.capacity_mib,
                         stats=stats, feasible=bool(np.all(mem <= pipe.capacity_mib - reserve_gib * 1024.0)))

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from memx.domain.specs import Weights
+from memx.planner.interleave import pipeline_compute_ms
 from memx.planner.tables import LayoutTables
 
 
@@ -26,7 +27,7 @@ def _metrics(lt: LayoutTables, split, levels):
     t = [float(lt.time_ms[(s * lt.rows + n) * lt.k + lv]) for s, (n, lv) in enumerate(zip(split, levels))]
     m = [float(lt.peak_mib[(s * lt.rows + n) * lt.k + lv]) for s, (n, lv) in enumerate(zip(split, levels))]
     tail = max(float(lt.tail_ms[s * lt.rows + n]) for s, n in enumerate(split))
-    T = (lt.micro_batches - 1) * max(t) + sum(t) + lt.fixed_ms + tail  # 1F1B, paper §3.1.2
+    T = pipeline_compute_ms(max(t), sum(t), lt.micro_batches, lt.pipeline.virtual_stages) + lt.fixed_ms + tail  # paper §3.1.2
     w = [float(x) for x in lt.gpu_weight]
     mean = sum(wi * mi for wi, mi in zip(w, m)) / sum(w)
     var = sum(wi * (mi - mean) ** 2 for wi, mi in zip(w, m)) / sum(w)  # V over GPUs, docs/architecture.md §Score

@@ -15,6 +15,7 @@ import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
+from memx.planner.interleave import allowed_layers, combine, context_twins
 from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor, signature_frame
 from memx.planner.tables import StageContext, StageTable, stage_options, stage_table
 
@@ -44,6 +45,7 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
                    levels: tuple[str, ...], reserve_gib: float, predictor: StagePredictor) -> PredictedTables:
     """contexts maps each context to the most layers any layout may give it."""
     limits = {g.name: g.memory_mib - reserve_gib * 1024.0 for g in cluster.gpu_types}
+    contexts = with_twins(contexts)  # interleaved contexts' ⌊k/v⌋ + 1 twins (memx.planner.interleave)
     bounds = {c: static_bound(c, model, limits[c.gpu], cap) for c, cap in contexts.items()}
     ctx_list = [c for c in contexts if bounds[c] > 0]
     opts = {n: stage_options(n, levels) for n in range(1, model.layers + 1)}
@@ -62,19 +64,23 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     predict_s = time.perf_counter() - t0
     t_all = pred["time_ms"].to_numpy(dtype=np.float64)
     m_all = pred["peak_mem_mib"].to_numpy(dtype=np.float64)
+    starts = np.searchsorted(ctx_index, np.arange(len(ctx_list) + 1))
+    where = {c: i for i, c in enumerate(ctx_list)}
+
+    def rows(c: StageContext, n: int) -> slice:
+        lo, hi = starts[where[c]], starts[where[c] + 1]
+        return slice(lo + np.searchsorted(layers[lo:hi], n), lo + np.searchsorted(layers[lo:hi], n, side="right"))
     s_all = pred["static_mem_mib"].to_numpy(dtype=np.float64)
     k_max = max(len(o) for o in opts.values())
     tables: dict[StageContext, StageTable] = {}
-    starts = np.searchsorted(ctx_index, np.arange(len(ctx_list) + 1))
-    for i, c in enumerate(ctx_list):
-        lo, hi = starts[i], starts[i + 1]
-        lay_c = layers[lo:hi]
+    for c in ctx_list:
         n_max = model.layers
         per_n = {}
         static = np.zeros(n_max + 1)
         for n in range(1, bounds[c] + 1):
-            sel = slice(lo + np.searchsorted(lay_c, n), lo + np.searchsorted(lay_c, n, side="right"))
-            per_n[n] = (t_all[sel], m_all[sel])
+            sel = rows(c, n)
+            per_n[n] = (t_all[sel], m_all[sel]) if c.virtual_stages == 1 else \
+                chunkable(t_all[sel], interleaved_peaks(c, n, rows, m_all), opts[n], n, c)
             static[n] = s_all[sel].max()
         for n in range(bounds[c] + 1, n_max + 1):  # beyond the static bound: never feasible
             per_n[n] = (np.array([np.inf]), np.array([np.inf]))
@@ -82,3 +88,26 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
         params = np.concatenate([[0.0], params_per_rank(c, np.arange(1, n_max + 1), model)])
         tables[c] = stage_table(n_max, k_max, options, per_n, limits[c.gpu], static, params)
     return PredictedTables(tables=tables, max_layers=bounds, signatures=len(sigs), predict_s=predict_s)
+
+
+def with_twins(contexts: dict[StageContext, int]) -> dict[StageContext, int]:
+    """`contexts` plus the plain twins of every interleaved context (same layer cap)."""
+    out = dict(contexts)
+    for c, cap in contexts.items():
+        for twin, _ in context_twins(c) if c.virtual_stages > 1 else ():
+            out[twin] = max(out.get(twin, 0), cap)
+    return out
+
+
+def interleaved_peaks(c: StageContext, n: int, rows, m_all: np.ndarray) -> np.ndarray:
+    """Peaks of an interleaved context's n-layer rows from its twins' rows (`rows(ctx, n)`: a slice; a twin's
+    static bound is at least the context's, so its rows for n exist)."""
+    twins = context_twins(c)
+    return combine([m_all[rows(t, n)] for t, _ in twins], [w for _, w in twins])
+
+
+def chunkable(times: np.ndarray, mems: np.ndarray, options: list[int], n: int, c: StageContext):
+    """An interleaved stage's predictions with the options it cannot take (n or a block's layer count not a
+    multiple of v) made infeasible (+inf), so no ladder keeps them."""
+    ok = np.array([allowed_layers(n, code, c.virtual_stages) for code in options])
+    return np.where(ok, times, np.inf), np.where(ok, mems, np.inf)

@@ -17,6 +17,7 @@ import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import ACT_BYTES, dp_step_ms, stepped_static_fraction
+from memx.planner.interleave import interleaved_time_ms, p2p_hops
 
 
 def inflight_micro_batches(pp: int, s: int, micro_batches: int) -> int:
@@ -139,13 +140,14 @@ class Pipeline:
     dp_gbps: np.ndarray  # (pp,) bandwidth of each stage's DP all-reduce ring
     distributed_optimizer: bool = False  # DP step RS + AG, Adam on params/dp (memx.planner.cost)
     assembly: AssemblyCalibration = IDENTITY_ASSEMBLY  # calibrated c, o, d (memx.learn.calibration)
+    virtual_stages: int = 1  # v model chunks per rank: interleaved 1F1B (memx.planner.interleave)
 
     @property
     def fixed_ms(self) -> float:
         """The per-plan constant of T: c·Σ_s 2·p2p_s + o + d·blocking_transfers(pp, m) (c 1, o 0, d 0 without a
-        calibration: the paper's Σ_s 2·p2p_s)."""
+        calibration: the paper's Σ_s 2·p2p_s); interleaved, every chunk boundary is a transfer: v× as many."""
         a = self.assembly
-        d = a.p2p_per_transfer_ms * blocking_transfers(len(self.gpu_weight), self.micro_batches)
+        d = a.p2p_per_transfer_ms * blocking_transfers(len(self.gpu_weight), self.micro_batches) * self.virtual_stages
         return a.comm_scale * self.p2p_total_ms + a.overhead_ms + d
 
     def tail_ms(self, static_mib: np.ndarray, params_per_rank: np.ndarray) -> np.ndarray:
@@ -157,7 +159,11 @@ class Pipeline:
 
     def assemble(self, stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         """(T, M/V/margin) of N plans from (pp, N) stage times, peaks and tails."""
-        T = iteration_time_ms(stage_ms, self.micro_batches, self.fixed_ms, tail_ms)
+        if self.virtual_stages > 1:  # interleaved 1F1B: the bubble shrinks v-fold (memx.planner.interleave)
+            compute = interleaved_time_ms(stage_ms, stage_sum(stage_ms), self.micro_batches, self.virtual_stages)
+            T = compute + (self.fixed_ms + tail_ms.max(axis=0))
+        else:
+            T = iteration_time_ms(stage_ms, self.micro_batches, self.fixed_ms, tail_ms)
         return T, memory_stats(stage_mib, self.gpu_weight, self.capacity_mib)
 
 
@@ -165,14 +171,23 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
              micro_batch: int, micro_batches: int, seq_len: int, p2p_gbps: Sequence[float],
              dp_gbps: Sequence[float], distributed_optimizer: bool = False,
              assembly: AssemblyCalibration = IDENTITY_ASSEMBLY,
-             p2p_latency_ms: Sequence[float] | None = None) -> Pipeline:
+             p2p_latency_ms: Sequence[float] | None = None, virtual_stages: int = 1,
+             wrap_gbps: float | None = None) -> Pipeline:
     """The Pipeline of a layout or plan on `cluster` (p2p_gbps and p2p_latency_ms: between stage s and s+1,
     memx.planner.space.plan_links; latency None: the cluster's inter-node latency on every boundary; `assembly`:
-    the calibrated c, o and d of the predictor that scores it, memx.planner.schedule.assembly_of)."""
+    the calibrated c, o and d of the predictor that scores it, memx.planner.schedule.assembly_of).
+    Interleaved (virtual_stages v > 1; wrap_gbps: the link from the last stage back to the first), each
+    boundary is crossed v times and the wrap v − 1 times (memx.planner.interleave.p2p_hops)."""
     gpus = [cluster.gpu(g) for g in stage_gpus]
     lat = cluster.inter_node_latency_ms if p2p_latency_ms is None else np.asarray(p2p_latency_ms, dtype=np.float64)
     p2p = p2p_ms(micro_batch, seq_len, model.hidden, np.asarray(p2p_gbps), lat)
-    return Pipeline(micro_batches=micro_batches, p2p_total_ms=float(2.0 * p2p.sum()),
+    total = float(2.0 * p2p.sum())
+    if virtual_stages > 1:
+        hops, wrap_hops = p2p_hops(len(stage_gpus), virtual_stages)
+        wrap_lat = float(np.max(lat)) if np.size(lat) else cluster.inter_node_latency_ms  # the wrap: a boundary's latency
+        wrap = p2p_ms(micro_batch, seq_len, model.hidden, np.asarray([wrap_gbps]), wrap_lat)
+        total = hops * total + wrap_hops * float(2.0 * wrap.sum())
+    return Pipeline(micro_batches=micro_batches, p2p_total_ms=total, virtual_stages=virtual_stages,
                     gpu_weight=np.asarray(stage_tp, dtype=np.float64),
                     capacity_mib=np.asarray([g.memory_mib for g in gpus], dtype=np.float64),
                     memory_bandwidth_gbps=np.asarray([g.memory_bandwidth_gbps for g in gpus], dtype=np.float64),

@@ -19,6 +19,7 @@ import numpy as np
 from memx.domain.errors import InputError
 from memx.domain.plan import Plan, Recompute, Stage, place_plan
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
+from memx.planner.interleave import wrap_gbps
 from memx.planner.network import pair_link, ring_link
 from memx.planner.tables import StageContext, stage_contexts
 
@@ -37,6 +38,8 @@ class Layout:
     p2p_latency_ms: tuple[float, ...] | None = None  # latency between stage s and s+1; None: the cluster's
     distributed_optimizer: bool = False  # ZeRO-1 over the dp ranks (memx.planner.cost.static_bytes_per_param)
     sequence_parallel: bool = False  # at tp > 1 (Korthikanti et al. 2022)
+    virtual_stages: int = 1  # interleaved 1F1B chunks per rank (memx.planner.interleave); 1: plain 1F1B
+    wrap_gbps: float | None = None  # interleaved: bandwidth of the last stage → first stage hop
 
     @property
     def pp(self) -> int:
@@ -45,7 +48,8 @@ class Layout:
     def contexts(self) -> tuple[StageContext, ...]:
         return stage_contexts(self.stage_gpus, self.stage_tp, micro_batch=self.micro_batch,
                               micro_batches=self.micro_batches, distributed_optimizer=self.distributed_optimizer,
-                              dp=self.dp, sequence_parallel=self.sequence_parallel)
+                              dp=self.dp, sequence_parallel=self.sequence_parallel,
+                              virtual_stages=self.virtual_stages)
 
     def to_plan(self, model: ModelArch, cluster: Cluster, global_batch: int, seq_len: int,
                 layers: tuple[int, ...], recompute: tuple[tuple[Recompute, int | None], ...]) -> Plan:
@@ -55,7 +59,8 @@ class Layout:
         )
         return Plan(model=model.name, cluster=cluster.name, global_batch=global_batch,
                     micro_batch=self.micro_batch, seq_len=seq_len, dp=self.dp, stages=stages,
-                    distributed_optimizer=self.distributed_optimizer, sequence_parallel=self.sequence_parallel)
+                    distributed_optimizer=self.distributed_optimizer, sequence_parallel=self.sequence_parallel,
+                    virtual_stages=self.virtual_stages)
 
 
 def valid_tps(model: ModelArch, cluster: Cluster, gpu: str, options: tuple[int, ...]) -> list[int]:
@@ -119,12 +124,23 @@ def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq) -> list[Layou
         return []
     return [
         Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
-               p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do, sequence_parallel=sp)
+               p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do,
+               sequence_parallel=sp, virtual_stages=v, wrap_gbps=wrap)
         for mb in space.micro_batch_options
         if space.global_batch % (dp * mb) == 0
         for do in _effective(space.distributed_optimizer, dp > 1)
         for sp in _effective(space.sequence_parallel, max(tps) > 1)
+        for v in interleavings(space, len(gpus), space.global_batch // (dp * mb), model.layers)
+        for wrap in [wrap_gbps(cluster, probe) if v > 1 else None]
     ]
+
+
+def interleavings(space: SearchSpace, pp: int, micro_batches: int, layers: int) -> list[int]:
+    """The virtual-stage counts searched for a layout (SearchSpace.virtual_stages_options): 1 always when
+    listed; v > 1 only where Megatron's interleaved schedule runs it (pp > 1, m a multiple of pp,
+    memx.domain.plan.interleave_problems) and every stage can hold v layers (layers ≥ v·pp)."""
+    return [v for v in space.virtual_stages_options
+            if v == 1 or (pp > 1 and micro_batches % pp == 0 and layers >= v * pp)]
 
 
 def _effective(options: tuple[bool, ...], matters: bool) -> tuple[bool, ...]:

@@ -82,13 +82,16 @@ class MegatronCommand:
 
 
 def pipeline_layout(plan: Plan) -> str:
-    """The `--pipeline-model-parallel-layout` string of the plan's layer split."""
-    parts = []
-    for s, st in enumerate(plan.stages):
-        body = f"t*{st.layers}" if st.layers else ""
-        if s == 0:
+    """The `--pipeline-model-parallel-layout` string of the plan's layer split; interleaved (virtual_stages v
+    > 1) it lists the pp·v virtual stages in order, virtual stage c·pp + s holding rank s's layers / v."""
+    v, parts = plan.virtual_stages, []
+    for k in range(plan.pp * v):
+        st = plan.stages[k % plan.pp]
+        n = st.layers // v
+        body = f"t*{n}" if n else ""
+        if k == 0:
             body = "E" + body
-        if s == plan.pp - 1:
+        if k == plan.pp * v - 1:
             body = body + (",L" if body else "L")
         parts.append(body)
     return "|".join(parts)
@@ -96,13 +99,15 @@ def pipeline_layout(plan: Plan) -> str:
 
 def _split_args(plan: Plan) -> tuple[list[str], list[str]]:
     layers = [st.layers for st in plan.stages]
-    if len(set(layers)) == 1:
-        return [], []
-    if len(set(layers[1:-1])) <= 1:  # only the end stages differ: expressible on older releases too
+    if len(set(layers)) == 1:  # interleaved: --num-layers-per-virtual-pipeline-stage (even split only)
+        return ([] if plan.virtual_stages == 1 else
+                ["--num-layers-per-virtual-pipeline-stage", str(layers[0] // plan.virtual_stages)]), []
+    if len(set(layers[1:-1])) <= 1 and plan.virtual_stages == 1:  # only the end stages differ: older releases too
         return ["--decoder-first-pipeline-num-layers", str(layers[0]),
                 "--decoder-last-pipeline-num-layers", str(layers[-1])], []
-    note = (f"the layer split {layers} has uneven middle stages: --pipeline-model-parallel-layout needs Megatron "
-            "Core ≥ 0.13; older releases can only give the first and last stages their own size.")
+    note = (f"the layer split {layers} is uneven{' and interleaved' if plan.virtual_stages > 1 else ''}: "
+            "--pipeline-model-parallel-layout needs Megatron Core ≥ 0.13; older releases can only give the first "
+            "and last stages their own size.")
     return ["--pipeline-model-parallel-layout", pipeline_layout(plan)], [note]
 
 
@@ -133,7 +138,7 @@ def _recompute_args(plan: Plan) -> tuple[list[str], list[str]]:
         if st.recompute_layers is None:  # every layer: uniform chunks of one layer
             return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"], notes
         return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
-                str(st.recompute_layers)], notes
+                str(st.recompute_layers // plan.virtual_stages)], notes  # per model chunk when interleaved
     return [], notes
 
 

@@ -39,6 +39,7 @@ import numpy as np
 from memx.domain.groups import AnyPlan, group_plans, place_groups, shared_partition, validate_any_plan
 from memx.domain.plan import Plan, plan_model
 from memx.simulator.cross_sync import flat_stage_ms, schedule_sync, segment_ms, segments
+from memx.simulator.interleave import chunk_signatures, interleaved_replicas, peak_held_mib
 from memx.simulator.links import dp_ring, link
 from memx.simulator.physics import BF16_BYTES, FP32_BYTES, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import (
@@ -146,11 +147,12 @@ def _p2p_ms(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int
     """[replica, boundary]: activation b·s·h bf16 over the link (the p2p_s term, docs/architecture.md §1F1B assembly), at the sender's
     link efficiency (simulator assumption: TP ranks split the tensor and share the link)."""
     nbytes = BF16_BYTES * plan.micro_batch * plan.seq_len * model.hidden
-    out = np.zeros((plan.dp, max(plan.pp - 1, 0)))
+    pairs = [(s, s + 1) for s in range(plan.pp - 1)] + ([(plan.pp - 1, 0)] if plan.virtual_stages > 1 else [])
+    out = np.zeros((plan.dp, len(pairs)))  # interleaved: the last column is the wrap, last stage → first
     for r in range(plan.dp):
-        for s in range(plan.pp - 1):
-            bw, lat = link(cluster, where[r][s], where[r][s + 1])
-            t = tr[plan.stages[s].gpu]
+        for s, (a, b) in enumerate(pairs):
+            bw, lat = link(cluster, where[r][a], where[r][b])
+            t = tr[plan.stages[a].gpu]
             out[r, s] = nbytes / (bw * t.link_efficiency) + lat + t.p2p_overhead_ms
     return out
 
@@ -173,11 +175,18 @@ def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs
     return out
 
 
-def _memory(plan: Plan, sigs: list[StageSignature], costs: list[StageCost]) -> tuple[list[float], list[int]]:
+def _memory(plan: Plan, sigs: list[StageSignature], costs: list[StageCost],
+            chunks: list[list[StageCost]] | None = None) -> tuple[list[float], list[int]]:
+    """Per-GPU demand and the GPUs over capacity; interleaved (`chunks`: each rank's chunk costs), the micro
+    batches held are the chunk activations the interleaved order holds at most (memx.simulator.interleave)."""
+    held = [sig.inflight for sig in sigs]
+    if chunks is not None:
+        top = peak_held_mib(plan, [[c.act_mem_mib for c in row] for row in chunks])
+        held = [t / c.act_mem_mib if c.act_mem_mib else 0.0 for t, c in zip(top, costs)]
     demand, over = [], []
     for _r in range(plan.dp):
         for s, st in enumerate(plan.stages):
-            peak = costs[s].peak_mem_mib(sigs[s].inflight)
+            peak = costs[s].peak_mem_mib(held[s])
             for _rank in range(st.tp):
                 if peak > costs[s].capacity_mib:
                     over.append(len(demand))
@@ -195,6 +204,7 @@ class _Group:
     costs: list[StageCost]
     p2p: np.ndarray
     dp_ar: list[float]
+    chunks: list[list[StageCost]] | None = None  # interleaved 1F1B: each rank's v chunk costs
 
 
 def _prepare(plan: Plan, where: list[list[int]], cluster: Cluster, model: ModelArch, tr: dict[str, GpuTraits],
@@ -202,8 +212,11 @@ def _prepare(plan: Plan, where: list[list[int]], cluster: Cluster, model: ModelA
     """A group's costs on its given placement (p2p and DP links follow `where`)."""
     sigs = stage_signatures(plan, model)
     costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
+    chunks = None if plan.virtual_stages == 1 else [
+        [stage_cost(c, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param)
+         for c in chunk_signatures(sig, s, plan.pp, plan.virtual_stages)] for s, sig in enumerate(sigs)]
     return _Group(plan=plan, where=where, sigs=sigs, costs=costs, p2p=_p2p_ms(plan, model, cluster, where, tr),
-                  dp_ar=_dp_allreduce_ms(plan, cluster, where, costs, tr))
+                  dp_ar=_dp_allreduce_ms(plan, cluster, where, costs, tr), chunks=chunks)
 
 
 def _oom_reason(groups: list[_Group], first: int, demand: float) -> str:
@@ -235,7 +248,7 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
     groups = [_prepare(p, w, cluster, model, tr, static_bytes_per_param) for p, w in zip(plans, placement)]
     demand, over = [], []
     for grp in groups:
-        d, o = _memory(grp.plan, grp.sigs, grp.costs)
+        d, o = _memory(grp.plan, grp.sigs, grp.costs, grp.chunks)
         over += [len(demand) + i for i in o]
         demand += d
     breakdown = dict(
@@ -249,7 +262,8 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
         return PlanRun(iteration_time_ms=None, peak_mem_mib=None, oom=True, reason=reason, oom_gpus=tuple(over),
                        stage_busy_fraction=(), **breakdown)
     rng = np.random.default_rng(seed)
-    runs = [_replicas(g.plan, g.costs, g.p2p, tr, rng) for g in groups]
+    runs = [_replicas(g.plan, g.costs, g.p2p, tr, rng) if g.chunks is None
+            else interleaved_replicas(g.plan, g.chunks, g.p2p, tr, rng) for g in groups]
     ready = [[finish[:, s].max() + g.dp_ar[s] for s in range(g.plan.pp)] for g, (finish, _) in zip(groups, runs)]
     alone = [max(r + c.optimizer_ms for r, c in zip(rd, g.costs)) for g, rd in zip(groups, ready)]
     extra: dict = {}

@@ -280,3 +280,16 @@ def test_schema_two_plan_gets_the_note_and_each_groups_arguments_as_comments(tmp
     # a one-group schema-2 plan is the schema-1 plan it equals: the same launchable script
     one = CASES["first-last-selective"][1]
     assert render_megatron(as_grouped(one), model) == render_megatron(one, model)
+
+
+def test_interleaved_plans_carry_the_virtual_pipeline_arguments():
+    """Issue #27: an even split gives --num-layers-per-virtual-pipeline-stage; an uneven one the layout of the
+    pp·v virtual stages (Megatron-LM arguments.py: the two are exclusive); a block recompute is per chunk."""
+    even = plan([(A100, 1, 16, "full", 8)] * 2, gb=8, virtual_stages=2)
+    ns = parse(list(megatron_command(even, load_model("llama2-7b")).args))
+    assert ns.num_layers_per_virtual_pipeline_stage == 8 and ns.pipeline_model_parallel_layout is None
+    assert (ns.recompute_method, ns.recompute_num_layers) == ("block", 4)
+    uneven = plan([(A100, 1, 12, "none", None), (A100, 1, 20, "none", None)], gb=8, virtual_stages=2)
+    ns = parse(list(megatron_command(uneven, load_model("llama2-7b")).args))
+    assert ns.pipeline_model_parallel_layout == "Et*6|t*10|t*6|t*10,L"
+    assert ns.num_layers_per_virtual_pipeline_stage is None and ns.decoder_first_pipeline_num_layers is None

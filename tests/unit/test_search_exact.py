@@ -51,7 +51,8 @@ def problems(draw, conf_root):
         target_margin=draw(st.sampled_from((0.1, 0.3))), reserve_gib=draw(st.sampled_from((0.5, 2.0))),
         weights=draw(st.sampled_from(("auto", "default", "safety", "throughput", "0.5,0.5,0"))),
         distributed_optimizer=draw(st.sampled_from(((False,), (True,), (False, True)))),
-        sequence_parallel=draw(st.sampled_from(((False,), (True,), (True, False)))))
+        sequence_parallel=draw(st.sampled_from(((False,), (True,), (True, False)))),
+        virtual_stages_options=draw(st.sampled_from(((1,), (1, 2), (1, 3)))))  # interleaved 1F1B, issue #27
     return cluster, model, space, draw(st.integers(1, 6))
 
 
