@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import random
 import statistics
 import subprocess
 import sys

@@ -26,7 +26,7 @@ import dataclasses
 import numpy as np
 
 from memx.domain.plan import place_plan
-from memx.planner.network import pair_link
+from memx.planner.network import p2p_link
 
 
 def inflight_chunks(pp: int, s: int, micro_batches: int, v: int) -> int:
@@ -95,9 +95,10 @@ def allowed_layers(n: int, code: int, v: int) -> bool:
 
 def wrap_gbps(cluster, plan) -> float:
     """Bandwidth of the hop from the last stage back to the first (replica 0's first-fit placement,
-    memx.domain.plan.place_plan) on the link between those two nodes (memx.planner.network.pair_link) — the
-    same rule as memx.planner.space.plan_links for consecutive stages."""
+    memx.domain.plan.place_plan) on the links between those two stages' nodes, the replicas sharing the NICs
+    they cross (memx.planner.network.p2p_link) — the same rule as memx.planner.space.plan_links for
+    consecutive stages."""
     where = place_plan(plan, cluster)
     if where is None:
         return cluster.inter_node_bandwidth_gbps
-    return pair_link(cluster, where[0][-1], where[0][0])[0]
+    return p2p_link(cluster, [(w[-1], w[0]) for w in where])[0]

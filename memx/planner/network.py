@@ -13,6 +13,7 @@ closed form reads that as:
 - the flows that leave (or enter) a node at once share its NICs: k flows over n NICs get
   NIC · min(1, n / k) each (our assumption: the flows spread evenly over the NICs, as NCCL binds each
   GPU to its nearest NIC);
+- the dp replicas' p2p transfers across one stage boundary run at once, each one flow (`p2p_link`);
 - a ring collective runs at its slowest hop (NCCL's ring: every rank sends and receives each step,
   so a step takes as long as its slowest transfer; Patarasuk & Yuan 2009 §3). With several concurrent
   rings (one per tensor-parallel rank) every ring's hop out of a node is one flow through that node.
@@ -48,17 +49,31 @@ def nic_share_gbps(cluster: Cluster, node: int, flows: int) -> float:
     return cluster.nic_gbps(node) * min(1.0, cluster.nodes[node].nics / max(flows, 1))
 
 
-def ring_link(cluster: Cluster, nodes: Sequence[int], rings: int = 1) -> tuple[float, float]:
-    """(GB/s, latency ms of one step) of each of `rings` concurrent rings whose members sit on `nodes`, in
-    ring order: the slowest hop, where every ring's hop out of (into) a node is one flow through its NICs."""
-    n = len(nodes)
-    hops = [(nodes[i], nodes[(i + 1) % n]) for i in range(n)] if n > 1 else []
+def slowest_hop(cluster: Cluster, hops: Sequence[tuple[int, int]], flows_per_hop: int = 1) -> tuple[float, float]:
+    """(GB/s, latency ms) of the slowest of `hops` (sender node, receiver node) running at once, each crossing
+    between nodes `flows_per_hop` flows through both nodes' NICs."""
     out = Counter(a for a, b in hops if a != b)
     into = Counter(b for a, b in hops if a != b)
     bw, lat = math.inf, 0.0
     for a, b in hops:
         link_bw, link_lat = pair_link(cluster, a, b)
         if a != b:
-            link_bw = min(link_bw, nic_share_gbps(cluster, a, rings * out[a]), nic_share_gbps(cluster, b, rings * into[b]))
+            link_bw = min(link_bw, nic_share_gbps(cluster, a, flows_per_hop * out[a]),
+                          nic_share_gbps(cluster, b, flows_per_hop * into[b]))
         bw, lat = min(bw, link_bw), max(lat, link_lat)
-    return (bw if hops else cluster.nodes[nodes[0]].gpu.intra_node_bandwidth_gbps), lat
+    return bw, lat
+
+
+def ring_link(cluster: Cluster, nodes: Sequence[int], rings: int = 1) -> tuple[float, float]:
+    """(GB/s, latency ms of one step) of each of `rings` concurrent rings whose members sit on `nodes`, in
+    ring order: the slowest hop, where every ring's hop out of (into) a node is one flow through its NICs."""
+    n = len(nodes)
+    if n <= 1:
+        return cluster.nodes[nodes[0]].gpu.intra_node_bandwidth_gbps, 0.0
+    return slowest_hop(cluster, [(nodes[i], nodes[(i + 1) % n]) for i in range(n)], rings)
+
+
+def p2p_link(cluster: Cluster, hops: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """(GB/s, latency ms) of a stage boundary's p2p transfer: `hops` (sender node, receiver node), one per dp
+    replica, all at once (1F1B runs the replicas in lockstep), each one flow; the slowest replica's link."""
+    return slowest_hop(cluster, hops)

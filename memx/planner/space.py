@@ -20,7 +20,7 @@ from memx.domain.errors import InputError
 from memx.domain.plan import Plan, Recompute, Stage, place_plan
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.planner.interleave import wrap_gbps
-from memx.planner.network import pair_link, ring_link
+from memx.planner.network import p2p_link, ring_link
 from memx.planner.tables import StageContext, stage_contexts
 
 
@@ -80,13 +80,13 @@ def _stage_counts(count: int, dp: int, tp: int, use_all: bool) -> list[int]:
 def plan_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] | None:
     """(bandwidth between consecutive stages GB/s, bandwidth of each stage's DP ring GB/s, latency between
     consecutive stages ms) from the first-fit placement (memx.planner.network, docs/planner.md §Network):
-    a p2p transfer on the link between the two stages' nodes of replica 0; a stage's dp replicas in one
+    a p2p transfer on the link between the two stages' nodes, the replicas' concurrent transfers sharing the
+    NICs they cross (`p2p_link`, the slowest replica); a stage's dp replicas in one
     ring per tp rank, at the ring's slowest hop, the stage's GPUs sharing their nodes' NICs."""
     where = place_plan(plan, cluster)
     if where is None:
         return None
-    r0 = where[0]
-    p2p = tuple(pair_link(cluster, r0[s], r0[s + 1]) for s in range(plan.pp - 1))
+    p2p = tuple(p2p_link(cluster, [(w[s], w[s + 1]) for w in where]) for s in range(plan.pp - 1))
     dpbw = tuple(ring_link(cluster, [where[r][s] for r in range(plan.dp)], st.tp)[0] for s, st in enumerate(plan.stages))
     return tuple(bw for bw, _ in p2p), dpbw, tuple(lat for _, lat in p2p)
 

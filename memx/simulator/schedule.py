@@ -40,7 +40,7 @@ from memx.domain.groups import AnyPlan, group_plans, place_groups, shared_partit
 from memx.domain.plan import Plan, plan_model
 from memx.simulator.cross_sync import flat_stage_ms, schedule_sync, segment_ms, segments
 from memx.simulator.interleave import chunk_signatures, interleaved_replicas, peak_held_mib
-from memx.simulator.links import dp_ring, link
+from memx.simulator.links import dp_ring, link, shared_nic
 from memx.simulator.physics import BF16_BYTES, FP32_BYTES, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
@@ -145,14 +145,19 @@ def _traits_for(names: set[str], traits: Mapping[str, GpuTraits] | None, conf_ro
 def _p2p_ms(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]],
             tr: dict[str, GpuTraits]) -> np.ndarray:
     """[replica, boundary]: activation b·s·h bf16 over the link (the p2p_s term, docs/architecture.md §1F1B assembly), at the sender's
-    link efficiency (simulator assumption: TP ranks split the tensor and share the link)."""
+    link efficiency (simulator assumption: TP ranks split the tensor and share the link); the dp replicas'
+    transfers over one boundary cross the nodes' NICs together."""
     nbytes = BF16_BYTES * plan.micro_batch * plan.seq_len * model.hidden
     pairs = [(s, s + 1) for s in range(plan.pp - 1)] + ([(plan.pp - 1, 0)] if plan.virtual_stages > 1 else [])
     out = np.zeros((plan.dp, len(pairs)))  # interleaved: the last column is the wrap, last stage → first
-    for r in range(plan.dp):
-        for s, (a, b) in enumerate(pairs):
-            bw, lat = link(cluster, where[r][a], where[r][b])
-            t = tr[plan.stages[a].gpu]
+    for s, (sa, sb) in enumerate(pairs):
+        crossing = [(where[r][sa], where[r][sb]) for r in range(plan.dp)]  # the replicas send at once
+        for r, (a, b) in enumerate(crossing):
+            bw, lat = link(cluster, a, b)
+            if a != b:  # the replicas crossing the same node share its NICs (links.shared_nic)
+                bw = min(bw, shared_nic(cluster, a, sum(x == a and y != a for x, y in crossing)),
+                         shared_nic(cluster, b, sum(y == b and x != b for x, y in crossing)))
+            t = tr[plan.stages[sa].gpu]
             out[r, s] = nbytes / (bw * t.link_efficiency) + lat + t.p2p_overhead_ms
     return out
 

@@ -135,3 +135,19 @@ def test_virtual_cluster_runs_one_flat_collective(vt):
     # the iteration: the last backward of any replica, the flat collective, the longer optimizer step
     finish = [a - d - o for a, d, o in zip(run.group_iteration_ms, run.dp_allreduce_ms, run.optimizer_ms)]
     assert run.iteration_time_ms == pytest.approx(max(finish) + flat + max(run.optimizer_ms), rel=1e-9)
+
+
+def test_replicas_p2p_transfers_share_the_nics_they_cross(vt):
+    """dp 2: both replicas' stage 0 on V100 node 0, both stage 1 on the T4 node; their transfers cross at
+    once: 2 flows through each node's one NIC, min(1.25 / 2, 6.25 / 2) GB/s each, in both models."""
+    cluster, model = vt
+    plan = Plan(model="llama-6l", cluster="v100-t4-16", global_batch=8, micro_batch=1, seq_len=2048, dp=2,
+                stages=(Stage(gpu="v100-16g", tp=2, layers=3, recompute="full"),
+                        Stage(gpu="t4-16g", tp=2, layers=3, recompute="full")))
+    p2p, _, lat = plan_links(cluster, plan)
+    assert p2p == (V100_NIC / 2,) and lat == (LAT,)
+    v = load_traits("v100-16g")
+    run = simulate_plan(plan, cluster, model)
+    nbytes = 2 * 1 * 2048 * model.hidden  # bf16 activation b·s·h
+    assert run.p2p_ms == pytest.approx((nbytes / (V100_NIC * 1e6 / 2 * v.link_efficiency) + LAT + v.p2p_overhead_ms,),
+                                       rel=1e-9)

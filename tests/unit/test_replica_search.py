@@ -18,7 +18,7 @@ from memx.domain.specs import Cluster, Node
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.pick import plan_key
 from memx.planner.replica_search import batch_splits, formations, search_replicas
-from memx.planner.replicas import cross_group_sync_ms, estimate_any_plans, replica_sync_ms
+from memx.planner.replicas import estimate_any_plans, replica_sync_ms
 from memx.planner.search import search
 
 
