@@ -199,6 +199,9 @@ class ModelArch:
     """`swiglu` (LLaMA: RMSNorm, gated MLP) or `gelu` (GPT-2: LayerNorm, ffn = 4·hidden)."""
     tied_embeddings: bool = False
     """Output layer shares the embedding's weights."""
+    rotary_base: Annotated[int, Gt(0), Le(1_000_000_000)] = 10_000
+    """RoPE base θ (`swiglu` models; Megatron-LM `--rotary-base`, default 10,000 as in RoFormer and LLaMA 1/2;
+    Llama 3: 500,000, Meta's config.json `rope_theta`). Changes the trained network, not its cost."""
 
     def __post_init__(self) -> None:
         check_spec(self, self._cross_problems)

@@ -65,6 +65,11 @@ def launcher_gain(cluster: Cluster, model: ModelArch, space: SearchSpace, predic
     """The unconstrained pick (launcher `any`) against `constrained`'s: both times and margins, and
     `time_ratio` = constrained / unconstrained iteration time (> 1: the heterogeneous plan is faster)."""
     free = replica_search(cluster, model, dataclasses.replace(space, launcher="any"), predictor, **kw)
+    return gain_of(space.launcher, constrained, free)
+
+
+def gain_of(launcher: str, constrained: SearchResult, free: SearchResult) -> dict[str, Any]:
+    """`launcher_gain`'s figures from the two searches' results."""
     t_c, t_f = constrained.chosen.iteration_time_ms, free.chosen.iteration_time_ms
-    return {"launcher": space.launcher, "time_ms": t_c, "margin": _margin(constrained),
+    return {"launcher": launcher, "time_ms": t_c, "margin": _margin(constrained),
             "unconstrained_time_ms": t_f, "unconstrained_margin": _margin(free), "time_ratio": t_c / t_f}
