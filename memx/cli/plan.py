@@ -40,11 +40,11 @@ from memx.pipeline.plan_log import log_plan
 from memx.pipeline.store import store_from_uri
 from memx.pipeline.training import champion_ref
 from memx.planner.cost import AnalyticStageModel
-from memx.planner.replica_search import replica_search as run_search  # schema 2 when max_replica_groups ≥ 2
+from memx.planner.launcher import launcher_search as run_search  # schema 2 when max_replica_groups ≥ 2; SearchSpace.launcher
 from memx.profiling import BACKENDS as PROFILING_BACKENDS
 from memx.planner.result import search_result_to_dict
 from memx.report.check import check_report, load_baseline
-from memx.report.megatron import render_megatron
+from memx.report.megatron import nearest_launchable, render_megatron
 from memx.report.table import print_table, to_markdown
 from memx.report.why import annotate
 
@@ -58,11 +58,12 @@ class Fmt(str, Enum):
     json = "json"
     markdown = "markdown"
     megatron = "megatron"
+    flagscale = "flagscale"
 
 
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many plans to list.", rich_help_panel=OUTPUT)]
 FormatOpt = Annotated[Fmt, typer.Option("--format", help="Output format.", rich_help_panel=OUTPUT)]
-OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Also write plan.json, plan.md, megatron.sh and report.html (with PNGs) here.", rich_help_panel=OUTPUT)]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Also write plan.json, plan.md, megatron.sh, flagscale.yaml (when FlagScale runs the plan) and report.html (with PNGs) here.", rich_help_panel=OUTPUT)]
 PredictorOpt = Annotated[Optional[str], typer.Option("--predictor", rich_help_panel=PREDICTOR, help=(
     "analytic (closed form; the default) | registered (the registry champion of this cluster's GPU types, model "
     "and batch, from `memx train`; no profiling) | pipeline (profile → train → search; implied by --backend "
@@ -118,11 +119,12 @@ def plan_cmd(
     warn_tp(mo, sp)
     show = progress_enabled(progress, json_output=fmt is Fmt.json)
     ref: dict = {}
+    res = None
     if mode == "analytic":
         pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
         with delayed_progress(show, "search") as cb:
-            obj = search_result_to_dict(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb),
-                                        "analytic")
+            res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb)
+        obj = search_result_to_dict(res, "analytic")
     elif mode == "registered":
         pred = registered_predictor(cl, mo, sp)
         ref = champion_ref(registry.fingerprint(cl, mo, sp.global_batch).fingerprint) or {}
@@ -132,7 +134,8 @@ def plan_cmd(
             name += f", {cal.headline()}"
             typer.echo(f"plan calibration: {cal.summary()}", err=True)
         with delayed_progress(show, "search") as cb:
-            obj = search_result_to_dict(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb), name)
+            res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb)
+        obj = search_result_to_dict(res, name)
     else:
         options = profile_options("simulated" if backend == "analytic" else backend, command, records, jobs=jobs,
                                   progress=show)
@@ -142,6 +145,8 @@ def plan_cmd(
         obj = _plan_pipeline(flow_params)
         pred = registered_predictor(cl, mo, sp) if baseline is not None else None  # the champion that planned
         ref = champion_ref(registry.fingerprint(cl, mo, sp.global_batch).fingerprint) or {}
+    if sp.launcher != "any" and res is not None:
+        obj["launcher"] = _launcher_gain(cl, mo, sp, pred, res, weights, top)
     obj = annotate(obj, mo)  # "Why this plan": explanation and warnings (memx.report.why)
     for w in obj["warnings"]:
         typer.echo(f"warning: {w}", err=True)
@@ -150,6 +155,19 @@ def plan_cmd(
         _log(obj, cl, mo, sp, written, ref.get("predictor_version"))
     if baseline is not None:
         _check(obj, baseline, cl, mo, sp, pred, min_margin, summary, max_slowdown)
+
+
+def _launcher_gain(cl: Cluster, mo: ModelArch, sp: SearchSpace, pred: Any, res: Any, weights: str | None,
+                   top: int) -> dict:
+    """`launcher: megatron|flagscale`: what the unconstrained (heterogeneous) pick would gain over `res`'s, on
+    stderr and in the JSON object's `launcher` (memx.planner.launcher.launcher_gain)."""
+    from memx.planner.launcher import launcher_gain
+
+    gain = launcher_gain(cl, mo, sp, pred, res, weights=weights, top_k=top)
+    typer.echo(f"launcher {sp.launcher}: its best plan {gain['time_ms']:.0f} ms (smallest margin {gain['margin']:.1%}); "
+               f"the unconstrained pick {gain['unconstrained_time_ms']:.0f} ms ({gain['unconstrained_margin']:.1%}): "
+               f"×{gain['time_ratio']:.2f} the time under {sp.launcher}", err=True)
+    return gain
 
 
 def predictor_mode(predictor: str | None, backend: str) -> str:
@@ -260,6 +278,32 @@ def _log(obj: dict, cl: Cluster, mo: ModelArch, sp: SearchSpace, written: list[P
                err=True)
 
 
+def _megatron_or_stop(obj: dict, plan_obj: Any, model: ModelArch, cluster: Cluster) -> str:
+    """megatron.sh when stock Megatron-LM starts the plan; else that script (it only explains) on stdout and
+    NotLaunchable (exit 6) with the reasons and the nearest plan it runs (memx.report.megatron)."""
+    from memx.domain.errors import NotLaunchable
+    from memx.report.megatron import MEGATRON_SEARCH_HINT, megatron_launchable, nearest_launchable
+
+    nearest = nearest_launchable(obj, model, cluster)
+    script = render_megatron(plan_obj, model, cluster=cluster, nearest=nearest)
+    problems = megatron_launchable(plan_obj, model, cluster)
+    if not problems:
+        return script
+    typer.echo(script)
+    raise NotLaunchable("stock Megatron-LM cannot start this plan: " + "; ".join(problems) + ". "
+                        + (f"Nearest plan it runs: {nearest}" if nearest else f"Instead: {MEGATRON_SEARCH_HINT}"))
+
+
+def _flagscale_file(plan_obj: Any, model: ModelArch, cluster: Cluster, out: Path) -> list[Path]:
+    """flagscale.yaml in `--out` when FlagScale runs the plan; else a warning saying why (nothing written)."""
+    from memx.report.flagscale import flagscale_problems, render_flagscale
+
+    if problems := flagscale_problems(plan_obj, model):
+        typer.echo(f"warning: no flagscale.yaml: FlagScale cannot run this plan: {'; '.join(problems)}", err=True)
+        return []
+    return [atomic_write_text(out / "flagscale.yaml", render_flagscale(plan_obj, model, cluster))]
+
+
 def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | None) -> list[Path]:
     """The answer on stdout in `fmt`; with `--out`, plan.json, plan.md, megatron.sh (executable) and the
     HTML report with its PNGs too."""
@@ -269,7 +313,11 @@ def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | N
     elif fmt is Fmt.markdown:
         typer.echo(to_markdown(obj))
     elif fmt is Fmt.megatron:
-        typer.echo(render_megatron(plan_obj, model, cluster=cluster))
+        typer.echo(_megatron_or_stop(obj, plan_obj, model, cluster))
+    elif fmt is Fmt.flagscale:
+        from memx.report.flagscale import render_flagscale
+
+        typer.echo(render_flagscale(plan_obj, model, cluster))  # NotLaunchable (exit 6) with the reason
     else:
         print_table(obj, Console(width=160))
     if out is not None:
@@ -278,9 +326,10 @@ def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | N
 
         written = [atomic_write_text(out / "plan.json", json.dumps(obj, indent=2) + "\n"),
                    atomic_write_text(out / "plan.md", to_markdown(obj)),
-                   atomic_write_text(out / "megatron.sh", render_megatron(plan_obj, model, cluster=cluster),
+                   atomic_write_text(out / "megatron.sh", render_megatron(plan_obj, model, cluster=cluster,
+                                                                          nearest=nearest_launchable(obj, model, cluster)),
                                      executable=True),
-                   *write_report(obj, out)]
+                   *_flagscale_file(plan_obj, model, cluster, out), *write_report(obj, out)]
         typer.echo(f"wrote {', '.join(str(p) for p in written)}", err=True)
         return written
     return []

@@ -7,6 +7,7 @@
 | 3 | InfeasibleError | no feasible plan |
 | 4 | CheckFailed | `memx plan --check`: worse than the baseline |
 | 5 | NothingUsable | every imported row was rejected, or no profiled point was measured |
+| 6 | NotLaunchable | `memx plan --format megatron|flagscale`: that launcher cannot start the plan |
 """
 
 from __future__ import annotations
@@ -80,3 +81,10 @@ def short_repr(value: object, limit: int = 80) -> str:
     """repr of a value, cut to `limit` characters (a hostile value must not flood the message)."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
+
+
+class NotLaunchable(MemxError):
+    """`memx plan --format megatron|flagscale`: the launcher cannot start the plan; the message says why and
+    what to do instead (docs/megatron.md, docs/flagscale.md). Exit code 6."""
+
+    exit_code = 6

@@ -72,6 +72,8 @@ Ratio = Annotated[float, Ge(0), Le(MAX_RATIO)]
 Exponent = Annotated[float, Interval(ge=0, le=1)]
 
 MlpKind = Literal["swiglu", "gelu"]
+Launcher = Literal["any", "megatron", "flagscale"]
+LAUNCHERS: tuple[str, ...] = typing.get_args(Launcher)
 MLP_KINDS: tuple[str, ...] = typing.get_args(MlpKind)
 # The search may also ask for Megatron's block method (full recompute of a stage's first N layers),
 # which a plan writes as recompute `full` with `recompute_layers` (docs/architecture.md §Recompute).
@@ -239,6 +241,9 @@ class ModelArch:
     """`swiglu` (LLaMA: RMSNorm, gated MLP) or `gelu` (GPT-2: LayerNorm, ffn = 4·hidden)."""
     tied_embeddings: bool = False
     """Output layer shares the embedding's weights."""
+    rotary_base: Annotated[int, Gt(0), Le(1_000_000_000)] = 10_000
+    """RoPE base θ (`swiglu` models; Megatron-LM `--rotary-base`, default 10,000 as in RoFormer and LLaMA 1/2;
+    Llama 3: 500,000, Meta's config.json `rope_theta`). Changes the trained network, not its cost."""
 
     def __post_init__(self) -> None:
         check_spec(self, self._cross_problems)
@@ -381,6 +386,12 @@ class SearchSpace:
     """Most data-parallel replica groups a plan may have (plan schema 2). 1 (default): today's schema-1
     search exactly — stock Megatron-LM cannot launch replicas of different layouts, so a schema-2 plan needs
     a framework with heterogeneous data parallelism; ≥ 2 also searches groups of whole nodes."""
+    # Launch target (issue #24, memx.planner.launcher; docs/megatron.md, docs/flagscale.md):
+    launcher: Launcher = "any"
+    """What must be able to start the plan: `any` (the full MemX space), `megatron` (stock Megatron-LM: one tp for
+    every stage, one recompute setting for every stage, the GPUs of one vendor; the others idle) or `flagscale`
+    (FlagScale's heterogeneous training: process meshes per GPU type; with tied embeddings the first and last
+    stage share tp; selective recomputation on every stage or none)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tp_options", tuple(sorted(set(self.tp_options))))
@@ -404,4 +415,19 @@ class SearchSpace:
         if self.max_replica_groups > 1 and variants:
             problems.append(("max_replica_groups", f"must be 1 when {', '.join(variants)} lists values (every replica "
                              "group trains the same job; search the variants with one group)", self.max_replica_groups))
+        return problems + self._launcher_problems()
+
+    def _launcher_problems(self) -> list[Problem]:
+        """What `launcher` cannot run: replica groups of different pipelines (neither Megatron-LM nor FlagScale
+        runs them as one job), and, for megatron, a recompute level list with no level it applies uniformly."""
+        if self.launcher == "any":
+            return []
+        problems: list[Problem] = []
+        if self.max_replica_groups > 1:
+            problems.append(("max_replica_groups", f"must be 1 with launcher: {self.launcher} (replica groups with "
+                             f"different pipelines and micro batches cannot run as one {self.launcher} job)",
+                             self.max_replica_groups))
+        if self.launcher == "megatron" and set(self.recompute_levels) <= {SEARCH_BLOCK}:
+            problems.append(("recompute_levels", "must list none, selective or full with launcher: megatron (one "
+                             "setting for every stage; block is searched per stage)", list(self.recompute_levels)))
         return problems

@@ -36,7 +36,7 @@ from memx.pipeline import registry
 from memx.pipeline.store import ArtifactStore
 from memx.pipeline.training import TrainConfig, champion_predictor, champion_ref, split_and_augment, train_on
 from memx.planner.result import search_result_to_dict
-from memx.planner.replica_search import replica_search
+from memx.planner.launcher import launcher_search
 from memx.planner.search import Progress
 from memx.pipeline.versioning import (
     STEPS,
@@ -295,7 +295,7 @@ def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchS
                    on_progress: Progress | None = None) -> StepResult:
     """The search step's tables, plan.json and manifest; `on_progress(done, total)` as in
     memx.planner.search.search."""
-    result = replica_search(cluster, model, space, predictor, weights=weights, top_k=top_k, mapper=mapper, shard_by=shard_by,
+    result = launcher_search(cluster, model, space, predictor, weights=weights, top_k=top_k, mapper=mapper, shard_by=shard_by,
                     on_progress=on_progress)
     obj = search_result_to_dict(result, predictor_name)
     top = pd.DataFrame([{"rank": i + 1, "plan": json.dumps(plan_to_dict(c.plan)), "phi": c.phi,

@@ -288,7 +288,7 @@ def _candidate(lay: Layout, lt: LayoutTables, c: Cand, variant: Variant, model, 
     plan = lay.to_plan(model, cluster, space.global_batch, variant.seq_len, c.split, rec)
     if variant.model is not model:  # a different training job: the plan records what changed
         plan = with_model_changes(plan, variant.model, model)
-    if not space.use_all_gpus:  # the plan says which GPUs it leaves out
+    if not space.use_all_gpus or space.launcher == "megatron":  # the plan says which GPUs it leaves out (a Megatron job: one vendor's)
         plan = with_idle_gpus(plan, cluster)
     score = phi(c.time_ms, c.max_mib, c.var_mib2, refs=refs, weights=w, epsilon_mib2=space.epsilon_mib2)
     stats = MemoryStats(max_mib=np.float32(c.max_mib), variance_mib2=np.float32(c.var_mib2), min_margin=np.float32(c.margin))

@@ -93,17 +93,15 @@ def plan_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, ...], tuple[f
 
 def enumerate_layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) -> list[Layout]:
     """All layouts of the space, in a deterministic order."""
-    types = [g.name for g in cluster.gpu_types]
-    subsets = [tuple(types)] if space.use_all_gpus else [
-        c for r in range(1, len(types) + 1) for c in itertools.combinations(types, r)
-    ]
     seq = space.seq_len or model.seq_len
     out: list[Layout] = []
-    for subset in subsets:
+    for subset in gpu_subsets(cluster, space):
         min_count = min(cluster.gpu_count(g) for g in subset)
         for dp in range(1, min_count + 1):
             tp_choices = [valid_tps(model, cluster, g, space.tp_options) for g in subset]
             for tps in itertools.product(*tp_choices):
+                if not launcher_runs(space.launcher, tps):
+                    continue
                 k_choices = [_stage_counts(cluster.gpu_count(g), dp, t, space.use_all_gpus) for g, t in zip(subset, tps)]
                 for ks in itertools.product(*k_choices):
                     pp = sum(ks)
@@ -112,8 +110,39 @@ def enumerate_layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) ->
                     for order in itertools.permutations(range(len(subset))):
                         gpus = tuple(subset[i] for i in order for _ in range(ks[i]))
                         tpl = tuple(tps[i] for i in order for _ in range(ks[i]))
+                        if not _ends_ok(space.launcher, model, tpl):
+                            continue
                         out.extend(_with_micro_batches(cluster, model, space, gpus, tpl, dp, seq))
     return out
+
+
+def gpu_subsets(cluster: Cluster, space: SearchSpace) -> list[tuple[str, ...]]:
+    """The GPU types a plan may use: all of them (use_all_gpus) or any non-empty subset. With launcher
+    `megatron`, the types of one vendor only (one NCCL/RCCL job cannot join vendors: docs/megatron.md); with
+    use_all_gpus, every GPU of that vendor."""
+    types = [g.name for g in cluster.gpu_types]
+    if space.use_all_gpus:
+        subsets = [tuple(types)]
+        if space.launcher == "megatron":
+            vendors = dict.fromkeys(cluster.gpu(t).vendor for t in types)
+            subsets = [tuple(t for t in types if cluster.gpu(t).vendor == v) for v in vendors]
+        return subsets
+    subsets = [c for r in range(1, len(types) + 1) for c in itertools.combinations(types, r)]
+    if space.launcher == "megatron":
+        subsets = [c for c in subsets if len({cluster.gpu(t).vendor for t in c}) == 1]
+    return subsets
+
+
+def launcher_runs(launcher: str, type_tps: tuple[int, ...]) -> bool:
+    """The per-type tp choice is one the launcher starts (SearchSpace.launcher): megatron one tp for every
+    stage (one --tensor-model-parallel-size, Megatron-LM arguments.py); flagscale with tied embeddings the same
+    tp on the first and the last stage (FlagScale train/arguments.py pre_validate_args) — checked per stage
+    order in `_ends_ok`."""
+    return launcher != "megatron" or len(set(type_tps)) <= 1
+
+
+def _ends_ok(launcher: str, model: ModelArch, tps: tuple[int, ...]) -> bool:
+    return not (launcher == "flagscale" and model.tied_embeddings and tps[0] != tps[-1])
 
 
 def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq) -> list[Layout]:

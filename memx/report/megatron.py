@@ -79,6 +79,8 @@ class MegatronCommand:
     """Environment variables exported before the launch."""
     placeholders: tuple[tuple[str, str], ...]
     """(shell variable, what to set it to)."""
+    problems: tuple[str, ...] = ()
+    """Why stock Megatron-LM cannot start the plan (empty: it can); then megatron.sh only explains and exits 1."""
 
 
 def pipeline_layout(plan: Plan) -> str:
@@ -117,29 +119,19 @@ def _rc(st: Stage) -> str:
     return st.recompute.value
 
 
-def _recompute_args(plan: Plan) -> tuple[list[str], list[str]]:
-    kinds = {(st.recompute, st.recompute_layers) for st in plan.stages}
-    notes: list[str] = []
-    if len(kinds) > 1:
-        notes.append(
-            "per-stage recomputation differs across stages ("
-            + ", ".join(f"stage {i}: {_rc(st)}" for i, st in enumerate(plan.stages))
-            + "); stock Megatron-LM applies one setting to every stage. The arguments below use the most "
-            "memory-saving stage's setting; apply the per-stage setting with a patched "
-            "`--recompute-num-layers` per pipeline rank."
-        )
-        st = max(plan.stages, key=lambda x: (x.recompute == Recompute.FULL, x.recompute == Recompute.SELECTIVE,
-                                              x.recomputed_layers))
-    else:
-        st = plan.stages[0]
+def _recompute_args(plan: Plan) -> list[str]:
+    """One recompute setting for every stage (Megatron-LM applies it to every pipeline rank); where the stages
+    differ (not launchable: `megatron_problems`) the most memory-saving stage's, for the guidance."""
+    st = max(plan.stages, key=lambda x: (x.recompute == Recompute.FULL, x.recompute == Recompute.SELECTIVE,
+                                          x.recomputed_layers))
     if st.recompute == Recompute.SELECTIVE:
-        return ["--recompute-granularity", "selective"], notes
+        return ["--recompute-granularity", "selective"]
     if st.recompute == Recompute.FULL and st.recomputed_layers:
         if st.recompute_layers is None:  # every layer: uniform chunks of one layer
-            return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"], notes
+            return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
         return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
-                str(st.recompute_layers // plan.virtual_stages)], notes  # per model chunk when interleaved
-    return [], notes
+                str(st.recompute_layers // plan.virtual_stages)]  # per model chunk when interleaved
+    return []
 
 
 def _model_args(plan: Plan, model: ModelArch) -> list[str]:
@@ -155,14 +147,35 @@ def _model_args(plan: Plan, model: ModelArch) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(model.query_groups)]
     args += ["--seq-length", str(plan.seq_len), "--max-position-embeddings", str(plan.seq_len),
              "--position-embedding-type", "rope" if llama else "learned_absolute"]
-    if llama:  # LLaMA: SwiGLU, RMSNorm, no biases, no dropout (Touvron et al. 2023 §2)
-        args += ["--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
-                 "--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+    if llama:  # LLaMA: SwiGLU, RMSNorm, no biases, no dropout (Touvron et al. 2023 §2); RoPE base θ (ModelArch)
+        args += ["--rotary-base", str(model.rotary_base), "--swiglu", "--normalization", "RMSNorm",
+                 "--disable-bias-linear", "--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     else:
         args += ["--normalization", "LayerNorm"]
     if not model.tied_embeddings:
         args += ["--untie-embeddings-and-output-weights"]
-    return args + ["--bf16"]
+    return args + precision_args(plan)
+
+
+def plan_precision(plan: AnyPlan) -> str:
+    """The plan's training precision: `plan.precision` where the plan carries one, else bf16."""
+    return getattr(plan, "precision", None) or "bf16"
+
+
+def precision_args(plan: AnyPlan) -> list[str]:
+    """The precision arguments (Megatron-LM arguments.py _add_mixed_precision_args, TransformerConfig.fp8;
+    FlagScale passes its `precision:` block to the same parser): bf16 `--bf16`; fp16 `--fp16` with Megatron's
+    dynamic loss scaling written out (initial 2^32, min 1, window 1000, hysteresis 2: its defaults); fp8
+    `--fp8-format hybrid` (e4m3 forward, e5m2 gradients; Transformer Engine) on bf16 weights."""
+    precision = plan_precision(plan)
+    if precision == "fp16":
+        return ["--fp16", "--initial-loss-scale", "4294967296", "--min-loss-scale", "1.0",
+                "--loss-scale-window", "1000", "--hysteresis", "2"]
+    if precision == "fp8":
+        return ["--bf16", "--fp8-format", "hybrid"]
+    if precision != "bf16":
+        raise InputError(f"plan field 'precision': {precision!r}; allowed: bf16, fp16, fp8")
+    return ["--bf16"]
 
 
 def _parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
@@ -210,23 +223,34 @@ def _attention_args(gpus: dict[str, GpuType | None]) -> tuple[list[str], list[st
                 f"(NVIDIA Ampere or newer only){hint}; the attention backend is left to --attention-backend auto."]
 
 
-def _heterogeneity_notes(plan: Plan, gpus: dict[str, GpuType | None]) -> list[str]:
-    notes = []
+def megatron_problems(plan: Plan, gpus: dict[str, GpuType | None]) -> list[str]:
+    """Why stock Megatron-LM cannot start `plan` (empty when it can): the space `launcher: megatron` searches
+    (memx.planner.space, memx.planner.launcher)."""
+    problems = []
     tps = [st.tp for st in plan.stages]
     if len(set(tps)) > 1:
-        notes.append(f"stages use different tensor-parallel sizes {tps}; stock Megatron-LM needs one "
-                     "--tensor-model-parallel-size for all stages. Launch with a heterogeneous-TP runtime, or take "
-                     "the largest size below and accept the difference.")
-    if len(gpus) > 1:
-        notes.append("stages run on different GPU types; with Megatron's default rank order tp-cp-ep-dp-pp, pipeline "
-                     "stage s holds the global ranks s·tp·dp … (s+1)·tp·dp − 1: start ranks so that "
-                     + ", ".join(f"stage {s} → {st.gpu}" for s, st in enumerate(plan.stages)) + ".")
+        problems.append(f"stages use different tensor-parallel sizes {tps}: stock Megatron-LM takes one "
+                        "--tensor-model-parallel-size for every stage and needs tp × pp × dp = the world size "
+                        f"(arguments.py validate_args); {max(tps)} × {plan.pp} × {plan.dp} = "
+                        f"{max(tps) * plan.pp * plan.dp} ≠ {plan.gpus_used} GPUs")
+    if len({(st.recompute, st.recompute_layers) for st in plan.stages}) > 1:
+        problems.append("per-stage recomputation differs across stages ("
+                        + ", ".join(f"stage {i}: {_rc(st)}" for i, st in enumerate(plan.stages))
+                        + "): stock Megatron-LM applies one --recompute-granularity / --recompute-method / "
+                        "--recompute-num-layers to every stage")
     vendors = sorted({g.vendor for g in gpus.values() if g is not None})
     if len(vendors) > 1:
-        notes.append(f"stages span GPU vendors ({', '.join(vendors)}): one NCCL job cannot join them (NCCL, RCCL and "
-                     "the other vendors' libraries do not interoperate). Stock Megatron-LM cannot launch this plan; "
-                     "it needs a runtime with a cross-vendor collective library.")
-    return notes
+        problems.append(f"stages span GPU vendors ({', '.join(vendors)}): one NCCL job cannot join them (NCCL, RCCL "
+                        "and the other vendors' libraries do not interoperate)")
+    return problems
+
+
+def _rank_order_notes(plan: Plan, gpus: dict[str, GpuType | None]) -> list[str]:
+    if len(gpus) <= 1:
+        return []
+    return ["stages run on different GPU types; with Megatron's default rank order tp-cp-ep-dp-pp, pipeline "
+            "stage s holds the global ranks s·tp·dp … (s+1)·tp·dp − 1: start ranks so that "
+            + ", ".join(f"stage {s} → {st.gpu}" for s, st in enumerate(plan.stages)) + "."]
 
 
 def _data_args(model: ModelArch) -> tuple[list[str], tuple[tuple[str, str], ...]]:
@@ -246,14 +270,15 @@ def megatron_command(plan: Plan, model: ModelArch, cluster: Cluster | None = Non
     gpus = _gpu_types(plan, cluster)
     parallel, parallel_notes = _parallel_args(plan)
     split, split_notes = _split_args(plan)
-    recompute, rc_notes = _recompute_args(plan)
+    recompute = _recompute_args(plan)
     attention, attn_notes = _attention_args(gpus)
     data, placeholders = _data_args(model)
     args = _model_args(plan, model) + parallel + split + recompute + attention + data + list(EXAMPLE_TRAINING_ARGS)
-    notes = _heterogeneity_notes(plan, gpus) + split_notes + rc_notes + parallel_notes + attn_notes
+    notes = _rank_order_notes(plan, gpus) + split_notes + parallel_notes + attn_notes
     # Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp > 1 before Blackwell (arguments.py validate_args)
     env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),) if max(st.tp for st in plan.stages) > 1 else ()
-    return MegatronCommand(args=tuple(args), notes=tuple(notes), env=env, placeholders=placeholders)
+    return MegatronCommand(args=tuple(args), notes=tuple(notes), env=env, placeholders=placeholders,
+                           problems=tuple(megatron_problems(plan, gpus)))
 
 
 def megatron_args(plan: Plan, model: ModelArch, cluster: Cluster | None = None) -> tuple[list[str], list[str]]:
@@ -294,6 +319,29 @@ def _header(plan: Plan, cluster: Cluster | None) -> list[str]:
     return lines
 
 
+MEGATRON_SEARCH_HINT = ("search for the best plan stock Megatron-LM runs: `memx plan --search megatron` (or "
+                        "`launcher: megatron` in your search YAML; docs/megatron.md), or launch this plan with "
+                        "FlagScale: `--format flagscale`")
+
+
+def _stop_lines(what: str, nearest: str | None) -> list[str]:
+    """The end of a script that must not start: the nearest launchable plan or the search hint, exit 1."""
+    lines = [f"# Nearest plan stock Megatron-LM runs: {nearest}" if nearest else f"# Instead: {MEGATRON_SEARCH_HINT}"]
+    return lines + [f'echo {shlex.quote(f"error: {what}; see the notes at the top of this script")} >&2', "exit 1"]
+
+
+def render_unlaunchable(plan: Plan, model: ModelArch, cluster: Cluster | None, cmd: MegatronCommand,
+                        nearest: str | None = None) -> str:
+    """megatron.sh for a plan stock Megatron-LM cannot start: why, the arguments as commented guidance, the
+    nearest launchable plan (or the search hint), exit 1 — never a command that fails at start-up."""
+    lines = ["#!/usr/bin/env bash", *_header(plan, cluster)]
+    lines += [f"# CANNOT START: {p}" for p in cmd.problems]
+    lines += [f"# NOTE: {n}" for n in cmd.notes]
+    lines += ["# Its pretrain_gpt.py arguments, for a runtime that lifts these limits:"]
+    lines += [f"#   {line}" for line in _arg_lines(cmd.args)]
+    return "\n".join(lines + _stop_lines("stock Megatron-LM cannot start this MemX plan", nearest)) + "\n"
+
+
 def render_grouped(plan: GroupedPlan, model: ModelArch, cluster: Cluster | None = None) -> str:
     """megatron.sh for a schema-2 plan: the note, each group's arguments as commented guidance, exit 1."""
     data = any_plan_to_dict(plan)
@@ -315,13 +363,41 @@ def render_grouped(plan: GroupedPlan, model: ModelArch, cluster: Cluster | None 
     return "\n".join(lines) + "\n"
 
 
-def render_megatron(plan: AnyPlan, model: ModelArch, cluster: Cluster | None = None) -> str:
+def megatron_launchable(plan: AnyPlan, model: ModelArch, cluster: Cluster | None = None) -> list[str]:
+    """Why stock Megatron-LM cannot start `plan` (either schema); empty when it can."""
+    plan = simplest(plan)
+    if isinstance(plan, GroupedPlan):
+        return [HETEROGENEOUS_DP_NOTE.split(";")[0] + ": stock Megatron-LM gives every data-parallel rank the same "
+                "pipeline and micro batch"]
+    return list(megatron_command(plan, model, cluster).problems)
+
+
+def nearest_launchable(obj: dict, model: ModelArch, cluster: Cluster | None = None) -> str | None:
+    """One line naming the best plan of a search result (`memx plan --format json` object: pick, top by Φ,
+    fastest, Pareto front) that stock Megatron-LM starts; None when none of them is one."""
+    from memx.domain.groups import any_plan_from_dict
+    from memx.report.notation import compact_stages
+
+    for entry in (obj, *obj.get("top", ()), obj.get("fastest"), *obj.get("pareto", ())):
+        if entry and not megatron_launchable(any_plan_from_dict(entry["plan"]), model, cluster):
+            q = entry["predicted"]
+            return (f"{compact_stages(entry['plan'])}, dp {entry['plan']['dp']}, micro batch "
+                    f"{entry['plan']['micro_batch']}: {q['iteration_time_ms']:.0f} ms, smallest margin "
+                    f"{q['min_margin']:.1%} (one of the plans the search listed; with `launcher: megatron` in the search "
+                    "YAML the search picks the best plan Megatron-LM runs)")
+    return None
+
+
+def render_megatron(plan: AnyPlan, model: ModelArch, cluster: Cluster | None = None, nearest: str | None = None) -> str:
     """megatron.sh: a bash script that checks its placeholders and runs torchrun … pretrain_gpt.py; for a
-    schema-2 plan with several groups, the guidance of `render_grouped`."""
+    schema-2 plan with several groups, the guidance of `render_grouped`; for a plan stock Megatron-LM cannot
+    start, `render_unlaunchable` (`nearest`: the nearest plan it runs, one line)."""
     plan = simplest(plan)
     if isinstance(plan, GroupedPlan):
         return render_grouped(plan, model, cluster)
     cmd = megatron_command(plan, model, cluster)
+    if cmd.problems:
+        return render_unlaunchable(plan, model, cluster, cmd, nearest)
     lines = ["#!/usr/bin/env bash", *_header(plan, cluster)]
     lines += [f"# NOTE: {n}" for n in cmd.notes]
     lines += ["#", "# Set before launching (the script stops when one is missing):"]

@@ -39,10 +39,11 @@ def test_table_and_markdown_and_megatron(tmp_path):
     assert res.exit_code == 0 and "Plans: the pick first" in res.stdout and "capacity" in res.stdout
     md = runner.invoke(app, ["plan", *SMALL, "--format", "markdown", "--out", str(tmp_path)])
     assert md.exit_code == 0 and md.stdout.startswith("# MemX plan: llama-6l")
-    meg = runner.invoke(app, ["plan", *SMALL, "--format", "megatron"])
-    assert "--pipeline-model-parallel-size" in meg.stdout and "--global-batch-size 16" in meg.stdout
-    assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "plan.md", "megatron.sh", "report.html", "memory.png",
-                                                   "pareto.png", "timeline.png"}
+    meg = runner.invoke(app, ["plan", *SMALL, "--format", "megatron"])  # a three-vendor pick: Megatron cannot start it
+    assert meg.exit_code == 6 and "stock Megatron-LM cannot start this plan" in meg.stderr
+    assert "#   --pipeline-model-parallel-size" in meg.stdout and "#   --global-batch-size 16" in meg.stdout
+    assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "plan.md", "megatron.sh", "flagscale.yaml", "report.html",
+                                                   "memory.png", "pareto.png", "timeline.png"}
     assert (tmp_path / "megatron.sh").stat().st_mode & 0o111 and not (tmp_path / "plan.json").stat().st_mode & 0o111
     assert json.loads((tmp_path / "plan.json").read_text())["plan"]["model"] == "llama-6l"
 

@@ -12,92 +12,16 @@ import re
 import shlex
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from memx.domain.catalog import load_cluster, load_model
 from memx.domain.plan import Plan, Stage
-from memx.report.megatron import MEGATRON_COMMIT, megatron_command, pipeline_layout, render_megatron
+from memx.report.megatron import megatron_command, pipeline_layout, render_megatron
+from tests.support.launch_checks import batch_problems, parse, rule_problems, script_args
 
-FIXTURE = json.loads((Path(__file__).parent.parent / "fixtures" / "megatron_arguments.json").read_text())
-TYPES = {"int": int, "float": float, "str": str}
 PLACEHOLDER_VALUES = {"DATA_PATH": "/data/corpus_text_document", "TOKENIZER_MODEL": "meta-llama/Llama-2-7b-hf",
                       "CHECKPOINT_DIR": "/ckpt", "VOCAB_FILE": "/tok/vocab.json", "MERGE_FILE": "/tok/merges.txt"}
-
-
-def parser() -> argparse.ArgumentParser:
-    """pretrain_gpt.py's arguments as the fixture lists them (abbreviations off, as Megatron's parser)."""
-    p = argparse.ArgumentParser(prog="pretrain_gpt.py", allow_abbrev=False, add_help=False, exit_on_error=False)
-    for name, spec in FIXTURE["arguments"].items():
-        if spec["kind"] == "flag":
-            p.add_argument(name, action=spec["action"], **({"dest": spec["dest"]} if "dest" in spec else {}))
-        else:
-            p.add_argument(name, type=TYPES[spec["type"]], choices=spec.get("choices"), nargs=spec.get("nargs"))
-    return p
-
-
-def parse(args: list[str]) -> argparse.Namespace:
-    """Parse like Megatron; unknown flags and bad values raise."""
-    ns, unknown = parser().parse_known_args(args)
-    if unknown:
-        raise ValueError(f"unknown to Megatron-LM@{MEGATRON_COMMIT[:10]}: {unknown}")
-    return ns
-
-
-def _holds(cond: str, args: list[str], ns: argparse.Namespace) -> bool:
-    if ">" in cond:
-        flag, bound = cond.split(">")
-        return flag in args and getattr(ns, flag[2:].replace("-", "_")) > int(bound)
-    flag, _, value = cond.partition("=")
-    if flag not in args:
-        return False
-    return not value or str(getattr(ns, flag[2:].replace("-", "_"))) == value
-
-
-def rule_problems(args: list[str]) -> list[str]:
-    ns, problems = parse(args), []
-    for rule in FIXTURE["rules"]:
-        if not _holds(rule["if"], args, ns):
-            continue
-        problems += [f"{rule['if']} needs {c}" for c in rule.get("requires", []) if not _holds(c, args, ns)]
-        problems += [f"{rule['if']} excludes {c}" for c in rule.get("excludes", []) if _holds(c, args, ns)]
-    return problems + layer_problems(ns) + batch_problems(ns)
-
-
-def layer_problems(ns: argparse.Namespace) -> list[str]:
-    """The layer-split checks of Megatron's TransformerConfig / PipelineParallelLayerLayout."""
-    pp, layers = ns.pipeline_model_parallel_size, ns.num_layers
-    if ns.pipeline_model_parallel_layout:
-        flat = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), ns.pipeline_model_parallel_layout.replace(",", ""))
-        stages = flat.split("|")
-        ok = len(stages) == pp and flat.count("t") == layers and flat.startswith("E") and flat.endswith("L")
-        return [] if ok else [f"layout {ns.pipeline_model_parallel_layout} does not hold {layers} layers on {pp} stages"]
-    first, last = ns.decoder_first_pipeline_num_layers, ns.decoder_last_pipeline_num_layers
-    if first is None and last is None:
-        return [] if layers % pp == 0 else [f"{layers} layers do not divide over {pp} stages"]
-    middle_layers = layers - (first or 0) - (last or 0)
-    middle_stages = pp - (first is not None) - (last is not None)
-    if min(first or 1, last or 1) <= 0 or bool(middle_layers) != bool(middle_stages) or (
-            middle_stages and middle_layers % middle_stages):
-        return [f"first/last {first}/{last}: {middle_layers} middle layers on {middle_stages} stages"]
-    return []
-
-
-def batch_problems(ns: argparse.Namespace, world: int | None = None) -> list[str]:
-    problems = []
-    if ns.max_position_embeddings < ns.seq_length:
-        problems.append("max-position-embeddings < seq-length")
-    if world is not None:
-        dp = world // (ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size)
-        if ns.global_batch_size % (ns.micro_batch_size * dp):
-            problems.append("global batch not divisible by micro batch × dp")
-    return problems
-
-
-def script_args(script: str) -> list[str]:
-    """The pretrain_gpt.py arguments of a rendered megatron.sh (placeholders stay `${NAME}`)."""
-    return shlex.split(script.split("pretrain_gpt.py", 1)[1].replace("\\\n", " "))
 
 
 def plan(stages, *, dp=1, mb=1, gb=16, seq=4096, model="llama2-7b", cluster="three-vendor-20", **options) -> Plan:
@@ -168,15 +92,34 @@ def test_uneven_splits_use_first_last_or_the_layout():
     assert not ns.sequence_parallel and any("no-op at tp = 1" in n for n in cmd.notes)
 
 
-def test_what_stock_megatron_cannot_express_is_noted():
+def test_what_stock_megatron_cannot_start_is_refused_not_emitted():
     p = plan([(A100, 2, 12, "none", None), ("vendor-b-32g", 4, 10, "full", None), ("vendor-c-32g", 4, 10, "full", 6)],
              dp=2, gb=128, mb=2)
     cmd = megatron_command(p, load_model("llama2-7b"), load_cluster("three-vendor-20"))
-    text = " ".join(cmd.notes)
-    for needle in ("different tensor-parallel sizes", "per-stage recomputation", "GPU vendors", "stage 1 → vendor-b-32g",
-                   "no --use-flash-attn"):
+    text = " ".join(cmd.problems)
+    for needle in ("different tensor-parallel sizes", "4 × 3 × 2 = 24 ≠ 20 GPUs", "per-stage recomputation", "GPU vendors"):
         assert needle in text
-    assert "--use-flash-attn" not in cmd.args and rule_problems(list(cmd.args)) == []
+    assert "stage 1 → vendor-b-32g" in " ".join(cmd.notes) and "--use-flash-attn" not in cmd.args
+    script = render_megatron(p, load_model("llama2-7b"), load_cluster("three-vendor-20"), nearest="a100-80g×2 [16,16]")
+    assert not any(line.startswith(("torchrun", "pretrain_gpt.py")) for line in script.splitlines())
+    assert "# CANNOT START: stages use different" in script and "# Nearest plan stock Megatron-LM runs: a100" in script
+    assert script.rstrip().endswith("exit 1")
+    bare = render_megatron(p, load_model("llama2-7b"), load_cluster("three-vendor-20"))
+    assert "--search megatron" in bare and "--format flagscale" in bare
+
+
+def test_llama3_gets_its_rotary_base_and_precision_flags_follow_the_plan():
+    p = plan([("h100-80g", 8, 16, "none", None)] * 2, model="llama3-8b", cluster="h100-mi300x-32", seq=8192)
+    ns = parse(list(megatron_command(p, load_model("llama3-8b")).args))
+    assert ns.rotary_base == 500000 and ns.bf16 and not ns.fp16
+    assert parse(list(megatron_command(CASES["first-last-selective"][1], load_model("llama2-7b")).args)).rotary_base == 10000
+    for precision, check in (("fp16", lambda n: n.fp16 and not n.bf16 and n.initial_loss_scale == 2.0**32
+                                      and n.loss_scale is None and n.hysteresis == 2),
+                             ("fp8", lambda n: n.bf16 and n.fp8 == "hybrid")):
+        fake = type("P", (), {"precision": precision})()  # a plan carrying `precision` (helper B1's field)
+        from memx.report.megatron import precision_args
+        args = BASE + precision_args(fake)
+        assert rule_problems(args) == [] and check(parse(args)), precision
 
 
 def test_flash_attention_only_on_ampere_or_newer_nvidia():
@@ -293,3 +236,18 @@ def test_interleaved_plans_carry_the_virtual_pipeline_arguments():
     ns = parse(list(megatron_command(uneven, load_model("llama2-7b")).args))
     assert ns.pipeline_model_parallel_layout == "Et*6|t*10|t*6|t*10,L"
     assert ns.num_layers_per_virtual_pipeline_stage is None and ns.decoder_first_pipeline_num_layers is None
+def test_nearest_launchable_is_the_first_listed_plan_megatron_starts():
+    from memx.domain.plan import plan_to_dict
+    from memx.report.megatron import nearest_launchable
+
+    mixed = plan([(A100, 2, 16, "none", None), ("vendor-b-32g", 4, 16, "none", None)])
+    even = plan([(A100, 2, 16, "none", None)] * 2)
+
+    def entry(p, ms):
+        return {"plan": plan_to_dict(p), "predicted": {"iteration_time_ms": ms, "min_margin": 0.2}}
+
+    obj = {**entry(mixed, 100.0), "top": [entry(mixed, 100.0), entry(even, 150.0)], "fastest": None, "pareto": []}
+    line = nearest_launchable(obj, load_model("llama2-7b"), load_cluster("three-vendor-20"))
+    assert line.startswith("a100-80g×2 [16,16]") and "150 ms" in line and "20.0%" in line
+    obj["top"] = obj["top"][:1]
+    assert nearest_launchable(obj, load_model("llama2-7b"), load_cluster("three-vendor-20")) is None

@@ -1,0 +1,75 @@
+"""The launcher constraint of the search (`SearchSpace.launcher`, issue #24; docs/planner.md §Launcher).
+
+`any` searches the full MemX space. `megatron` keeps what stock Megatron-LM starts: the layouts of
+`memx.planner.space` are restricted there (one tp for every stage, the GPUs of one vendor), and the
+recomputation is one setting for every stage — Megatron-LM applies `--recompute-granularity/-method/-num-layers`
+to every pipeline rank (megatron/training/arguments.py) — so each uniform level (none, selective, full) is
+searched on its own and the better pick wins (the margin floor first, then time: `replica_search._better`).
+`flagscale` keeps what FlagScale's heterogeneous training starts: per-stage recomputation only toggles *full*
+recomputation (`recompute_granularity_per_stage_micro_batch` requires `recompute_granularity: full`, FlagScale
+flagscale/train/arguments.py post_validate_args), so selective is searched on every stage or on none.
+
+`launcher_gain` runs the unconstrained search beside a constrained one: what the heterogeneous plan gains
+over the best plan the launcher runs (time and margin), for the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from memx.domain.errors import InfeasibleError
+from memx.domain.recompute import SEARCH_BLOCK, Recompute
+from memx.domain.specs import Cluster, ModelArch, SearchSpace
+from memx.planner.replica_search import _better, replica_search
+from memx.planner.result import SearchResult, plan_key
+from memx.planner.search import search
+
+
+def level_sets(space: SearchSpace) -> tuple[tuple[str, ...], ...]:
+    """The recompute level lists searched one at a time under `space.launcher` (module docstring)."""
+    levels = space.recompute_levels
+    if space.launcher == "megatron":
+        return tuple((lv,) for lv in levels if lv != SEARCH_BLOCK)
+    if space.launcher == "flagscale" and Recompute.SELECTIVE.value in levels and len(levels) > 1:
+        return (tuple(lv for lv in levels if lv != Recompute.SELECTIVE.value), (Recompute.SELECTIVE.value,))
+    return (levels,)
+
+
+def _margin(r: SearchResult) -> float:
+    return r.margins_high.get(plan_key(r.chosen.plan), r.chosen.min_margin)
+
+
+def launcher_search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, **kw: Any) -> SearchResult:
+    """The search under `space.launcher`: `any` is `replica_search` unchanged; otherwise the best pick over
+    `level_sets(space)` (InfeasibleError naming each level's reason when none has a plan)."""
+    if space.launcher == "any":
+        return replica_search(cluster, model, space, predictor, **kw)
+    best: SearchResult | None = None
+    reasons = []
+    for levels in level_sets(space):
+        try:
+            r = search(cluster, model, dataclasses.replace(space, recompute_levels=levels), predictor, **kw)
+        except InfeasibleError as exc:
+            reasons.append(f"recompute {'/'.join(levels)}: {exc}")
+            continue
+        if best is None or _better(r.chosen, _margin(r), best.chosen, _margin(best), space):
+            best = r
+    if best is None:
+        raise InfeasibleError(f"no plan {space.launcher} can launch: " + "; ".join(reasons))
+    return best
+
+
+def launcher_gain(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, constrained: SearchResult,
+                  **kw: Any) -> dict[str, Any]:
+    """The unconstrained pick (launcher `any`) against `constrained`'s: both times and margins, and
+    `time_ratio` = constrained / unconstrained iteration time (> 1: the heterogeneous plan is faster)."""
+    free = replica_search(cluster, model, dataclasses.replace(space, launcher="any"), predictor, **kw)
+    return gain_of(space.launcher, constrained, free)
+
+
+def gain_of(launcher: str, constrained: SearchResult, free: SearchResult) -> dict[str, Any]:
+    """`launcher_gain`'s figures from the two searches' results."""
+    t_c, t_f = constrained.chosen.iteration_time_ms, free.chosen.iteration_time_ms
+    return {"launcher": launcher, "time_ms": t_c, "margin": _margin(constrained),
+            "unconstrained_time_ms": t_f, "unconstrained_margin": _margin(free), "time_ratio": t_c / t_f}
