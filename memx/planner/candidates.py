@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memx.planner.bounds import MARGIN_SLACK, SCORE_SLACK, Corner
+from memx.planner.bounds import SCORE_SLACK, Corner
 from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
 
@@ -160,7 +160,7 @@ class Keeper:
         """Boxes that may hold a member of the safe staircases or a wider plan than the widest so far."""
         if self.floor is None:
             return np.zeros(len(c.time_ms), dtype=bool)
-        ub = c.margin_ub + MARGIN_SLACK
+        ub = c.margin_ub
         safe = (ub >= self.floor) & (c.time_ms <= self.safe_window_ms())
         by_phi = ~(_stair_query(self._safe_stairs[0], c.time_ms) < score_lb - SCORE_SLACK)
         by_margin = ~(_stair_query(self._safe_stairs[1], c.time_ms) < -ub)
