@@ -64,7 +64,7 @@ class Corner:
     time_ms: np.ndarray
     max_mib: np.ndarray
     var_mib2: np.ndarray
-    margin_ub: np.ndarray  # an upper bound (not a lower one) of the smallest margin
+    margin_ub: np.ndarray  # an upper bound (not a lower one) of the smallest margin, inflated by MARGIN_SLACK
 
     def score(self, w: Weights, epsilon_mib2: float) -> np.ndarray:
         with np.errstate(divide="ignore"):
@@ -153,7 +153,8 @@ class LayoutBounds:
         used_range, used_minmax = self._used
         used_lb = np.maximum(used_range.query(a, b).max(axis=1), used_minmax.query(a, b, self.total))
         return Corner(time_ms=time_lb, max_mib=m_lb * (1 - SLACK),
-                      var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight), hi), margin_ub=1.0 - used_lb)
+                      var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight), hi),
+                      margin_ub=1.0 - used_lb + MARGIN_SLACK)
 
     def count(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Splits in each box (float64; interior layer counts that are not allowed included)."""

@@ -7,10 +7,12 @@ and does not depend on the order plans are scored in, the batches, the shards or
   while being no slower ("k-staircase"): every plan of the final top-k by Φ among the plans within
   r × the fastest is one of them, whatever the fastest turns out to be (a plan q no slower than an
   eligible plan p is eligible too); with r = 0, simply the k smallest (log Φ, key);
-* the Pareto front of (T, −margin, V) (time, smallest relative margin, variance): plans no other plan
-  dominates (≤ everywhere, < somewhere); of equal points the smallest key; with r > 0 restricted to plans
-  within r × the fastest (a plan that dominates one inside the window is inside it, so this is the front
-  of the window);
+* the Pareto front of (T, −margin) (time, smallest relative margin; issue #22): plans no other plan
+  dominates (≤ in both, < in one); of equal points the least V, then the smallest key; with r > 0 restricted
+  to plans within r × the fastest (a plan that dominates one inside the window is inside it, so this is the
+  front of the window). V is not a third dimension of the kept front: on mixed-1024 / llama3-405b the
+  (T, margin, V) front made the search score 24 M plans instead of 1.9 M (docs/benchmarks.md §Issue #22);
+  the reported front (memx.planner.pick.pareto_margin) adds V over every kept plan;
 * with a margin floor f (issue #22): the *safe* staircases — plans whose smallest margin ≥ f that no safe
   plan beats while being no slower, once by (log Φ, key) and once by (−margin, key) — restricted to
   (1 + balance_tolerance) × the fastest safe plan: the fastest safe plan and the best-by-Φ and
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memx.planner.bounds import MARGIN_SLACK, SCORE_SLACK, Corner
+from memx.planner.bounds import SCORE_SLACK, Corner
 from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
 
@@ -111,7 +113,7 @@ class Keeper:
             del best[self.k:]
             kth.append(best[-1] if len(best) >= self.k else np.inf)
         self._stair_kth = np.array(kth)
-        self._front = np.array([[c.time_ms, -c.margin, c.var_mib2] for c in self.front]).reshape(-1, 3)
+        self._front = np.array([_front_point(c.time_ms, c.margin) for c in self.front]).reshape(-1, 3)
         self._safe_stairs = [_prefix_best(self.safe_phi, _by_score), _prefix_best(self.safe_margin, _by_margin)]
 
     def _phi_threshold(self, time_ms: np.ndarray) -> np.ndarray:
@@ -151,14 +153,14 @@ class Keeper:
             return need
         window = c.time_ms <= self.window_ms()
         phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
-        front = window & ~self._dominated(np.stack([c.time_ms, -c.margin_ub, c.var_mib2], axis=1))
+        front = window & ~self._dominated(np.stack(_front_point(c.time_ms, c.margin_ub), axis=1))
         return need | phi | front | self._safe_needs(c, score_lb)
 
     def _safe_needs(self, c: Corner, score_lb: np.ndarray) -> np.ndarray:
         """Boxes that may hold a member of the safe staircases or a wider plan than the widest so far."""
         if self.floor is None:
             return np.zeros(len(c.time_ms), dtype=bool)
-        ub = c.margin_ub + MARGIN_SLACK
+        ub = c.margin_ub
         safe = (ub >= self.floor) & (c.time_ms <= self.safe_window_ms())
         by_phi = ~(_stair_query(self._safe_stairs[0], c.time_ms) < score_lb - SCORE_SLACK)
         by_margin = ~(_stair_query(self._safe_stairs[1], c.time_ms) < -ub)
@@ -190,7 +192,7 @@ class Keeper:
             if phi_rows.size:
                 self.phi = self._staircase(self.phi + _cands(sc, phi_rows))
                 changed = True
-            pts = np.stack([t, -a.stats.min_margin[rows], a.stats.variance_mib2[rows]], axis=1).astype(np.float64)
+            pts = np.stack(_front_point(t, a.stats.min_margin[rows].astype(np.float64)), axis=1)
             front_rows = rows[inside & ~self._dominated(pts)]
             if front_rows.size:
                 self.front = self._pareto(self.front + _cands(sc, front_rows))
@@ -261,7 +263,7 @@ class Keeper:
         window = self.window_ms()
         cands = sorted((c for c in _unique(cands) if c.time_ms <= window),
                        key=lambda c: (c.time_ms, -c.margin, c.var_mib2, c.key))
-        keep = non_dominated(np.array([[c.time_ms, -c.margin, c.var_mib2] for c in cands]).reshape(-1, 3))
+        keep = non_dominated(np.array([_front_point(c.time_ms, c.margin) for c in cands]).reshape(-1, 3))
         return [c for c, k in zip(cands, keep) if k]
 
     def _safe_stair(self, cands: list[Cand], rank) -> list[Cand]:
@@ -297,6 +299,12 @@ class Keeper:
             return [self.widest] if self.widest is not None else []
         window = self.safe_window_ms()
         return _unique([c for c in self.safe_margin + self.safe_phi if c.time_ms <= window])
+
+
+def _front_point(time_ms, margin) -> list:
+    """A plan's point on the kept front: (T, −margin, 0) (all minimised; the zero keeps the 3-column sweep)."""
+    return [time_ms, -np.asarray(margin, dtype=np.float64) if np.ndim(margin) else -float(margin),
+            np.zeros(np.shape(margin)) if np.ndim(margin) else 0.0]
 
 
 def _by_score(c: Cand) -> float:

@@ -52,18 +52,20 @@ def load_baseline(path: Path, model: ModelArch | None = None) -> AnyPlan:
 
 def check_report(obj: dict, baseline: AnyPlan, cluster, model, predictor, *, reserve_gib: float,
                  min_margin: float, max_slowdown: float = 0.10) -> CheckOutcome:
-    """`check` on this run's `memx plan --format json` answer (decoded once here)."""
+    """`check` on this run's `memx plan --format json` answer (decoded once here), judged as its pick rule judges."""
     refs = obj["references"]
     return check(metrics_from_dict(obj), baseline, cluster, model, predictor, weights=weights_from_dict(obj),
                  refs=(refs["time_ms"], refs["max_mem_mib"], refs["mem_variance_mib2"]),
                  epsilon_mib2=refs["epsilon_mib2"], reserve_gib=reserve_gib, min_margin=min_margin,
-                 max_slowdown=max_slowdown)
+                 max_slowdown=max_slowdown, rule=(obj.get("pick") or {}).get("rule", "phi"))
 
 
 def check(new: PlanMetrics, baseline: AnyPlan, cluster, model, predictor, *, weights: Weights,
           refs: tuple[float, float, float], epsilon_mib2: float, reserve_gib: float, min_margin: float,
-          max_slowdown: float = 0.10) -> CheckOutcome:
-    """new: this run's pick; both plans are estimated and scored (Φ against this run's medians `refs`) the same way."""
+          max_slowdown: float = 0.10, rule: str = "phi") -> CheckOutcome:
+    """new: this run's pick; both plans are estimated and scored (Φ against this run's medians `refs`) the same way.
+    A Φ rule (phi, phi-bounded) judges by Φ; the floor rules (issue #22) by time and smallest margin: the new
+    plan is worse when the baseline dominates it (no slower, no smaller margin, better in one)."""
     if baseline.model != model.name or baseline.cluster != cluster.name:
         raise InputError(f"baseline is for {baseline.model} on {baseline.cluster}, this run is {model.name} on {cluster.name}")
     reason = ""
@@ -86,12 +88,13 @@ def check(new: PlanMetrics, baseline: AnyPlan, cluster, model, predictor, *, wei
     elif est is None or not est.feasible:
         slower = est is not None and new.iteration_time_ms > (1.0 + max_slowdown) * est.iteration_time_ms
         verdict, code = ("baseline-infeasible-slower", 4) if slower else ("baseline-infeasible", 0)
-    elif new_phi <= base_phi:
+    elif (new_phi <= base_phi if rule in PHI_RULES else not _dominates(est, new)):
         verdict, code = "better", 0
     else:
         verdict, code = "worse", 4
     md = [f"## MemX plan check: **{verdict}** (exit {code})", "",
-          f"{model.name} on {cluster.name}, weights `{weights.profile}`, margin threshold {min_margin:.0%}.", "",
+          f"{model.name} on {cluster.name}, weights `{weights.profile}`, margin threshold {min_margin:.0%}, judged "
+          + ("by Φ" if rule in PHI_RULES else f"by time and smallest margin (pick rule `{rule}`)") + ".", "",
           *_comparison(new, new_phi, est, base_phi)]
     if est is None:
         md += ["", f"Baseline no longer valid: {reason}"]
@@ -101,6 +104,15 @@ def check(new: PlanMetrics, baseline: AnyPlan, cluster, model, predictor, *, wei
                f"{slowdown:+.1%} in iteration time against it (limit --max-slowdown {max_slowdown:.0%}: "
                f"{'exceeded, exit 4' if code else 'within'})."]
     return CheckOutcome(verdict=verdict, exit_code=code, markdown="\n".join(md) + "\n")
+
+
+PHI_RULES = ("phi", "phi-bounded")
+
+
+def _dominates(a: PlanMetrics, b: PlanMetrics) -> bool:
+    """a is no slower with no smaller smallest margin than b, and better in one."""
+    ta, tb, ma, mb = a.iteration_time_ms, b.iteration_time_ms, a.min_margin, b.min_margin
+    return ta <= tb and ma >= mb and (ta < tb or ma > mb)
 
 
 def _comparison(new: PlanMetrics, new_phi: float, est: PlanMetrics | None, base_phi: float | None) -> list[str]:
