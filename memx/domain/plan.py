@@ -9,7 +9,8 @@ written only when they differ from them, so an older file loads and re-serialise
 `sequence_parallel` (false: norms/dropouts replicated across the TP group), `idle_gpus`
 (absent: not recorded; a plan may use a subset of the cluster's GPUs either way) and `heads` /
 `query_groups` (absent: the model's; present only when the search changed them — a different training
-job, `plan_model` gives the model the plan trains).
+job, `plan_model` gives the model the plan trains) and `precision` (absent: bf16, what every plan meant
+before issue #23; memx.domain.precision).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memx.domain.errors import InputError
+from memx.domain.precision import DEFAULT_PRECISION, check_precision
 from memx.domain.recompute import PLAN_RECOMPUTE, SEARCH_BLOCK, Recompute  # noqa: F401  (re-exported)
 from memx.domain.specs import Cluster, ModelArch
 
@@ -68,6 +70,9 @@ class Plan:
     a different training job); None: the model's."""
     query_groups: int | None = None
     """K/V heads (GQA) when the search changed the model's (SearchSpace.query_groups_options); None: the model's."""
+    precision: str = DEFAULT_PRECISION
+    """Training precision, bf16 | fp16 | fp8 (memx.domain.precision; Megatron-LM `--bf16`, `--fp16` with dynamic
+    loss scaling, `--bf16 --fp8-format hybrid`: docs/planner.md §Precision); written only when not bf16."""
 
     @property
     def pp(self) -> int:
@@ -132,6 +137,8 @@ def _options_to_dict(plan: Any) -> dict[str, Any]:
         out["sequence_parallel"] = True
     if plan.idle_gpus is not None:
         out["idle_gpus"] = dict(plan.idle_gpus)
+    if plan.precision != DEFAULT_PRECISION:
+        out["precision"] = plan.precision
     out.update({k: getattr(plan, k) for k in _MODEL_KEYS if getattr(plan, k, None) is not None})  # schema 2 has none
     return out
 
@@ -188,7 +195,13 @@ def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
         **{k: _need_bool(source, k, data[k]) for k in _OPTION_KEYS if k in data},
         idle_gpus=_idle_from_dict(source, data.get("idle_gpus")),
         **{k: _need_int(source, k, data[k]) for k in _MODEL_KEYS if data.get(k) is not None},
+        **_precision_from_dict(source, data),
     )
+
+
+def _precision_from_dict(source: str, data: dict[str, Any]) -> dict[str, str]:
+    """{"precision": …} when the plan names one (checked: bf16, fp16, fp8); {} for older files (bf16)."""
+    return {"precision": check_precision(data["precision"], source)} if "precision" in data else {}
 
 
 def _stages_from_list(raw_stages: Any, source: str) -> tuple[Stage, ...]:
@@ -284,6 +297,9 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
             )
         if s.tp > max(cluster.node_sizes(s.gpu)):
             problems.append(f"stages[{i}].tp ({s.tp}) exceeds the largest {s.gpu} node ({max(cluster.node_sizes(s.gpu))} GPUs)")
+        if plan.precision not in cluster.gpu(s.gpu).precisions:
+            problems.append(f"field 'precision' is {plan.precision}, which GPU {s.gpu} (stages[{i}]) cannot run; it has "
+                            f"{', '.join(cluster.gpu(s.gpu).precisions)}")
     # fewer GPUs than the cluster has is a valid plan (the rest stay idle); more is not
     for gpu, used in plan.gpus_per_type().items():
         if gpu in known and used > cluster.gpu_count(gpu):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memx.domain.precision import DEFAULT_PRECISION
 from memx.domain.plan import SEARCH_BLOCK, Plan, Recompute, Stage
 from memx.planner.schedule import MemoryStats, Pipeline, inflight_micro_batches
 
@@ -34,17 +35,18 @@ class StageContext:
     distributed_optimizer: bool = False
     dp: int = 1
     sequence_parallel: bool = False
+    precision: str = DEFAULT_PRECISION  # training precision (memx.domain.precision): peak and bytes per param
 
 
 def stage_contexts(stage_gpus: Sequence[str], stage_tp: Sequence[int], *, micro_batch: int,
                    micro_batches: int, distributed_optimizer: bool = False, dp: int = 1,
-                   sequence_parallel: bool = False) -> tuple[StageContext, ...]:
+                   sequence_parallel: bool = False, precision: str = DEFAULT_PRECISION) -> tuple[StageContext, ...]:
     """The context of every stage of a pipeline (a search layout or a given plan)."""
     pp = len(stage_gpus)
     return tuple(StageContext(gpu=g, tp=t, micro_batch=micro_batch, first=s == 0, last=s == pp - 1,
                               inflight=inflight_micro_batches(pp, s, micro_batches),
                               distributed_optimizer=distributed_optimizer, dp=dp if distributed_optimizer else 1,
-                              sequence_parallel=sequence_parallel and t > 1)
+                              sequence_parallel=sequence_parallel and t > 1, precision=precision)
                  for s, (g, t) in enumerate(zip(stage_gpus, stage_tp, strict=True)))
 
 
@@ -52,7 +54,7 @@ def plan_contexts(plan: Plan) -> tuple[StageContext, ...]:
     return stage_contexts([st.gpu for st in plan.stages], [st.tp for st in plan.stages],
                           micro_batch=plan.micro_batch, micro_batches=plan.micro_batches,
                           distributed_optimizer=plan.distributed_optimizer, dp=plan.dp,
-                          sequence_parallel=plan.sequence_parallel)
+                          sequence_parallel=plan.sequence_parallel, precision=plan.precision)
 
 
 def stage_options(n: int, levels: tuple[str, ...]) -> list[int]:
