@@ -123,8 +123,12 @@ class GpuType:
     def memory_mib(self) -> float:
         return self.memory_gib * 1024.0
 
-    def peak_tflops(self, precision: str) -> float:
-        """Dense tensor peak in `precision` (KeyError for one the part cannot run)."""
+    def peak_tflops(self, precision: str, strict: bool = True) -> float:
+        """Dense tensor peak in `precision` (KeyError for one the part cannot run). `strict=False`: a 16-bit
+        precision the part lacks is its own 16-bit mode (`peak_tflops_bf16`) — how a stage signature without a
+        precision (bf16, what records meant before issue #23) reads on V100 / T4, which measured it in fp16."""
+        if not strict and precision in ("bf16", "fp16") and precision not in self.precisions:
+            return self.peak_tflops_bf16
         if precision not in self.precisions:
             raise KeyError(f"GPU {self.name} has no {precision} (it has {', '.join(self.precisions)})")
         if precision == "fp8":

@@ -31,11 +31,12 @@ import numpy as np
 import pandas as pd
 
 from memx.planner.cost import AnalyticStageModel, option_columns, recomputed_layers
-from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json, layered, memory_group
+from memx.learn.intervals import (Intervals, fit_intervals, interval_columns, intervals_from_json, layered, memory_group,
+                                  widened)
 from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_only_gpus, phase_of, stage_time_labels
 from memx.learn.features import (FEATURE_NAMES, feature_matrix, gpu_arrays, memory_bases, signature_arrays,
-                                  time_bases, without_distributed_optimizer)
-from memx.planner.signatures import SIGNATURE_COLUMNS
+                                  static_basis, time_bases, without_distributed_optimizer)
+from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS, SIGNATURE_COLUMNS
 from memx.domain.hashing import bytes_hash, stable_hash
 from memx.domain.plan import Recompute
 from memx.domain.runtime import RuntimeProfile
@@ -180,8 +181,10 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
         pt, pm, offset = np.ones(len(sigs)), np.ones(len(sigs)), cm - cm_off
     elif variant == "hybrid":  # the closed form's saving: static only, without the allocator's share of it
         # floored as the calibrated prior is (apply_calibration): the flat form gives an embedding-only piece
-        # (layers 0, first; per-layer records) no time, and a zero prior is an infinite label for the trees
-        pt, pm, offset = np.maximum(an_t, 1e-3), an_m_off, an_m - an_m_off
+        # (layers 0, first; per-layer records) no time, and a zero prior is an infinite label for the trees.
+        # The flat form's peak differs with the option in its static term only: params × Δ bytes per param, in
+        # the row's precision (features.signature_arrays)
+        pt, pm, offset = np.maximum(an_t, 1e-3), an_m_off, static_basis(a) - static_basis(a_off)
     else:
         pt, pm, offset = ct, cm_off, cm - cm_off
     X = feature_matrix(a_off, g, an_off, ct, cm_off)
@@ -209,6 +212,10 @@ class LearnedStagePredictor:
     # sequence parallelism (in effect: tp > 1) of the training rows; a stage with the other value is predicted
     # from the seen one × the closed form's ratio (`_transferred`); () = unknown (earlier versions): as trained
     sequence_parallel_seen: tuple[bool, ...] = ()
+    # micro batches of the training rows per GPU type (issue #23); a type profiled at one micro batch only has its
+    # times at the others from the seen one × the runtime closed form's GEMM-efficiency ratio
+    # (`_transferred_micro_batch`); {} = unknown (earlier versions): as trained
+    micro_batch_seen: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # The closed form's runtime profiles for memory without labels: "catalog" (conf/runtime) or, per GPU
     # type, the profile of the stack that was measured (e.g. eager attention where the catalog assumes a
     # fused kernel) — the same argument as memx.planner.cost.AnalyticStageModel's `runtime`.
@@ -220,6 +227,47 @@ class LearnedStagePredictor:
             object.__setattr__(self, "name", f"memx-{self.variant}")
 
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        seen_mb = self._seen_micro_batch(sigs)
+        moved = seen_mb != sigs["micro_batch"].to_numpy(np.float64) if len(sigs) else np.zeros(0, dtype=bool)
+        out = self._predict_options(sigs)
+        if moved.any():
+            out = self._transferred_micro_batch(sigs, out, seen_mb, moved)
+        return out
+
+    def _seen_micro_batch(self, sigs: pd.DataFrame) -> np.ndarray:
+        """Per row the one micro batch its GPU type was profiled at; the row's own where the type saw several."""
+        own = sigs["micro_batch"].to_numpy(np.float64)
+        single = {g: float(v[0]) for g, v in self.micro_batch_seen.items() if len(v) == 1}
+        if not single or not len(sigs):
+            return own
+        names = sigs["gpu"].astype(str).to_numpy()
+        out = own.copy()
+        for g, b in single.items():
+            out[names == g] = b
+        return out
+
+    def _transferred_micro_batch(self, sigs: pd.DataFrame, out: pd.DataFrame, seen_mb: np.ndarray,
+                                 moved: np.ndarray) -> pd.DataFrame:
+        """Times at a micro batch the GPU type was never profiled at: the prediction at the profiled micro batch ×
+        the runtime closed form's ratio (requested / profiled; memx.planner.runtime_terms: GEMMs of b·s tokens
+        with wave quantisation over the SMs, the roofline on bytes moved, kernel launches and the host-dispatch
+        floor — Williams et al. 2009; NVIDIA Matrix Multiplication Background guide), not the prior's linear
+        growth in b: at micro batch 1 a small model's GEMMs run far below peak and host-bound, so time per
+        sample falls as b grows. Memory stays the model's own (activations are linear in b, Korthikanti et al.
+        2022 §4). The time bands of these rows widen to the closed form's documented band (they rest on its
+        ratio). docs/predictor.md §Options the profiles did not cover."""
+        seen = sigs.assign(micro_batch=np.where(moved, seen_mb, sigs["micro_batch"].to_numpy()).astype(np.int64))
+        at_seen = self._predict_options(seen.loc[moved])
+        cf = AnalyticStageModel(gpus=self.gpus, runtime=self.runtime)
+        cols = [c for c in PREDICTOR_INPUT_COLUMNS if c in sigs.columns]
+        k = (cf.predict(sigs.loc[moved, cols])["time_ms"] / cf.predict(seen.loc[moved, cols])["time_ms"]).to_numpy()
+        out = out.copy()
+        for col in [c for c in out.columns if c.startswith("time_ms")]:
+            out.loc[moved, col] = at_seen[col].to_numpy(np.float64) * k
+        return widened(out, moved, "time")
+
+    def _predict_options(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        """Predictions at the rows' micro batches; job options the profiles did not cover are transferred."""
         unseen = self._unseen_sequence_parallel(sigs)
         if unseen.any():
             return self._transferred(sigs, unseen)
@@ -254,7 +302,7 @@ class LearnedStagePredictor:
         (a profile of Megatron-LM's --sequence-parallel stages would otherwise put plans without it 3× off).
         docs/predictor.md §Options the profiles did not cover."""
         seen = sigs.assign(sequence_parallel=np.where(unseen, self.sequence_parallel_seen[0], option_columns(sigs)[2]))
-        out = self.predict(seen)
+        out = self._predict_options(seen)
         cols = list(SIGNATURE_COLUMNS)
 
         def ratio(runtime, col: str) -> np.ndarray:
@@ -268,7 +316,7 @@ class LearnedStagePredictor:
                 out.loc[unseen, col] = out.loc[unseen, col].to_numpy(np.float64) * kt
             elif col.startswith("peak_mem_mib"):
                 out.loc[unseen, col] = out.loc[unseen, col].to_numpy(np.float64) * km
-        return out
+        return widened(widened(out, unseen, "time"), unseen, "memory")  # they rest on the closed form's ratio
 
     def _composed_time(self, sigs: pd.DataFrame) -> np.ndarray:
         """A stage's time from per-layer pieces, as the per-layer profilers compose it (Metis, Um et al. ATC
@@ -326,6 +374,9 @@ class LearnedStagePredictor:
             else:
                 out[g] = {"time": "forward x backward ratio" if g in self.forward_only else "measured",
                           "memory": "closed-form" if g in self._closed_form_gpus() else "measured"}
+                if len(self.micro_batch_seen.get(g, ())) == 1:  # records hold one micro batch only: say so
+                    out[g]["time"] += (f" at micro batch {self.micro_batch_seen[g][0]}; other micro batches x "
+                                       "closed-form GEMM-efficiency ratio")
         return out
 
     def _closed_form_gpus(self) -> list[str]:
@@ -349,6 +400,8 @@ class LearnedStagePredictor:
                 "gpus": {k: asdict(v) for k, v in sorted(self.gpus.items())},
                 **({"per_layer": True} if self.per_layer else {}),  # absent when default: earlier versions keep
                 **({"sequence_parallel_seen": list(self.sequence_parallel_seen)} if self.sequence_parallel_seen else {}),
+                **({"micro_batch_seen": {g: list(v) for g, v in sorted(self.micro_batch_seen.items())}}
+                   if self.micro_batch_seen else {}),
                 **({} if isinstance(self.runtime, str) else  # their hash
                    {"runtime": {k: asdict(v) for k, v in sorted(self.runtime.items())}})}
 
@@ -371,6 +424,7 @@ def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredi
         forward_only=dict(meta.get("forward_only") or {}), mem_booster=_booster(meta.get("mem_booster_ubj_b64")),
         per_layer=bool(meta.get("per_layer", False)),
         sequence_parallel_seen=tuple(bool(v) for v in meta.get("sequence_parallel_seen", ())),
+        micro_batch_seen={g: tuple(int(b) for b in v) for g, v in (meta.get("micro_batch_seen") or {}).items()},
         runtime={k: RuntimeProfile(**v) for k, v in meta["runtime"].items()} if meta.get("runtime") else "catalog",
         gpus={k: GpuType(**v) for k, v in meta["gpus"].items()})
 
@@ -440,6 +494,7 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
                                  backward=backward, forward_only=forward_only_gpus(df),
                                  per_layer=bool(df["layers"].max() <= 1),  # per-layer records (Metis, Sailor)
                                  sequence_parallel_seen=_sequence_parallel_seen(df),
+                                 micro_batch_seen=micro_batches_seen(df),
                                  runtime=runtime if isinstance(runtime, str) else dict(runtime))
     if variant == "calibrated":
         return base
@@ -454,6 +509,12 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
     if has_mem.sum() >= MIN_ROWS_PER_GPU:  # memory head: the memory-bearing rows
         mem_booster = _train(xgb, params, seed, p.X[has_mem], np.log(ym[has_mem] / p.prior_mem_mib[has_mem])[:, None])
     return replace(base, booster=booster, mem_booster=mem_booster)
+
+
+def micro_batches_seen(df: pd.DataFrame) -> dict[str, tuple[int, ...]]:
+    """The micro batches of the rows of each GPU type (sorted): one value means every other micro batch is a
+    transfer (LearnedStagePredictor._transferred_micro_batch)."""
+    return {str(g): tuple(sorted({int(b) for b in grp})) for g, grp in df.groupby(df["gpu"].astype(str))["micro_batch"]}
 
 
 def _sequence_parallel_seen(df: pd.DataFrame) -> tuple[bool, ...]:

@@ -78,6 +78,11 @@ def precision_column(sigs: pd.DataFrame) -> np.ndarray:
 def _by_precision(precision, values: Mapping[str, float]) -> np.ndarray:
     """values[precision] per row (a scalar precision broadcasts); KeyError for an unknown one."""
     p = np.asarray(precision, dtype=object)
+    if p.ndim == 0 or (p.size and (p == p.flat[0]).all()):  # one precision for every row (the usual case)
+        first = str(p.flat[0]) if p.size else DEFAULT_PRECISION
+        if first not in values:
+            raise KeyError(f"unknown precision {first!r}; allowed: {', '.join(PRECISIONS)}")
+        return np.full(p.shape, values[first], dtype=np.float64)
     bad = set(np.unique(p.astype(str))) - set(PRECISIONS)
     if bad:
         raise KeyError(f"unknown precision(s) {sorted(bad)}; allowed: {', '.join(PRECISIONS)}")
@@ -86,10 +91,18 @@ def _by_precision(precision, values: Mapping[str, float]) -> np.ndarray:
 
 def gemm_peak_tflops(names: np.ndarray, precision, gpus: Mapping[str, GpuType]) -> np.ndarray:
     """Dense tensor peak of each row's GPU in its precision (GpuType.peak_tflops; spec sheets in conf/gpus)."""
-    p = np.broadcast_to(np.asarray(precision, dtype=object), np.shape(names))
-    pairs = {(str(n), str(q)) for n, q in zip(np.asarray(names).astype(str), p)}
-    peak = {k: gpus[k[0]].peak_tflops(k[1]) for k in pairs}
-    return np.array([peak[(str(n), str(q))] for n, q in zip(np.asarray(names).astype(str), p)], dtype=np.float64)
+    n = np.asarray(names).astype(str)
+    if not n.size:
+        return np.zeros(0)
+    p = np.broadcast_to(np.asarray(precision, dtype=object), n.shape)
+    if (p == p.flat[0]).all():  # one precision (the usual case): per GPU name only
+        uniq, inv = np.unique(n, return_inverse=True)
+        return np.array([gpus[g].peak_tflops(str(p.flat[0]), strict=False) for g in uniq])[inv.reshape(-1)]
+    p = p.astype(str)
+    pairs, inv = np.unique(np.char.add(np.char.add(n, "|"), p), return_inverse=True)  # "|": not in GPU names
+    # a 16-bit precision a part lacks reads as its own 16-bit mode (GpuType.peak_tflops); plans are checked
+    peak = [gpus[g].peak_tflops(q, strict=False) for g, q in (str(k).split("|") for k in pairs)]
+    return np.asarray(peak, dtype=np.float64)[inv.reshape(-1)]
 
 
 def optimizer_shards(distributed_optimizer, dp) -> np.ndarray:

@@ -47,7 +47,7 @@ class Device:
 
     @classmethod
     def of(cls, gpu: GpuType, traits: GpuTraits, precision: str = "bf16") -> Device:
-        if precision not in gpu.precisions:
+        if precision == "fp8" and precision not in gpu.precisions:  # a 16-bit one: the part's own 16-bit mode
             raise InputError(f"stage signature: field 'precision' is {precision}, which GPU {gpu.name} cannot run; "
                              f"it has {', '.join(gpu.precisions)}")
         return cls(
@@ -56,7 +56,7 @@ class Device:
             link_bytes_per_ms=gpu.intra_node_bandwidth_gbps * 1e6 * traits.link_efficiency,
             traits=traits,
             precision=precision,
-            linear_peak_flop_per_ms=gpu.peak_tflops(precision) * 1e9,
+            linear_peak_flop_per_ms=gpu.peak_tflops(precision, strict=False) * 1e9,
         )
 
 

@@ -108,7 +108,9 @@ def test_simulator_follows_the_precision_independently():
     assert costs["fp8"].time_ms < 0.85 * costs["bf16"].time_ms
     assert GRAD_BYTES_OF["fp16"] * 2 == GRAD_BYTES_OF["bf16"]
     with pytest.raises(InputError, match="v100-16g cannot run; it has fp16"):
-        Device.of(v100, load_traits("v100-16g"), "bf16")
+        Device.of(v100, load_traits("v100-16g"), "fp8")
+    # a signature without a precision (bf16, as records meant) runs a V100 in its own 16-bit mode
+    assert Device.of(v100, load_traits("v100-16g")).linear_peak_flop_per_ms == 125e9
 
 
 def test_megatron_flags_per_precision():
