@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memx.planner.cost import AnalyticStageModel, option_columns, recomputed_layers
+from memx.planner.cost import (AnalyticStageModel, option_columns, precision_column, recomputed_layers,
+                               static_bytes_per_param)
 from memx.learn.intervals import (Intervals, fit_intervals, interval_columns, intervals_from_json, layered, memory_group,
                                   widened)
 from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_only_gpus, phase_of, stage_time_labels
@@ -169,10 +170,15 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
     cols = sigs.loc[:, list(SIGNATURE_COLUMNS)]
     an = model.predict(cols)
     ct, cm, cs = _prior(cal, a, g, names, an)  # static (cs) and peak (cm) with the distributed optimizer
+    if cal is None:  # the flat closed form's static, in the row's precision (a calibration learns the profile's)
+        do, dp, _ = option_columns(sigs)
+        cs = cs * static_bytes_per_param(do, dp, precision_column(sigs)) / static_bytes_per_param(do, dp)
     a_off = without_distributed_optimizer(a)
     if np.any(a_off["static_bpp"] != a["static_bpp"]):
         an_off = model.predict(cols.assign(distributed_optimizer=False))
-        _, cm_off, _ = _prior(cal, a_off, g, names, an_off)
+        _, cm_off, cs_off = _prior(cal, a_off, g, names, an_off)
+        if cal is not None:  # the option's share in the row's precision, of the calibrated static
+            cs = cs_off * a["static_bpp"] / a_off["static_bpp"]
     else:
         an_off, cm_off = an, cm
     an_m = an["peak_mem_mib"].to_numpy(np.float64)
@@ -184,7 +190,8 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
         # (layers 0, first; per-layer records) no time, and a zero prior is an infinite label for the trees.
         # The flat form's peak differs with the option in its static term only: params × Δ bytes per param, in
         # the row's precision (features.signature_arrays)
-        pt, pm, offset = np.maximum(an_t, 1e-3), an_m_off, static_basis(a) - static_basis(a_off)
+        plain = static_bytes_per_param(False, 1, precision_column(sigs)) / static_bytes_per_param(False, 1)
+        pt, pm, offset = np.maximum(an_t, 1e-3), an_m_off, (static_basis(a) - static_basis(a_off)) * plain
     else:
         pt, pm, offset = ct, cm_off, cm - cm_off
     X = feature_matrix(a_off, g, an_off, ct, cm_off)
