@@ -7,7 +7,7 @@ Prints, in one process unless noted:
    efficiency (0.75) and the calibrated one (conf/runtime/v100-16g.yaml);
 3. the learned path trained on a simulated profile at micro batch 1 only (v100-t4-6, gpt2-1024, the virtual
    cluster), stage times at micro batches 2..8: MAPE with the prior's linear growth in b (before) and with the
-   closed form's GEMM-efficiency transfer (after, memx.learn.model._transferred_micro_batch);
+   closed form's GEMM-efficiency transfer (after, memx.learn.transfer.micro_batch_transfer);
 4. search time on the default scenario (three-vendor-20 / llama2-7b / default), this tree vs a baseline tree
    run as a subprocess (--baseline, default /work/main), best of --repeats.
 

@@ -32,12 +32,13 @@ import pandas as pd
 
 from memx.planner.cost import (AnalyticStageModel, option_columns, precision_column, recomputed_layers,
                                static_bytes_per_param)
-from memx.learn.intervals import (Intervals, fit_intervals, interval_columns, intervals_from_json, layered, memory_group,
-                                  widened)
+from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json, layered, memory_group
 from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_only_gpus, phase_of, stage_time_labels
+from memx.learn.transfer import (micro_batch_transfer, micro_batches_seen, seen_micro_batch, sequence_parallel_seen,
+                                  sequence_parallel_transfer, unseen_sequence_parallel)
 from memx.learn.features import (FEATURE_NAMES, feature_matrix, gpu_arrays, memory_bases, signature_arrays,
                                   static_basis, time_bases, without_distributed_optimizer)
-from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS, SIGNATURE_COLUMNS
+from memx.planner.signatures import SIGNATURE_COLUMNS
 from memx.domain.hashing import bytes_hash, stable_hash
 from memx.domain.plan import Recompute
 from memx.domain.runtime import RuntimeProfile
@@ -217,11 +218,11 @@ class LearnedStagePredictor:
     forward_only: dict[str, list[str]] = field(default_factory=dict)  # GPU → recompute levels timed forward-only
     per_layer: bool = False  # trained on per-layer records only: stage times composed from layer pieces
     # sequence parallelism (in effect: tp > 1) of the training rows; a stage with the other value is predicted
-    # from the seen one × the closed form's ratio (`_transferred`); () = unknown (earlier versions): as trained
+    # from the seen one × the closed form's ratio (`memx.learn.transfer.sequence_parallel_transfer`); () = unknown (earlier versions): as trained
     sequence_parallel_seen: tuple[bool, ...] = ()
     # micro batches of the training rows per GPU type (issue #23); a type profiled at one micro batch only has its
     # times at the others from the seen one × the runtime closed form's GEMM-efficiency ratio
-    # (`_transferred_micro_batch`); {} = unknown (earlier versions): as trained
+    # (`memx.learn.transfer.micro_batch_transfer`); {} = unknown (earlier versions): as trained
     micro_batch_seen: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # The closed form's runtime profiles for memory without labels: "catalog" (conf/runtime) or, per GPU
     # type, the profile of the stack that was measured (e.g. eager attention where the catalog assumes a
@@ -234,50 +235,18 @@ class LearnedStagePredictor:
             object.__setattr__(self, "name", f"memx-{self.variant}")
 
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
-        seen_mb = self._seen_micro_batch(sigs)
+        seen_mb = seen_micro_batch(self, sigs)
         moved = seen_mb != sigs["micro_batch"].to_numpy(np.float64) if len(sigs) else np.zeros(0, dtype=bool)
         out = self._predict_options(sigs)
         if moved.any():
-            out = self._transferred_micro_batch(sigs, out, seen_mb, moved)
+            out = micro_batch_transfer(self, sigs, out, seen_mb, moved)
         return out
-
-    def _seen_micro_batch(self, sigs: pd.DataFrame) -> np.ndarray:
-        """Per row the one micro batch its GPU type was profiled at; the row's own where the type saw several."""
-        own = sigs["micro_batch"].to_numpy(np.float64)
-        single = {g: float(v[0]) for g, v in self.micro_batch_seen.items() if len(v) == 1}
-        if not single or not len(sigs):
-            return own
-        names = sigs["gpu"].astype(str).to_numpy()
-        out = own.copy()
-        for g, b in single.items():
-            out[names == g] = b
-        return out
-
-    def _transferred_micro_batch(self, sigs: pd.DataFrame, out: pd.DataFrame, seen_mb: np.ndarray,
-                                 moved: np.ndarray) -> pd.DataFrame:
-        """Times at a micro batch the GPU type was never profiled at: the prediction at the profiled micro batch ×
-        the runtime closed form's ratio (requested / profiled; memx.planner.runtime_terms: GEMMs of b·s tokens
-        with wave quantisation over the SMs, the roofline on bytes moved, kernel launches and the host-dispatch
-        floor — Williams et al. 2009; NVIDIA Matrix Multiplication Background guide), not the prior's linear
-        growth in b: at micro batch 1 a small model's GEMMs run far below peak and host-bound, so time per
-        sample falls as b grows. Memory stays the model's own (activations are linear in b, Korthikanti et al.
-        2022 §4). The time bands of these rows widen to the closed form's documented band (they rest on its
-        ratio). docs/predictor.md §Options the profiles did not cover."""
-        seen = sigs.assign(micro_batch=np.where(moved, seen_mb, sigs["micro_batch"].to_numpy()).astype(np.int64))
-        at_seen = self._predict_options(seen.loc[moved])
-        cf = AnalyticStageModel(gpus=self.gpus, runtime=self.runtime)
-        cols = [c for c in PREDICTOR_INPUT_COLUMNS if c in sigs.columns]
-        k = (cf.predict(sigs.loc[moved, cols])["time_ms"] / cf.predict(seen.loc[moved, cols])["time_ms"]).to_numpy()
-        out = out.copy()
-        for col in [c for c in out.columns if c.startswith("time_ms")]:
-            out.loc[moved, col] = at_seen[col].to_numpy(np.float64) * k
-        return widened(out, moved, "time")
 
     def _predict_options(self, sigs: pd.DataFrame) -> pd.DataFrame:
         """Predictions at the rows' micro batches; job options the profiles did not cover are transferred."""
-        unseen = self._unseen_sequence_parallel(sigs)
+        unseen = unseen_sequence_parallel(self, sigs)
         if unseen.any():
-            return self._transferred(sigs, unseen)
+            return sequence_parallel_transfer(self, sigs, unseen)
         p, t, m = self._heads(sigs)
         if self.per_layer and len(sigs):
             t = self._composed_time(sigs)
@@ -293,37 +262,6 @@ class LearnedStagePredictor:
                                   memory_group(sigs["recompute"].to_numpy(), sigs["inflight"].to_numpy()))
         return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib, **bounds},
                             index=sigs.index)
-
-    def _unseen_sequence_parallel(self, sigs: pd.DataFrame) -> np.ndarray:
-        """Rows at tp > 1 whose sequence parallelism no training row had (only when training saw one value)."""
-        if len(self.sequence_parallel_seen) != 1 or not len(sigs):
-            return np.zeros(len(sigs), dtype=bool)
-        tp = sigs["tp"].to_numpy() > 1
-        return tp & (option_columns(sigs)[2] != self.sequence_parallel_seen[0])
-
-    def _transferred(self, sigs: pd.DataFrame, unseen: np.ndarray) -> pd.DataFrame:
-        """Stages with sequence parallelism the profiles never had: predicted as the seen setting, times and
-        peaks scaled by the closed form's ratio (unseen / seen; Korthikanti et al. 2022 §4.2.2: the s·b·h
-        activations and element-wise work divided by tp, RS + AG in place of the all-reduce) — the trees and the
-        prior's weights were fitted where those terms moved together and must not be extrapolated along them
-        (a profile of Megatron-LM's --sequence-parallel stages would otherwise put plans without it 3× off).
-        docs/predictor.md §Options the profiles did not cover."""
-        seen = sigs.assign(sequence_parallel=np.where(unseen, self.sequence_parallel_seen[0], option_columns(sigs)[2]))
-        out = self._predict_options(seen)
-        cols = list(SIGNATURE_COLUMNS)
-
-        def ratio(runtime, col: str) -> np.ndarray:
-            cf = AnalyticStageModel(gpus=self.gpus, runtime=runtime)
-            return (cf.predict(sigs.loc[unseen, cols])[col] / cf.predict(seen.loc[unseen, cols])[col]).to_numpy(np.float64)
-
-        # time: the flat closed form, as the prior; memory: with the runtime overheads, as memory without labels
-        kt, km = ratio("none", "time_ms"), ratio(self.runtime, "peak_mem_mib")
-        for col in out.columns:
-            if col.startswith("time_ms"):
-                out.loc[unseen, col] = out.loc[unseen, col].to_numpy(np.float64) * kt
-            elif col.startswith("peak_mem_mib"):
-                out.loc[unseen, col] = out.loc[unseen, col].to_numpy(np.float64) * km
-        return widened(widened(out, unseen, "time"), unseen, "memory")  # they rest on the closed form's ratio
 
     def _composed_time(self, sigs: pd.DataFrame) -> np.ndarray:
         """A stage's time from per-layer pieces, as the per-layer profilers compose it (Metis, Um et al. ATC
@@ -500,7 +438,7 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
                                  memory_source=memory_source, params=params, memory_sources=memory_sources,
                                  backward=backward, forward_only=forward_only_gpus(df),
                                  per_layer=bool(df["layers"].max() <= 1),  # per-layer records (Metis, Sailor)
-                                 sequence_parallel_seen=_sequence_parallel_seen(df),
+                                 sequence_parallel_seen=sequence_parallel_seen(df),
                                  micro_batch_seen=micro_batches_seen(df),
                                  runtime=runtime if isinstance(runtime, str) else dict(runtime))
     if variant == "calibrated":
@@ -516,18 +454,6 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
     if has_mem.sum() >= MIN_ROWS_PER_GPU:  # memory head: the memory-bearing rows
         mem_booster = _train(xgb, params, seed, p.X[has_mem], np.log(ym[has_mem] / p.prior_mem_mib[has_mem])[:, None])
     return replace(base, booster=booster, mem_booster=mem_booster)
-
-
-def micro_batches_seen(df: pd.DataFrame) -> dict[str, tuple[int, ...]]:
-    """The micro batches of the rows of each GPU type (sorted): one value means every other micro batch is a
-    transfer (LearnedStagePredictor._transferred_micro_batch)."""
-    return {str(g): tuple(sorted({int(b) for b in grp})) for g, grp in df.groupby(df["gpu"].astype(str))["micro_batch"]}
-
-
-def _sequence_parallel_seen(df: pd.DataFrame) -> tuple[bool, ...]:
-    """The sequence-parallel values of the training rows at tp > 1 (where it is in effect)."""
-    tp = df["tp"].to_numpy() > 1
-    return tuple(sorted({bool(v) for v in option_columns(df)[2][tp]}))
 
 
 def _train(xgb, params: XgbParams, seed: int, X: np.ndarray, Y: np.ndarray):
