@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from memx.domain.errors import InputError
+from memx.domain.precision import DEFAULT_PRECISION
 from memx.domain.plan import (
-    IdleGpus, Plan, Stage, _idle_from_dict, _options_to_dict, idle_gpus, json_document, _need_bool, _need_int, _stages_from_list, place_plan, plan_from_dict,
+    IdleGpus, Plan, Stage, _idle_from_dict, _options_to_dict, _precision_from_dict, idle_gpus, json_document, _need_bool, _need_int, _stages_from_list, place_plan, plan_from_dict,
     model_problems, plan_to_dict, stage_to_dict, validate_plan,
 )
 from memx.domain.specs import Cluster, ModelArch
@@ -83,6 +84,8 @@ class GroupedPlan:
     sequence_parallel: bool = False
     idle_gpus: IdleGpus | None = None
     """Optional record of the cluster's GPUs no group uses."""
+    precision: str = DEFAULT_PRECISION
+    """As schema 1: one training precision for every group (memx.domain.precision)."""
 
     def gpus_per_type(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -107,7 +110,7 @@ def group_plans(plan: AnyPlan) -> tuple[Plan, ...]:
     return tuple(
         Plan(model=plan.model, cluster=plan.cluster, global_batch=g.samples, micro_batch=g.micro_batch,
              seq_len=plan.seq_len, dp=g.dp, stages=g.stages, distributed_optimizer=plan.distributed_optimizer,
-             sequence_parallel=plan.sequence_parallel)
+             sequence_parallel=plan.sequence_parallel, precision=plan.precision)
         for g in plan.groups
     )
 
@@ -120,7 +123,8 @@ def as_grouped(plan: AnyPlan) -> GroupedPlan:
                          stages=plan.stages)
     return GroupedPlan(model=plan.model, cluster=plan.cluster, global_batch=plan.global_batch,
                        seq_len=plan.seq_len, groups=(group,), distributed_optimizer=plan.distributed_optimizer,
-                       sequence_parallel=plan.sequence_parallel, idle_gpus=plan.idle_gpus)
+                       sequence_parallel=plan.sequence_parallel, idle_gpus=plan.idle_gpus,
+                       precision=plan.precision)
 
 
 def simplest(plan: AnyPlan) -> AnyPlan:
@@ -161,7 +165,7 @@ def any_plan_to_json(plan: AnyPlan) -> str:
 
 
 _GROUPED_KEYS = ("model", "cluster", "global_batch", "seq_len", "groups")
-_GROUPED_ALLOWED = set(_GROUPED_KEYS) | {"schema", "distributed_optimizer", "sequence_parallel", "idle_gpus"}
+_GROUPED_ALLOWED = set(_GROUPED_KEYS) | {"schema", "distributed_optimizer", "sequence_parallel", "idle_gpus", "precision"}
 _GROUP_KEYS = ("dp", "micro_batch", "micro_batches", "stages")
 
 
@@ -191,7 +195,7 @@ def any_plan_from_dict(data: Any, source: str = "plan") -> AnyPlan:
     return GroupedPlan(model=str(data["model"]), cluster=str(data["cluster"]),
                        global_batch=_need_int(source, "global_batch", data["global_batch"]),
                        seq_len=_need_int(source, "seq_len", data["seq_len"]), groups=groups, **options,
-                       idle_gpus=_idle_from_dict(source, data.get("idle_gpus")))
+                       idle_gpus=_idle_from_dict(source, data.get("idle_gpus")), **_precision_from_dict(source, data))
 
 
 def _group_from_dict(raw: Any, where: str) -> ReplicaGroup:

@@ -9,8 +9,9 @@ written only when they differ from them, so an older file loads and re-serialise
 `sequence_parallel` (false: norms/dropouts replicated across the TP group), `idle_gpus`
 (absent: not recorded; a plan may use a subset of the cluster's GPUs either way) and `heads` /
 `query_groups` (absent: the model's; present only when the search changed them — a different training
-job, `plan_model` gives the model the plan trains) and `virtual_stages` (issue #27, absent: 1, Megatron's
-plain 1F1B; v > 1: the interleaved 1F1B schedule, `interleave_problems`).
+job, `plan_model` gives the model the plan trains), `virtual_stages` (issue #27, absent: 1, Megatron's
+plain 1F1B; v > 1: the interleaved 1F1B schedule, `interleave_problems`) and `precision` (absent: bf16, what
+every plan meant before issue #23; memx.domain.precision).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memx.domain.errors import InputError, short_repr
+from memx.domain.precision import DEFAULT_PRECISION, check_precision
 from memx.domain.recompute import PLAN_RECOMPUTE, SEARCH_BLOCK, Recompute  # noqa: F401  (re-exported)
 from memx.domain.specs import MAX_CLUSTER_GPUS, Cluster, ModelArch
 
@@ -73,6 +75,9 @@ class Plan:
     """Model chunks per pipeline rank (Megatron-LM `--num-virtual-stages-per-pipeline-rank`, the interleaved
     1F1B schedule of Narayanan et al. 2021 §2.2.2): each stage's layers are split into v equal chunks and
     rank s holds virtual stages s, s + pp, …, s + (v − 1)·pp. 1: plain 1F1B (the JSON key is then absent)."""
+    precision: str = DEFAULT_PRECISION
+    """Training precision, bf16 | fp16 | fp8 (memx.domain.precision; Megatron-LM `--bf16`, `--fp16` with dynamic
+    loss scaling, `--bf16 --fp8-format hybrid`: docs/planner.md §Precision); written only when not bf16."""
 
     @property
     def pp(self) -> int:
@@ -137,6 +142,8 @@ def _options_to_dict(plan: Any) -> dict[str, Any]:
         out["sequence_parallel"] = True
     if plan.idle_gpus is not None:
         out["idle_gpus"] = dict(plan.idle_gpus)
+    if plan.precision != DEFAULT_PRECISION:
+        out["precision"] = plan.precision
     out.update({k: getattr(plan, k) for k in _MODEL_KEYS if getattr(plan, k, None) is not None})  # schema 2 has none
     if getattr(plan, "virtual_stages", 1) > 1:  # schema 2 has none
         out["virtual_stages"] = plan.virtual_stages
@@ -197,7 +204,13 @@ def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
         **{k: _need_int(source, k, data[k]) for k in _MODEL_KEYS if data.get(k) is not None},
         **({"virtual_stages": _need_int(source, "virtual_stages", data["virtual_stages"])}
            if "virtual_stages" in data else {}),
+        **_precision_from_dict(source, data),
     )
+
+
+def _precision_from_dict(source: str, data: dict[str, Any]) -> dict[str, str]:
+    """{"precision": …} when the plan names one (checked: bf16, fp16, fp8); {} for older files (bf16)."""
+    return {"precision": check_precision(data["precision"], source)} if "precision" in data else {}
 
 
 def _stages_from_list(raw_stages: Any, source: str) -> tuple[Stage, ...]:
@@ -278,6 +291,9 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
             continue
         if s.tp > max(cluster.node_sizes(s.gpu)):
             problems.append(f"stages[{i}].tp ({s.tp}) exceeds the largest {s.gpu} node ({max(cluster.node_sizes(s.gpu))} GPUs)")
+        if plan.precision not in cluster.gpu(s.gpu).precisions:
+            problems.append(f"field 'precision' is {plan.precision}, which GPU {s.gpu} (stages[{i}]) cannot run; it has "
+                            f"{', '.join(cluster.gpu(s.gpu).precisions)}")
     # fewer GPUs than the cluster has is a valid plan (the rest stay idle); more is not
     for gpu, used in plan.gpus_per_type().items():
         if gpu in known and used > cluster.gpu_count(gpu):
@@ -315,6 +331,8 @@ def model_problems(plan: Plan, model: ModelArch) -> list[str]:
                 f"stages[{i}].tp ({s.tp}) must divide heads ({model.heads}) and query_groups ({model.query_groups})"
             )
     return problems
+
+
 def interleave_problems(plan: Plan) -> list[str]:
     """What the interleaved 1F1B schedule (virtual_stages v > 1) needs, one message per factor that does not
     divide (Megatron-LM, megatron/training/arguments.py and core/pipeline_parallel/schedules.py): pp > 1

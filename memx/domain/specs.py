@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 
 from annotated_types import Ge, Gt, Interval, Le, MaxLen, MinLen
 
+from memx.domain.precision import PRECISIONS, SEARCH_PRECISIONS, Precision
 from memx.domain.recompute import SEARCH_BLOCK, Recompute
 from memx.domain.validation import Matches, Problem, check_spec, value_problems
 
@@ -98,18 +99,47 @@ class GpuType:
     memory_gib: Annotated[float, Gt(0), Le(MAX_GPU_MEMORY_GIB)]
     """Device memory, GiB (≤ 16,384)."""
     peak_tflops_bf16: Annotated[float, Gt(0), Le(MAX_TFLOPS)]
-    """Dense bf16 peak, TFLOP/s (no sparsity; ≤ 100,000)."""
+    """Dense 16-bit tensor peak, TFLOP/s (no sparsity; ≤ 100,000): bf16, or the fp16 peak on a part without
+    bf16 units (V100, T4: `precisions` lacks bf16). The reference peak of the learned features and Φ's scale."""
     memory_bandwidth_gbps: Bandwidth
     """Device-memory bandwidth, GB/s (≤ 1,000,000)."""
     intra_node_bandwidth_gbps: Bandwidth
     """GPU↔GPU bandwidth inside a node, GB/s, one direction (≤ 1,000,000)."""
+    precisions: Annotated[tuple[Precision, ...], MinLen(1), MaxLen(len(PRECISIONS))] = ("bf16", "fp16")
+    """Training precisions the part runs (memx.domain.precision): bf16, fp16, fp8 (vendor spec sheet)."""
+    peak_tflops_fp16: Annotated[float, Gt(0), Le(MAX_TFLOPS)] | None = None
+    """Dense fp16 tensor peak, TFLOP/s; None: the same as `peak_tflops_bf16` (every bf16 part runs fp16 at
+    the bf16 rate)."""
+    peak_tflops_fp8: Annotated[float, Gt(0), Le(MAX_TFLOPS)] | None = None
+    """Dense fp8 tensor peak, TFLOP/s; required when `precisions` lists fp8, else None."""
 
     def __post_init__(self) -> None:
-        check_spec(self)
+        object.__setattr__(self, "precisions", tuple(dict.fromkeys(self.precisions)))
+        check_spec(self, self._cross_problems)
+
+    def _cross_problems(self) -> list[Problem]:
+        has_fp8 = "fp8" in self.precisions
+        if has_fp8 != (self.peak_tflops_fp8 is not None):
+            return [("peak_tflops_fp8", "must be given exactly when 'precisions' lists fp8", self.peak_tflops_fp8)]
+        return []
 
     @property
     def memory_mib(self) -> float:
         return self.memory_gib * 1024.0
+
+    def peak_tflops(self, precision: str, strict: bool = True) -> float:
+        """Dense tensor peak in `precision` (KeyError for one the part cannot run). `strict=False`: a 16-bit
+        precision the part lacks is its own 16-bit mode (`peak_tflops_bf16`) — how a stage signature without a
+        precision (bf16, what records meant before issue #23) reads on V100 / T4, which measured it in fp16."""
+        if not strict and precision in ("bf16", "fp16") and precision not in self.precisions:
+            return self.peak_tflops_bf16
+        if precision not in self.precisions:
+            raise KeyError(f"GPU {self.name} has no {precision} (it has {', '.join(self.precisions)})")
+        if precision == "fp8":
+            return float(self.peak_tflops_fp8)  # type: ignore[arg-type]
+        if precision == "fp16" and self.peak_tflops_fp16 is not None:
+            return self.peak_tflops_fp16
+        return self.peak_tflops_bf16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -340,8 +370,9 @@ class SearchSpace:
     every stage's layers a multiple of v (memx.planner.space.interleavings)."""
     weights: str = "auto"
     """Φ weights: a profile name (`auto`, `default`, `safety`, `throughput`) or "wT,wM,wV"."""
-    dtype: Literal["bf16"] = "bf16"
-    """Training precision."""
+    precision: Literal[SEARCH_PRECISIONS] = "auto"  # type: ignore[valid-type]  # memx.domain.precision
+    """Training precision: auto (bf16 where every GPU of the plan has it, else fp16), bf16, fp16 or fp8
+    (memx.domain.precision.resolve_precision; a GPU without it: exit 2)."""
     optimizer: Literal["adam"] = "adam"
     """Optimizer (sets the static bytes per parameter)."""
     reserve_gib: Annotated[float, Ge(0), Le(MAX_GPU_MEMORY_GIB)] = 1.0

@@ -228,6 +228,21 @@ def interval_columns(intervals: Intervals | None, gpu: np.ndarray, time_ms: np.n
             "peak_mem_mib_high": base + (mem - base) * f["memory", "high"]}
 
 
+def widened(out: pd.DataFrame, rows: np.ndarray, head: str) -> pd.DataFrame:
+    """`out` with the `head` ("time" or "memory") band of `rows` widened to at least the closed form's documented
+    band (CLOSED_FORM_BANDS) around the prediction: for predictions that rest on a transfer through the closed
+    form (an option or micro batch the profiles did not cover, memx.learn.model)."""
+    col = "time_ms" if head == "time" else "peak_mem_mib"
+    if not np.any(rows) or f"{col}_low" not in out.columns:
+        return out
+    lo, hi = CLOSED_FORM_BANDS[head]
+    mid = out.loc[rows, col].to_numpy(np.float64)
+    out = out.copy()
+    out.loc[rows, f"{col}_low"] = np.minimum(out.loc[rows, f"{col}_low"].to_numpy(np.float64), mid * lo)
+    out.loc[rows, f"{col}_high"] = np.maximum(out.loc[rows, f"{col}_high"].to_numpy(np.float64), mid * hi)
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class BoundView:
     """A StagePredictor whose time and memory are one end of `inner`'s interval ("low" or "high"), so the

@@ -30,11 +30,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memx.planner.cost import AnalyticStageModel, option_columns, recomputed_layers
+from memx.planner.cost import (AnalyticStageModel, option_columns, precision_column, recomputed_layers,
+                               static_bytes_per_param)
 from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json, layered, memory_group
 from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_only_gpus, phase_of, stage_time_labels
+from memx.learn.transfer import (micro_batch_transfer, micro_batches_seen, seen_micro_batch, sequence_parallel_seen,
+                                  sequence_parallel_transfer, unseen_sequence_parallel)
 from memx.learn.features import (FEATURE_NAMES, feature_matrix, gpu_arrays, memory_bases, signature_arrays,
-                                  time_bases, without_distributed_optimizer)
+                                  static_basis, time_bases, without_distributed_optimizer)
 from memx.planner.signatures import SIGNATURE_COLUMNS
 from memx.domain.hashing import bytes_hash, stable_hash
 from memx.domain.plan import Recompute
@@ -168,10 +171,15 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
     cols = sigs.loc[:, list(SIGNATURE_COLUMNS)]
     an = model.predict(cols)
     ct, cm, cs = _prior(cal, a, g, names, an)  # static (cs) and peak (cm) with the distributed optimizer
+    if cal is None:  # the flat closed form's static, in the row's precision (a calibration learns the profile's)
+        do, dp, _ = option_columns(sigs)
+        cs = cs * static_bytes_per_param(do, dp, precision_column(sigs)) / static_bytes_per_param(do, dp)
     a_off = without_distributed_optimizer(a)
     if np.any(a_off["static_bpp"] != a["static_bpp"]):
         an_off = model.predict(cols.assign(distributed_optimizer=False))
-        _, cm_off, _ = _prior(cal, a_off, g, names, an_off)
+        _, cm_off, cs_off = _prior(cal, a_off, g, names, an_off)
+        if cal is not None:  # the option's share in the row's precision, of the calibrated static
+            cs = cs_off * a["static_bpp"] / a_off["static_bpp"]
     else:
         an_off, cm_off = an, cm
     an_m = an["peak_mem_mib"].to_numpy(np.float64)
@@ -180,8 +188,11 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
         pt, pm, offset = np.ones(len(sigs)), np.ones(len(sigs)), cm - cm_off
     elif variant == "hybrid":  # the closed form's saving: static only, without the allocator's share of it
         # floored as the calibrated prior is (apply_calibration): the flat form gives an embedding-only piece
-        # (layers 0, first; per-layer records) no time, and a zero prior is an infinite label for the trees
-        pt, pm, offset = np.maximum(an_t, 1e-3), an_m_off, an_m - an_m_off
+        # (layers 0, first; per-layer records) no time, and a zero prior is an infinite label for the trees.
+        # The flat form's peak differs with the option in its static term only: params × Δ bytes per param, in
+        # the row's precision (features.signature_arrays)
+        plain = static_bytes_per_param(False, 1, precision_column(sigs)) / static_bytes_per_param(False, 1)
+        pt, pm, offset = np.maximum(an_t, 1e-3), an_m_off, (static_basis(a) - static_basis(a_off)) * plain
     else:
         pt, pm, offset = ct, cm_off, cm - cm_off
     X = feature_matrix(a_off, g, an_off, ct, cm_off)
@@ -207,8 +218,12 @@ class LearnedStagePredictor:
     forward_only: dict[str, list[str]] = field(default_factory=dict)  # GPU → recompute levels timed forward-only
     per_layer: bool = False  # trained on per-layer records only: stage times composed from layer pieces
     # sequence parallelism (in effect: tp > 1) of the training rows; a stage with the other value is predicted
-    # from the seen one × the closed form's ratio (`_transferred`); () = unknown (earlier versions): as trained
+    # from the seen one × the closed form's ratio (`memx.learn.transfer.sequence_parallel_transfer`); () = unknown (earlier versions): as trained
     sequence_parallel_seen: tuple[bool, ...] = ()
+    # micro batches of the training rows per GPU type (issue #23); a type profiled at one micro batch only has its
+    # times at the others from the seen one × the runtime closed form's GEMM-efficiency ratio
+    # (`memx.learn.transfer.micro_batch_transfer`); {} = unknown (earlier versions): as trained
+    micro_batch_seen: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # The closed form's runtime profiles for memory without labels: "catalog" (conf/runtime) or, per GPU
     # type, the profile of the stack that was measured (e.g. eager attention where the catalog assumes a
     # fused kernel) — the same argument as memx.planner.cost.AnalyticStageModel's `runtime`.
@@ -220,9 +235,18 @@ class LearnedStagePredictor:
             object.__setattr__(self, "name", f"memx-{self.variant}")
 
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
-        unseen = self._unseen_sequence_parallel(sigs)
+        seen_mb = seen_micro_batch(self, sigs)
+        moved = seen_mb != sigs["micro_batch"].to_numpy(np.float64) if len(sigs) else np.zeros(0, dtype=bool)
+        out = self._predict_options(sigs)
+        if moved.any():
+            out = micro_batch_transfer(self, sigs, out, seen_mb, moved)
+        return out
+
+    def _predict_options(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        """Predictions at the rows' micro batches; job options the profiles did not cover are transferred."""
+        unseen = unseen_sequence_parallel(self, sigs)
         if unseen.any():
-            return self._transferred(sigs, unseen)
+            return sequence_parallel_transfer(self, sigs, unseen)
         p, t, m = self._heads(sigs)
         if self.per_layer and len(sigs):
             t = self._composed_time(sigs)
@@ -238,37 +262,6 @@ class LearnedStagePredictor:
                                   memory_group(sigs["recompute"].to_numpy(), sigs["inflight"].to_numpy()))
         return pd.DataFrame({"time_ms": t, "peak_mem_mib": m, "static_mem_mib": p.static_mem_mib, **bounds},
                             index=sigs.index)
-
-    def _unseen_sequence_parallel(self, sigs: pd.DataFrame) -> np.ndarray:
-        """Rows at tp > 1 whose sequence parallelism no training row had (only when training saw one value)."""
-        if len(self.sequence_parallel_seen) != 1 or not len(sigs):
-            return np.zeros(len(sigs), dtype=bool)
-        tp = sigs["tp"].to_numpy() > 1
-        return tp & (option_columns(sigs)[2] != self.sequence_parallel_seen[0])
-
-    def _transferred(self, sigs: pd.DataFrame, unseen: np.ndarray) -> pd.DataFrame:
-        """Stages with sequence parallelism the profiles never had: predicted as the seen setting, times and
-        peaks scaled by the closed form's ratio (unseen / seen; Korthikanti et al. 2022 §4.2.2: the s·b·h
-        activations and element-wise work divided by tp, RS + AG in place of the all-reduce) — the trees and the
-        prior's weights were fitted where those terms moved together and must not be extrapolated along them
-        (a profile of Megatron-LM's --sequence-parallel stages would otherwise put plans without it 3× off).
-        docs/predictor.md §Options the profiles did not cover."""
-        seen = sigs.assign(sequence_parallel=np.where(unseen, self.sequence_parallel_seen[0], option_columns(sigs)[2]))
-        out = self.predict(seen)
-        cols = list(SIGNATURE_COLUMNS)
-
-        def ratio(runtime, col: str) -> np.ndarray:
-            cf = AnalyticStageModel(gpus=self.gpus, runtime=runtime)
-            return (cf.predict(sigs.loc[unseen, cols])[col] / cf.predict(seen.loc[unseen, cols])[col]).to_numpy(np.float64)
-
-        # time: the flat closed form, as the prior; memory: with the runtime overheads, as memory without labels
-        kt, km = ratio("none", "time_ms"), ratio(self.runtime, "peak_mem_mib")
-        for col in out.columns:
-            if col.startswith("time_ms"):
-                out.loc[unseen, col] = out.loc[unseen, col].to_numpy(np.float64) * kt
-            elif col.startswith("peak_mem_mib"):
-                out.loc[unseen, col] = out.loc[unseen, col].to_numpy(np.float64) * km
-        return out
 
     def _composed_time(self, sigs: pd.DataFrame) -> np.ndarray:
         """A stage's time from per-layer pieces, as the per-layer profilers compose it (Metis, Um et al. ATC
@@ -326,6 +319,9 @@ class LearnedStagePredictor:
             else:
                 out[g] = {"time": "forward x backward ratio" if g in self.forward_only else "measured",
                           "memory": "closed-form" if g in self._closed_form_gpus() else "measured"}
+                if len(self.micro_batch_seen.get(g, ())) == 1:  # records hold one micro batch only: say so
+                    out[g]["time"] += (f" at micro batch {self.micro_batch_seen[g][0]}; other micro batches x "
+                                       "closed-form GEMM-efficiency ratio")
         return out
 
     def _closed_form_gpus(self) -> list[str]:
@@ -349,6 +345,8 @@ class LearnedStagePredictor:
                 "gpus": {k: asdict(v) for k, v in sorted(self.gpus.items())},
                 **({"per_layer": True} if self.per_layer else {}),  # absent when default: earlier versions keep
                 **({"sequence_parallel_seen": list(self.sequence_parallel_seen)} if self.sequence_parallel_seen else {}),
+                **({"micro_batch_seen": {g: list(v) for g, v in sorted(self.micro_batch_seen.items())}}
+                   if self.micro_batch_seen else {}),
                 **({} if isinstance(self.runtime, str) else  # their hash
                    {"runtime": {k: asdict(v) for k, v in sorted(self.runtime.items())}})}
 
@@ -371,6 +369,7 @@ def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredi
         forward_only=dict(meta.get("forward_only") or {}), mem_booster=_booster(meta.get("mem_booster_ubj_b64")),
         per_layer=bool(meta.get("per_layer", False)),
         sequence_parallel_seen=tuple(bool(v) for v in meta.get("sequence_parallel_seen", ())),
+        micro_batch_seen={g: tuple(int(b) for b in v) for g, v in (meta.get("micro_batch_seen") or {}).items()},
         runtime={k: RuntimeProfile(**v) for k, v in meta["runtime"].items()} if meta.get("runtime") else "catalog",
         gpus={k: GpuType(**v) for k, v in meta["gpus"].items()})
 
@@ -439,7 +438,8 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
                                  memory_source=memory_source, params=params, memory_sources=memory_sources,
                                  backward=backward, forward_only=forward_only_gpus(df),
                                  per_layer=bool(df["layers"].max() <= 1),  # per-layer records (Metis, Sailor)
-                                 sequence_parallel_seen=_sequence_parallel_seen(df),
+                                 sequence_parallel_seen=sequence_parallel_seen(df),
+                                 micro_batch_seen=micro_batches_seen(df),
                                  runtime=runtime if isinstance(runtime, str) else dict(runtime))
     if variant == "calibrated":
         return base
@@ -454,12 +454,6 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
     if has_mem.sum() >= MIN_ROWS_PER_GPU:  # memory head: the memory-bearing rows
         mem_booster = _train(xgb, params, seed, p.X[has_mem], np.log(ym[has_mem] / p.prior_mem_mib[has_mem])[:, None])
     return replace(base, booster=booster, mem_booster=mem_booster)
-
-
-def _sequence_parallel_seen(df: pd.DataFrame) -> tuple[bool, ...]:
-    """The sequence-parallel values of the training rows at tp > 1 (where it is in effect)."""
-    tp = df["tp"].to_numpy() > 1
-    return tuple(sorted({bool(v) for v in option_columns(df)[2][tp]}))
 
 
 def _train(xgb, params: XgbParams, seed: int, X: np.ndarray, Y: np.ndarray):

@@ -17,7 +17,7 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ import pandas as pd
 
 from memx.domain.errors import InputError
 from memx.domain.plan import Recompute
+from memx.domain.precision import DEFAULT_PRECISION, GRAD_BYTES, PARAM_BYTES, PRECISIONS, STATIC_BYTES
 from memx.domain.records import OPTION_DEFAULTS
 from memx.domain.runtime import RuntimeProfile, load_runtime
 from memx.domain.specs import GpuType, ModelArch
@@ -48,15 +49,10 @@ from memx.planner.runtime_terms import (
 MIB = 1024.0 * 1024.0
 # Megatron-LM bf16 training with fp32 gradient accumulation and Adam: bf16 weights (2) + fp32 grads
 # (4) + fp32 master weights, momentum, variance (12) = 18 bytes/param (ZeRO paper §3.1 accounting,
-# with Megatron's fp32 main grads).
-BYTES_PER_PARAM_STATIC = 18.0
-GRAD_BYTES_PER_PARAM = 4.0  # fp32 main grads are what DP all-reduces (Megatron DDP default for bf16)
-ACT_BYTES = 2.0  # bf16 activations
-# Distributed optimizer: bf16 params (2) and fp32 main grads (4) stay on every rank, fp32 main params
-# and Adam m, v (4 + 4 + 4) are sharded over the dp ranks (Megatron-LM dist_optimizer docs table).
-REPLICATED_BYTES_PER_PARAM_DO = 6.0
-SHARDED_BYTES_PER_PARAM_DO = 12.0
-PARAM_BYTES = 2.0  # bf16 params: what the distributed optimizer all-gathers after its step
+# with Megatron's fp32 main grads). Other precisions: memx.domain.precision (fp16 20, fp8 18).
+BYTES_PER_PARAM_STATIC = STATIC_BYTES[DEFAULT_PRECISION][0]
+GRAD_BYTES_PER_PARAM = GRAD_BYTES[DEFAULT_PRECISION]  # fp32 main grads are what DP all-reduces (bf16)
+ACT_BYTES = 2.0  # 16-bit activations (bf16 or fp16; fp8 keeps them in bf16, memx.domain.precision)
 
 
 def option_columns(sigs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -70,38 +66,82 @@ def option_columns(sigs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return do, np.where(do, get("dp").astype(np.float64), 1.0), get("sequence_parallel").astype(bool)
 
 
+def precision_column(sigs: pd.DataFrame) -> np.ndarray:
+    """The `precision` of signature rows (bf16 | fp16 | fp8, memx.domain.precision); bf16 where a frame has none
+    (every record and frame before issue #23 meant bf16)."""
+    if "precision" not in sigs.columns:
+        return np.full(len(sigs), DEFAULT_PRECISION, dtype=object)
+    col = sigs["precision"]
+    return col.where(col.notna(), DEFAULT_PRECISION).to_numpy(dtype=object)
+
+
+def _by_precision(precision, values: Mapping[str, float]) -> np.ndarray:
+    """values[precision] per row (a scalar precision broadcasts); KeyError for an unknown one."""
+    p = np.asarray(precision, dtype=object)
+    if p.ndim == 0 or (p.size and (p == p.flat[0]).all()):  # one precision for every row (the usual case)
+        first = str(p.flat[0]) if p.size else DEFAULT_PRECISION
+        if first not in values:
+            raise KeyError(f"unknown precision {first!r}; allowed: {', '.join(PRECISIONS)}")
+        return np.full(p.shape, values[first], dtype=np.float64)
+    bad = set(np.unique(p.astype(str))) - set(PRECISIONS)
+    if bad:
+        raise KeyError(f"unknown precision(s) {sorted(bad)}; allowed: {', '.join(PRECISIONS)}")
+    return np.select([p == k for k in PRECISIONS], [values[k] for k in PRECISIONS], default=np.nan).astype(np.float64)
+
+
+def gemm_peak_tflops(names: np.ndarray, precision, gpus: Mapping[str, GpuType]) -> np.ndarray:
+    """Dense tensor peak of each row's GPU in its precision (GpuType.peak_tflops; spec sheets in conf/gpus)."""
+    n = np.asarray(names).astype(str)
+    if not n.size:
+        return np.zeros(0)
+    p = np.broadcast_to(np.asarray(precision, dtype=object), n.shape)
+    if (p == p.flat[0]).all():  # one precision (the usual case): per GPU name only
+        uniq, inv = np.unique(n, return_inverse=True)
+        return np.array([gpus[g].peak_tflops(str(p.flat[0]), strict=False) for g in uniq])[inv.reshape(-1)]
+    p = p.astype(str)
+    pairs, inv = np.unique(np.char.add(np.char.add(n, "|"), p), return_inverse=True)  # "|": not in GPU names
+    # a 16-bit precision a part lacks reads as its own 16-bit mode (GpuType.peak_tflops); plans are checked
+    peak = [gpus[g].peak_tflops(q, strict=False) for g, q in (str(k).split("|") for k in pairs)]
+    return np.asarray(peak, dtype=np.float64)[inv.reshape(-1)]
+
+
 def optimizer_shards(distributed_optimizer, dp) -> np.ndarray:
     """Ranks one parameter's optimizer state is split over: dp with the distributed optimizer, else 1."""
     return np.where(np.asarray(distributed_optimizer, dtype=bool), np.asarray(dp, dtype=np.float64), 1.0)
 
 
-def static_bytes_per_param(distributed_optimizer, dp) -> np.ndarray:
-    """Weights + grads + optimizer state per parameter: 18 B, or 6 + 12/dp with the distributed
-    optimizer (Megatron-LM dist_optimizer docs; ZeRO §5.1 P_os)."""
+def static_bytes_per_param(distributed_optimizer, dp, precision=DEFAULT_PRECISION) -> np.ndarray:
+    """Weights + grads + optimizer state per parameter: bf16/fp8 18 B, or 6 + 12/dp with the distributed
+    optimizer; fp16 20 B, or 4 + 16/dp (Megatron-LM dist_optimizer docs table, memx.domain.precision;
+    ZeRO §5.1 P_os)."""
     shards = optimizer_shards(distributed_optimizer, dp)
-    return np.where(shards > 1, REPLICATED_BYTES_PER_PARAM_DO + SHARDED_BYTES_PER_PARAM_DO / shards,
-                    BYTES_PER_PARAM_STATIC)
+    plain, rep, shard = (_by_precision(precision, {k: v[i] for k, v in STATIC_BYTES.items()}) for i in range(3))
+    return np.where(shards > 1, rep + shard / shards, plain)
 
 
-def dp_step_ms(params_per_rank, dp, bandwidth_gbps, distributed_optimizer=False) -> np.ndarray:
+def dp_step_ms(params_per_rank, dp, bandwidth_gbps, distributed_optimizer=False,
+               precision=DEFAULT_PRECISION) -> np.ndarray:
     """The data-parallel gradient step of a stage (the T_dp of paper §3.1.2). Plain: ring all-reduce
-    of the fp32 grads, 2(n−1)/n · 4P. Distributed optimizer: ring reduce-scatter of the fp32 grads,
-    (n−1)/n · 4P, then ring all-gather of the updated bf16 params, (n−1)/n · 2P (ZeRO §7.1; Megatron-LM
-    dist_optimizer docs) — 6P(n−1)/n instead of 8P(n−1)/n."""
+    of the grads, 2(n−1)/n · gP. Distributed optimizer: ring reduce-scatter of the grads, (n−1)/n · gP,
+    then ring all-gather of the updated 16-bit params, (n−1)/n · 2P (ZeRO §7.1; Megatron-LM
+    dist_optimizer docs) — (g + 2)P(n−1)/n instead of 2gP(n−1)/n. g = 4 (fp32 main grads) for bf16 and
+    fp8, 2 for fp16 (fp16 grads; memx.domain.precision)."""
     n = np.asarray(dp, dtype=np.float64)
     p = np.asarray(params_per_rank, dtype=np.float64)
-    plain = ring_allreduce_ms(p * GRAD_BYTES_PER_PARAM, n, bandwidth_gbps)
-    sharded = 0.5 * ring_allreduce_ms(p * (GRAD_BYTES_PER_PARAM + PARAM_BYTES), n, bandwidth_gbps)
+    g = _by_precision(precision, GRAD_BYTES)
+    plain = ring_allreduce_ms(p * g, n, bandwidth_gbps)
+    sharded = 0.5 * ring_allreduce_ms(p * (g + _by_precision(precision, PARAM_BYTES)), n, bandwidth_gbps)
     return np.where(np.asarray(distributed_optimizer, dtype=bool), sharded, plain)
 
 
-def stepped_static_fraction(distributed_optimizer, dp) -> np.ndarray:
+def stepped_static_fraction(distributed_optimizer, dp, precision=DEFAULT_PRECISION) -> np.ndarray:
     """The share of a rank's static memory its Adam step reads and writes, as a multiple of that
     static memory: 1 plain; with the distributed optimizer each rank steps params/dp (ZeRO §5.1), whose
     18 B/param are (18/dp) / (6 + 12/dp) of its static bytes. The optimizer step (schedule.optimizer_ms)
     thus stays "read and write the stepped state once" whatever predicted the static memory."""
     shards = optimizer_shards(distributed_optimizer, dp)
-    return BYTES_PER_PARAM_STATIC / shards / static_bytes_per_param(distributed_optimizer, dp)
+    plain = static_bytes_per_param(False, 1, precision)
+    return plain / shards / static_bytes_per_param(distributed_optimizer, dp, precision)
 
 
 def layer_params(hidden, ffn_hidden, heads, query_groups, mlp):
@@ -295,7 +335,12 @@ def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu:
     f_core = attention_core_flops(b, s, h) / tp
     f_out = 2.0 * b * s * h * v / tp * last  # output layer GEMM, forward
     flops = 3.0 * (L * f_layer + f_out) + n_rec * f_layer + selective * L * f_core
-    compute_ms = flops / (g["peak"] * mfu) * 1e3
+    # fp8 (Transformer Engine) runs the layers' linear GEMMs at the fp8 peak; the attention core and the
+    # output layer stay 16-bit (TE docs, "Using FP8 with Transformer Engine": fp8 autocast covers te.Linear)
+    prec = precision_column(sigs)
+    linear = (3.0 * L + n_rec) * (f_layer - f_core)
+    lin_peak = gemm_peak_tflops(c["gpu"], prec, gpus) * 1e12
+    compute_ms = ((flops - linear) / g["peak"] + linear / lin_peak) / mfu * 1e3
     act_none = layer_activation_bytes(b, s, *shape, tp)
     passes = elementwise_passes * (3.0 * L + n_rec + selective * L * 0.5)
     membound_ms = passes * act_none / g["membw"] * 1e3
@@ -308,7 +353,7 @@ def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu:
     # --- memory
     params = stage_params_per_rank(L, tp, first, last, *shape[:4], v, shape[4])
     do, dp, _ = option_columns(sigs)  # this form keeps Korthikanti Eq. 4 (SP) activations in any case
-    static = params * static_bytes_per_param(do, dp)
+    static = params * static_bytes_per_param(do, dp, prec)
     keep = act_none - selective * attention_scores_bytes(b, s, c["heads"]) / tp
     act_mb = (L - n_rec) * keep + n_rec * layer_input_bytes(b, s, h, tp)
     act_mb = act_mb + first * embedding_output_bytes(b, s, h, tp) + last * output_layer_bytes(b, s, h, v, tp)
@@ -350,7 +395,8 @@ def _end_layers_ms(x: Shapes, rc: RuntimeColumns, first: np.ndarray, last: np.nd
     }
 
 
-def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, last) -> np.ndarray:
+def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, last,
+                     rc_linear: RuntimeColumns | None = None) -> np.ndarray:
     """Forward + backward of one micro batch. Each pass takes the longer of device time and host
     dispatch (ops × host_op_ms: the host issues eager operators asynchronously), plus the blocking
     TP collectives (2 all-reduces of b·s·h per layer and pass, Shoeybi 2019 §3 f/g operators; a
@@ -358,8 +404,9 @@ def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, 
     attention core (selective, Korthikanti 2022 §5). In 1F1B with at most pp − s micro batches in
     flight, the activation and gradient hops to the neighbours lie on the cycle every micro batch
     goes around (Narayanan 2021 §2.2): 2 transfers per micro batch, latency + b·s·h/t bytes (scatter-
-    gather over TP) at the intra-node link, a lower bound the assembly completes with the real link."""
-    g_f, g_b = layer_gemms_ms(x, rc)
+    gather over TP) at the intra-node link, a lower bound the assembly completes with the real link.
+    `rc_linear`: the columns the layers' linear GEMMs run at (their precision's peak); default `rc`."""
+    g_f, g_b = layer_gemms_ms(x, rc if rc_linear is None else rc_linear)
     a_f, a_b, a_ops = attention_core_ms(x, rc)
     ew_ops = 6.0 + x.swiglu  # 2 norms, 2 bias-dropout-adds, activation, 2 layout copies (+ RoPE)
     ew = layer_elementwise_bytes(x) / rc.membw_bytes_per_ms + ew_ops * rc.launch_ms
@@ -394,7 +441,9 @@ def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
     first, last = c["first"].astype(bool), c["last"].astype(bool)
     n_rec = recomputed_layers(c["recompute"], c["recompute_layers"], L)
     selective = c["recompute"] == Recompute.SELECTIVE
-    time_ms = _runtime_time_ms(x, rc, L, n_rec, selective, first, last)
+    prec = precision_column(sigs)
+    rc_linear = replace(rc, peak_flop_per_ms=gemm_peak_tflops(c["gpu"], prec, gpus) * 1e9)  # fp8: te.Linear only
+    time_ms = _runtime_time_ms(x, rc, L, n_rec, selective, first, last, rc_linear)
 
     none, sel, full = activation_bytes(x, rc.flash)
     keep = np.where(selective, sel, none)
@@ -404,7 +453,7 @@ def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
     work = np.maximum((L > 0) * (backward_workspace_bytes(x, rc.flash) + rematerialised), last * logits_grad)
     params = stage_params_per_rank(L, x.t, first, last, c["hidden"], c["ffn_hidden"], c["heads"], c["query_groups"],
                                    c["vocab"], c["mlp"])
-    static = params * static_bytes_per_param(do, dp)
+    static = params * static_bytes_per_param(do, dp, prec)
     allocated = static + c["inflight"].astype(np.float64) * act + work
     peak = allocated * (1.0 + rc.frag) / MIB + rc.fixed_mib + communicator_mib(first, last, x, rc)
     return pd.DataFrame({"time_ms": time_ms, "peak_mem_mib": peak, "static_mem_mib": static / MIB}, index=sigs.index)

@@ -18,7 +18,7 @@ from memx.planner.interleave import context_twins, wrap_gbps
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.predictions import params_per_rank
 from memx.planner.schedule import AssemblyCalibration, assembly_of, pipeline
-from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor, signature_frame
+from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS, StagePredictor, signature_frame
 from memx.planner.space import plan_links
 from memx.planner.tables import option_code, plan_contexts
 
@@ -75,7 +75,7 @@ def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor
         frames.append(signature_frame(ctxs[sl], layers[sl], codes[sl], np.arange(n), trained, trained.seq_len))
         k += n
     sigs = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-    return predictor.predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
+    return predictor.predict(sigs.loc[:, list(PREDICTOR_INPUT_COLUMNS)])
 
 
 def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePredictor) -> list[float | None]:
@@ -103,7 +103,7 @@ def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: n
                     dp=p.dp, micro_batch=p.micro_batch, micro_batches=p.micro_batches, seq_len=p.seq_len,
                     p2p_gbps=p2p_gbps, dp_gbps=dp_gbps, p2p_latency_ms=p2p_latency_ms,
                     distributed_optimizer=p.distributed_optimizer, assembly=assembly, virtual_stages=p.virtual_stages,
-                    wrap_gbps=wrap_gbps(cluster, p) if p.virtual_stages > 1 else None)
+                    wrap_gbps=wrap_gbps(cluster, p) if p.virtual_stages > 1 else None, precision=p.precision)
     T, stats = pipe.assemble(t[:, None], mem[:, None], pipe.tail_ms(static[:, None], params[:, None]))
     return plan_metrics(p, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=pipe.capacity_mib,
                         stats=stats, feasible=bool(np.all(mem <= pipe.capacity_mib - reserve_gib * 1024.0)))

@@ -16,7 +16,7 @@ import numpy as np
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
 from memx.planner.interleave import allowed_layers, combine, context_twins
-from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor, signature_frame
+from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS, StagePredictor, signature_frame
 from memx.planner.tables import StageContext, StageTable, stage_options, stage_table
 
 
@@ -36,7 +36,7 @@ def params_per_rank(ctx: StageContext, layers: np.ndarray, model: ModelArch) -> 
 def static_bound(ctx: StageContext, model: ModelArch, limit_mib: float, n_cap: int) -> int:
     """Largest n ≤ n_cap whose static memory fits limit_mib (0 if not even one layer)."""
     n = np.arange(1, n_cap + 1)
-    per_param = float(static_bytes_per_param(ctx.distributed_optimizer, ctx.dp))
+    per_param = float(static_bytes_per_param(ctx.distributed_optimizer, ctx.dp, ctx.precision))
     fits = params_per_rank(ctx, n, model) * per_param / MIB <= limit_mib
     return int(n[fits].max()) if fits.any() else 0
 
@@ -60,7 +60,7 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     layers, codes, ctx_index = (np.concatenate(x) for x in (lay, code, cidx))
     sigs = signature_frame(ctx_list, layers, codes, ctx_index, model, seq_len)
     t0 = time.perf_counter()
-    pred = predictor.predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
+    pred = predictor.predict(sigs.loc[:, list(PREDICTOR_INPUT_COLUMNS)])
     predict_s = time.perf_counter() - t0
     t_all = pred["time_ms"].to_numpy(dtype=np.float64)
     m_all = pred["peak_mem_mib"].to_numpy(dtype=np.float64)

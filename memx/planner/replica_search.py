@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from memx.domain.errors import InfeasibleError
 from memx.domain.groups import GroupedPlan, ReplicaGroup, group_plans, place_groups
+from memx.domain.precision import resolve_precision
 from memx.domain.plan import with_idle_gpus
 from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace
 from memx.planner.metrics import PlanMetrics
@@ -158,7 +159,7 @@ def _plan(cluster: Cluster, model: ModelArch, space: SearchSpace, picks: Sequenc
                                 micro_batches=p.metrics.plan.micro_batches, stages=p.metrics.plan.stages) for p in picks)
     plan = GroupedPlan(model=model.name, cluster=cluster.name, global_batch=space.global_batch, seq_len=first.seq_len,
                        groups=groups, distributed_optimizer=first.distributed_optimizer,
-                       sequence_parallel=first.sequence_parallel)
+                       sequence_parallel=first.sequence_parallel, precision=first.precision)
     return plan if space.use_all_gpus else with_idle_gpus(plan, cluster)
 
 
@@ -269,9 +270,11 @@ def search_replicas(cluster: Cluster, model: ModelArch, space: SearchSpace, pred
     splits = {G: batch_splits(space.global_batch, G, q) for G in {G for G, _ in plan_forms}}
     out.formations = len(plan_forms)
     out.exact = len(options) * sum(len(splits[G]) for G, _ in plan_forms) <= exact_max
+    # one precision for every group: the space's, resolved over the whole cluster (memx.domain.precision)
+    precision = resolve_precision(space.precision, cluster.gpu_types, f"search space {space.name}")
     for do, sp_on in options:
-        groups = _Groups(cluster, model, dataclasses.replace(space, distributed_optimizer=(do,),
-                                                             sequence_parallel=(sp_on,)), predictor, exhaustive)
+        groups = _Groups(cluster, model, dataclasses.replace(space, distributed_optimizer=(do,), sequence_parallel=(sp_on,),
+                                                             precision=precision), predictor, exhaustive)
         for G, form in plan_forms:
             bound = best[0].iteration_time_ms if best is not None else float("inf")
             if out.exact:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memx.domain.precision import DEFAULT_PRECISION
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import ACT_BYTES, dp_step_ms, stepped_static_fraction
 from memx.planner.interleave import interleaved_time_ms, p2p_hops
@@ -34,11 +35,11 @@ def p2p_ms(micro_batch: int, seq_len: int, hidden: int, bandwidth_gbps: np.ndarr
 
 
 def dp_allreduce_ms(params_per_rank: np.ndarray, dp: int, bandwidth_gbps: np.ndarray,
-                    distributed_optimizer: bool = False) -> np.ndarray:
+                    distributed_optimizer: bool = False, precision: str = DEFAULT_PRECISION) -> np.ndarray:
     """A stage's DP gradient step across its dp replicas: the T_dp term (paper §3.1.2; docs/architecture.md
     §1F1B assembly): ring all-reduce of fp32 grads, or with the distributed optimizer reduce-scatter +
     all-gather of bf16 params (memx.planner.cost.dp_step_ms)."""
-    return dp_step_ms(params_per_rank, dp, bandwidth_gbps, distributed_optimizer)
+    return dp_step_ms(params_per_rank, dp, bandwidth_gbps, distributed_optimizer, precision)
 
 
 def optimizer_ms(static_mib: np.ndarray, memory_bandwidth_gbps: np.ndarray) -> np.ndarray:
@@ -141,6 +142,7 @@ class Pipeline:
     distributed_optimizer: bool = False  # DP step RS + AG, Adam on params/dp (memx.planner.cost)
     assembly: AssemblyCalibration = IDENTITY_ASSEMBLY  # calibrated c, o, d (memx.learn.calibration)
     virtual_stages: int = 1  # v model chunks per rank: interleaved 1F1B (memx.planner.interleave)
+    precision: str = DEFAULT_PRECISION  # gradient bytes of the DP step, Adam's share of static bytes
 
     @property
     def fixed_ms(self) -> float:
@@ -153,8 +155,9 @@ class Pipeline:
     def tail_ms(self, static_mib: np.ndarray, params_per_rank: np.ndarray) -> np.ndarray:
         """Per stage (rows) and column: optimizer step + T_dp, the terms after the last backward."""
         mbw, dbw = self.memory_bandwidth_gbps[:, None], self.dp_gbps[:, None]
-        stepped = static_mib * stepped_static_fraction(self.distributed_optimizer, self.dp)
-        tail = optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, self.dp, dbw, self.distributed_optimizer)
+        stepped = static_mib * stepped_static_fraction(self.distributed_optimizer, self.dp, self.precision)
+        tail = optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, self.dp, dbw, self.distributed_optimizer,
+                                                            self.precision)
         return tail if self.assembly.comm_scale == 1.0 else tail * self.assembly.comm_scale
 
     def assemble(self, stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
@@ -172,10 +175,11 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
              dp_gbps: Sequence[float], distributed_optimizer: bool = False,
              assembly: AssemblyCalibration = IDENTITY_ASSEMBLY,
              p2p_latency_ms: Sequence[float] | None = None, virtual_stages: int = 1,
-             wrap_gbps: float | None = None) -> Pipeline:
+             wrap_gbps: float | None = None, precision: str = DEFAULT_PRECISION) -> Pipeline:
     """The Pipeline of a layout or plan on `cluster` (p2p_gbps and p2p_latency_ms: between stage s and s+1,
     memx.planner.space.plan_links; latency None: the cluster's inter-node latency on every boundary; `assembly`:
-    the calibrated c, o and d of the predictor that scores it, memx.planner.schedule.assembly_of).
+    the calibrated c, o and d of the predictor that scores it, memx.planner.schedule.assembly_of; `precision`:
+    the plan's training precision, memx.domain.precision).
     Interleaved (virtual_stages v > 1; wrap_gbps: the link from the last stage back to the first), each
     boundary is crossed v times and the wrap v − 1 times (memx.planner.interleave.p2p_hops)."""
     gpus = [cluster.gpu(g) for g in stage_gpus]
@@ -192,4 +196,4 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
                     capacity_mib=np.asarray([g.memory_mib for g in gpus], dtype=np.float64),
                     memory_bandwidth_gbps=np.asarray([g.memory_bandwidth_gbps for g in gpus], dtype=np.float64),
                     dp=dp, dp_gbps=np.asarray(dp_gbps, dtype=np.float64), distributed_optimizer=distributed_optimizer,
-                    assembly=assembly)
+                    assembly=assembly, precision=precision)

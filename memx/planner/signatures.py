@@ -14,9 +14,14 @@ from memx.domain.records import SIGNATURE_COLUMNS
 from memx.domain.specs import ModelArch
 from memx.planner.tables import NONE, SELECTIVE, StageContext
 
-__all__ = ["INTERVAL_COLUMNS", "PREDICTION_COLUMNS", "SIGNATURE_COLUMNS", "StagePredictor", "signature_frame"]
+__all__ = ["INTERVAL_COLUMNS", "PREDICTION_COLUMNS", "PREDICTOR_INPUT_COLUMNS", "SIGNATURE_COLUMNS", "StagePredictor",
+           "signature_frame"]
 
 PREDICTION_COLUMNS = ("time_ms", "peak_mem_mib", "static_mem_mib")
+# What the search hands a predictor: the records' signature columns plus the plan's training precision
+# (issue #23; not a records column — profiles are taken in one precision — the closed form reads it where
+# present, memx.planner.cost.precision_column, and a predictor that does not know it ignores it).
+PREDICTOR_INPUT_COLUMNS = (*SIGNATURE_COLUMNS, "precision")
 # Optional: a predictor with uncertainty also returns its 90 % interval (memx.learn.intervals;
 # docs/architecture.md §Stage model); NaN where a predictor gives none.
 INTERVAL_COLUMNS = ("time_ms_low", "time_ms_high", "peak_mem_mib_low", "peak_mem_mib_high")
@@ -58,4 +63,6 @@ def signature_frame(contexts: list[StageContext], layers: np.ndarray, codes: np.
         "vocab": np.full(n, model.vocab, dtype=np.int64), "mlp": np.full(n, model.mlp, dtype=object),
         "distributed_optimizer": attr["distributed_optimizer"].astype(bool), "dp": attr["dp"].astype(np.int64),
         "sequence_parallel": attr["sequence_parallel"].astype(bool),
+        # not a records column: the closed form reads it where present (memx.planner.cost.precision_column)
+        "precision": np.array([c.precision for c in contexts], dtype=object)[ctx_index],
     })

@@ -18,6 +18,8 @@ import numpy as np
 
 from memx.domain.errors import InputError
 from memx.domain.plan import Plan, Recompute, Stage, place_plan
+from memx.domain.errors import InputError
+from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.planner.interleave import wrap_gbps
 from memx.planner.network import p2p_link, ring_link
@@ -40,6 +42,7 @@ class Layout:
     sequence_parallel: bool = False  # at tp > 1 (Korthikanti et al. 2022)
     virtual_stages: int = 1  # interleaved 1F1B chunks per rank (memx.planner.interleave); 1: plain 1F1B
     wrap_gbps: float | None = None  # interleaved: bandwidth of the last stage → first stage hop
+    precision: str = DEFAULT_PRECISION  # the plan's training precision (memx.domain.precision.resolve_precision)
 
     @property
     def pp(self) -> int:
@@ -49,7 +52,7 @@ class Layout:
         return stage_contexts(self.stage_gpus, self.stage_tp, micro_batch=self.micro_batch,
                               micro_batches=self.micro_batches, distributed_optimizer=self.distributed_optimizer,
                               dp=self.dp, sequence_parallel=self.sequence_parallel,
-                              virtual_stages=self.virtual_stages)
+                              virtual_stages=self.virtual_stages, precision=self.precision)
 
     def to_plan(self, model: ModelArch, cluster: Cluster, global_batch: int, seq_len: int,
                 layers: tuple[int, ...], recompute: tuple[tuple[Recompute, int | None], ...]) -> Plan:
@@ -60,7 +63,7 @@ class Layout:
         return Plan(model=model.name, cluster=cluster.name, global_batch=global_batch,
                     micro_batch=self.micro_batch, seq_len=seq_len, dp=self.dp, stages=stages,
                     distributed_optimizer=self.distributed_optimizer, sequence_parallel=self.sequence_parallel,
-                    virtual_stages=self.virtual_stages)
+                    virtual_stages=self.virtual_stages, precision=self.precision)
 
 
 def valid_tps(model: ModelArch, cluster: Cluster, gpu: str, options: tuple[int, ...]) -> list[int]:
@@ -95,7 +98,11 @@ def enumerate_layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) ->
     """All layouts of the space, in a deterministic order."""
     seq = space.seq_len or model.seq_len
     out: list[Layout] = []
-    for subset in gpu_subsets(cluster, space):
+    subsets = gpu_subsets(cluster, space)
+    precisions = subset_precisions(cluster, space, subsets)
+    for subset in subsets:
+        if subset not in precisions:
+            continue
         min_count = min(cluster.gpu_count(g) for g in subset)
         for dp in range(1, min_count + 1):
             tp_choices = [valid_tps(model, cluster, g, space.tp_options) for g in subset]
@@ -112,7 +119,8 @@ def enumerate_layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) ->
                         tpl = tuple(tps[i] for i in order for _ in range(ks[i]))
                         if not _ends_ok(space.launcher, model, tpl):
                             continue
-                        out.extend(_with_micro_batches(cluster, model, space, gpus, tpl, dp, seq))
+                        out.extend(_with_micro_batches(cluster, model, space, gpus, tpl, dp, seq,
+                                                       precisions[subset]))
     return out
 
 
@@ -145,7 +153,22 @@ def _ends_ok(launcher: str, model: ModelArch, tps: tuple[int, ...]) -> bool:
     return not (launcher == "flagscale" and model.tied_embeddings and tps[0] != tps[-1])
 
 
-def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq) -> list[Layout]:
+def subset_precisions(cluster: Cluster, space: SearchSpace, subsets: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
+    """The precision each GPU subset trains in (`space.precision` resolved over its GPUs); a subset that
+    cannot run it is left out, and when none can, the InputError (exit 2) names a GPU and its precisions."""
+    out: dict[tuple[str, ...], str] = {}
+    error: InputError | None = None
+    for subset in subsets:
+        try:
+            out[subset] = resolve_precision(space.precision, [cluster.gpu(g) for g in subset], f"search space {space.name}")
+        except InputError as exc:
+            error = error or exc
+    if not out and error is not None:
+        raise error
+    return out
+
+
+def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq, precision=DEFAULT_PRECISION) -> list[Layout]:
     probe = Plan(model=model.name, cluster=cluster.name, global_batch=space.global_batch, micro_batch=1,
                  seq_len=seq, dp=dp, stages=tuple(Stage(gpu=g, tp=t, layers=1) for g, t in zip(gpus, tps)))
     links = plan_links(cluster, probe)
@@ -154,7 +177,7 @@ def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq) -> list[Layou
     return [
         Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
                p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do,
-               sequence_parallel=sp, virtual_stages=v, wrap_gbps=wrap)
+               sequence_parallel=sp, virtual_stages=v, wrap_gbps=wrap, precision=precision)
         for mb in space.micro_batch_options
         if space.global_batch % (dp * mb) == 0
         for do in _effective(space.distributed_optimizer, dp > 1)

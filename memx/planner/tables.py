@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memx.domain.precision import DEFAULT_PRECISION
 from memx.domain.plan import SEARCH_BLOCK, Plan, Recompute, Stage
 from memx.planner.interleave import inflight_chunks
 from memx.planner.schedule import MemoryStats, Pipeline, inflight_micro_batches
@@ -35,6 +36,7 @@ class StageContext:
     distributed_optimizer: bool = False
     dp: int = 1
     sequence_parallel: bool = False
+    precision: str = DEFAULT_PRECISION  # training precision (memx.domain.precision): peak and bytes per param
     # Interleaved 1F1B (issue #27, memx.planner.interleave): v model chunks per rank, k chunks held at the
     # peak; `inflight` is then ⌊k/v⌋ and the peak is interpolated towards ⌊k/v⌋ + 1. Plain 1F1B: 1 and 0.
     virtual_stages: int = 1
@@ -43,7 +45,8 @@ class StageContext:
 
 def stage_contexts(stage_gpus: Sequence[str], stage_tp: Sequence[int], *, micro_batch: int,
                    micro_batches: int, distributed_optimizer: bool = False, dp: int = 1,
-                   sequence_parallel: bool = False, virtual_stages: int = 1) -> tuple[StageContext, ...]:
+                   sequence_parallel: bool = False, virtual_stages: int = 1,
+                   precision: str = DEFAULT_PRECISION) -> tuple[StageContext, ...]:
     """The context of every stage of a pipeline (a search layout or a given plan)."""
     pp, v = len(stage_gpus), virtual_stages
     chunks = [inflight_chunks(pp, s, micro_batches, v) if v > 1 else 0 for s in range(pp)]
@@ -51,7 +54,7 @@ def stage_contexts(stage_gpus: Sequence[str], stage_tp: Sequence[int], *, micro_
                               inflight=chunks[s] // v if v > 1 else inflight_micro_batches(pp, s, micro_batches),
                               distributed_optimizer=distributed_optimizer, dp=dp if distributed_optimizer else 1,
                               sequence_parallel=sequence_parallel and t > 1, virtual_stages=v,
-                              inflight_chunks=chunks[s])
+                              inflight_chunks=chunks[s], precision=precision)
                  for s, (g, t) in enumerate(zip(stage_gpus, stage_tp, strict=True)))
 
 
@@ -59,7 +62,8 @@ def plan_contexts(plan: Plan) -> tuple[StageContext, ...]:
     return stage_contexts([st.gpu for st in plan.stages], [st.tp for st in plan.stages],
                           micro_batch=plan.micro_batch, micro_batches=plan.micro_batches,
                           distributed_optimizer=plan.distributed_optimizer, dp=plan.dp,
-                          sequence_parallel=plan.sequence_parallel, virtual_stages=plan.virtual_stages)
+                          sequence_parallel=plan.sequence_parallel, virtual_stages=plan.virtual_stages,
+                          precision=plan.precision)
 
 
 def stage_options(n: int, levels: tuple[str, ...]) -> list[int]:

@@ -28,8 +28,8 @@ from memx.domain.records import RejectedRow, require_rows, signature_key
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.profiling.backends import BACKENDS, Backend, check_backend
 from memx.planner.variants import model_variants
-from memx.profiling.design import (dense_points, full_grid_size, gpu_axes, grid_points, inflight_points,
-                                   representative_gpu)
+from memx.profiling.design import (axis_points, dense_points, full_grid_size, gpu_axes, grid_points, inflight_points,
+                                   profile_precision, representative_gpu, with_precision)
 from memx.profiling.runner import load_existing, run_points
 from memx.profiling.sensitivity import (sensitivity_frame, sensitivity_markdown, sensitivity_rows, sweep_plan,
                                         sweep_points)
@@ -160,14 +160,16 @@ def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: 
     be = _make_backend(backend, cluster=cluster, model=model, seed=seed, conf_root=conf_root, command=command,
                        timeout_s=timeout_s, retries=retries)
     plans = {g: sweep_plan(a, model) for g, a in axes.items()}
+    precision = profile_precision(cluster, space)  # measured in the precision the plans train in (issue #23)
     phase1 = dense_points(axes[representative_gpu(cluster).name], model)
-    phase1 += [p for g in axes for p in sweep_points(plans[g])]
+    phase1 = with_precision(phase1 + [p for g in axes for p in sweep_points(plans[g])], precision)
     with _launch_guard(backend):
         df = run_points(phase1, be, existing=load_existing(out_path), out_path=out_path, jobs=jobs,
                         progress=progress, label="sensitivity sweeps")
         require_measured(df, backend)  # nothing measured: the 3-point grid would fail the same way
         variant_axes = _variant_axes(cluster, model, space)
-        df, sens, runs_by_gpu = _phase2(model, axes, plans, phase1, df, be, out_path, jobs, progress, variant_axes)
+        df, sens, runs_by_gpu = _phase2(model, axes, plans, phase1, df, be, out_path, jobs, progress, variant_axes,
+                                        precision)
     return _result(df, sensitivity_frame(sens), runs_by_gpu=runs_by_gpu,
                    full_by_gpu=full_by_gpu, path=out_path, rejected=[], out_dir=out_dir)
 
@@ -195,7 +197,7 @@ def _variant_axes(cluster: Cluster, model: ModelArch, space: SearchSpace) -> lis
 
 def _phase2(model: ModelArch, axes: dict, plans: dict, phase1: list, df: pd.DataFrame,
             be: Backend, out_path: Path | None, jobs: int, progress: bool,
-            variant_axes: list[tuple[ModelArch, dict]] = ()) -> tuple[pd.DataFrame, list, dict]:
+            variant_axes: list[tuple[ModelArch, dict]] = (), precision: str = "bf16") -> tuple[pd.DataFrame, list, dict]:
     """Sensitivity of each GPU type → the 3-point grid over the selected parameters, measured; each model
     variant the search trains gets the same grid on its own shapes (heads, query groups, sequence length move
     attention time and activation memory, so the predictor must not extrapolate to them)."""
@@ -206,7 +208,9 @@ def _phase2(model: ModelArch, axes: dict, plans: dict, phase1: list, df: pd.Data
         selected = {r["parameter"] for r in rows if r["selected"]}
         sens += rows
         phase2 += grid_points(a, model, selected) + inflight_points(a, model, selected)
+        phase2 += axis_points(a, model, selected)  # a second micro batch, the other sequence parallelism (#23)
         phase2 += [p for vm, va in variant_axes for p in grid_points(va[g], vm, selected)]
+    phase2 = with_precision(phase2, precision)
     df = run_points(phase2, be, existing=df, out_path=out_path, jobs=jobs, progress=progress, label="3-point grid")
     unique = {signature_key(p): p["gpu"] for p in phase1 + phase2}
     return df, sens, dict(Counter(unique.values()))

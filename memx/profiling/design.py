@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from memx.domain.plan import SEARCH_BLOCK, Recompute
+from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
 from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.space import valid_tps
@@ -176,6 +177,35 @@ def inflight_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[d
     return out
 
 
+def axis_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[dict[str, Any]]:
+    """Cheap points (one layer and the default layer count, no recompute) that keep the records from holding a
+    single value where predictions would otherwise rest on a transfer through the closed form (issue #23):
+    - a second micro batch when the sensitivity sweep did not select micro batch (the grid then holds only the
+      default one): the other end of the searched range, at the default tp. Time per sample falls as GEMMs grow
+      (memx.learn.model: with one micro batch, other ones are transferred by the closed form's GEMM-efficiency
+      ratio and say so);
+    - sequence parallelism the other way round at each grid tp > 1 when the space lists one value: the search
+      asks for one, but a plan evaluated without it (or with it) is then measured, not transferred
+      (LearnedStagePredictor.sequence_parallel_seen)."""
+    out: list[dict[str, Any]] = []
+    kw = dict(seq_len=ax.seq_len, recompute=Recompute.NONE.value)
+    if "micro_batch" not in selected and len(ax.micro_batches) > 1:
+        lo, hi = ax.micro_batches[0], ax.micro_batches[-1]
+        mb = hi if ax.default_micro_batch != hi else lo
+        top = ax.fit.get((ax.default_tp, mb, Recompute.NONE.value), 1)
+        for n in dict.fromkeys((1, min(ax.default_layers, top))):
+            out.append(point(ax.gpu, model, tp=ax.default_tp, layers=n, micro_batch=mb,
+                             sequence_parallel=ax.sequence_parallel, source="design:micro_batch", **kw))
+    if len(ax.sp_options) == 1:
+        for tp in (t for t in three(ax.tps) if t > 1):
+            top = ax.fit.get((tp, ax.default_micro_batch, Recompute.NONE.value), 1)
+            for n in dict.fromkeys((1, min(ax.default_layers, top))):
+                out.append(point(ax.gpu, model, tp=tp, layers=n, micro_batch=ax.default_micro_batch,
+                                 sequence_parallel=not ax.sequence_parallel, source="design:option:sequence_parallel",
+                                 **kw))
+    return out
+
+
 def _spread(lo: int, hi: int, count: int, step: int = 1) -> list[int]:
     vals = np.unique(np.round(np.linspace(lo, hi, count) / step).astype(int) * step)
     return [int(v) for v in vals if v >= 1]
@@ -199,6 +229,19 @@ def dense_points(ax: GpuAxes, model: ModelArch) -> list[dict[str, Any]]:
             out.append(point(ax.gpu, model, **{**base, param: v}, sequence_parallel=ax.sequence_parallel,
                              source=f"design:dense:{param}"))
     return out
+
+
+def profile_precision(cluster: Cluster, space: SearchSpace) -> str:
+    """The precision the profile measures in: the space's, resolved over every GPU type of the cluster (auto: bf16
+    where all have it, else fp16 — a V100 + A100 cluster trains, so profiles, in fp16; memx.domain.precision).
+    Records carry no precision column: a profile is of one precision (docs/profiling.md)."""
+    return resolve_precision(space.precision, cluster.gpu_types, f"search space {space.name}")
+
+
+def with_precision(points: list[dict[str, Any]], precision: str) -> list[dict[str, Any]]:
+    """The points with the precision the backend runs them in (the simulated backend reads it; bf16 is the
+    signatures' default and is not written, so earlier points stay as they were)."""
+    return points if precision == DEFAULT_PRECISION else [{**p, "precision": precision} for p in points]
 
 
 def representative_gpu(cluster: Cluster) -> GpuType:

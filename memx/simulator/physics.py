@@ -16,11 +16,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memx.domain.errors import InputError
 from memx.simulator.traits import GpuTraits
 from memx.domain.specs import GpuType
 
-BF16_BYTES = 2  # activations, weights and gradients exchanged in bf16 (simulator assumption)
+BF16_BYTES = 2  # activations, weights and gradients exchanged in 16-bit (bf16 or fp16; simulator assumption)
 FP32_BYTES = 4
+# Training precision (issue #23), the simulator's own accounting (it never reads memx.planner or
+# memx.domain.precision): what data parallelism reduces per parameter — fp32 main grads under bf16 and fp8
+# (Megatron-LM accumulates bf16 training's grads in fp32), the fp16 grads themselves under fp16 mixed
+# precision (Micikevicius et al. 2018 §3: fp16 weights/grads, fp32 master copy in the optimizer).
+GRAD_BYTES_OF = {"bf16": FP32_BYTES, "fp8": FP32_BYTES, "fp16": BF16_BYTES}
+# fp8 GEMMs (Transformer Engine on Hopper / MI300): the layer linears run at the fp8 peak but reach a lower
+# share of it, and each one first casts its 16-bit input to fp8 (read 2 B, write 1 B per element):
+# simulator assumptions (TE docs "Using FP8 with Transformer Engine": amax/scale bookkeeping and casts).
+FP8_EFFICIENCY_FACTOR = 0.8
+FP8_CAST_BYTES = 3.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,14 +42,21 @@ class Device:
     memory_bytes_per_ms: float  # achieved by memory-bound kernels
     link_bytes_per_ms: float  # achieved GPU<->GPU inside a node
     traits: GpuTraits
+    precision: str = "bf16"  # training precision; fp8 changes the layer linears only (gemm_ms linear=True)
+    linear_peak_flop_per_ms: float = 0.0  # peak of the layer linears; 0: peak_flop_per_ms
 
     @classmethod
-    def of(cls, gpu: GpuType, traits: GpuTraits) -> Device:
+    def of(cls, gpu: GpuType, traits: GpuTraits, precision: str = "bf16") -> Device:
+        if precision == "fp8" and precision not in gpu.precisions:  # a 16-bit one: the part's own 16-bit mode
+            raise InputError(f"stage signature: field 'precision' is {precision}, which GPU {gpu.name} cannot run; "
+                             f"it has {', '.join(gpu.precisions)}")
         return cls(
-            peak_flop_per_ms=gpu.peak_tflops_bf16 * 1e9,  # TFLOP/s -> FLOP/ms
+            peak_flop_per_ms=gpu.peak_tflops_bf16 * 1e9,  # TFLOP/s -> FLOP/ms (the 16-bit tensor peak)
             memory_bytes_per_ms=gpu.memory_bandwidth_gbps * 1e6 * traits.memory_bound_efficiency,
             link_bytes_per_ms=gpu.intra_node_bandwidth_gbps * 1e6 * traits.link_efficiency,
             traits=traits,
+            precision=precision,
+            linear_peak_flop_per_ms=gpu.peak_tflops(precision, strict=False) * 1e9,
         )
 
 
@@ -98,16 +116,22 @@ class Dims:
 # ---------------------------------------------------------------- kernels
 
 
-def gemm_ms(dev: Device, m: float, n: float, k: float, batch: float = 1.0) -> float:
+def gemm_ms(dev: Device, m: float, n: float, k: float, batch: float = 1.0, linear: bool = False) -> float:
     """One (batched) GEMM of [m×k]·[k×n]: 2mnk FLOPs per matrix.
 
     Efficiency saturates with size: eff = eff_large · F / (F + F_half) (simulator assumption: small
     GEMMs fill fewer SMs and waves), and the kernel cannot beat the roofline on bytes moved
-    (Williams 2009): 2 bytes × (m·k + k·n + m·n) per matrix.
+    (Williams 2009): 2 bytes × (m·k + k·n + m·n) per matrix. `linear`: a layer linear, which under fp8
+    runs at the fp8 peak × FP8_EFFICIENCY_FACTOR on 1-byte operands after casting its m×k input.
     """
     flops = 2.0 * m * n * k * batch
     tr = dev.traits
     eff = tr.gemm_efficiency_large * flops / (flops + tr.gemm_half_efficiency_gflop * 1e9)
+    if linear and dev.precision == "fp8":
+        compute_ms = flops / (dev.linear_peak_flop_per_ms * eff * FP8_EFFICIENCY_FACTOR)
+        memory_ms = (m * k + k * n + BF16_BYTES * m * n) * batch / dev.memory_bytes_per_ms
+        cast_ms = membound_ms(dev, FP8_CAST_BYTES * m * k * batch, 1)
+        return max(compute_ms, memory_ms) + tr.kernel_launch_overhead_ms + cast_ms
     compute_ms = flops / (dev.peak_flop_per_ms * eff)
     memory_ms = BF16_BYTES * (m * k + k * n + m * n) * batch / dev.memory_bytes_per_ms
     return max(compute_ms, memory_ms) + tr.kernel_launch_overhead_ms
@@ -210,10 +234,10 @@ def layer_cost(dev: Device, d: Dims) -> LayerCost:
     t, th = d.tp, d.tokens * d.hidden
     T = d.tokens
     gemms = (
-        gemm_ms(dev, T, (d.hidden + 2 * d.kv_hidden) / t, d.hidden)  # QKV projection
-        + gemm_ms(dev, T, d.hidden, d.hidden / t)  # attention output projection
-        + gemm_ms(dev, T, d.mlp_in_width / t, d.hidden)  # MLP up (+gate)
-        + gemm_ms(dev, T, d.hidden, d.ffn_hidden / t)  # MLP down
+        gemm_ms(dev, T, (d.hidden + 2 * d.kv_hidden) / t, d.hidden, linear=True)  # QKV projection
+        + gemm_ms(dev, T, d.hidden, d.hidden / t, linear=True)  # attention output projection
+        + gemm_ms(dev, T, d.mlp_in_width / t, d.hidden, linear=True)  # MLP up (+gate)
+        + gemm_ms(dev, T, d.hidden, d.ffn_hidden / t, linear=True)  # MLP down
     )
     core_fwd, core_bwd, core_kernels = _attention_core(dev, d)
     ew_bytes = _layer_elementwise_bytes(d)

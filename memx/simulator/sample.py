@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from memx.domain.errors import InputError
+from memx.domain.precision import resolve_precision
 from memx.domain.plan import SEARCH_BLOCK, Plan, Recompute, Stage, plan_to_json, validate_plan
 from memx.simulator.runs import config_run_row, config_runs_frame, now_iso
 from memx.simulator.schedule import simulate_plan
@@ -107,8 +108,12 @@ def draw_plan(rnd: random.Random, cluster: Cluster, model: ModelArch, search: Se
             s += 1
     plan = Plan(model=model.name, cluster=cluster.name, global_batch=search.global_batch,
                 micro_batch=rnd.choice(mbs), seq_len=search.seq_len or model.seq_len, dp=dp, stages=tuple(stages))
+    try:  # the space's precision over the plan's GPUs (auto: bf16 where all have it, else fp16)
+        precision = resolve_precision(search.precision, [cluster.gpu(g) for g in dict.fromkeys(st.gpu for st in stages)])
+    except InputError:
+        return None  # a GPU of this draw cannot run the named precision
     return dataclasses.replace(plan, distributed_optimizer=_option(rnd, distributed_optimizer),
-                               sequence_parallel=_option(rnd, sequence_parallel))
+                               sequence_parallel=_option(rnd, sequence_parallel), precision=precision)
 
 
 def draw_plans(cluster: Cluster, model: ModelArch, search: SearchSpace, *, n: int, seed: int,

@@ -41,7 +41,7 @@ from memx.domain.plan import Plan, plan_model
 from memx.simulator.cross_sync import flat_stage_ms, schedule_sync, segment_ms, segments
 from memx.simulator.interleave import chunk_signatures, interleaved_replicas, peak_held_mib
 from memx.simulator.links import dp_ring, link, shared_nic
-from memx.simulator.physics import BF16_BYTES, FP32_BYTES, ring_allreduce_ms, ring_collective_ms
+from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
     StageCost,
@@ -84,6 +84,7 @@ def stage_signatures(plan: Plan, model: ModelArch) -> list[StageSignature]:
             inflight=min(plan.pp - s, m), hidden=model.hidden, ffn_hidden=model.ffn_hidden, heads=model.heads,
             query_groups=model.query_groups, vocab=model.vocab, mlp=model.mlp,
             distributed_optimizer=plan.distributed_optimizer, dp=plan.dp, sequence_parallel=plan.sequence_parallel,
+            precision=plan.precision,
         )
         for s, st in enumerate(plan.stages)
     ]
@@ -172,11 +173,12 @@ def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs
     out = []
     for s, st in enumerate(plan.stages):
         per_ring, step = dp_ring(plan, cluster, where, s, tr[st.gpu])
+        grad = GRAD_BYTES_OF[plan.precision]  # fp32 main grads, or fp16 grads under fp16 (physics.GRAD_BYTES_OF)
         if plan.distributed_optimizer:
-            out.append(ring_collective_ms(FP32_BYTES * costs[s].params, plan.dp, per_ring, step)
+            out.append(ring_collective_ms(grad * costs[s].params, plan.dp, per_ring, step)
                        + ring_collective_ms(BF16_BYTES * costs[s].params, plan.dp, per_ring, step))
         else:
-            out.append(ring_allreduce_ms(FP32_BYTES * costs[s].params, plan.dp, per_ring, step))
+            out.append(ring_allreduce_ms(grad * costs[s].params, plan.dp, per_ring, step))
     return out
 
 

@@ -29,6 +29,13 @@ STAGE_RECOMPUTE = PLAN_RECOMPUTE  # a stage's recompute: the plan JSON's values
 REPLICATED_BYTES_PER_PARAM = 6.0
 # + fp32 master weights 4 + Adam m 4, v 4 = 18 B (Megatron-LM docs, non-distributed: 18; ZeRO §3.1: 16 B + 2 B)
 ADAM_STATIC_BYTES_PER_PARAM = 18.0
+# Per training precision (issue #23): (bytes added to the bf16 total, bytes kept on every dp rank). fp16 mixed
+# precision (Micikevicius et al. 2018 §3.1) holds fp16 weights 2 + fp16 grads 2 on every rank, and the
+# optimizer fp32 main grads 4 + master 4 + m 4 + v 4: 20 B, 4 + 16/d with the distributed optimizer
+# (Megatron-LM docs, "Distributed Optimizer", float16 params / float16 grads row). fp8 (Transformer
+# Engine) keeps bf16 weights and fp32 grads: bf16's bytes.
+PRECISION_STATIC = {"bf16": (0.0, REPLICATED_BYTES_PER_PARAM), "fp8": (0.0, REPLICATED_BYTES_PER_PARAM),
+                    "fp16": (2.0, 4.0)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +63,7 @@ class StageSignature:
     distributed_optimizer: bool = False  # Adam states and fp32 master params sharded over `dp` (ZeRO-1)
     dp: int = 1  # data-parallel size of the stage: the sharding factor of the distributed optimizer
     sequence_parallel: bool = False  # Megatron SP; no effect at tp = 1
+    precision: str = "bf16"  # training precision (bf16 | fp16 | fp8): GEMM peak, static and gradient bytes
 
     @property
     def recomputed_layers(self) -> int:
@@ -77,13 +85,14 @@ class StageSignature:
     def options_in_effect(self) -> tuple[str, ...]:
         """The option fields that change this stage's cost (set, and not a no-op)."""
         out = ("distributed_optimizer", "dp") if self.distributed_optimizer and self.dp > 1 else ()
+        out += ("precision",) if self.precision != "bf16" else ()
         return out + (("sequence_parallel",) if self.sequence_parallel and self.tp > 1 else ())
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-OPTION_FIELDS = ("distributed_optimizer", "dp", "sequence_parallel")  # optional, with defaults
+OPTION_FIELDS = ("distributed_optimizer", "dp", "sequence_parallel", "precision")  # optional, with defaults
 SIGNATURE_FIELDS = tuple(f.name for f in fields(StageSignature))  # the stage_runs signature columns
 _INT_FIELDS = ("tp", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab")
 # Upper bounds at the edge (memx.domain.specs §bounds): a signature the catalogs could never produce is bad
@@ -136,6 +145,8 @@ def signature_from_dict(data: Mapping[str, Any]) -> StageSignature:
             values[name] = _as_bool(name, data[name])
     if not _is_missing(data.get("dp")):
         values["dp"] = _as_int("dp", data["dp"], 1)
+    if not _is_missing(data.get("precision")):
+        values["precision"] = data["precision"]
     sig = StageSignature(**values)
     _check(sig)
     return sig
@@ -150,6 +161,8 @@ def _check(sig: StageSignature) -> None:
                         f"at most 'layers' ({sig.layers})")
     if sig.mlp not in ("swiglu", "gelu"):
         problems.append(f"field 'mlp' is {sig.mlp!r}; allowed: swiglu, gelu")
+    if sig.precision not in PRECISION_STATIC:
+        problems.append(f"field 'precision' is {sig.precision!r}; allowed: {', '.join(PRECISION_STATIC)}")
     if sig.hidden % sig.heads or sig.heads % sig.query_groups:
         problems.append(f"field 'heads' ({sig.heads}) must divide 'hidden' ({sig.hidden}) and be a multiple "
                         f"of 'query_groups' ({sig.query_groups})")
@@ -202,15 +215,18 @@ def static_bytes_per_param_of(sig: StageSignature, static_bytes_per_param: float
     """Static bytes per parameter on one GPU. The bytes beyond the 6 B of bf16 weights + fp32 main grads
     are optimizer state (fp32 master params + Adam m, v); the distributed optimizer keeps 1/dp of them:
     6 + 12/dp for Adam (Megatron-LM docs, "Distributed Optimizer"; ZeRO-1, Rajbhandari et al. 2020 §5).
-    A lowered `static_bytes_per_param` (optimizer offloaded, e.g. 4) has no state left to shard."""
-    states = max(static_bytes_per_param - REPLICATED_BYTES_PER_PARAM, 0.0)
-    return static_bytes_per_param - states + states / sig.optimizer_shards
+    A lowered `static_bytes_per_param` (optimizer offloaded, e.g. 4) has no state left to shard. The
+    precision moves both (PRECISION_STATIC): fp16 20 B, 4 + 16/dp."""
+    extra, replicated = PRECISION_STATIC[sig.precision]
+    total = static_bytes_per_param + extra
+    states = max(total - replicated, 0.0)
+    return total - states + states / sig.optimizer_shards
 
 
 @functools.lru_cache(maxsize=65536)
 def stage_cost(sig: StageSignature, gpu: GpuType, traits: GpuTraits,
                static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM) -> StageCost:
-    dev, d = Device.of(gpu, traits), sig.dims()
+    dev, d = Device.of(gpu, traits, sig.precision), sig.dims()
     fwd = bwd = params = act = workspace = 0.0
     fwd_ops = bwd_ops = 0
     comm_fwd = comm_bwd = 0.0  # TP collectives: on the critical path, never hidden behind host dispatch

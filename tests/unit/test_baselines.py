@@ -27,7 +27,7 @@ def setup():
 def _plan(rec=("full", None)) -> Plan:
     return Plan(model="llama-6l", cluster="v100-t4-6", global_batch=128, micro_batch=1, seq_len=2048, dp=1,
                 stages=(Stage(gpu="v100-16g", tp=4, layers=4, recompute=rec[0], recompute_layers=rec[1]),
-                        Stage(gpu="t4-16g", tp=2, layers=2)))
+                        Stage(gpu="t4-16g", tp=2, layers=2)), precision="fp16")  # V100 + T4: fp16 (#23)
 
 
 def test_registry_and_docs():

@@ -73,7 +73,8 @@ def test_simulator_and_planner_share_the_schema():
     from memx.simulator.stage import SIGNATURE_FIELDS
 
     assert planner_columns is SIGNATURE_COLUMNS and simulator_columns is STAGE_RUN_COLUMNS
-    assert SIGNATURE_FIELDS == SIGNATURE_COLUMNS
+    # the simulator's signature also takes the plan's precision (issue #23), which records do not carry
+    assert SIGNATURE_FIELDS == (*SIGNATURE_COLUMNS, "precision")
 
 
 def test_stage_runs_frame_dtypes_and_per_row_rejects():

@@ -81,7 +81,8 @@ def test_signature_frame_carries_the_options():
                          distributed_optimizer=True, dp=8, sequence_parallel=True)
     sig = signature_frame(list(ctx), np.array([4, 4]), np.array([-2, -2]), np.array([0, 1]),
                           load_model("llama2-7b"), 4096)
-    assert list(sig.columns) == list(SIGNATURE_COLUMNS)
+    # the records' columns plus the plan's precision (a predictor input, not a records column; issue #23)
+    assert list(sig.columns) == [*SIGNATURE_COLUMNS, "precision"] and set(sig.precision) == {"bf16"}
     assert list(sig.dp) == [8, 8] and list(sig.sequence_parallel) == [True, False]  # SP off at tp 1
     assert signature_key(stage_run_row(sig.iloc[0].to_dict(), status="ok", backend="simulated")) \
         == signature_key(sig.iloc[0].to_dict())

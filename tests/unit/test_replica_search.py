@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from memx.domain.catalog import load_cluster, load_gpu, load_model, load_search
 from memx.domain.errors import InfeasibleError
+from memx.domain.precision import resolve_precision
 from memx.domain.groups import GroupedPlan, ReplicaGroup, place_groups
 from memx.domain.specs import Cluster, Node
 from memx.planner.cost import AnalyticStageModel
@@ -56,6 +57,8 @@ def _brute(cluster, model, space, G):
     """Every assignment of nodes to G non-empty groups × every split × per-group exhaustive search."""
     pred, best = _pred(cluster), float("inf")
     n = len(cluster.nodes)
+    # one precision for every group, resolved over the whole cluster (as replica_search does; issue #23)
+    space = dataclasses.replace(space, precision=resolve_precision(space.precision, cluster.gpu_types))
     for labels in itertools.product(range(G), repeat=n):
         if len(set(labels)) < G:
             continue
@@ -77,7 +80,7 @@ def _brute(cluster, model, space, G):
             else:
                 plan = GroupedPlan(model=model.name, cluster=cluster.name, global_batch=space.global_batch,
                                    seq_len=picks[0].seq_len, distributed_optimizer=picks[0].distributed_optimizer,
-                                   sequence_parallel=picks[0].sequence_parallel,
+                                   sequence_parallel=picks[0].sequence_parallel, precision=picks[0].precision,
                                    groups=tuple(ReplicaGroup(dp=p.dp, micro_batch=p.micro_batch,
                                                              micro_batches=p.micro_batches, stages=p.stages) for p in picks))
                 if place_groups(plan, cluster) is None:
