@@ -340,3 +340,21 @@ def test_boosters_from_before_the_sequence_parallel_feature_still_predict(scenar
     legacy = dataclasses.replace(pred, booster=old, mem_booster=None)
     expected = prepare(sigs, pred.gpus, "hybrid", None).prior_time_ms * np.exp(old.inplace_predict(np.ascontiguousarray(X)))
     assert legacy.predict(sigs).time_ms.to_numpy() == pytest.approx(expected, rel=1e-6)
+
+
+def test_one_micro_batch_profile_transfers_time_by_the_gemm_efficiency_ratio(scenario):
+    """Issue #23: a GPU type profiled at one micro batch says so, and its times at other micro batches are the
+    profiled one × the runtime closed form's ratio (not the prior's linear growth), with the closed form's band."""
+    from memx.learn.intervals import CLOSED_FORM_BANDS
+
+    cl, _, _, runs, _ = scenario
+    one = runs[runs.micro_batch == 1]
+    pred = fit_predictor(one, gpus_of(cl), variant="hybrid-calibrated", seed=0)
+    assert set(pred.micro_batch_seen.values()) == {(1,)} and "at micro batch 1" in pred.sources()["v100-16g"]["time"]
+    sigs = one[one.status == "ok"].loc[:, list(SIGNATURE_COLUMNS)].head(5).reset_index(drop=True)
+    at1, at4 = pred.predict(sigs), pred.predict(sigs.assign(micro_batch=4))
+    cf = AnalyticStageModel(gpus=gpus_of(cl))
+    k = (cf.predict(sigs.assign(micro_batch=4))["time_ms"] / cf.predict(sigs)["time_ms"]).to_numpy()
+    assert at4.time_ms.to_numpy() == pytest.approx(at1.time_ms.to_numpy() * k, rel=1e-9)
+    assert (at4.time_ms_high >= at4.time_ms * CLOSED_FORM_BANDS["time"][1] - 1e-9).all()
+    assert (k < 4).all()  # time per sample falls as the GEMMs grow
