@@ -13,8 +13,6 @@ from typing import Annotated
 import typer
 
 from memx.cli.options import ConfOpt, sub_app
-from memx.domain.catalog import entry_sources
-from memx.pipeline.events import add_node, emit_cluster_changed
 
 
 class Kind(str, Enum):
@@ -26,6 +24,8 @@ class Kind(str, Enum):
 
 def catalog_cmd(kind: Annotated[Kind, typer.Argument(help="Which catalog to list.")] = Kind.gpus, conf: ConfOpt = None) -> None:
     """List catalog entries by name, with the folder each comes from (--conf over $MEMX_HOME/conf over the packaged conf/)."""
+    from memx.domain.catalog import entry_sources
+
     sources = entry_sources(kind.value, conf)
     width = max((len(n) for n in sources), default=0)
     for name, folder in sources.items():
@@ -44,6 +44,8 @@ def add_node_cmd(
 ) -> None:
     """Add a node of one GPU type to a cluster (a packaged cluster is copied to --conf, else $MEMX_HOME/conf;
     comments kept) and emit `memx.cluster.changed` to Prefect."""
+    from memx.pipeline.events import add_node, emit_cluster_changed
+
     change = add_node(cluster, gpu, count, conf)
     sent = emit_cluster_changed(change)
     typer.echo(f"added {count} × {gpu} to {change.cluster}: wrote {change.path}; "

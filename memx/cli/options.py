@@ -11,14 +11,15 @@ from __future__ import annotations
 import copy
 import shlex
 from pathlib import Path
-from typing import Annotated, Any, Optional, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Optional, get_args
 
 import typer
 import typer.core
 
-from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.domain.errors import InputError, MemxError
-from memx.domain.specs import Cluster, ModelArch, SearchSpace
+
+if TYPE_CHECKING:
+    from memx.domain.specs import Cluster, ModelArch, SearchSpace
 
 DEFAULT_CLUSTER = "three-vendor-20"
 DEFAULT_MODEL = "llama2-7b"
@@ -71,6 +72,8 @@ JobsOpt = Annotated[int, typer.Option("--jobs", min=1, help="--backend command: 
 
 def load_specs(cluster: str, model: str, search: str, conf: Path | None) -> tuple[Cluster, ModelArch, SearchSpace]:
     """The three catalog entries a command works on (InputError names the file and field)."""
+    from memx.domain.catalog import load_cluster, load_model, load_search  # YAML + pydantic: not for `--help`
+
     return load_cluster(cluster, conf), load_model(model, conf), load_search(search, conf)
 
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from memx.domain.errors import InputError
 from memx.domain.plan import Recompute
-from memx.domain.records import OPTION_DEFAULTS
+from memx.domain.records import nullable_floats, option_array, signature_arrays
 from memx.domain.runtime import RuntimeProfile, load_runtime
 from memx.domain.specs import GpuType, ModelArch
 from memx.planner.runtime_terms import (
@@ -45,6 +45,11 @@ from memx.planner.runtime_terms import (
     shapes,
 )
 
+if TYPE_CHECKING:
+    import pandas as pd
+# No pandas here: the planner predicts from numpy columns (AnalyticStageModel.predict_columns); `predict`
+# takes and returns DataFrames for the learned stack, which imports pandas itself.
+
 MIB = 1024.0 * 1024.0
 # Megatron-LM bf16 training with fp32 gradient accumulation and Adam: bf16 weights (2) + fp32 grads
 # (4) + fp32 master weights, momentum, variance (12) = 18 bytes/param (ZeRO paper §3.1 accounting,
@@ -59,12 +64,11 @@ SHARDED_BYTES_PER_PARAM_DO = 12.0
 PARAM_BYTES = 2.0  # bf16 params: what the distributed optimizer all-gathers after its step
 
 
-def option_columns(sigs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(distributed_optimizer, dp, sequence_parallel) of signature rows; their defaults
-    (memx.domain.records.OPTION_DEFAULTS) where a frame predates them."""
+def option_columns(sigs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distributed_optimizer, dp, sequence_parallel) of signature rows (a DataFrame or a mapping of numpy
+    columns); their defaults (memx.domain.records.OPTION_DEFAULTS) where a frame predates them."""
     def get(c: str) -> np.ndarray:
-        col = sigs[c] if c in sigs.columns else pd.Series(OPTION_DEFAULTS[c], index=sigs.index)
-        return col.where(col.notna(), OPTION_DEFAULTS[c]).to_numpy()
+        return option_array(sigs, c)
 
     do = get("distributed_optimizer").astype(bool)
     return do, np.where(do, get("dp").astype(np.float64), 1.0), get("sequence_parallel").astype(bool)
@@ -251,6 +255,13 @@ class AnalyticStageModel:
         return {n: load_runtime(n, g.vendor, self.conf_root) for n, g in self.gpus.items()}
 
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.predict_columns(sigs), index=sigs.index)
+
+    def predict_columns(self, sigs: Any) -> dict[str, np.ndarray]:
+        """PREDICTION_COLUMNS as numpy arrays from a signature table (a mapping of numpy columns, as
+        memx.planner.signatures.signature_columns builds, or a DataFrame): the planner's path, no pandas."""
         if self.runtime == "none":
             return predict_stage_frame(sigs, self.gpus, mfu=self.mfu, elementwise_passes=self.elementwise_passes)
         return predict_runtime_frame(sigs, self.gpus, self.profiles())
@@ -271,14 +282,14 @@ def _gpu_columns(names: np.ndarray, gpus: Mapping[str, GpuType]) -> dict[str, np
 
 def recomputed_layers(recompute: np.ndarray, recompute_layers: np.ndarray, layers: np.ndarray) -> np.ndarray:
     """Layers recomputed in full: all for `full` without a count, N for the block method."""
-    rl = np.asarray(pd.to_numeric(pd.Series(recompute_layers), errors="coerce"), dtype=np.float64)
+    rl = nullable_floats(recompute_layers)  # null: all layers
     full = np.asarray(recompute) == Recompute.FULL.value
     return np.where(full, np.where(np.isnan(rl), layers, np.minimum(rl, layers)), 0.0)
 
 
-def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu: float, elementwise_passes: float) -> pd.DataFrame:
-    """time_ms, peak_mem_mib, static_mem_mib for each stage signature row."""
-    c = {k: sigs[k].to_numpy() for k in sigs.columns}
+def predict_stage_frame(sigs: Any, gpus: Mapping[str, GpuType], *, mfu: float, elementwise_passes: float) -> dict[str, np.ndarray]:
+    """time_ms, peak_mem_mib, static_mem_mib for each stage signature row (numpy columns)."""
+    c = signature_arrays(sigs)
     g = _gpu_columns(c["gpu"], gpus)
     L = c["layers"].astype(np.float64)
     tp = c["tp"].astype(np.float64)
@@ -307,7 +318,7 @@ def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu:
 
     # --- memory
     params = stage_params_per_rank(L, tp, first, last, *shape[:4], v, shape[4])
-    do, dp, _ = option_columns(sigs)  # this form keeps Korthikanti Eq. 4 (SP) activations in any case
+    do, dp, _ = option_columns(c)  # this form keeps Korthikanti Eq. 4 (SP) activations in any case
     static = params * static_bytes_per_param(do, dp)
     keep = act_none - selective * attention_scores_bytes(b, s, c["heads"]) / tp
     act_mb = (L - n_rec) * keep + n_rec * layer_input_bytes(b, s, h, tp)
@@ -315,9 +326,7 @@ def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu:
     # Backward of a recomputed layer re-materialises that layer's activations: one layer's worth.
     work = np.where(n_rec > 0, act_none, 0.0)
     peak = static + c["inflight"].astype(np.float64) * act_mb + work
-    return pd.DataFrame(
-        {"time_ms": time_ms, "peak_mem_mib": peak / MIB, "static_mem_mib": static / MIB}, index=sigs.index
-    )
+    return {"time_ms": time_ms, "peak_mem_mib": peak / MIB, "static_mem_mib": static / MIB}
 
 
 def model_static_bytes(model: ModelArch) -> float:
@@ -377,8 +386,8 @@ def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, 
     return np.maximum(dev_f, host_f) + comm_f + np.maximum(dev_b, host_b) + comm_b + p2p
 
 
-def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
-                          profiles: Mapping[str, RuntimeProfile]) -> pd.DataFrame:
+def predict_runtime_frame(sigs: Any, gpus: Mapping[str, GpuType],
+                          profiles: Mapping[str, RuntimeProfile]) -> dict[str, np.ndarray]:
     """time_ms, peak_mem_mib, static_mem_mib with the runtime terms (memx.planner.runtime_terms).
 
     Peak = driver reserve + context + communicator buffers + (static + inflight × stored activations +
@@ -386,9 +395,9 @@ def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
     applies to everything it holds (PyTorch CUDA memory management docs; measured 1.01–1.12 by Aceso
     on Clariden, conf/runtime). The workspace is the larger of one layer's backward transients (plus
     the re-materialised layer under recomputation, Korthikanti 2022 §5) and the logits gradient."""
-    c = {k: sigs[k].to_numpy() for k in sigs.columns}
+    c = signature_arrays(sigs)
     rc = RuntimeColumns.of(c["gpu"], gpus, profiles)
-    do, dp, sp = option_columns(sigs)
+    do, dp, sp = option_columns(c)
     x = shapes(c, sp | rc.sp)  # the stage's --sequence-parallel, or a GPU entry that always runs it
     L = c["layers"].astype(np.float64)
     first, last = c["first"].astype(bool), c["last"].astype(bool)
@@ -407,4 +416,4 @@ def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
     static = params * static_bytes_per_param(do, dp)
     allocated = static + c["inflight"].astype(np.float64) * act + work
     peak = allocated * (1.0 + rc.frag) / MIB + rc.fixed_mib + communicator_mib(first, last, x, rc)
-    return pd.DataFrame({"time_ms": time_ms, "peak_mem_mib": peak, "static_mem_mib": static / MIB}, index=sigs.index)
+    return {"time_ms": time_ms, "peak_mem_mib": peak, "static_mem_mib": static / MIB}

@@ -15,7 +15,7 @@ import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
-from memx.planner.signatures import SIGNATURE_COLUMNS, StagePredictor, signature_frame
+from memx.planner.signatures import StagePredictor, predict_arrays, signature_columns
 from memx.planner.tables import StageContext, StageTable, stage_options, stage_table
 
 
@@ -56,13 +56,11 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     if not ctx_list:
         return PredictedTables(tables={}, max_layers=bounds, signatures=0, predict_s=0.0)
     layers, codes, ctx_index = (np.concatenate(x) for x in (lay, code, cidx))
-    sigs = signature_frame(ctx_list, layers, codes, ctx_index, model, seq_len)
+    sigs = signature_columns(ctx_list, layers, codes, ctx_index, model, seq_len)
     t0 = time.perf_counter()
-    pred = predictor.predict(sigs.loc[:, list(SIGNATURE_COLUMNS)])
+    pred = predict_arrays(predictor, sigs)
     predict_s = time.perf_counter() - t0
-    t_all = pred["time_ms"].to_numpy(dtype=np.float64)
-    m_all = pred["peak_mem_mib"].to_numpy(dtype=np.float64)
-    s_all = pred["static_mem_mib"].to_numpy(dtype=np.float64)
+    t_all, m_all, s_all = pred["time_ms"], pred["peak_mem_mib"], pred["static_mem_mib"]
     k_max = max(len(o) for o in opts.values())
     tables: dict[StageContext, StageTable] = {}
     starts = np.searchsorted(ctx_index, np.arange(len(ctx_list) + 1))
@@ -81,4 +79,4 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
         options = {n: (opts[n] if n <= bounds[c] else [opts[n][0]]) for n in range(1, n_max + 1)}
         params = np.concatenate([[0.0], params_per_rank(c, np.arange(1, n_max + 1), model)])
         tables[c] = stage_table(n_max, k_max, options, per_n, limits[c.gpu], static, params)
-    return PredictedTables(tables=tables, max_layers=bounds, signatures=len(sigs), predict_s=predict_s)
+    return PredictedTables(tables=tables, max_layers=bounds, signatures=len(layers), predict_s=predict_s)
