@@ -16,7 +16,7 @@ import numpy as np
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
 from memx.planner.signatures import StagePredictor, predict_arrays, signature_columns
-from memx.planner.tables import StageContext, StageTable, stage_options, stage_table
+from memx.planner.tables import NONE, StageContext, StageTable, ladders, stage_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,41 +42,43 @@ def static_bound(ctx: StageContext, model: ModelArch, limit_mib: float, n_cap: i
 
 def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: ModelArch, seq_len: int,
                    levels: tuple[str, ...], reserve_gib: float, predictor: StagePredictor) -> PredictedTables:
-    """contexts maps each context to the most layers any layout may give it."""
+    """contexts maps each context to the most layers any layout may give it. Vectorised over contexts,
+    layer counts and options: one (context, n, option) array of predictions, all ladders at once
+    (memx.planner.tables.ladders)."""
     limits = {g.name: g.memory_mib - reserve_gib * 1024.0 for g in cluster.gpu_types}
     bounds = {c: static_bound(c, model, limits[c.gpu], cap) for c, cap in contexts.items()}
     ctx_list = [c for c in contexts if bounds[c] > 0]
-    opts = {n: stage_options(n, levels) for n in range(1, model.layers + 1)}
-    lay, code, cidx = [], [], []
-    for i, c in enumerate(ctx_list):
-        for n in range(1, bounds[c] + 1):
-            lay.append(np.full(len(opts[n]), n))
-            code.append(np.asarray(opts[n]))
-            cidx.append(np.full(len(opts[n]), i))
     if not ctx_list:
         return PredictedTables(tables={}, max_layers=bounds, signatures=0, predict_s=0.0)
-    layers, codes, ctx_index = (np.concatenate(x) for x in (lay, code, cidx))
-    sigs = signature_columns(ctx_list, layers, codes, ctx_index, model, seq_len)
+    n_max = model.layers
+    opts = {n: stage_options(n, levels) for n in range(1, n_max + 1)}
+    k_max = max(len(o) for o in opts.values())
+    option_code = np.full((n_max + 1, k_max), NONE, dtype=np.int64)  # (n, position) → option code
+    option_ok = np.zeros((n_max + 1, k_max), dtype=bool)
+    for n, o in opts.items():
+        option_code[n, :len(o)], option_ok[n, :len(o)] = o, True
+    cap = np.array([bounds[c] for c in ctx_list])
+    rows = np.arange(n_max + 1)
+    # every (context, n ≤ its static bound, option), context-major, n ascending, options in order
+    ci, layers, pos = np.nonzero(option_ok[None, :, :] & (rows[None, :, None] <= cap[:, None, None]))
+    codes = option_code[layers, pos]
+    sigs = signature_columns(ctx_list, layers, codes, ci, model, seq_len)
     t0 = time.perf_counter()
     pred = predict_arrays(predictor, sigs)
     predict_s = time.perf_counter() - t0
-    t_all, m_all, s_all = pred["time_ms"], pred["peak_mem_mib"], pred["static_mem_mib"]
-    k_max = max(len(o) for o in opts.values())
-    tables: dict[StageContext, StageTable] = {}
-    starts = np.searchsorted(ctx_index, np.arange(len(ctx_list) + 1))
-    for i, c in enumerate(ctx_list):
-        lo, hi = starts[i], starts[i + 1]
-        lay_c = layers[lo:hi]
-        n_max = model.layers
-        per_n = {}
-        static = np.zeros(n_max + 1)
-        for n in range(1, bounds[c] + 1):
-            sel = slice(lo + np.searchsorted(lay_c, n), lo + np.searchsorted(lay_c, n, side="right"))
-            per_n[n] = (t_all[sel], m_all[sel])
-            static[n] = s_all[sel].max()
-        for n in range(bounds[c] + 1, n_max + 1):  # beyond the static bound: never feasible
-            per_n[n] = (np.array([np.inf]), np.array([np.inf]))
-        options = {n: (opts[n] if n <= bounds[c] else [opts[n][0]]) for n in range(1, n_max + 1)}
-        params = np.concatenate([[0.0], params_per_rank(c, np.arange(1, n_max + 1), model)])
-        tables[c] = stage_table(n_max, k_max, options, per_n, limits[c.gpu], static, params)
+    shape = (len(ctx_list), n_max + 1, k_max)
+    times, mems = np.full(shape, np.inf), np.full(shape, np.inf)
+    times[ci, layers, pos], mems[ci, layers, pos] = pred["time_ms"], pred["peak_mem_mib"]
+    static = np.zeros(shape[:2])  # beyond the static bound: never predicted, never feasible
+    key = ci * (n_max + 1) + layers
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    static.flat[key[starts]] = np.maximum.reduceat(pred["static_mem_mib"], starts)
+    limit = np.array([limits[c.gpu] for c in ctx_list])[:, None]
+    t, m, code, length, fit = ladders(times, mems, np.broadcast_to(option_code, shape), limit)
+    attr = {f: np.array([getattr(c, f) for c in ctx_list])[:, None] for f in ("tp", "first", "last")}
+    params = np.zeros(shape[:2])
+    params[:, 1:] = stage_params_per_rank(rows[None, 1:], attr["tp"], attr["first"], attr["last"], model.hidden,
+                                          model.ffn_hidden, model.heads, model.query_groups, model.vocab, model.mlp)
+    tables = {c: StageTable(time_ms=t[i], peak_mib=m[i], code=code[i], length=length[i], fit=fit[i],
+                            static_mib=static[i], params_per_rank=params[i]) for i, c in enumerate(ctx_list)}
     return PredictedTables(tables=tables, max_layers=bounds, signatures=len(layers), predict_s=predict_s)
