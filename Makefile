@@ -1,20 +1,35 @@
 # MemX — `make plan` runs the main job (the whole pipeline on the embedded defaults), `make test` the
-# tests. Both create .venv and install first.
+# tests. Both create .venv and install first: the pinned versions of requirements.lock (every package,
+# transitive ones included), installed by uv (pip installs uv into .venv first; plain pip where uv cannot
+# be had), then MemX itself without dependencies. `make lock` re-resolves pyproject.toml into the lock.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.memx-installed
+LOCK    = requirements.lock
+UV_VERSION = 0.13.9
 
-.PHONY: install plan test test-all browser bench clean
+.PHONY: install lock plan test test-all browser bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c 'import sys; assert sys.version_info >= (3, 11), "MemX needs Python >= 3.11"'
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test]"
+	@if $(BIN)/python -m pip install -q "uv==$(UV_VERSION)" 2>/dev/null; then \
+	  $(BIN)/uv pip install -q --python $(BIN)/python -r $(LOCK) && \
+	  $(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .; \
+	else \
+	  $(BIN)/python -m pip install -q -r $(LOCK) && $(BIN)/python -m pip install -q --no-deps -e .; \
+	fi
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# Re-resolve pyproject.toml (with the test extra) for Python 3.11 on Linux x86-64 into requirements.lock.
+lock:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
+	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	  --custom-compile-command "make lock" -q -o $(LOCK)
 
 plan: install
 	$(BIN)/memx plan --backend simulated

@@ -8,7 +8,6 @@ from typing import Annotated, Optional
 import typer
 
 from memx.cli.options import StoreOpt, sub_app
-from memx.pipeline.store import store_from_uri
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
@@ -22,6 +21,8 @@ def _rows_text(tables: dict) -> str:
 @artifacts_app.command("ls")
 def ls(step: Annotated[Optional[str], typer.Argument(help="Only this step (profile, augment, train, search).")] = None, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List complete step versions, newest first."""
+    from memx.pipeline.store import store_from_uri
+
     st = store_from_uri(store)
     refs = st.list_versions(step)
     docs = [st.manifest(r.step, r.version) for r in refs]
@@ -45,6 +46,8 @@ def show(
     head: Annotated[int, typer.Option(min=1, help="Rows to print with --table.")] = 10,
 ) -> None:
     """Print a version's manifest (inputs, row counts, metrics, time) and its object URIs."""
+    from memx.pipeline.store import store_from_uri
+
     st = store_from_uri(store)
     doc = st.manifest(step, version)
     frame = st.get_table(step, version, table) if table else None

@@ -13,8 +13,6 @@ from typing import Annotated
 import typer
 
 from memx.cli.options import DEFAULT_MODEL, DEFAULT_SEARCH, ConfOpt, sub_app
-from memx.domain.catalog import entry_sources, load_gpu, load_model, load_search
-from memx.pipeline.events import add_node, emit_cluster_changed
 
 
 class Kind(str, Enum):
@@ -26,6 +24,8 @@ class Kind(str, Enum):
 
 def catalog_cmd(kind: Annotated[Kind, typer.Argument(help="Which catalog to list.")] = Kind.gpus, conf: ConfOpt = None) -> None:
     """List catalog entries by name, with the folder each comes from (--conf over $MEMX_HOME/conf over the packaged conf/)."""
+    from memx.domain.catalog import entry_sources
+
     sources = entry_sources(kind.value, conf)
     width = max((len(n) for n in sources), default=0)
     if kind is Kind.gpus:  # the spec sheet the planner and the closed form use
@@ -36,6 +36,8 @@ def catalog_cmd(kind: Annotated[Kind, typer.Argument(help="Which catalog to list
 
 def _gpu_specs(name: str, conf) -> str:
     """memory, peak bf16 TFLOPS, memory and intra-node bandwidth of a GPU entry (a broken entry: exit 2 naming it)."""
+    from memx.domain.catalog import load_gpu
+
     g = load_gpu(name, conf)
     return (f"{g.memory_gib:>10g}  {g.peak_tflops_bf16:>11g}  {g.memory_bandwidth_gbps:>8g}  "
             f"{g.intra_node_bandwidth_gbps:>10g}")
@@ -55,6 +57,9 @@ def add_node_cmd(
 ) -> None:
     """Add a node of one GPU type to a cluster (a packaged cluster is copied to --conf, else $MEMX_HOME/conf;
     comments kept) and emit `memx.cluster.changed` to Prefect."""
+    from memx.domain.catalog import load_model, load_search
+    from memx.pipeline.events import add_node, emit_cluster_changed
+
     load_model(model, conf), load_search(search, conf)  # the event's re-plan must be able to run: checked first
     change = add_node(cluster, gpu, count, conf)
     sent = emit_cluster_changed(change, model, search)

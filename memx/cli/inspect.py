@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import numpy as np
-import pandas as pd
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -26,12 +24,14 @@ from memx.cli.options import DEFAULT_SEARCH, ConfOpt, load_specs
 from memx.cli.simulate import _read_input, read_plan
 from memx.domain.errors import InputError, NothingUsable
 from memx.domain.groups import any_plan_from_json, any_plan_to_dict
-from memx.pipeline.local import registered_predictor
-from memx.planner.cost import AnalyticStageModel
 from memx.planner.objective import EPSILON_MIB2, PROFILES, parse_weights, phi
-from memx.planner.replicas import estimate_any_plans
-from memx.report.evaluate import read_config_runs
 from memx.report.notation import compact_stages, dp_text, group_line, is_grouped, micro_batch_text, stage_rows
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+# pandas, the planner's estimates and the learned predictor are imported inside the commands.
 
 GIB = 1024.0
 PREDICTORS = ("analytic", "registered")
@@ -48,12 +48,15 @@ def inspect_cmd(file: PlanArg,
                 model: Annotated[Optional[str], typer.Option("--model", help="Model name or YAML path (default: the plan's).")] = None,
                 conf: ConfOpt = None, predictor: PredictorOpt = "analytic") -> None:
     """A plan you run today (either plan schema): per-GPU peak, margin and memory variance as predicted."""
+    from memx.planner.cost import AnalyticStageModel
+    from memx.planner.replicas import estimate_any_plans
+
     if predictor not in PREDICTORS:
         raise InputError(f"--predictor {predictor!r}; allowed: {', '.join(PREDICTORS)}")
     plan = read_plan(_read_input(file, "plan"), str(file))
     cl, mo, sp = load_specs(cluster or plan.cluster, model or plan.model, DEFAULT_SEARCH, conf)
     pred = (AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}) if predictor == "analytic"
-            else registered_predictor(cl, mo, sp))
+            else _registered(cl, mo, sp))
     m = estimate_any_plans([plan], cl, mo, pred, reserve_gib=sp.reserve_gib)[0]
     d = any_plan_to_dict(plan)
     console = Console(width=160)
@@ -79,7 +82,15 @@ def inspect_cmd(file: PlanArg,
                    "(the paper's safety threshold)", err=True)
 
 
+def _registered(cl, mo, sp):
+    from memx.pipeline.local import registered_predictor  # the learned stack: only for --predictor registered
+
+    return registered_predictor(cl, mo, sp)
+
+
 def _peaks(v) -> np.ndarray:
+    import numpy as np
+
     if isinstance(v, str):
         v = json.loads(v)
     return np.asarray(v, dtype=float)
@@ -87,6 +98,8 @@ def _peaks(v) -> np.ndarray:
 
 def measured_ranking(df: pd.DataFrame, weights: str) -> pd.DataFrame:
     """Plans that ran (no OOM, a time and peaks), with M, V and Φ (medians over them), best Φ first."""
+    import pandas as pd
+
     w = parse_weights(weights)
     if w is None:
         raise InputError("--weights auto needs a search; give a profile (default, safety, throughput) or 'wT,wM,wV'")
@@ -106,6 +119,8 @@ def measured_ranking(df: pd.DataFrame, weights: str) -> pd.DataFrame:
 def rank_cmd(measured: MeasuredOpt, weights: RankWeightsOpt = "default",
              top: Annotated[int, typer.Option("--top", min=1, help="How many plans to list.")] = 10) -> None:
     """Re-rank plans you already measured by Φ (paper §3.1.2) and compare the top one with the fastest."""
+    from memx.report.evaluate import read_config_runs
+
     r = measured_ranking(read_config_runs(measured, ("plan", "iteration_time_ms", "peak_mem_mib")), weights)
     console = Console(width=160)
     t = Table(title=f"Measured plans by Φ (weights {weights}; medians over the {len(r)} that ran)")

@@ -16,21 +16,18 @@ from __future__ import annotations
 import math
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import pandas as pd
 import typer
 
 from memx.cli.options import (DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt,
     load_specs, sub_app)
 from memx.domain.errors import InputError
-from memx.pipeline import registry
-from memx.pipeline.local import (calibrate_registered, promote_if_calibrated_better, registered_predictor,
-                                 train_config, train_step)
-from memx.pipeline.training import train_and_register
-from memx.planner.cost import AnalyticStageModel
-from memx.planner.signatures import SIGNATURE_COLUMNS
-from memx.report.evaluate import evaluate, format_table, read_config_runs, to_json
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas, MLflow, XGBoost and the pipeline are imported inside the commands: `memx --help` stays light.
 
 FORMATS = ("table", "json")
 PREDICTORS = ("registered", "analytic")
@@ -48,6 +45,11 @@ def train_cmd(cluster: ClusterOpt,
               seed: SeedOpt = 0,
               store: StoreOpt = None) -> None:
     """Train the stage predictor on the stored profiles (or --stage-runs) and register it (champion only if better)."""
+    from memx.pipeline import registry
+    from memx.pipeline.local import train_config, train_step
+    from memx.pipeline.training import train_and_register
+    from memx.report.evaluate import read_config_runs
+
     cl, mo, sp = load_specs(cluster, model, search, conf)
     runs = read_config_runs(measured) if measured is not None else None  # bad input exits 2 before training
     if stage_runs is not None:
@@ -76,6 +78,8 @@ def train_cmd(cluster: ClusterOpt,
 def _calibrate(version: int, cl, mo, runs: pd.DataFrame | None, residual: bool, fp: str) -> None:
     if runs is None:
         return
+    from memx.pipeline.local import calibrate_registered, promote_if_calibrated_better
+
     cal = calibrate_registered(version, cl, mo, runs, residual=residual)
     typer.echo(f"plan calibration of version {version}: {cal.summary()}")
     decided = promote_if_calibrated_better(version, cal, fp, cl, mo, runs, residual=residual)
@@ -84,6 +88,8 @@ def _calibrate(version: int, cl, mo, runs: pd.DataFrame | None, residual: bool, 
 
 
 def _trained_line(version: int, promoted: bool, variant: str, errors: dict, extra: str) -> None:
+    from memx.pipeline import registry
+
     held = " ".join(f"{k}={float(v):.4f}" if math.isfinite(float(v)) else f"{k}=n/a (no labels)"
                     for k, v in errors.items() if k in ("time_mape", "mem_mape"))
     typer.echo(f"registered {registry.MODEL_NAME} version {version} ({variant}); "
@@ -92,6 +98,10 @@ def _trained_line(version: int, promoted: bool, variant: str, errors: dict, extr
 
 
 def _read_stage_runs(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
+    from memx.planner.signatures import SIGNATURE_COLUMNS
+
     try:
         df = pd.read_parquet(path)
     except Exception as exc:
@@ -118,13 +128,19 @@ def evaluate_cmd(cluster: ClusterOpt,
                  predictor: Annotated[str, typer.Option(help="registered | analytic")] = "registered",
                  weights: WeightsOpt = None) -> None:
     """Predicted vs measured for every plan in a config_runs file, with baselines."""
+    from memx.report.evaluate import evaluate, format_table, read_config_runs, to_json
+
     _allowed("--format", fmt, FORMATS)
     _allowed("--predictor", predictor, PREDICTORS)
     cl, mo, sp = load_specs(cluster, model, search, conf)
     df = read_config_runs(measured)
     if predictor == "analytic":
+        from memx.planner.cost import AnalyticStageModel
+
         pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
     else:
+        from memx.pipeline.local import registered_predictor
+
         pred = registered_predictor(cl, mo, sp)
     result = evaluate(cl, mo, df, pred, weights or sp.weights, reserve_gib=sp.reserve_gib)
     typer.echo(to_json(result) if fmt == "json" else format_table(result))
@@ -136,6 +152,8 @@ models_app = sub_app("Registered stage-predictor versions.")
 @models_app.command("list")
 def models_list() -> None:
     """Every registered version with aliases, fingerprint tags and held-out metrics."""
+    from memx.pipeline import registry
+
     registry.setup()
     df = registry.list_versions()
     typer.echo("no registered versions" if df.empty else df.to_string(index=False))
@@ -144,6 +162,8 @@ def models_list() -> None:
 @models_app.command("compare")
 def models_compare(versions: Annotated[Optional[list[int]], typer.Argument(help="Versions (default: all).")] = None) -> None:
     """Versions side by side (one column per version), metrics and tags as rows."""
+    from memx.pipeline import registry
+
     registry.setup()
     df = registry.list_versions()
     if versions:

@@ -12,16 +12,17 @@ import copy
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Optional, get_args
 
 import typer
 import typer.core
 from typer._click import exceptions as click_errors  # typer vendors click: its own exception classes
 
-from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.domain.errors import InputError, MemxError
 from memx.domain.home import telemetry_off
-from memx.domain.specs import Cluster, ModelArch, SearchSpace
+
+if TYPE_CHECKING:
+    from memx.domain.specs import Cluster, ModelArch, SearchSpace
 
 DEFAULT_CLUSTER = "three-vendor-20"
 DEFAULT_MODEL = "llama2-7b"
@@ -111,6 +112,8 @@ JobsOpt = Annotated[int, typer.Option("--jobs", min=1, help="--backend command: 
 
 def load_specs(cluster: str, model: str, search: str, conf: Path | None) -> tuple[Cluster, ModelArch, SearchSpace]:
     """The three catalog entries a command works on (InputError names the file and field)."""
+    from memx.domain.catalog import load_cluster, load_model, load_search  # YAML + pydantic: not for `--help`
+
     return load_cluster(cluster, conf), load_model(model, conf), load_search(search, conf)
 
 

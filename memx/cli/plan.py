@@ -19,37 +19,25 @@ import json
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
 from memx.cli.options import (DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_SEARCH, ClusterOpt, CommandOpt, ConfOpt,
     JobsOpt, ModelOpt, RecordsOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt, check_out_dir, in_panel, load_specs)
-from memx.cli.orchestration import matplotlib_env, run_pipeline
-from memx.cli.profile import profile_options
 from memx.cli.progress import delayed_progress, progress_enabled
 from memx.domain.errors import CheckFailed, InputError
 from memx.domain.io import atomic_write_text
-from memx.domain.groups import any_plan_from_dict
-from memx.domain.plan import Plan
-from memx.domain.specs import Cluster, ModelArch, SearchSpace
-from memx.pipeline import registry
-from memx.pipeline.local import registered_predictor
-from memx.pipeline.plan_log import log_plan
-from memx.pipeline.store import store_from_uri
-from memx.pipeline.training import champion_ref
-from memx.planner.cost import AnalyticStageModel
-from memx.planner.launcher import launcher_search as run_search  # schema 2 when max_replica_groups ≥ 2; SearchSpace.launcher
-from memx.profiling import BACKENDS as PROFILING_BACKENDS
-from memx.planner.result import search_result_to_dict
-from memx.report.check import check_report, load_baseline
-from memx.report.megatron import nearest_launchable, render_megatron
-from memx.report.table import print_table, to_markdown
-from memx.report.why import annotate
+
+if TYPE_CHECKING:
+    from memx.domain.plan import Plan
+    from memx.domain.specs import Cluster, ModelArch, SearchSpace
+
+# Heavy stacks (pandas, MLflow, Prefect, the learned predictor, the pipeline) are imported inside the
+# functions that use them: `memx --help` and the analytic plan never load them (tests/unit/test_startup.py).
 
 JOB, OUTPUT, PREDICTOR, CI = "Job", "Output", "Predictor", "CI check"
-BACKENDS = ("analytic", *PROFILING_BACKENDS)
 PREDICTORS = ("analytic", "registered", "pipeline")
 
 
@@ -109,6 +97,11 @@ def plan_cmd(
     log: LogOpt = None,
 ) -> None:
     """Search the plan space and recommend a plan."""
+    from memx.planner.replica_search import replica_search as run_search  # schema 2 when max_replica_groups ≥ 2
+    from memx.planner.result import search_result_to_dict
+    from memx.report.check import load_baseline
+    from memx.report.why import annotate
+
     cl, mo, sp = load_specs(cluster, model, search, conf)
     mode = predictor_mode(predictor, backend)
     check_outputs(out, check, summary)  # before any work: bad paths exit 2 with nothing written
@@ -121,11 +114,17 @@ def plan_cmd(
     ref: dict = {}
     res = None
     if mode == "analytic":
+        from memx.planner.cost import AnalyticStageModel
+
         pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
         with delayed_progress(show, "search") as cb:
             res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb)
         obj = search_result_to_dict(res, "analytic")
     elif mode == "registered":
+        from memx.pipeline import registry
+        from memx.pipeline.local import registered_predictor
+        from memx.pipeline.training import champion_ref
+
         pred = registered_predictor(cl, mo, sp)
         ref = champion_ref(registry.fingerprint(cl, mo, sp.global_batch).fingerprint) or {}
         name = f"registered {ref.get('variant', '')} v{ref.get('model_version', '?')}".replace("  ", " ")
@@ -137,6 +136,11 @@ def plan_cmd(
             res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb)
         obj = search_result_to_dict(res, name)
     else:
+        from memx.cli.profile import profile_options
+        from memx.pipeline import registry
+        from memx.pipeline.local import registered_predictor
+        from memx.pipeline.training import champion_ref
+
         options = profile_options("simulated" if backend == "analytic" else backend, command, records, jobs=jobs,
                                   progress=show)
         flow_params = dict(cluster=cluster, model=model, search=search, conf=str(conf) if conf else None,
@@ -173,8 +177,11 @@ def _launcher_gain(cl: Cluster, mo: ModelArch, sp: SearchSpace, pred: Any, res: 
 def predictor_mode(predictor: str | None, backend: str) -> str:
     """analytic | registered | pipeline: `--predictor`, else `pipeline` when `--backend` names a profiling
     backend; InputError for an unknown name or a contradiction."""
-    if backend not in BACKENDS:
-        raise InputError(f"--backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if backend != "analytic":
+        from memx.profiling.backends import BACKENDS  # the profiling package loads pandas: only when profiling
+
+        if backend not in BACKENDS:
+            raise InputError(f"--backend {backend!r}; allowed: analytic, {', '.join(BACKENDS)}")
     if predictor is None:
         return "analytic" if backend == "analytic" else "pipeline"
     if predictor not in PREDICTORS:
@@ -237,6 +244,9 @@ def _ranges(values: list[int]) -> str:
 def _plan_pipeline(flow_params: dict) -> dict:
     """The learned predictor: the Prefect pipeline (profile → augment → train → search), every step a
     versioned artifact reused when its inputs are unchanged; a reused search says when it ran."""
+    from memx.cli.orchestration import run_pipeline
+    from memx.pipeline.store import store_from_uri
+
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
     res = run_pipeline(**flow_params)
     obj = {k: v for k, v in res.items() if k not in ("profiles", "augment", "train", "version")}
@@ -251,6 +261,8 @@ def _plan_pipeline(flow_params: dict) -> dict:
 def _check(obj: dict, baseline: Plan, cl: Cluster, mo: ModelArch, sp: SearchSpace, predictor: Any,
            min_margin: float, summary: Path | None, max_slowdown: float = 0.10) -> None:
     """`--check`: the Markdown verdict on stderr and in the summary file; CheckFailed (exit 4) when worse."""
+    from memx.report.check import check_report
+
     outcome = check_report(obj, baseline, cl, mo, predictor, reserve_gib=sp.reserve_gib, min_margin=min_margin,
                            max_slowdown=max_slowdown)
     typer.echo(outcome.markdown, err=True)
@@ -271,6 +283,10 @@ def _write_summary(markdown: str, summary: Path | None) -> None:
 
 def _log(obj: dict, cl: Cluster, mo: ModelArch, sp: SearchSpace, written: list[Path], predictor_version: str | None) -> None:
     """The plan as an MLflow run (memx.pipeline.plan_log); the run id on stderr."""
+    from memx.pipeline import registry
+    from memx.pipeline.plan_log import log_plan
+    from memx.report.table import to_markdown
+
     extra = tuple(p for p in written if p.name not in ("plan.json", "plan.md"))
     run_id = log_plan(obj, cluster=cl, model=mo, space=sp, paths=extra, predictor_version=predictor_version,
                       files={"plan.json": json.dumps(obj, indent=2) + "\n", "plan.md": to_markdown(obj)})
@@ -282,7 +298,7 @@ def _megatron_or_stop(obj: dict, plan_obj: Any, model: ModelArch, cluster: Clust
     """megatron.sh when stock Megatron-LM starts the plan; else that script (it only explains) on stdout and
     NotLaunchable (exit 6) with the reasons and the nearest plan it runs (memx.report.megatron)."""
     from memx.domain.errors import NotLaunchable
-    from memx.report.megatron import MEGATRON_SEARCH_HINT, megatron_launchable, nearest_launchable
+    from memx.report.megatron import MEGATRON_SEARCH_HINT, megatron_launchable, nearest_launchable, render_megatron
 
     nearest = nearest_launchable(obj, model, cluster)
     script = render_megatron(plan_obj, model, cluster=cluster, nearest=nearest)
@@ -307,6 +323,10 @@ def _flagscale_file(plan_obj: Any, model: ModelArch, cluster: Cluster, out: Path
 def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | None) -> list[Path]:
     """The answer on stdout in `fmt`; with `--out`, plan.json, plan.md, megatron.sh (executable) and the
     HTML report with its PNGs too."""
+    from memx.domain.groups import any_plan_from_dict
+    from memx.report.megatron import nearest_launchable, render_megatron
+    from memx.report.table import print_table, to_markdown
+
     plan_obj = any_plan_from_dict(obj["plan"])  # either schema (issue #15)
     if fmt is Fmt.json:
         typer.echo(json.dumps(obj))
@@ -321,6 +341,8 @@ def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | N
     else:
         print_table(obj, Console(width=160))
     if out is not None:
+        from memx.cli.orchestration import matplotlib_env
+
         matplotlib_env()
         from memx.report.html import write_report  # matplotlib reads MPLCONFIGDIR when first imported: after matplotlib_env()
 

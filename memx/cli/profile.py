@@ -18,25 +18,23 @@ Ctrl-C: GPU types already profiled stay stored (the root group exits with code 1
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import pandas as pd
 import typer
+import typer.core
 from rich.markup import escape  # typer renders help as Rich markup: "[mbs][tp]" would vanish
 
 from memx.cli.options import (DEFAULT_SEARCH, ClusterOpt, CommandOpt, ConfOpt, JobsOpt, ModelOpt, RecordsOpt,
-    SearchOpt, SeedOpt, StoreOpt, check_out_dir, load_specs, split_command, sub_app)
-from memx.domain.catalog import known_names, load_gpu, load_model
+    SearchOpt, SeedOpt, StoreOpt, check_out_dir, load_specs, split_command)
 from memx.domain.home import home_path
 from memx.domain.errors import InputError
 from memx.domain.io import atomic_write_parquet, atomic_write_text
-from memx.domain.records import format_rejects, require_rows
-from memx.pipeline.local import profile_step
-from memx.pipeline.store import ArtifactStore, store_from_uri
-from memx.profiling import BACKENDS
-from memx.profiling.backends.imported import ingest_megatron, read_records
-from memx.profiling.importers import FORMATS, import_profiles
-from memx.profiling.sensitivity import sensitivity_markdown
+
+if TYPE_CHECKING:
+    from memx.pipeline.store import ArtifactStore
+
+# The profiler, the importers, the store and pandas are imported inside the commands (the profiling
+# package loads pandas): `memx --help` and `memx plan` stay light.
 
 
 def profile_options(backend: str, command: str | None, records: Path | None, *, jobs: int = 1,
@@ -44,6 +42,8 @@ def profile_options(backend: str, command: str | None, records: Path | None, *, 
                     progress: bool | None = None) -> dict:
     """What the profiling backend needs beyond the job (`profile_step(options=...)`); InputError when a
     backend's input is missing. `memx profile` and `memx plan --backend ...` share it."""
+    from memx.profiling.backends import BACKENDS
+
     if backend not in BACKENDS:
         raise InputError(f"--backend {backend!r}; allowed: {', '.join(BACKENDS)}")
     if backend == "command" and not command:
@@ -82,6 +82,11 @@ def profile_cmd(
 ) -> None:
     """Profile every GPU type of a cluster (sweeps → sensitivity → 3-point grid) and store one profile
     version per GPU type in the artifact store, where `memx train` finds it."""
+    from memx.domain.records import format_rejects
+    from memx.pipeline.local import profile_step
+    from memx.pipeline.store import store_from_uri
+    from memx.profiling.backends.imported import read_records
+
     c, m, s = load_specs(cluster, model, search, conf)
     options = profile_options(backend, command, records, jobs=jobs, timeout_s=timeout, retries=retries, progress=progress)
     if out is not None:
@@ -110,6 +115,10 @@ def profile_cmd(
 
 def _export(st: ArtifactStore, versions: dict[str, str], out: Path) -> None:
     """`--out DIR`: the stored profiles' stage_runs in one Parquet file, and their sensitivity table."""
+    import pandas as pd
+
+    from memx.profiling.sensitivity import sensitivity_markdown
+
     frames = []
     for v in versions.values():  # a profile version is one GPU type's (records imports hold every type's rows)
         df, gpu = st.get_table("profile", v, "stage_runs"), st.manifest("profile", v)["gpu"]
@@ -121,10 +130,35 @@ def _export(st: ArtifactStore, versions: dict[str, str], out: Path) -> None:
     typer.echo(f"exported {len(runs)} stage_runs to {out / 'stage_runs.parquet'} and {out / 'sensitivity.md'}")
 def _known_memory_mib(gpu: str, conf: Path | None) -> float | None:
     """The catalog's memory of `gpu` (peaks above it are implausible rows), None for a GPU not in the catalog."""
+    from memx.domain.catalog import known_names, load_gpu
+
     return load_gpu(gpu, conf).memory_mib if gpu in known_names("gpus", conf) else None
 
 
-ingest_app = sub_app("Import measurements made elsewhere as stage_runs.")
+class IngestGroup(typer.core.TyperGroup):
+    """`memx ingest`: one command per importer format (memx.profiling.importers.FORMATS), added the first
+    time the group lists or looks up its commands, so that `memx --help` does not load the importers."""
+
+    def _add_formats(self) -> None:
+        if getattr(self, "_formats_added", False):
+            return
+        self._formats_added = True
+        from memx.profiling.importers import FORMATS
+
+        for fmt, spec in FORMATS.items():
+            self.add_command(_ingest_command(fmt, spec.about), fmt)
+
+    def list_commands(self, ctx):  # noqa: D401 - click API
+        self._add_formats()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx, cmd_name):  # noqa: D401 - click API
+        self._add_formats()
+        return super().get_command(ctx, cmd_name)
+
+
+ingest_app = typer.Typer(cls=IngestGroup, add_completion=False, no_args_is_help=True,
+                         help="Import measurements made elsewhere as stage_runs.")
 
 
 @ingest_app.command("megatron")
@@ -136,6 +170,10 @@ def ingest_megatron_cmd(
     conf: ConfOpt = None,
 ) -> None:
     """Megatron-LM logs → stage_runs rows (point from a `memx-point:` header or Megatron's argument dump)."""
+    from memx.domain.catalog import load_model
+    from memx.domain.records import format_rejects
+    from memx.profiling.backends.imported import ingest_megatron
+
     df, rejects = ingest_megatron(logdir, model=load_model(model, conf), gpu=gpu, gpu_memory_mib=_known_memory_mib(gpu, conf))
     if rejects:
         typer.echo(format_rejects(rejects), err=True)
@@ -156,6 +194,10 @@ def default_import_path(fmt: str, model: str) -> Path:
 def ingest_profiles(fmt: str, path: Path, model: str, gpu: str | None, out: Path | None, conf: Path | None) -> Path:
     """Another planner's profile files → one stage_runs Parquet (atomic); prints the summary and the path.
     Default output $MEMX_HOME/imports/<fmt>-<model>.parquet (source folders may be read-only)."""
+    from memx.domain.catalog import load_model
+    from memx.domain.records import require_rows
+    from memx.profiling.importers import import_profiles
+
     result = import_profiles(fmt, path, model=load_model(model, conf), gpu=gpu)
     require_rows(result.frame, result.rejects, what=f"{fmt} import of {path}")  # NothingUsable, exit 5
     dest = out or default_import_path(fmt, model)
@@ -173,16 +215,14 @@ ImportOutOpt = Annotated[Optional[Path], typer.Option(
     "--out", help="stage_runs Parquet (default $MEMX_HOME/imports/FORMAT-MODEL.parquet)")]
 
 
-def _register_ingest(fmt: str, about: str) -> None:
-    """`memx ingest <fmt>`: one command per importer format (memx.profiling.importers.FORMATS)."""
+def _ingest_command(fmt: str, about: str):
+    """The click command of `memx ingest <fmt>` (IngestGroup adds one per importer format)."""
 
     def cmd(path: ImportPathArg, model: ImportModelOpt, gpu: ImportGpuOpt = None, out: ImportOutOpt = None,
             conf: ConfOpt = None) -> None:
         ingest_profiles(fmt, path, model, gpu, out, conf)
 
     cmd.__name__ = f"ingest_{fmt}_cmd"
-    ingest_app.command(fmt, help=f"{escape(about)} → stage_runs rows (docs/importers.md).")(cmd)
-
-
-for _fmt, _spec in FORMATS.items():
-    _register_ingest(_fmt, _spec.about)
+    one = typer.Typer(add_completion=False)
+    one.command(fmt, help=f"{escape(about)} → stage_runs rows (docs/importers.md).")(cmd)
+    return typer.main.get_command(one)

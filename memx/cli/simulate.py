@@ -19,25 +19,22 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import numpy as np
 import typer
 
 from memx.cli.options import DEFAULT_SEARCH, ClusterOpt, ConfOpt, ModelOpt, SearchOpt, SeedOpt, load_specs, sub_app
-from memx.domain.catalog import load_cluster, load_gpu, load_model
 from memx.domain.errors import InputError
 from memx.domain.groups import (AnyPlan, GroupedPlan, any_plan_from_dict, any_plan_to_dict, group_plans,
                                 validate_any_plan)
 from memx.domain.io import atomic_write_parquet, atomic_write_text
 from memx.domain.plan import json_document
-from memx.domain.records import config_runs_frame, now_iso
 from memx.report.notation import group_line
-from memx.simulator.runs import config_run_row
-from memx.simulator.sample import sample_plans
-from memx.simulator.schedule import PlanRun, simulate_plan
-from memx.simulator.stage import measure_stage, signature_from_dict
-from memx.simulator.traits import load_traits
+
+if TYPE_CHECKING:
+    from memx.simulator.schedule import PlanRun
+
+# The simulator and the records (numpy, pandas) are imported inside the commands: `memx --help` stays light.
 
 simulate_app = sub_app("The virtual cluster: run stages and plans, sample measured plans.")
 
@@ -62,6 +59,8 @@ def read_plan(text: str, source: str) -> AnyPlan:
 
 
 def _plain(v: Any) -> Any:
+    import numpy as np
+
     return v.item() if isinstance(v, np.generic) else str(v)
 
 
@@ -73,6 +72,12 @@ def _json_out(data: dict[str, Any]) -> None:
 def stage(file: Annotated[Optional[Path], typer.Argument(help="stage signature JSON (default: stdin)")] = None,
           seed: SeedOpt = 0, conf: ConfOpt = None) -> None:
     """Run one stage alone on tp GPUs: time_ms, peak_mem_mib, static_mem_mib, status, reason."""
+    import numpy as np
+
+    from memx.domain.catalog import load_gpu
+    from memx.simulator.stage import measure_stage, signature_from_dict
+    from memx.simulator.traits import load_traits
+
     sig = signature_from_dict(json_document(_read_input(file, "stage"), "stage"))
     run = measure_stage(sig, load_gpu(sig.gpu, conf), load_traits(sig.gpu, conf), rng=np.random.default_rng(seed))
     _json_out({**sig.to_dict(), **dataclasses.asdict(run), "backend": "simulated", "seed": seed})
@@ -107,6 +112,11 @@ def plan(files: Annotated[Optional[list[Path]], typer.Argument(help="plan JSON f
          seed: SeedOpt = 0, conf: ConfOpt = None,
          runs: Annotated[Optional[Path], typer.Option("--runs", help="Also write the runs as config_runs (.parquet, or .jsonl).")] = None) -> None:
     """Run one iteration of each plan: iteration_time_ms, per-GPU peak_mem_mib, oom, breakdown (schema 2: per group)."""
+    from memx.domain.catalog import load_cluster, load_model
+    from memx.domain.records import config_runs_frame, now_iso
+    from memx.simulator.runs import config_run_row
+    from memx.simulator.schedule import simulate_plan
+
     if runs is not None and runs.is_dir():
         raise InputError(f"--runs {runs}: is a folder; give a .parquet or .jsonl file")
     sources = [(_read_input(f, "plan"), str(f)) for f in files] if files else [(_read_input(None, "plan"), "plan")]
@@ -138,6 +148,8 @@ def sample(*, cluster: ClusterOpt, model: ModelOpt, search: SearchOpt = DEFAULT_
            seed: SeedOpt, out: Annotated[Path, typer.Option("--out", help="config_runs Parquet to write.")],
            conf: ConfOpt = None) -> None:
     """Measure N random valid plans; write config_runs Parquet atomically."""
+    from memx.simulator.sample import sample_plans
+
     df = sample_plans(*load_specs(cluster, model, search, conf), n=n, seed=seed, conf_root=conf)
     atomic_write_parquet(df, out)
     typer.echo(f"wrote {len(df)} config_runs ({int(df.oom.sum())} OOM) to {out}")

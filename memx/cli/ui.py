@@ -17,7 +17,6 @@ from typing import Annotated
 import typer
 
 from memx.domain.errors import InputError
-from memx.pipeline import registry
 
 LOOPBACK = "127.0.0.1"  # the UI has no login: never listen beyond this machine
 
@@ -25,6 +24,8 @@ LOOPBACK = "127.0.0.1"  # the UI has no login: never listen beyond this machine
 def ui_argv(tracking_uri: str, port: int) -> list[str]:
     """The `mlflow ui` command line for a SQLite tracking URI (loopback only; artifacts beside the database,
     where memx.pipeline.registry puts them, so nothing is created in the working directory)."""
+    from memx.pipeline import registry  # pandas, MLflow's URI rules: only when this command runs
+
     return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri,
             "--default-artifact-root", registry.artifact_location(tracking_uri), "--host", LOOPBACK, "--port", str(port)]
 
@@ -32,6 +33,8 @@ def ui_argv(tracking_uri: str, port: int) -> list[str]:
 def ui_cmd(port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port on 127.0.0.1.")] = 5000,
            print_only: Annotated[bool, typer.Option("--print-only", help="Print the command, do not start it.")] = False) -> None:
     """Browse the registered predictors and the runs in MLflow's UI (on 127.0.0.1)."""
+    from memx.pipeline import registry
+
     uri = registry.tracking_uri()
     if uri.startswith(("http://", "https://")):
         typer.echo(f"the tracking server {uri} serves the UI itself: open it in a browser")

@@ -19,7 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from memx.domain.errors import InputError, SpecError, short_repr
 from memx.domain.home import home_path
-from memx.domain.io import path_kind
+from memx.domain.io import load_yaml, path_kind
 from memx.domain.specs import MAX_CLUSTER_GPUS, Cluster, GpuType, ModelArch, SearchSpace
 
 T = TypeVar("T")
@@ -146,7 +146,7 @@ def read_text(path: Path, *, limit: int = MAX_CATALOG_BYTES) -> str:
 def _read_yaml(path: Path) -> dict[str, Any]:
     text = read_text(path)
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import sys
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
+# pandas is imported by the functions that build frames: the planner reads the schema without it.
 
 from memx.domain import specs
 from memx.domain.errors import NothingUsable, short_repr
@@ -77,8 +81,43 @@ def now_iso() -> str:
 
 
 def is_missing(value: Any) -> bool:
-    """None, pandas NA or NaN: a null cell."""
-    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+    """None, pandas NA or NaN: a null cell (a value can only be pandas NA once pandas is imported)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    pd = sys.modules.get("pandas")
+    return pd is not None and value is pd.NA
+
+
+def option_array(table: Any, col: str) -> np.ndarray:
+    """An option column (OPTION_DEFAULTS) of a signature table — a DataFrame or a mapping of numpy
+    columns — as a numpy array: its default where the table predates the column or a cell is null."""
+    default = OPTION_DEFAULTS[col]
+    if col not in table:
+        return np.full(len(table["gpu"]), default)
+    values = table[col].to_numpy() if hasattr(table[col], "to_numpy") else np.asarray(table[col])
+    if values.dtype == object or values.dtype.kind == "f":
+        null = np.isnan(values) if values.dtype.kind == "f" else np.array([is_missing(v) for v in values], dtype=bool)
+        if null.any():
+            values = np.where(null, default, values)
+    return values
+
+
+def signature_arrays(table: Any) -> dict[str, np.ndarray]:
+    """Every column of a signature table (a DataFrame or a mapping of columns) as a numpy array, the option
+    columns filled (option_array) and recompute_layers as float64 with NaN where none (all layers)."""
+    out = {k: (v.to_numpy() if hasattr(v := table[k], "to_numpy") else np.asarray(v)) for k in table.keys()}
+    out.update({c: option_array(table, c) for c in OPTION_DEFAULTS})
+    if "recompute_layers" in out:
+        out["recompute_layers"] = nullable_floats(out["recompute_layers"])
+    return out
+
+
+def nullable_floats(values: Any) -> np.ndarray:
+    """A column of numbers with nulls (None, pandas NA, NaN; nullable integers) as float64, NaN for null."""
+    values = values.to_numpy() if hasattr(values, "to_numpy") else np.asarray(values)
+    if values.dtype.kind == "f":
+        return values.astype(np.float64, copy=False)
+    return np.array([np.nan if is_missing(v) else float(v) for v in values], dtype=np.float64)
 
 
 def _norm(col: str, value: Any) -> Any:
@@ -142,6 +181,8 @@ def stage_runs_frame(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> pd.Dat
     """A stage_runs table with exactly STAGE_RUN_COLUMNS and their dtypes: integers int64,
     recompute_layers and micro_batches Int64 (NA = all layers / not an iteration row), numbers float64
     (NaN = null), reason/source text. Columns older tables lack take their defaults (options, phase)."""
+    import pandas as pd
+
     records = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else list(rows)
     df = pd.DataFrame(records, columns=list(STAGE_RUN_COLUMNS))
     for col, default in {**OPTION_DEFAULTS, "phase": DEFAULT_PHASE}.items():
@@ -163,6 +204,8 @@ def with_record_defaults(df: pd.DataFrame) -> pd.DataFrame:
     """`df` with the option and measurement columns it lacks added at their defaults (tables written
     before issues #14/#16), nulls in them (rows concatenated from such tables) at their defaults too;
     other columns untouched."""
+    import pandas as pd
+
     missing = {c: (df[c].where(df[c].notna(), v) if c in df.columns else v)
                for c, v in {**OPTION_DEFAULTS, "phase": DEFAULT_PHASE}.items()
                if c not in df.columns or df[c].isna().any()}
@@ -178,6 +221,8 @@ def empty_stage_runs() -> pd.DataFrame:
 
 def config_runs_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """A config_runs table: plan JSON string, time (NaN = failed), per-GPU peak list (None on OOM), oom."""
+    import pandas as pd
+
     df = pd.DataFrame(list(rows), columns=list(CONFIG_RUN_COLUMNS))
     df["iteration_time_ms"] = df["iteration_time_ms"].astype("float64")
     df["oom"] = df["oom"].astype(bool)

@@ -18,6 +18,7 @@ import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from memx.domain.errors import InputError
+from memx.domain.io import load_yaml
 
 DEFAULT_ENTRY = "default"
 _META_KEYS = ("name", "extends", "notes")
@@ -81,7 +82,7 @@ def runtime_folder(conf_root: Path | None = None) -> Path:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

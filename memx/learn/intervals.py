@@ -48,6 +48,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from memx.planner.signatures import CLOSED_FORM_BANDS  # noqa: F401  (defined beside the closed form; re-exported)
+
 GLOBAL = "*"
 HEADS = ("time", "memory")
 COVERAGE = 0.9  # issue #12: the 90 % interval
@@ -62,11 +64,6 @@ def memory_group(recompute: np.ndarray, inflight: np.ndarray) -> np.ndarray:
     fl = np.where(np.asarray(inflight, dtype=np.int64) > 1, "inflight>1", "inflight=1")
     return np.char.add(np.char.add(rc.astype(str), ","), fl.astype(str))
 
-# The closed form's documented band (its own error, not learned): issue #12 measured the closed form
-# 27 % off on time and 48 % on memory on an independent ground truth (before the runtime overheads of
-# memx.planner.runtime_terms); bench/coverage.py measures what this band covers on the simulator. Memory
-# errs on the safe side: the upper factor is wider than the lower.
-CLOSED_FORM_BANDS = {"time": (0.6, 1.6), "memory": (0.75, 1.6)}
 # A GPU type never profiled (issue #16 "hardware added"): time from spec sheets scaled by what other types
 # taught (memx.learn.unprofiled) — leave-one-type-out errors of 30–60 % in tests/unit/test_predictor.py.
 UNPROFILED_BANDS = {"time": (0.5, 2.0), "memory": (0.7, 1.7)}

@@ -63,7 +63,7 @@ def sample_splits(total: int, allowed: np.ndarray, n: int, rng: np.random.Genera
     k = np.arange(total + 1)
     valid = np.ones(n, dtype=bool)
     for s in range(pp):
-        rs, inv = np.unique(left, return_inverse=True)
+        rs, inv = _unique_small(left, total)
         rest = rs[:, None] - k[None, :]
         w = np.where(rest >= 0, suffix[s + 1][np.clip(rest, 0, total)], 0.0) * allowed[s, : total + 1][None, :]
         cw = np.cumsum(w, axis=1)
@@ -77,3 +77,10 @@ def sample_splits(total: int, allowed: np.ndarray, n: int, rng: np.random.Genera
         left = np.maximum(left - pos, 0)
     valid &= left == 0
     return out[valid]
+
+
+def _unique_small(values: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) for integers in 0..top, in O(n + top) (no sort)."""
+    present = np.bincount(values, minlength=top + 1) > 0
+    rank = np.cumsum(present) - 1
+    return np.flatnonzero(present), rank[values]

@@ -19,14 +19,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from memx.domain.errors import InputError
 from memx.domain.plan import Recompute
 from memx.domain.precision import DEFAULT_PRECISION, GRAD_BYTES, PARAM_BYTES, PRECISIONS, STATIC_BYTES
-from memx.domain.records import OPTION_DEFAULTS
+from memx.domain.records import nullable_floats, option_array, signature_arrays
 from memx.domain.runtime import RuntimeProfile, load_runtime
 from memx.domain.specs import GpuType, ModelArch
 from memx.planner.runtime_terms import (
@@ -46,6 +46,11 @@ from memx.planner.runtime_terms import (
     shapes,
 )
 
+if TYPE_CHECKING:
+    import pandas as pd
+# No pandas here: the planner predicts from numpy columns (AnalyticStageModel.predict_columns); `predict`
+# takes and returns DataFrames for the learned stack, which imports pandas itself.
+
 MIB = 1024.0 * 1024.0
 # Megatron-LM bf16 training with fp32 gradient accumulation and Adam: bf16 weights (2) + fp32 grads
 # (4) + fp32 master weights, momentum, variance (12) = 18 bytes/param (ZeRO paper §3.1 accounting,
@@ -55,24 +60,26 @@ GRAD_BYTES_PER_PARAM = GRAD_BYTES[DEFAULT_PRECISION]  # fp32 main grads are what
 ACT_BYTES = 2.0  # 16-bit activations (bf16 or fp16; fp8 keeps them in bf16, memx.domain.precision)
 
 
-def option_columns(sigs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(distributed_optimizer, dp, sequence_parallel) of signature rows; their defaults
-    (memx.domain.records.OPTION_DEFAULTS) where a frame predates them."""
+def option_columns(sigs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distributed_optimizer, dp, sequence_parallel) of signature rows (a DataFrame or a mapping of numpy
+    columns); their defaults (memx.domain.records.OPTION_DEFAULTS) where a frame predates them."""
     def get(c: str) -> np.ndarray:
-        col = sigs[c] if c in sigs.columns else pd.Series(OPTION_DEFAULTS[c], index=sigs.index)
-        return col.where(col.notna(), OPTION_DEFAULTS[c]).to_numpy()
+        return option_array(sigs, c)
 
     do = get("distributed_optimizer").astype(bool)
     return do, np.where(do, get("dp").astype(np.float64), 1.0), get("sequence_parallel").astype(bool)
 
 
-def precision_column(sigs: pd.DataFrame) -> np.ndarray:
-    """The `precision` of signature rows (bf16 | fp16 | fp8, memx.domain.precision); bf16 where a frame has none
-    (every record and frame before issue #23 meant bf16)."""
-    if "precision" not in sigs.columns:
-        return np.full(len(sigs), DEFAULT_PRECISION, dtype=object)
-    col = sigs["precision"]
-    return col.where(col.notna(), DEFAULT_PRECISION).to_numpy(dtype=object)
+def precision_column(sigs) -> np.ndarray:
+    """The `precision` of signature rows (a DataFrame or a mapping of numpy columns; bf16 | fp16 | fp8,
+    memx.domain.precision); bf16 where a table has none or a row is null (every record and frame before
+    issue #23 meant bf16)."""
+    n = len(next(iter(sigs.values()))) if isinstance(sigs, dict) else len(sigs)
+    if "precision" not in sigs.keys():
+        return np.full(n, DEFAULT_PRECISION, dtype=object)
+    col = np.asarray(sigs["precision"].to_numpy(dtype=object) if hasattr(sigs["precision"], "to_numpy")
+                     else sigs["precision"], dtype=object)
+    return np.where([isinstance(x, str) for x in col], col, DEFAULT_PRECISION).astype(object)
 
 
 def _by_precision(precision, values: Mapping[str, float]) -> np.ndarray:
@@ -291,6 +298,13 @@ class AnalyticStageModel:
         return {n: load_runtime(n, g.vendor, self.conf_root) for n, g in self.gpus.items()}
 
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.predict_columns(sigs), index=sigs.index)
+
+    def predict_columns(self, sigs: Any) -> dict[str, np.ndarray]:
+        """PREDICTION_COLUMNS as numpy arrays from a signature table (a mapping of numpy columns, as
+        memx.planner.signatures.signature_columns builds, or a DataFrame): the planner's path, no pandas."""
         if self.runtime == "none":
             return predict_stage_frame(sigs, self.gpus, mfu=self.mfu, elementwise_passes=self.elementwise_passes)
         return predict_runtime_frame(sigs, self.gpus, self.profiles())
@@ -311,14 +325,14 @@ def _gpu_columns(names: np.ndarray, gpus: Mapping[str, GpuType]) -> dict[str, np
 
 def recomputed_layers(recompute: np.ndarray, recompute_layers: np.ndarray, layers: np.ndarray) -> np.ndarray:
     """Layers recomputed in full: all for `full` without a count, N for the block method."""
-    rl = np.asarray(pd.to_numeric(pd.Series(recompute_layers), errors="coerce"), dtype=np.float64)
+    rl = nullable_floats(recompute_layers)  # null: all layers
     full = np.asarray(recompute) == Recompute.FULL.value
     return np.where(full, np.where(np.isnan(rl), layers, np.minimum(rl, layers)), 0.0)
 
 
-def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu: float, elementwise_passes: float) -> pd.DataFrame:
-    """time_ms, peak_mem_mib, static_mem_mib for each stage signature row."""
-    c = {k: sigs[k].to_numpy() for k in sigs.columns}
+def predict_stage_frame(sigs: Any, gpus: Mapping[str, GpuType], *, mfu: float, elementwise_passes: float) -> dict[str, np.ndarray]:
+    """time_ms, peak_mem_mib, static_mem_mib for each stage signature row (numpy columns)."""
+    c = signature_arrays(sigs)
     g = _gpu_columns(c["gpu"], gpus)
     L = c["layers"].astype(np.float64)
     tp = c["tp"].astype(np.float64)
@@ -352,7 +366,7 @@ def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu:
 
     # --- memory
     params = stage_params_per_rank(L, tp, first, last, *shape[:4], v, shape[4])
-    do, dp, _ = option_columns(sigs)  # this form keeps Korthikanti Eq. 4 (SP) activations in any case
+    do, dp, _ = option_columns(c)  # this form keeps Korthikanti Eq. 4 (SP) activations in any case
     static = params * static_bytes_per_param(do, dp, prec)
     keep = act_none - selective * attention_scores_bytes(b, s, c["heads"]) / tp
     act_mb = (L - n_rec) * keep + n_rec * layer_input_bytes(b, s, h, tp)
@@ -360,9 +374,7 @@ def predict_stage_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], *, mfu:
     # Backward of a recomputed layer re-materialises that layer's activations: one layer's worth.
     work = np.where(n_rec > 0, act_none, 0.0)
     peak = static + c["inflight"].astype(np.float64) * act_mb + work
-    return pd.DataFrame(
-        {"time_ms": time_ms, "peak_mem_mib": peak / MIB, "static_mem_mib": static / MIB}, index=sigs.index
-    )
+    return {"time_ms": time_ms, "peak_mem_mib": peak / MIB, "static_mem_mib": static / MIB}
 
 
 def model_static_bytes(model: ModelArch) -> float:
@@ -424,8 +436,8 @@ def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, 
     return np.maximum(dev_f, host_f) + comm_f + np.maximum(dev_b, host_b) + comm_b + p2p
 
 
-def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
-                          profiles: Mapping[str, RuntimeProfile]) -> pd.DataFrame:
+def predict_runtime_frame(sigs: Any, gpus: Mapping[str, GpuType],
+                          profiles: Mapping[str, RuntimeProfile]) -> dict[str, np.ndarray]:
     """time_ms, peak_mem_mib, static_mem_mib with the runtime terms (memx.planner.runtime_terms).
 
     Peak = driver reserve + context + communicator buffers + (static + inflight × stored activations +
@@ -433,9 +445,9 @@ def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
     applies to everything it holds (PyTorch CUDA memory management docs; measured 1.01–1.12 by Aceso
     on Clariden, conf/runtime). The workspace is the larger of one layer's backward transients (plus
     the re-materialised layer under recomputation, Korthikanti 2022 §5) and the logits gradient."""
-    c = {k: sigs[k].to_numpy() for k in sigs.columns}
+    c = signature_arrays(sigs)
     rc = RuntimeColumns.of(c["gpu"], gpus, profiles)
-    do, dp, sp = option_columns(sigs)
+    do, dp, sp = option_columns(c)
     x = shapes(c, sp | rc.sp)  # the stage's --sequence-parallel, or a GPU entry that always runs it
     L = c["layers"].astype(np.float64)
     first, last = c["first"].astype(bool), c["last"].astype(bool)
@@ -456,4 +468,4 @@ def predict_runtime_frame(sigs: pd.DataFrame, gpus: Mapping[str, GpuType],
     static = params * static_bytes_per_param(do, dp, prec)
     allocated = static + c["inflight"].astype(np.float64) * act + work
     peak = allocated * (1.0 + rc.frag) / MIB + rc.fixed_mib + communicator_mib(first, last, x, rc)
-    return pd.DataFrame({"time_ms": time_ms, "peak_mem_mib": peak, "static_mem_mib": static / MIB}, index=sigs.index)
+    return {"time_ms": time_ms, "peak_mem_mib": peak, "static_mem_mib": static / MIB}

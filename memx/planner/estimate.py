@@ -10,7 +10,6 @@ from __future__ import annotations
 from itertools import groupby
 
 import numpy as np
-import pandas as pd
 
 from memx.domain.plan import Plan, plan_model, validate_plan
 from memx.domain.specs import Cluster, ModelArch
@@ -18,7 +17,7 @@ from memx.planner.interleave import context_twins, wrap_gbps
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.predictions import params_per_rank
 from memx.planner.schedule import AssemblyCalibration, assembly_of, pipeline
-from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS, StagePredictor, signature_frame
+from memx.planner.signatures import StagePredictor, predict_arrays, signature_columns
 from memx.planner.space import plan_links
 from memx.planner.tables import option_code, plan_contexts
 
@@ -30,8 +29,7 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
         validate_plan(p, cluster, model, source=f"plan[{i}]")
     ctxs, layers, pred = _predict_stages(plans, model, predictor)
     assembly = assembly_of(predictor)  # a calibrated predictor's c and o, as in the search
-    t_all, m_all = pred["time_ms"].to_numpy(float), pred["peak_mem_mib"].to_numpy(float)
-    s_all = pred["static_mem_mib"].to_numpy(float)
+    t_all, m_all, s_all = pred["time_ms"], pred["peak_mem_mib"], pred["static_mem_mib"]
     out, k = [], 0
     for p in plans:
         sl, trained = slice(k, k + p.pp), plan_model(p, model)  # the model the plan trains (heads, seq_len)
@@ -42,7 +40,7 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
 
 
 def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredictor):
-    """(stage contexts, layers per stage, the predictor's frame) for every stage of every plan, in order; each
+    """(stage contexts, layers per stage, the predictor's columns) for every stage of every plan, in order; each
     plan's stages carry the model it trains (`plan_model`: its heads, query groups, sequence length)."""
     ctxs = [c for p in plans for c in plan_contexts(p)]
     layers = np.asarray([st.layers for p in plans for st in p.stages])
@@ -52,12 +50,12 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
     if inter:  # interleaved: peaks from the twins' (memx.planner.interleave.context_twins)
         twins = {i: context_twins(ctxs[i]) for i in inter}
         cols = [c for c in ("peak_mem_mib", "peak_mem_mib_low", "peak_mem_mib_high") if c in pred]
-        out = {col: pred[col].to_numpy(float).copy() for col in cols}
+        out = {col: np.array(pred[col], dtype=float) for col in cols}
         for t in range(max(len(tw) for tw in twins.values())):
             alt = [twins[i][t][0] if i in twins and t < len(twins[i]) else c for i, c in enumerate(ctxs)]
             got = _predict_rows(plans, model, predictor, alt, layers, codes)
             for col in cols:
-                part = got[col].to_numpy(float)
+                part = np.asarray(got[col], dtype=float)
                 for i in inter:
                     w = twins[i][t][1] if t < len(twins[i]) else 0.0
                     out[col][i] = (0.0 if t == 0 else out[col][i]) + w * part[i]
@@ -67,15 +65,15 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
 
 
 def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor, ctxs, layers, codes):
-    """The predictor's frame for one row per stage (contexts `ctxs`, in plan order)."""
+    """The predictor's columns for one row per stage (contexts `ctxs`, in plan order)."""
     frames, k = [], 0
     for trained, group in groupby(plans, key=lambda p: plan_model(p, model)):  # consecutive runs keep the order
         n = sum(p.pp for p in group)
         sl = slice(k, k + n)
-        frames.append(signature_frame(ctxs[sl], layers[sl], codes[sl], np.arange(n), trained, trained.seq_len))
+        frames.append(signature_columns(ctxs[sl], layers[sl], codes[sl], np.arange(n), trained, trained.seq_len))
         k += n
-    sigs = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-    return predictor.predict(sigs.loc[:, list(PREDICTOR_INPUT_COLUMNS)])
+    sigs = frames[0] if len(frames) == 1 else {c: np.concatenate([f[c] for f in frames]) for c in frames[0]}
+    return predict_arrays(predictor, sigs)
 
 
 def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePredictor) -> list[float | None]:
@@ -85,9 +83,9 @@ def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePr
     if not cands:
         return []
     _, _, pred = _predict_stages([c.plan for c in cands], model, predictor)
-    if "peak_mem_mib_high" not in pred or pred["peak_mem_mib_high"].isna().all():
+    if "peak_mem_mib_high" not in pred or np.isnan(pred["peak_mem_mib_high"]).all():
         return [None] * len(cands)
-    high, out, k = pred["peak_mem_mib_high"].to_numpy(float), [], 0
+    high, out, k = pred["peak_mem_mib_high"], [], 0
     for c in cands:
         h, cap = high[k:k + c.plan.pp], np.asarray(c.capacity_mib)
         out.append(None if np.isnan(h).any() else float(np.min((cap - np.maximum(h, c.stage_peak_mib)) / cap)))

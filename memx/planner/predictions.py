@@ -16,8 +16,8 @@ import numpy as np
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
 from memx.planner.interleave import allowed_layers, combine, context_twins
-from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS, StagePredictor, signature_frame
-from memx.planner.tables import StageContext, StageTable, stage_options, stage_table
+from memx.planner.signatures import StagePredictor, predict_arrays, signature_columns
+from memx.planner.tables import NONE, StageContext, StageTable, ladders, stage_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,51 +43,48 @@ def static_bound(ctx: StageContext, model: ModelArch, limit_mib: float, n_cap: i
 
 def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: ModelArch, seq_len: int,
                    levels: tuple[str, ...], reserve_gib: float, predictor: StagePredictor) -> PredictedTables:
-    """contexts maps each context to the most layers any layout may give it."""
+    """contexts maps each context to the most layers any layout may give it. Vectorised over contexts,
+    layer counts and options: one (context, n, option) array of predictions, all ladders at once
+    (memx.planner.tables.ladders)."""
     limits = {g.name: g.memory_mib - reserve_gib * 1024.0 for g in cluster.gpu_types}
     contexts = with_twins(contexts)  # interleaved contexts' ⌊k/v⌋ + 1 twins (memx.planner.interleave)
     bounds = {c: static_bound(c, model, limits[c.gpu], cap) for c, cap in contexts.items()}
     ctx_list = [c for c in contexts if bounds[c] > 0]
-    opts = {n: stage_options(n, levels) for n in range(1, model.layers + 1)}
-    lay, code, cidx = [], [], []
-    for i, c in enumerate(ctx_list):
-        for n in range(1, bounds[c] + 1):
-            lay.append(np.full(len(opts[n]), n))
-            code.append(np.asarray(opts[n]))
-            cidx.append(np.full(len(opts[n]), i))
     if not ctx_list:
         return PredictedTables(tables={}, max_layers=bounds, signatures=0, predict_s=0.0)
-    layers, codes, ctx_index = (np.concatenate(x) for x in (lay, code, cidx))
-    sigs = signature_frame(ctx_list, layers, codes, ctx_index, model, seq_len)
-    t0 = time.perf_counter()
-    pred = predictor.predict(sigs.loc[:, list(PREDICTOR_INPUT_COLUMNS)])
-    predict_s = time.perf_counter() - t0
-    t_all = pred["time_ms"].to_numpy(dtype=np.float64)
-    m_all = pred["peak_mem_mib"].to_numpy(dtype=np.float64)
-    starts = np.searchsorted(ctx_index, np.arange(len(ctx_list) + 1))
-    where = {c: i for i, c in enumerate(ctx_list)}
-
-    def rows(c: StageContext, n: int) -> slice:
-        lo, hi = starts[where[c]], starts[where[c] + 1]
-        return slice(lo + np.searchsorted(layers[lo:hi], n), lo + np.searchsorted(layers[lo:hi], n, side="right"))
-    s_all = pred["static_mem_mib"].to_numpy(dtype=np.float64)
+    n_max = model.layers
+    opts = {n: stage_options(n, levels) for n in range(1, n_max + 1)}
     k_max = max(len(o) for o in opts.values())
-    tables: dict[StageContext, StageTable] = {}
-    for c in ctx_list:
-        n_max = model.layers
-        per_n = {}
-        static = np.zeros(n_max + 1)
-        for n in range(1, bounds[c] + 1):
-            sel = rows(c, n)
-            per_n[n] = (t_all[sel], m_all[sel]) if c.virtual_stages == 1 else \
-                chunkable(t_all[sel], interleaved_peaks(c, n, rows, m_all), opts[n], n, c)
-            static[n] = s_all[sel].max()
-        for n in range(bounds[c] + 1, n_max + 1):  # beyond the static bound: never feasible
-            per_n[n] = (np.array([np.inf]), np.array([np.inf]))
-        options = {n: (opts[n] if n <= bounds[c] else [opts[n][0]]) for n in range(1, n_max + 1)}
-        params = np.concatenate([[0.0], params_per_rank(c, np.arange(1, n_max + 1), model)])
-        tables[c] = stage_table(n_max, k_max, options, per_n, limits[c.gpu], static, params)
-    return PredictedTables(tables=tables, max_layers=bounds, signatures=len(sigs), predict_s=predict_s)
+    option_code = np.full((n_max + 1, k_max), NONE, dtype=np.int64)  # (n, position) → option code
+    option_ok = np.zeros((n_max + 1, k_max), dtype=bool)
+    for n, o in opts.items():
+        option_code[n, :len(o)], option_ok[n, :len(o)] = o, True
+    cap = np.array([bounds[c] for c in ctx_list])
+    rows = np.arange(n_max + 1)
+    # every (context, n ≤ its static bound, option), context-major, n ascending, options in order
+    ci, layers, pos = np.nonzero(option_ok[None, :, :] & (rows[None, :, None] <= cap[:, None, None]))
+    codes = option_code[layers, pos]
+    sigs = signature_columns(ctx_list, layers, codes, ci, model, seq_len)
+    t0 = time.perf_counter()
+    pred = predict_arrays(predictor, sigs)
+    predict_s = time.perf_counter() - t0
+    shape = (len(ctx_list), n_max + 1, k_max)
+    times, mems = np.full(shape, np.inf), np.full(shape, np.inf)
+    times[ci, layers, pos], mems[ci, layers, pos] = pred["time_ms"], pred["peak_mem_mib"]
+    _interleaved(ctx_list, times, mems, option_code)  # interleaved contexts: peaks from their twins
+    static = np.zeros(shape[:2])  # beyond the static bound: never predicted, never feasible
+    key = ci * (n_max + 1) + layers
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    static.flat[key[starts]] = np.maximum.reduceat(pred["static_mem_mib"], starts)
+    limit = np.array([limits[c.gpu] for c in ctx_list])[:, None]
+    t, m, code, length, fit = ladders(times, mems, np.broadcast_to(option_code, shape), limit)
+    attr = {f: np.array([getattr(c, f) for c in ctx_list])[:, None] for f in ("tp", "first", "last")}
+    params = np.zeros(shape[:2])
+    params[:, 1:] = stage_params_per_rank(rows[None, 1:], attr["tp"], attr["first"], attr["last"], model.hidden,
+                                          model.ffn_hidden, model.heads, model.query_groups, model.vocab, model.mlp)
+    tables = {c: StageTable(time_ms=t[i], peak_mib=m[i], code=code[i], length=length[i], fit=fit[i],
+                            static_mib=static[i], params_per_rank=params[i]) for i, c in enumerate(ctx_list)}
+    return PredictedTables(tables=tables, max_layers=bounds, signatures=len(layers), predict_s=predict_s)
 
 
 def with_twins(contexts: dict[StageContext, int]) -> dict[StageContext, int]:
@@ -99,15 +96,20 @@ def with_twins(contexts: dict[StageContext, int]) -> dict[StageContext, int]:
     return out
 
 
-def interleaved_peaks(c: StageContext, n: int, rows, m_all: np.ndarray) -> np.ndarray:
-    """Peaks of an interleaved context's n-layer rows from its twins' rows (`rows(ctx, n)`: a slice; a twin's
-    static bound is at least the context's, so its rows for n exist)."""
-    twins = context_twins(c)
-    return combine([m_all[rows(t, n)] for t, _ in twins], [w for _, w in twins])
-
-
-def chunkable(times: np.ndarray, mems: np.ndarray, options: list[int], n: int, c: StageContext):
-    """An interleaved stage's predictions with the options it cannot take (n or a block's layer count not a
-    multiple of v) made infeasible (+inf), so no ladder keeps them."""
-    ok = np.array([allowed_layers(n, code, c.virtual_stages) for code in options])
-    return np.where(ok, times, np.inf), np.where(ok, mems, np.inf)
+def _interleaved(ctx_list: list[StageContext], times: np.ndarray, mems: np.ndarray, option_code: np.ndarray) -> None:
+    """In place, for every interleaved context (virtual_stages > 1) of the (context, n, option) arrays: its
+    peaks from its plain twins' (memx.planner.interleave.context_twins; a twin's static bound is at least the
+    context's, so its entries exist wherever the context's do), and the options it cannot take (n or a
+    block's layer count not a multiple of v, interleave.allowed_layers) made infeasible (+inf), so no ladder
+    keeps them."""
+    where = {c: i for i, c in enumerate(ctx_list)}
+    n = np.arange(option_code.shape[0])[:, None]
+    for i, c in enumerate(ctx_list):
+        if c.virtual_stages == 1:
+            continue
+        twins = context_twins(c)
+        with np.errstate(invalid="ignore"):
+            peak = combine([mems[where[t]] for t, _ in twins], [w for _, w in twins])
+        ok = np.vectorize(allowed_layers)(n, option_code, c.virtual_stages) & np.isfinite(times[i])
+        times[i] = np.where(ok, times[i], np.inf)
+        mems[i] = np.where(ok, peak, np.inf)

@@ -18,7 +18,6 @@ import numpy as np
 
 from memx.domain.errors import InputError
 from memx.domain.plan import Plan, Recompute, Stage, place_plan
-from memx.domain.errors import InputError
 from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.planner.interleave import wrap_gbps

@@ -111,38 +111,41 @@ class StageTable:
     params_per_rank: np.ndarray
 
 
-def build_ladder(times: np.ndarray, mems: np.ndarray) -> np.ndarray:
-    """Indices of the Pareto-sorted options: by time ascending, keeping strictly decreasing memory."""
-    order = np.lexsort((mems, times))
-    keep, best = [], np.inf
-    for i in order:
-        if mems[i] < best:
-            keep.append(i)
-            best = mems[i]
-    return np.array(keep, dtype=np.int64)
+def ladders(times: np.ndarray, mems: np.ndarray, codes: np.ndarray,
+            limit_mib: np.ndarray | float) -> tuple[np.ndarray, ...]:
+    """The ladders of many (context, n) rows at once. times, mems, codes (..., K): each row's options, +inf
+    time and memory where a row has fewer. Returns (time, peak, code) of the Pareto-sorted options — by
+    time ascending (then memory, then option order: a stable sort), keeping each option whose memory is
+    strictly below every earlier one's — padded with the top level (moving "up" into padding saves
+    nothing, so it is never chosen), the ladder length (0: nothing predicted, never feasible; time and
+    peak +inf, code NONE) and the first level whose peak ≤ limit_mib (broadcast over the rows; −1: none)."""
+    order = np.lexsort((mems, times), axis=-1)
+    t, m, c = (np.take_along_axis(x, order, axis=-1) for x in (times, mems, codes))
+    before = np.concatenate([np.full(m.shape[:-1] + (1,), np.inf), np.minimum.accumulate(m, axis=-1)[..., :-1]],
+                            axis=-1)
+    keep = m < before
+    length = keep.sum(axis=-1)
+    kept = np.argsort(~keep, axis=-1, kind="stable")  # the kept options first, in ladder order
+    top = np.maximum(length - 1, 0)[..., None]
+    pad = np.arange(m.shape[-1]) >= length[..., None]
+    kept = np.where(pad, np.take_along_axis(kept, top, axis=-1), kept)
+    t, m, c = (np.take_along_axis(x, kept, axis=-1) for x in (t, m, c))
+    empty = (length == 0)[..., None]
+    t, m, c = np.where(empty, np.inf, t), np.where(empty, np.inf, m), np.where(empty, NONE, c).astype(np.int64)
+    fits = (m <= np.asarray(limit_mib)[..., None]) & ~pad
+    fit = np.where(fits.any(axis=-1), fits.argmax(axis=-1), -1)
+    return t, m, c, length.astype(np.int64), fit.astype(np.int64)
 
 
 def stage_table(n_max: int, k_max: int, options_per_n: dict[int, list[int]], pred: dict[int, tuple],
                 limit_mib: float, static_per_n: np.ndarray, params_per_n: np.ndarray) -> StageTable:
     """pred[n] = (times, mems) aligned with options_per_n[n]."""
-    t = np.full((n_max + 1, k_max), np.inf)
-    m = np.full((n_max + 1, k_max), np.inf)
-    code = np.full((n_max + 1, k_max), NONE, dtype=np.int64)
-    length = np.zeros(n_max + 1, dtype=np.int64)
-    fit = np.full(n_max + 1, -1, dtype=np.int64)
+    times, mems = np.full((n_max + 1, k_max), np.inf), np.full((n_max + 1, k_max), np.inf)
+    codes = np.full((n_max + 1, k_max), NONE, dtype=np.int64)
     for n in range(1, n_max + 1):
-        times, mems = pred[n]
-        idx = build_ladder(times, mems)
-        k = len(idx)
-        length[n] = k
-        if k == 0:  # nothing predicted for n layers (beyond the static bound): never feasible
-            continue
-        t[n, :k], m[n, :k] = times[idx], mems[idx]
-        code[n, :k] = np.asarray(options_per_n[n])[idx]
-        # Pad with the top level: moving "up" into padding saves nothing, so it is never chosen.
-        t[n, k:], m[n, k:], code[n, k:] = t[n, k - 1], m[n, k - 1], code[n, k - 1]
-        fits = np.nonzero(m[n, :k] <= limit_mib)[0]
-        fit[n] = fits[0] if len(fits) else -1
+        k = len(pred[n][0])
+        times[n, :k], mems[n, :k], codes[n, :k] = pred[n][0], pred[n][1], options_per_n[n][:k]
+    t, m, code, length, fit = ladders(times, mems, codes, limit_mib)
     return StageTable(time_ms=t, peak_mib=m, code=code, length=length, fit=fit, static_mib=static_per_n,
                       params_per_rank=params_per_n)
 

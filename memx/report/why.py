@@ -13,7 +13,7 @@ from typing import Any
 from memx.domain.groups import GroupedPlan, any_plan_from_dict
 from memx.domain.plan import plan_model
 from memx.domain.specs import ModelArch
-from memx.learn.intervals import CLOSED_FORM_BANDS
+from memx.planner.signatures import CLOSED_FORM_BANDS
 from memx.planner.variants import job_changes
 from memx.report.notation import stage_rows
 from memx.report.table import recompute_text

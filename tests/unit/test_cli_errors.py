@@ -72,7 +72,7 @@ def test_ctrl_c_exits_130_and_says_what_is_kept(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(memx.cli.profile, "profile_step", interrupted)
+    monkeypatch.setattr("memx.pipeline.local.profile_step", interrupted)  # memx.cli.profile imports it when run
     res = runner.invoke(app, ["profile", *XY, "--out", str(tmp_path), "--no-progress"])
     assert res.exit_code == 130, res.output
     assert "interrupted: GPU types already profiled stay stored" in res.stderr and "error:" not in res.stderr

@@ -83,7 +83,8 @@ def test_runtime_none_is_the_earlier_closed_form(conf_root):
     gpus = {g.name: g for g in c.gpu_types}
     df = _frame(stage_row(), stage_row(recompute="full"), stage_row(last=True, gpu="vendor-b-32g"))
     old = AnalyticStageModel(gpus=gpus, runtime="none").predict(df)
-    pd.testing.assert_frame_equal(old, predict_stage_frame(df, gpus, mfu=0.5, elementwise_passes=2.0))
+    pd.testing.assert_frame_equal(old, pd.DataFrame(predict_stage_frame(df, gpus, mfu=0.5, elementwise_passes=2.0),
+                                                    index=df.index))
     eager = {n: dataclasses.replace(load_runtime(n, g.vendor, conf_root), flash_attention=False) for n, g in gpus.items()}
     df = _frame(*(stage_row(mlp="gelu", ffn_hidden=4 * 4096, **o) for o in ({}, {"recompute": "full"}, {"last": True})))
     old = AnalyticStageModel(gpus=gpus, runtime="none").predict(df)

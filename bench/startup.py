@@ -1,0 +1,93 @@
+"""Start-up and analytic-plan cost of whole `memx` processes (issue #26), against `python -c "import numpy"`
+measured in the same run.
+
+CPU s = user + system time of the child process (resource.getrusage(RUSAGE_CHILDREN) deltas), the
+minimum over --repeat runs; wall s beside it. Bytecode goes to a temporary PYTHONPYCACHEPREFIX and one
+warm-up run compiles it first (an installed package ships its .pyc: compiling is not start-up). MEMX_HOME
+is a temporary folder. Commands:
+  numpy       python -c "import numpy"                                   (the baseline)
+  help        memx --help
+  peer        memx plan --predictor analytic --cluster a100-v100-16 --format json   (4 × A100-80G + 12 × V100-32G;
+              llama2-7b, seq 4096, global batch 128, 25 GB/s)
+  peer-4x4    the same GPUs as 4 nodes of 4 (a temporary cluster YAML)
+  default     memx plan --predictor analytic --format json              (three-vendor-20, llama2-7b)
+  replicas    peer with --search replicas (replica groups of whole nodes)
+Last line: numpy_cpu_s=… help_cpu_s=… help_ratio=… peer_cpu_s=… peer4x4_cpu_s=… default_cpu_s=… replicas_cpu_s=…
+replicas_ratio=… (replicas / peer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PEER_4X4 = """name: a100-v100-4x4
+inter_node_bandwidth_gbps: 25
+nodes:
+  - {gpu: a100-80g, count: 4}
+  - {gpu: v100-32g, count: 4}
+  - {gpu: v100-32g, count: 4}
+  - {gpu: v100-32g, count: 4}
+"""
+
+
+def run(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(CPU s, wall s) of one child process; it must succeed."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr[-1000:]}")
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", nargs="*", help="run only these commands (names as in the docstring)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = Path(tmp) / "a100-v100-4x4.yaml"
+        cluster.write_text(PEER_4X4)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env.update(PYTHONPYCACHEPREFIX=str(Path(tmp) / "pyc"), MEMX_HOME=str(Path(tmp) / "home"))
+        memx = [sys.executable, "-m", "memx.cli.app"]
+        plan = [*memx, "plan", "--predictor", "analytic", "--format", "json", "--no-progress"]
+        commands = {
+            "numpy": [sys.executable, "-c", "import numpy"],
+            "help": [*memx, "--help"],
+            "peer": [*plan, "--cluster", "a100-v100-16"],
+            "peer-4x4": [*plan, "--cluster", str(cluster)],
+            "default": plan,
+            "replicas": [*plan, "--cluster", "a100-v100-16", "--search", "replicas"],
+        }
+        if args.only:
+            commands = {k: v for k, v in commands.items() if k in args.only or k == "numpy"}
+        run(commands["help"], env)  # warm-up: bytecode of every module on the plan path
+        run(commands["peer"] if "peer" in commands else commands["help"], env)
+        best: dict[str, tuple[float, float]] = {}
+        for _ in range(args.repeat):
+            for name, argv in commands.items():
+                cpu, wall = run(argv, env)
+                if name not in best or cpu < best[name][0]:
+                    best[name] = (cpu, wall)
+        for name, (cpu, wall) in best.items():
+            print(f"{name:<9} cpu_s={cpu:.2f} wall_s={wall:.2f} ratio_to_numpy={cpu / best['numpy'][0]:.1f}")
+        fig = {f"{k.replace('-', '')}_cpu_s": f"{v[0]:.2f}" for k, v in best.items()}
+        if "help" in best:
+            fig["help_ratio"] = f"{best['help'][0] / best['numpy'][0]:.1f}"
+        if "replicas" in best and "peer" in best:
+            fig["replicas_ratio"] = f"{best['replicas'][0] / best['peer'][0]:.1f}"
+        print(" ".join(f"{k}={v}" for k, v in fig.items()))
+
+
+if __name__ == "__main__":
+    main()
