@@ -68,9 +68,10 @@ import numpy as np
 
 from memx.domain.groups import AnyPlan, GroupedPlan, group_plans, place_groups, shared_partition, simplest, validate_any_plan
 from memx.domain.plan import Plan, place_plan
+from memx.domain.precision import GRAD_BYTES
 from memx.domain.specs import Cluster, ModelArch, Node
 from memx.planner.cost import (
-    GRAD_BYTES_PER_PARAM, MIB, dp_step_ms, ring_allreduce_ms, stage_params_per_rank, static_bytes_per_param,
+    MIB, dp_step_ms, ring_allreduce_ms, stage_params_per_rank, static_bytes_per_param,
     stepped_static_fraction,
 )
 from memx.planner.estimate import estimate_plans
@@ -116,7 +117,7 @@ def cross_group_sync_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch,
         same = len(set(members)) == 1
         bw, step = ring_link(cluster, members)  # memx.planner.network: the ring's slowest hop
         lat = 2.0 * (G - 1) * step  # ring: 2(G−1) steps
-        nbytes = GRAD_BYTES_PER_PARAM * _segment_params(model, lo, hi)
+        nbytes = GRAD_BYTES[parts[0].precision] * _segment_params(model, lo, hi)  # memx.domain.precision
         ms = float(ring_allreduce_ms(nbytes / k, G, bw)) + lat
         for g, s in enumerate(stage):
             load[(g, s)] = load.get((g, s), 0.0) + ms
@@ -132,7 +133,7 @@ def cross_group_sync_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch,
             for s, (a, e) in enumerate(ranges[g]):
                 if p.dp > 1:
                     bw, _ = ring_link(cluster, [where[g][r][s] for r in range(p.dp)], p.stages[s].tp)
-                    nbytes = GRAD_BYTES_PER_PARAM * _segment_params(model, a, e) / p.stages[s].tp
+                    nbytes = GRAD_BYTES[p.precision] * _segment_params(model, a, e) / p.stages[s].tp
                     load[(g, s)] += 0.5 * float(ring_allreduce_ms(nbytes, p.dp, bw))
     return max(load.values())
 
@@ -161,7 +162,7 @@ def flat_dp_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch,
         tp = parts[0].stages[s].tp
         bw, _ = ring_link(cluster, [where[g][r][s] for g, p in enumerate(parts) for r in range(p.dp)], tp)
         params = _segment_params(model, lo, hi) / tp
-        out.append(float(dp_step_ms(params, n, bw, plan.distributed_optimizer)))
+        out.append(float(dp_step_ms(params, n, bw, plan.distributed_optimizer, parts[0].precision)))
     return out
 
 
@@ -175,11 +176,11 @@ def _own_tails_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch, where: list
         for s, (lo, hi) in enumerate(_stage_of(p)):
             st = p.stages[s]
             params = _segment_params(model, lo, hi) / st.tp
-            static_mib = params * float(static_bytes_per_param(do, p.dp)) / MIB
-            o.append(float(optimizer_ms(static_mib * stepped_static_fraction(do, p.dp),
+            static_mib = params * float(static_bytes_per_param(do, p.dp, p.precision)) / MIB
+            o.append(float(optimizer_ms(static_mib * stepped_static_fraction(do, p.dp, p.precision),
                                         cluster.gpu(st.gpu).memory_bandwidth_gbps)))
             bw, _ = ring_link(cluster, [where[g][r][s] for r in range(p.dp)], st.tp)
-            d.append(float(dp_step_ms(params, p.dp, bw, do)))
+            d.append(float(dp_step_ms(params, p.dp, bw, do, p.precision)))
         opt.append(o)
         own.append(d)
     return opt, own
@@ -196,7 +197,8 @@ def own_dp_ms(plan: Plan, cluster: Cluster, model: ModelArch) -> float:
     for s, (lo, hi) in enumerate(_stage_of(plan)):
         st = plan.stages[s]
         bw, _ = ring_link(cluster, [where[r][s] for r in range(plan.dp)], st.tp)
-        out = max(out, float(dp_step_ms(_segment_params(model, lo, hi) / st.tp, plan.dp, bw, plan.distributed_optimizer)))
+        out = max(out, float(dp_step_ms(_segment_params(model, lo, hi) / st.tp, plan.dp, bw, plan.distributed_optimizer,
+                                         plan.precision)))
     return out
 
 

@@ -42,7 +42,7 @@ from memx.domain.plan import Plan
 from memx.domain.specs import Cluster, ModelArch
 from memx.simulator import links
 from memx.simulator.links import dp_ring
-from memx.simulator.physics import BF16_BYTES, FP32_BYTES, Dims, layer_params, ring_allreduce_ms, ring_collective_ms
+from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, Dims, layer_params, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.traits import GpuTraits
 
 
@@ -90,7 +90,7 @@ def segment_ms(seg: Segment, plans: Sequence[Plan], where: Sequence[list[list[in
     groups = len(plans)
     tp = min(p.stages[s].tp for p, s in zip(plans, seg.stages))
     lanes = max(p.dp for p in plans)
-    nbytes = FP32_BYTES * seg.params / tp  # per ring: the segment split over the smallest tp
+    nbytes = GRAD_BYTES_OF[plans[0].precision] * seg.params / tp  # per ring: the segment split over the smallest tp
     nodes = [[where[g][r % plans[g].dp][seg.stages[g]] for g in range(groups)] for r in range(lanes)]
     traits = [tr[p.stages[s].gpu] for p, s in zip(plans, seg.stages)]
     flows = [links.ring_flows(lane, tp) for lane in nodes]
@@ -119,9 +119,10 @@ def flat_stage_ms(plans: Sequence[Plan], where: Sequence[list[list[int]]], s: in
     traits = [tr[p.stages[s].gpu] for p in plans for _ in range(p.dp)]
     bw, step = links.ring(cluster, nodes, traits, plans[0].stages[s].tp)
     n = len(nodes)
+    grad = GRAD_BYTES_OF[plans[0].precision]  # fp32 main grads, fp16 grads under fp16 (physics.GRAD_BYTES_OF)
     if plans[0].distributed_optimizer:
-        return ring_collective_ms(FP32_BYTES * params, n, bw, step) + ring_collective_ms(BF16_BYTES * params, n, bw, step)
-    return ring_allreduce_ms(FP32_BYTES * params, n, bw, step)
+        return ring_collective_ms(grad * params, n, bw, step) + ring_collective_ms(BF16_BYTES * params, n, bw, step)
+    return ring_allreduce_ms(grad * params, n, bw, step)
 
 
 def schedule_sync(segs: Sequence[Segment], seg_ms: Sequence[float], ready: Sequence[Sequence[float]]) -> list[list[float]]:

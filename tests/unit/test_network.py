@@ -19,7 +19,7 @@ from memx.planner.replicas import cross_group_sync_ms, estimate_any_plans, flat_
 from memx.planner.space import plan_links
 from memx.simulator import links, load_traits, simulate_plan
 from memx.simulator.cross_sync import flat_stage_ms, segments
-from memx.simulator.physics import FP32_BYTES, ring_allreduce_ms
+from memx.simulator.physics import GRAD_BYTES_OF, ring_allreduce_ms
 from memx.simulator.schedule import _prepare
 from memx.simulator.stage import ADAM_STATIC_BYTES_PER_PARAM
 
@@ -44,7 +44,7 @@ def _pure_dp(tp: int, recompute: str = "none") -> GroupedPlan:
     t4 = ReplicaGroup(dp=4 // tp, micro_batch=1, micro_batches=4, stages=(Stage(gpu="t4-16g", tp=tp, layers=6,
                                                                               recompute=recompute),))
     return GroupedPlan(model="llama-6l", cluster="v100-t4-16", global_batch=4 * (v100.dp + t4.dp), seq_len=2048,
-                       groups=(v100, t4))
+                       groups=(v100, t4), precision="fp16")  # V100 and T4 have no bf16
 
 
 def test_links_per_node_in_both_models(vt):
@@ -81,7 +81,7 @@ def test_p2p_crosses_the_link_between_its_two_nodes(vt):
     cluster, _ = vt
     plan = Plan(model="llama-6l", cluster="v100-t4-16", global_batch=16, micro_batch=1, seq_len=2048, dp=1,
                 stages=(Stage(gpu="v100-16g", tp=4, layers=2), Stage(gpu="v100-16g", tp=4, layers=2),
-                        Stage(gpu="t4-16g", tp=4, layers=2)))
+                        Stage(gpu="t4-16g", tp=4, layers=2)), precision="fp16")
     p2p, dp, lat = plan_links(cluster, plan)
     assert p2p == (V100_NIC, V100_NIC) and lat == (LAT, LAT) and dp == (150.0, 150.0, 16.0)
 
@@ -129,7 +129,7 @@ def test_virtual_cluster_runs_one_flat_collective(vt):
     # 4 rings over replicas on nodes 0, 1, 2, 3; every hop leaves a node whose one NIC carries all 4 rings
     bw = min(V100_NIC * 1e6 / 4 * v.link_efficiency, V100_NIC * 1e6 / 4 * t.link_efficiency)
     step = max(v.collective_step_latency_ms, t.collective_step_latency_ms) + LAT
-    flat = ring_allreduce_ms(FP32_BYTES * params, 4, bw, step)
+    flat = ring_allreduce_ms(GRAD_BYTES_OF["fp16"] * params, 4, bw, step)  # fp16 gradients (physics.GRAD_BYTES_OF)
     assert flat_stage_ms(plans, where, 0, params, cluster, {"v100-16g": v, "t4-16g": t}) == \
         pytest.approx(flat, rel=1e-9)
     # the iteration: the last backward of any replica, the flat collective, the longer optimizer step
@@ -143,7 +143,7 @@ def test_replicas_p2p_transfers_share_the_nics_they_cross(vt):
     cluster, model = vt
     plan = Plan(model="llama-6l", cluster="v100-t4-16", global_batch=8, micro_batch=1, seq_len=2048, dp=2,
                 stages=(Stage(gpu="v100-16g", tp=2, layers=3, recompute="full"),
-                        Stage(gpu="t4-16g", tp=2, layers=3, recompute="full")))
+                        Stage(gpu="t4-16g", tp=2, layers=3, recompute="full")), precision="fp16")
     p2p, _, lat = plan_links(cluster, plan)
     assert p2p == (V100_NIC / 2,) and lat == (LAT,)
     v = load_traits("v100-16g")
