@@ -13,7 +13,8 @@ from memx.domain.catalog import load_cluster, load_gpu, load_model
 from memx.domain.groups import GroupedPlan, ReplicaGroup, group_plans, shared_partition
 from memx.domain.plan import Plan, Stage
 from memx.domain.specs import Cluster, Node
-from memx.planner.cost import GRAD_BYTES_PER_PARAM, AnalyticStageModel
+from memx.domain.precision import GRAD_BYTES
+from memx.planner.cost import AnalyticStageModel
 from memx.planner.network import pair_link, ring_link
 from memx.planner.replicas import cross_group_sync_ms, estimate_any_plans, flat_dp_ms, replica_sync_ms
 from memx.planner.space import plan_links
@@ -88,14 +89,15 @@ def test_p2p_crosses_the_link_between_its_two_nodes(vt):
 
 def test_flat_all_reduce_closed_form_is_the_nccl_ring(vt):
     """12 V100 + 4 T4 replicas at tp 1 share one partition: one ring over 16 ranks, 2·15/16 · 4P / 1.25 GB/s
-    (its slowest hop leaves a V100 node); the two-level exchange is what the runtime does not run."""
+    (its slowest hop leaves a V100 node; fp16 gradients, 2 B: V100 and T4 train in fp16); the two-level
+    exchange is what the runtime does not run."""
     cluster, model = vt
     plan = _pure_dp(tp=1)
     assert shared_partition(plan)
-    flat = 2 * 15 / 16 * GRAD_BYTES_PER_PARAM * _total_params(model) / (V100_NIC * 1e9) * 1e3
+    flat = 2 * 15 / 16 * GRAD_BYTES["fp16"] * _total_params(model) / (V100_NIC * 1e9) * 1e3
     assert flat_dp_ms(plan, cluster, model) == pytest.approx([flat], rel=1e-9)
     # at tp 4: 4 rings over 4 replicas, one per node; each node's NIC carries all 4: a quarter of the NIC each
-    flat4 = 2 * 3 / 4 * GRAD_BYTES_PER_PARAM * _total_params(model) / 4 / (V100_NIC / 4 * 1e9) * 1e3
+    flat4 = 2 * 3 / 4 * GRAD_BYTES["fp16"] * _total_params(model) / 4 / (V100_NIC / 4 * 1e9) * 1e3
     assert flat_dp_ms(_pure_dp(tp=4), cluster, model) == pytest.approx([flat4], rel=1e-9)
     assert not shared_partition(dataclasses.replace(plan, groups=(plan.groups[0], dataclasses.replace(
         plan.groups[1], stages=(Stage(gpu="t4-16g", tp=2, layers=6),), dp=2))))
