@@ -1,6 +1,6 @@
 """Stage-prediction cache (docs/architecture.md §Cache).
 
-A prediction is stored under a 64-bit hash of its *full* signature (every SIGNATURE_COLUMNS field:
+A prediction is stored under a 64-bit hash of its *full* signature (every SIGNATURE_COLUMNS field and the training precision:
 layer count, recompute layers, inflight, first/last included — the paper leaves the fields open, we
 don't) keyed with the predictor version, so two predictor versions never share entries. The cache is
 persisted as Parquet beside the registered model version (see memx.pipeline.registry.cache_path); the
@@ -39,7 +39,11 @@ import pandas as pd
 
 from memx.domain.io import atomic_write_bytes
 from memx.domain.records import with_record_defaults
-from memx.planner.signatures import INTERVAL_COLUMNS, PREDICTION_COLUMNS, SIGNATURE_COLUMNS, StagePredictor
+from memx.planner.cost import precision_column
+from memx.planner.signatures import INTERVAL_COLUMNS, PREDICTION_COLUMNS, PREDICTOR_INPUT_COLUMNS, StagePredictor
+
+# What an entry is keyed on: the signature and the training precision (issue #23: fp16 and bf16 stages differ)
+KEY_COLUMNS = PREDICTOR_INPUT_COLUMNS
 
 # What is cached per signature: the prediction and, when the predictor gives one, its interval (NaN otherwise).
 CACHED_COLUMNS = PREDICTION_COLUMNS + INTERVAL_COLUMNS
@@ -61,12 +65,13 @@ def canonical_signatures(sigs: pd.DataFrame) -> pd.DataFrame:
         out[c] = sigs[c].to_numpy(dtype=bool).astype(np.int64)
     for c in ("gpu", "recompute", "mlp"):
         out[c] = sigs[c].astype(str).to_numpy(dtype=object)
-    return pd.DataFrame({c: out[c] for c in SIGNATURE_COLUMNS})
+    out["precision"] = precision_column(sigs)  # bf16 where a frame has none
+    return pd.DataFrame({c: out[c] for c in KEY_COLUMNS})
 
 
-_EMPTY_SIGS = pd.DataFrame({c: pd.Series(dtype=object if c in ("gpu", "recompute", "mlp") else
+_EMPTY_SIGS = pd.DataFrame({c: pd.Series(dtype=object if c in ("gpu", "recompute", "mlp", "precision") else
                                       bool if c in ("first", "last", "distributed_optimizer", "sequence_parallel")
-                                      else np.int64) for c in SIGNATURE_COLUMNS})
+                                      else np.int64) for c in KEY_COLUMNS})
 
 
 def signature_keys(sigs: pd.DataFrame, version: str) -> np.ndarray:
@@ -133,13 +138,13 @@ class CachedPredictor:
             self.hash_path.unlink(missing_ok=True)
             return
         self._keys, self._values = keys, values
-        self._sigs = df.loc[:, list(SIGNATURE_COLUMNS)]
+        self._sigs = df.loc[:, list(KEY_COLUMNS)]
 
     def _verify(self, df: pd.DataFrame, keys: np.ndarray, values: np.ndarray) -> None:
         """ValueError unless the stored entries are what this predictor gives (see the module doc)."""
         if not len(df):
             return
-        sigs = df.loc[:, list(SIGNATURE_COLUMNS)]
+        sigs = df.loc[:, list(KEY_COLUMNS)]  # a cache from before the precision column: KeyError, rebuilt
         if not np.array_equal(signature_keys(sigs, self.version), keys):
             raise ValueError("a key is not the hash of its stored signature")
         rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
@@ -179,7 +184,8 @@ class CachedPredictor:
         if (~hit).any():
             miss_keys, first = np.unique(keys[~hit], return_index=True)
             rows = np.flatnonzero(~hit)[first]
-            pred = self.inner.predict(with_record_defaults(sigs.iloc[rows]).loc[:, list(SIGNATURE_COLUMNS)])
+            miss = with_record_defaults(sigs.iloc[rows])
+            pred = self.inner.predict(miss.assign(precision=precision_column(miss)).loc[:, list(KEY_COLUMNS)])
             vals = pred.reindex(columns=list(CACHED_COLUMNS)).to_numpy(np.float64)
             self._keys = self._keys.append(pd.Index(miss_keys))
             self._values = np.vstack([self._values, vals])

@@ -38,7 +38,7 @@ from memx.learn.transfer import (micro_batch_transfer, micro_batches_seen, seen_
                                   sequence_parallel_transfer, unseen_sequence_parallel)
 from memx.learn.features import (FEATURE_NAMES, feature_matrix, gpu_arrays, memory_bases, signature_arrays,
                                   static_basis, time_bases, without_distributed_optimizer)
-from memx.planner.signatures import SIGNATURE_COLUMNS
+from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS, SIGNATURE_COLUMNS
 from memx.domain.hashing import bytes_hash, stable_hash
 from memx.domain.plan import Recompute
 from memx.domain.runtime import RuntimeProfile
@@ -253,8 +253,8 @@ class LearnedStagePredictor:
         names = sigs["gpu"].astype(str).to_numpy()
         closed = np.isin(names, self._closed_form_gpus())
         if closed.any():
-            cf = AnalyticStageModel(gpus=self.gpus, runtime=self.runtime).predict(
-                sigs.loc[closed, list(SIGNATURE_COLUMNS)])  # the closed form with runtime overheads (issue #16)
+            cf = AnalyticStageModel(gpus=self.gpus, runtime=self.runtime).predict(  # with runtime overheads (#16),
+                sigs.loc[closed, [c for c in PREDICTOR_INPUT_COLUMNS if c in sigs.columns]])  # in the rows' precision
             m = m.copy()
             m[closed] = cf["peak_mem_mib"].to_numpy(np.float64)
         bounds = interval_columns(self.effective_intervals(), names, t, m,

@@ -11,7 +11,7 @@ import pandas as pd
 
 from memx.learn.intervals import widened
 from memx.planner.cost import AnalyticStageModel, option_columns
-from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS, SIGNATURE_COLUMNS
+from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS
 
 
 def micro_batches_seen(df: pd.DataFrame) -> dict[str, tuple[int, ...]]:
@@ -74,7 +74,7 @@ def sequence_parallel_transfer(pred: Any, sigs: pd.DataFrame, unseen: np.ndarray
     docs/predictor.md §Options the profiles did not cover."""
     seen = sigs.assign(sequence_parallel=np.where(unseen, pred.sequence_parallel_seen[0], option_columns(sigs)[2]))
     out = pred._predict_options(seen)
-    cols = list(SIGNATURE_COLUMNS)
+    cols = [c for c in PREDICTOR_INPUT_COLUMNS if c in sigs.columns]  # in the rows' precision
 
     def ratio(runtime, col: str) -> np.ndarray:
         cf = AnalyticStageModel(gpus=pred.gpus, runtime=runtime)
