@@ -9,9 +9,10 @@ Prints, in one process unless noted:
    cluster), stage times at micro batches 2..8: MAPE with the prior's linear growth in b (before) and with the
    closed form's GEMM-efficiency transfer (after, memx.learn.transfer.micro_batch_transfer);
 4. search time on the default scenario (three-vendor-20 / llama2-7b / default), this tree vs a baseline tree
-   run as a subprocess (--baseline, default /work/main), best of --repeats.
+   run as a subprocess (--baseline DIR: a checkout of the commit before, e.g. `git worktree add ../base d172f51`),
+   best of --repeats; skipped without --baseline.
 
-Usage: PYTHONPATH=. .venv/bin/python bench/issue23_compute.py [--baseline /work/main] [--repeats 1]
+Usage: PYTHONPATH=. .venv/bin/python bench/issue23_compute.py [--baseline ../base] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def search_time(baseline: Path, repeats: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--baseline", type=Path, default=Path("/work/main"))
+    ap.add_argument("--baseline", type=Path, default=None)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--realdata", type=Path, default=REPO.parent / "shared" / "realdata")
     args = ap.parse_args()
@@ -96,7 +97,8 @@ def main() -> None:
     if (args.realdata / "vtrain").is_dir():
         vtrain_allreduce(args.realdata)
     micro_batch_transfer()
-    search_time(args.baseline, args.repeats)
+    if args.baseline is not None:
+        search_time(args.baseline, args.repeats)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 2. Closed form vs virtual cluster, time MAPE, on random schema-1 plans of clusters with a NIC per node
    (v100-t4-16; three-vendor-20 with per-node NICs and a cross-vendor link).
 3. Search time of the default scenario (three-vendor-20 / llama2-7b / default, closed form): this tree
-   against a baseline tree (`--baseline DIR`, e.g. /work/main: today's code) run in a child process.
+   against a baseline tree (`--baseline DIR`, e.g. `git worktree add ../base d172f51`: the code before) run in a child process.
 
 Run: `PYTHONPATH=. python bench/network.py [--plans N] [--baseline DIR]`
 Last line: `network old_two_level_mape=… flat_mape=… random_mape=… search_ratio=…`

@@ -26,6 +26,7 @@ from memx.domain.catalog import load_gpu
 from memx.domain.errors import InputError
 from memx.domain.groups import AnyPlan, GroupedPlan, any_plan_to_dict, group_plans, simplest
 from memx.domain.plan import Plan, Recompute, Stage, idle_gpus, plan_model
+from memx.domain.precision import MEGATRON_FLAGS
 from memx.domain.specs import Cluster, GpuType, ModelArch
 
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"  # NVIDIA/Megatron-LM, read 2026-08 (core 0.20)
@@ -164,18 +165,13 @@ def plan_precision(plan: AnyPlan) -> str:
 
 def precision_args(plan: AnyPlan) -> list[str]:
     """The precision arguments (Megatron-LM arguments.py _add_mixed_precision_args, TransformerConfig.fp8;
-    FlagScale passes its `precision:` block to the same parser): bf16 `--bf16`; fp16 `--fp16` with Megatron's
-    dynamic loss scaling written out (initial 2^32, min 1, window 1000, hysteresis 2: its defaults); fp8
-    `--fp8-format hybrid` (e4m3 forward, e5m2 gradients; Transformer Engine) on bf16 weights."""
+    FlagScale passes its `precision:` block to the same parser): memx.domain.precision.MEGATRON_FLAGS, the one
+    mapping (bf16 `--bf16`; fp16 `--fp16` with Megatron's dynamic loss scaling written out; fp8
+    `--fp8-format hybrid` on bf16 weights)."""
     precision = plan_precision(plan)
-    if precision == "fp16":
-        return ["--fp16", "--initial-loss-scale", "4294967296", "--min-loss-scale", "1.0",
-                "--loss-scale-window", "1000", "--hysteresis", "2"]
-    if precision == "fp8":
-        return ["--bf16", "--fp8-format", "hybrid"]
-    if precision != "bf16":
-        raise InputError(f"plan field 'precision': {precision!r}; allowed: bf16, fp16, fp8")
-    return ["--bf16"]
+    if precision not in MEGATRON_FLAGS:
+        raise InputError(f"plan field 'precision': {precision!r}; allowed: {', '.join(MEGATRON_FLAGS)}")
+    return list(MEGATRON_FLAGS[precision])
 
 
 def _parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
