@@ -92,6 +92,8 @@ def test_precision_follows_the_plan():
         ReplicaGroup(dp=2, micro_batch=1, micro_batches=40, stages=(Stage(gpu=B, tp=4, layers=16),
                                                                     Stage(gpu=C, tp=4, layers=16))))),
      "llama2-7b", "replica groups"),
+    (plan([(A100, 2, 16, "none", None), (B, 4, 16, "none", None)], gb=8, virtual_stages=2), "llama2-7b",
+     "interleaved 1F1B"),
 ])
 def test_what_flagscale_cannot_express_is_refused(p, model, needle):
     assert any(needle in x for x in flagscale_problems(p, load_model(model)))
