@@ -104,12 +104,16 @@ def _interleaved(ctx_list: list[StageContext], times: np.ndarray, mems: np.ndarr
     keeps them."""
     where = {c: i for i, c in enumerate(ctx_list)}
     n = np.arange(option_code.shape[0])[:, None]
+    allowed: dict[int, np.ndarray] = {}  # (n, option) mask per v: the same for every context of that v
     for i, c in enumerate(ctx_list):
         if c.virtual_stages == 1:
             continue
         twins = context_twins(c)
         with np.errstate(invalid="ignore"):
             peak = combine([mems[where[t]] for t, _ in twins], [w for _, w in twins])
-        ok = np.vectorize(allowed_layers)(n, option_code, c.virtual_stages) & np.isfinite(times[i])
+        v = c.virtual_stages
+        if v not in allowed:
+            allowed[v] = np.vectorize(allowed_layers)(n, option_code, v)
+        ok = allowed[v] & np.isfinite(times[i])
         times[i] = np.where(ok, times[i], np.inf)
         mems[i] = np.where(ok, peak, np.inf)

@@ -158,17 +158,12 @@ def _model_args(plan: Plan, model: ModelArch) -> list[str]:
     return args + precision_args(plan)
 
 
-def plan_precision(plan: AnyPlan) -> str:
-    """The plan's training precision: `plan.precision` where the plan carries one, else bf16."""
-    return getattr(plan, "precision", None) or "bf16"
-
-
 def precision_args(plan: AnyPlan) -> list[str]:
     """The precision arguments (Megatron-LM arguments.py _add_mixed_precision_args, TransformerConfig.fp8;
     FlagScale passes its `precision:` block to the same parser): memx.domain.precision.MEGATRON_FLAGS, the one
     mapping (bf16 `--bf16`; fp16 `--fp16` with Megatron's dynamic loss scaling written out; fp8
     `--fp8-format hybrid` on bf16 weights)."""
-    precision = plan_precision(plan)
+    precision = plan.precision  # both plan schemas carry it (bf16 when the file has none)
     if precision not in MEGATRON_FLAGS:
         raise InputError(f"plan field 'precision': {precision!r}; allowed: {', '.join(MEGATRON_FLAGS)}")
     return list(MEGATRON_FLAGS[precision])
