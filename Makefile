@@ -35,11 +35,16 @@ plan: install
 	$(BIN)/memx plan --backend simulated
 
 # pytest's own exit status fails the target, 5 ("no tests ran") included; PYTEST_ARGS narrows a run.
+# Tests run on TEST_WORKERS processes (pytest-xdist; 2 = CI's cores), a whole file per worker so that module
+# and session fixtures (profiles, the Prefect API server) are built once. TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-all: install browser
-	$(BIN)/python -m pytest -m "slow or not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "slow or not slow" $(XDIST) $(PYTEST_ARGS)
 
 # Headless Chromium for the report's browser test (Debian's package; skipped quietly where apt is absent).
 browser:

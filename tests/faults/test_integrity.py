@@ -154,6 +154,9 @@ def test_forged_cache_with_a_rewritten_sha256_is_detected(sigs, tmp_path, caplog
 
 # --- the pipeline: recompute what is corrupt, validate a stored plan --------------------------------
 
+# ~11 s (two local pipeline runs): `make test-all`; corrupt parts are recomputed in the default set by
+# test_s3_store_corrupt_parts_are_absent_and_recomputed and the cache by test_tampered_cache_is_discarded_and_rebuilt.
+@pytest.mark.slow
 def test_pipeline_recomputes_a_corrupt_profile_and_refuses_an_invalid_stored_plan(monkeypatch, caplog):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MEMX_STORE", raising=False)

@@ -25,7 +25,9 @@ def _memx(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def test_profile_train_plan_registered_in_sequence(tmp_path):
+def _fresh_user(tmp_path: Path) -> tuple[Path, Path, Path, dict]:
+    """MEMX_HOME, an empty HOME and an empty working directory, with no MemX/MLflow/Prefect/XDG variables
+    inherited: what a user's shell gives a first run."""
     home, user, cwd = tmp_path / "memx", tmp_path / "user", tmp_path / "cwd"
     user.mkdir()
     cwd.mkdir()
@@ -33,6 +35,15 @@ def test_profile_train_plan_registered_in_sequence(tmp_path):
            if k not in ("MLFLOW_TRACKING_URI", "MEMX_STORE", "MEMX_CONF", "XDG_CACHE_HOME", "XDG_CONFIG_HOME",
                         "XDG_DATA_HOME", "MPLCONFIGDIR", "PREFECT_HOME")}
     env.update(MEMX_HOME=str(home), HOME=str(user), PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    return home, user, cwd, env
+
+
+# ~27 s (three processes, a training run): `make test-all`. The default set keeps the registered predictor
+# through the pipeline (test_flows_pipeline, test_workflow) and "nothing outside MEMX_HOME" through
+# test_plan_analytic_logs_on_request_with_its_report below.
+@pytest.mark.slow
+def test_profile_train_plan_registered_in_sequence(tmp_path):
+    home, user, cwd, env = _fresh_user(tmp_path)
 
     prof = _memx(["profile", *JOB, "--no-progress"], env, cwd)
     assert prof.returncode == 0, prof.stderr
@@ -74,11 +85,12 @@ def plan_runs(db: Path):
 
 
 def test_plan_analytic_logs_on_request_with_its_report(tmp_path):
-    env = {**os.environ, "MEMX_HOME": str(tmp_path / "memx"), "PYTHONPATH": str(REPO)}
-    env.pop("MLFLOW_TRACKING_URI", None)
+    home, user, cwd, env = _fresh_user(tmp_path)
     out = tmp_path / "out"
-    res = _memx(["plan", *JOB, "--format", "json", "--top", "2", "--log", "--out", str(out)], env, tmp_path)
+    res = _memx(["plan", *JOB, "--format", "json", "--top", "2", "--log", "--out", str(out)], env, cwd)
     assert res.returncode == 0, res.stderr
+    assert _files(user) == [], "written under HOME"
+    assert _files(cwd) == [], "written in the working directory"
     obj = json.loads(res.stdout)  # MLflow's "View run" lines stay off stdout
     runs = plan_runs(tmp_path / "memx" / "mlflow.db")
     assert len(runs) == 1 and runs["params.predictor"][0] == "analytic"

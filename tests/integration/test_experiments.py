@@ -30,6 +30,8 @@ def _files_ok(res):
         assert f.exists() and f.stat().st_size < 250_000
 
 
+# ~10 s: `make test-all`; the experiments stay in the default set via test_scaling, test_robustness and test_cli.
+@pytest.mark.slow
 def test_prediction(out, results):
     res = _run("prediction", out, results)
     _files_ok(res)
@@ -53,6 +55,7 @@ def test_prediction(out, results):
     assert (out / "prediction-scatter.png").exists()
 
 
+@pytest.mark.slow  # ~7 s: `make test-all` (see test_prediction)
 def test_search_cost(out, results):
     res = _run("search-cost", out, results)
     _files_ok(res)
@@ -84,6 +87,7 @@ def test_deployment(out, results):
     assert (out / "deployment-memory-bars.png").exists() and (out / "deployment-pareto.png").exists()
 
 
+@pytest.mark.slow  # ~7 s: `make test-all` (see test_prediction)
 def test_table1(out, results):
     res = _run("table1", out, results)
     _files_ok(res)

@@ -161,7 +161,9 @@ def test_predicts_two_hundred_thousand_signatures_in_seconds(scenario):
     out = pred.predict(big)
     dt = time.perf_counter() - t0
     print(f"200k signatures in {dt:.2f}s")
-    assert len(out) == len(big) and np.isfinite(out.to_numpy()).all() and dt < 10.0
+    # ~2.5 s on a quiet 2-core machine; 60 s only guards against a per-row Python path (minutes), so a
+    # loaded machine cannot fail it (speed figures live in bench/search_throughput.py, not in tests).
+    assert len(out) == len(big) and np.isfinite(out.to_numpy()).all() and dt < 60.0
 
 
 def test_serialised_form_round_trips_and_version_tracks_content(scenario):

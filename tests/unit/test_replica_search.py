@@ -136,6 +136,9 @@ def test_replica_search_equals_brute_force(conf_root):
     check()
 
 
+# ~13 s (two CLI searches): `make test-all`; replica groups stay in the default set via
+# test_replica_search_equals_brute_force and the schema-2 outputs via tests/unit/test_report_grouped.py.
+@pytest.mark.slow
 def test_memx_plan_prints_schema_two(tmp_path, conf_root):
     """`memx plan --search <yaml with max_replica_groups: 2>`: on 8 × A100 + 8 × T4 with llama-6l and a
     global batch of 256 the planner's best plan is two groups (the A100 group takes most sequences); the
