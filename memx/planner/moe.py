@@ -245,12 +245,15 @@ def expert_parallelisms(space: SearchSpace, model: ModelArch, dp: int) -> list[i
 
 
 def expert_option_problems(space: SearchSpace, model: ModelArch) -> list[str]:
-    """Every expert_parallel_options value > 1 that a dense model cannot take or that does not divide the
-    model's experts: one message naming them (exit 2)."""
+    """Every expert_parallel_options value > 1 that a dense model cannot take, that replica groups cannot carry or
+    that does not divide the model's experts: one message naming them (exit 2)."""
     big = [ep for ep in space.expert_parallel_options if ep > 1]
     if big and not model.is_moe:
         return [f"search '{space.name}': field 'expert_parallel_options' {big} needs a mixture-of-experts model; "
                 f"{model.name} has no 'num_experts'"]
+    if big and space.max_replica_groups > 1:
+        return [f"search '{space.name}': field 'expert_parallel_options' {big} needs max_replica_groups 1 (a plan of "
+                "replica groups, schema 2, has no expert_parallel; neither Megatron-LM nor FlagScale runs it)"]
     bad = [ep for ep in big if model.is_moe and model.num_experts % ep]
     if bad:
         return [f"search '{space.name}': field 'expert_parallel_options' values {bad} do not divide num_experts "
