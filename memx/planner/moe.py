@@ -46,7 +46,7 @@ from memx.domain.records import nullable_floats
 from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
 from memx.planner.cost import (BYTES_PER_PARAM_STATIC, MIB, embedding_params, layer_params, option_columns,
                               precision_column, static_bytes_per_param)
-from memx.planner.network import nic_share_gbps, pair_link
+from memx.planner.network import nic_share_gbps, pair_link, ring_link
 
 MFU = 0.5  # memx.planner.cost.AnalyticStageModel.mfu (Narayanan et al. 2021 Table 1: 44–52 % of peak)
 BF16 = 2.0
@@ -175,31 +175,38 @@ def stage_static_bytes(model: ModelArch, ctx, layers: np.ndarray, dense_bytes: n
 def dp_params_per_rank(model: ModelArch, ctx, layers: np.ndarray, dense_params: np.ndarray) -> np.ndarray:
     """The parameter count whose gradient step over the stage's dp ranks costs what the MoE stage's costs: the
     non-expert part over dp plus the expert part over dp / ep — a ring step costs ∝ (n − 1)/n · bytes
-    (memx.planner.cost.dp_step_ms), so the expert part counts (1 − ep/dp)/(1 − 1/dp) times. The expert dp
-    ring is taken at the stage's dp ring bandwidth (its ranks are a subset of that ring's). `dense_params`:
-    the dense equivalent's count (stage_params_per_rank)."""
+    (memx.planner.cost.dp_step_ms), so the expert part counts (1 − ep/dp)/(1 − 1/dp) times, times the dp
+    ring's bandwidth over the expert-dp rings' (`expert_dp_slowdown`, `a2a_links`: the tail runs at the dp
+    ring's). `dense_params`: the dense equivalent's count (stage_params_per_rank)."""
     dp = ctx.expert_parallel * ctx.expert_dp
     dense, expert = layer_params_split(model, ctx.tp, ctx.expert_parallel)
     eq = dense_equivalent(model)
     eq_layer = layer_params(eq.hidden, eq.ffn_hidden, eq.heads, eq.query_groups, eq.mlp) / ctx.tp
-    share = (1.0 - 1.0 / ctx.expert_dp) / (1.0 - 1.0 / dp) if dp > 1 else 1.0
+    share = (1.0 - 1.0 / ctx.expert_dp) / (1.0 - 1.0 / dp) * ctx.expert_dp_slowdown if dp > 1 else 1.0
     return dense_params + np.asarray(layers) * (dense + expert * share - eq_layer)
 
 
-def a2a_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, float], ...]:
-    """(effective GB/s per rank, latency ms) of each stage's all-to-all over its ep groups (ep consecutive dp
+def a2a_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, float, float], ...]:
+    """(effective GB/s per rank, latency ms, expert-dp slowdown) of each stage's all-to-all over its ep groups (ep consecutive dp
     replicas: Megatron's rank order tp-cp-ep-dp-pp puts ep inside dp; the first-fit placement puts a stage's
     replicas on as few nodes as it can, memx.domain.plan.place_plan). A rank sends 1/ep of its volume V to
     each of the other ep − 1 ranks of its group; the all-to-all takes the longest of: a rank's peers in its
     node over the intra-node link, its peers on other nodes over the pair link (memx.planner.network.pair_link,
     cross-vendor included), and a node's bytes leaving over its NICs — all tp ranks of every group of the stage
-    at once (`nic_share_gbps`). Effective bandwidth = V·(ep − 1)/ep ÷ that time. ep 1: no all-to-all (0, 0)."""
+    at once (`nic_share_gbps`). Effective bandwidth = V·(ep − 1)/ep ÷ that time. ep 1: no all-to-all (0, 0).
+    The slowdown: the stage's dp ring bandwidth (tp rings, memx.planner.network.ring_link) over the slowest of
+    the ep expert-dp rings (replicas r ≡ j mod ep, tp·ep rings at once: they all run together); 1 at ep 1."""
     ep = plan.expert_parallel
     where = place_plan(plan, cluster)
     if ep == 1 or where is None:
-        return tuple((0.0, 0.0) for _ in plan.stages)
-    return tuple(_stage_a2a(cluster, [where[r][s] for r in range(plan.dp)], ep, st.tp)
-                 for s, st in enumerate(plan.stages))
+        return tuple((0.0, 0.0, 1.0) for _ in plan.stages)
+    out = []
+    for s, st in enumerate(plan.stages):
+        nodes = [where[r][s] for r in range(plan.dp)]
+        dp_bw = ring_link(cluster, nodes, st.tp)[0]
+        edp_bw = min(ring_link(cluster, nodes[j::ep], st.tp * ep)[0] for j in range(ep))
+        out.append((*_stage_a2a(cluster, nodes, ep, st.tp), dp_bw / edp_bw))
+    return tuple(out)
 
 
 def _stage_a2a(cluster: Cluster, nodes: list[int], ep: int, tp: int) -> tuple[float, float]:
@@ -222,10 +229,10 @@ def _stage_a2a(cluster: Cluster, nodes: list[int], ep: int, tp: int) -> tuple[fl
     return (ep - 1) / ep / slowest, lat
 
 
-def with_experts(ctxs: Sequence, ep: int, expert_dp: int, links: Sequence[tuple[float, float]]) -> tuple:
-    """Stage contexts carrying ep, the expert dp size and each stage's all-to-all link (a MoE model's)."""
-    return tuple(dataclasses.replace(c, expert_parallel=ep, expert_dp=expert_dp, a2a_gbps=bw, a2a_latency_ms=lat)
-                 for c, (bw, lat) in zip(ctxs, links, strict=True))
+def with_experts(ctxs: Sequence, ep: int, expert_dp: int, links: Sequence[tuple[float, float, float]]) -> tuple:
+    """Stage contexts carrying ep, the expert dp size and each stage's links (`a2a_links`; a MoE model's)."""
+    return tuple(dataclasses.replace(c, expert_parallel=ep, expert_dp=expert_dp, a2a_gbps=bw, a2a_latency_ms=lat,
+                                     expert_dp_slowdown=slow) for c, (bw, lat, slow) in zip(ctxs, links, strict=True))
 
 
 def plan_expert_contexts(ctxs: Sequence, plan: Plan, model: ModelArch, cluster: Cluster) -> tuple:

@@ -45,7 +45,7 @@ class Layout:
     wrap_gbps: float | None = None  # interleaved: bandwidth of the last stage → first stage hop
     precision: str = DEFAULT_PRECISION  # the plan's training precision (memx.domain.precision.resolve_precision)
     expert_parallel: int = 1  # MoE (memx.planner.moe): ep, one for every stage
-    a2a_links: tuple[tuple[float, float], ...] | None = None  # MoE: each stage's all-to-all link; None: a dense model
+    a2a_links: tuple[tuple[float, float, float], ...] | None = None  # MoE: memx.planner.moe.a2a_links; None: dense
 
     @property
     def pp(self) -> int:

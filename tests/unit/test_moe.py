@@ -107,8 +107,8 @@ def test_all_to_all_inside_a_node_runs_at_nvlink_across_nodes_at_the_nic():
     cluster = load_cluster("h100-mi300x-32")
     inside = _mixtral_plan(ep=2, dp=4, tp=4)  # replicas 0, 1 share a node: ep groups never leave it
     across = _mixtral_plan(ep=4, dp=4, tp=4)  # 4 replicas × tp 4 = 2 nodes per stage
-    (bw_in, lat_in), _ = moe.a2a_links(cluster, inside)
-    (bw_x, lat_x), _ = moe.a2a_links(cluster, across)
+    (bw_in, lat_in, _), _ = moe.a2a_links(cluster, inside)
+    (bw_x, lat_x, _), _ = moe.a2a_links(cluster, across)
     assert bw_in == pytest.approx(cluster.nodes[0].gpu.intra_node_bandwidth_gbps) and lat_in == 0.0
     assert bw_x < cluster.inter_node_bandwidth_gbps and lat_x > 0.0
 
