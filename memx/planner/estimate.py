@@ -89,6 +89,8 @@ def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor
     sigs = frames[0] if len(frames) == 1 else {c: np.concatenate([f[c] for f in frames]) for c in frames[0]}
     pred = predict_arrays(predictor, sigs)
     gpus = None if cluster is None else {g.name: g for g in cluster.gpu_types}
+    if any(trained.is_moe for _, trained in runs):  # writable copies (a DataFrame's columns may be read-only)
+        pred = {c: np.array(v, dtype=np.float64) for c, v in pred.items()}
     for (sl, trained), frame in zip(runs, frames):
         if trained.is_moe:  # each run's MoE terms with the model it trains (memx.planner.moe)
             part = moe.adjust({c: v[sl] for c, v in pred.items()}, frame, trained, gpus)

@@ -140,3 +140,45 @@ def test_closed_form_memory_within_ten_percent_of_the_virtual_cluster():
         sim = [run.demand_mem_mib[0], run.demand_mem_mib[plan.stages[0].tp]]
         assert np.allclose(est.stage_peak_mib, sim, rtol=0.10), (est.stage_peak_mib, sim)
         assert est.stage_time_ms == pytest.approx(run.stage_time_ms, rel=0.25)
+
+
+class _Counting:
+    """A stage predictor that records the signatures it is asked for (the closed form underneath)."""
+
+    name = "counting"
+
+    def __init__(self, base):
+        self.base, self.seen = base, []
+
+    def predict(self, sigs):
+        self.seen.append(sigs.reset_index(drop=True))
+        return self.base.predict(sigs)
+
+
+def test_predictors_and_their_caches_see_the_dense_equivalent_never_ep():
+    """The signature a predictor (and a prediction cache keyed on it) sees is the dense equivalent's (ffn_hidden
+    λ·k·f_e + f_sh, not the model's); ep and the all-to-all link enter after it, so a cached prediction is the
+    same for every ep and never stands for another ep's stage (memx.planner.moe.adjust)."""
+    cluster, model = load_cluster("h100-mi300x-32"), load_model("mixtral-8x7b")
+    pred = _Counting(AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}))
+    a, b = (estimate_plans([_mixtral_plan(ep=ep)], cluster, model, pred)[0] for ep in (2, 4))
+    assert pred.seen[0].equals(pred.seen[1])
+    assert set(pred.seen[0]["ffn_hidden"]) == {moe.dense_equivalent(model).ffn_hidden} != {model.ffn_hidden}
+    assert a.stage_peak_mib != b.stage_peak_mib  # the experts over ep: after the predictor
+
+
+def test_a_profile_measures_the_dense_equivalent():
+    from memx.profiling import profiled_model
+
+    model = load_model("qwen1.5-moe-a2.7b")
+    assert profiled_model(model) == moe.dense_equivalent(model) and not profiled_model(model).is_moe
+    assert profiled_model(load_model("llama2-7b")) == load_model("llama2-7b")
+
+
+@pytest.mark.slow
+def test_simulated_profile_of_a_moe_model_records_dense_equivalent_stages():
+    from memx.profiling import profile
+
+    model = dataclasses.replace(load_model("llama-6l"), num_experts=4, moe_router_topk=2, moe_ffn_hidden=2048)
+    runs = profile(load_cluster("xy-2"), model, load_search("small"), backend="simulated").stage_runs
+    assert set(runs["ffn_hidden"]) == {moe.dense_equivalent(model).ffn_hidden}
