@@ -182,3 +182,15 @@ def test_simulated_profile_of_a_moe_model_records_dense_equivalent_stages():
     model = dataclasses.replace(load_model("llama-6l"), num_experts=4, moe_router_topk=2, moe_ffn_hidden=2048)
     runs = profile(load_cluster("xy-2"), model, load_search("small"), backend="simulated").stage_runs
     assert set(runs["ffn_hidden"]) == {moe.dense_equivalent(model).ffn_hidden}
+
+
+def test_interleaved_moe_plan_agrees_with_the_virtual_cluster():
+    """ep and virtual stages together: the closed form's chunks carry the MoE terms as the simulator's do."""
+    cluster, model = load_cluster("h100-mi300x-32"), load_model("mixtral-8x7b")
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    st = tuple(Stage(gpu=g, tp=2, layers=8) for g in ("h100-80g", "h100-80g", "mi300x-192g", "mi300x-192g"))
+    p = Plan(model=model.name, cluster=cluster.name, global_batch=64, micro_batch=1, seq_len=4096, dp=4, stages=st,
+             distributed_optimizer=True, sequence_parallel=True, expert_parallel=4, virtual_stages=2)
+    est, run = estimate_plans([p], cluster, model, pred)[0], simulate_plan(p, cluster, model)
+    assert est.iteration_time_ms == pytest.approx(run.iteration_time_ms, rel=0.10)
+    assert np.allclose(est.stage_peak_mib, [run.demand_mem_mib[2 * s] for s in range(4)], rtol=0.05)
