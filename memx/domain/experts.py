@@ -39,12 +39,21 @@ class ExpertFields:
     2022, JMLR 23, §2.1 and Table 1: capacity factor 1.0–1.25; with `--moe-expert-capacity-factor` 1.25
     Megatron caps each expert at that); 1: perfectly balanced routing."""
 
+    moe_first_dense_layers: Annotated[int, Ge(0), Le(1_024)] = 0
+    """The first k layers have a dense MLP of `ffn_hidden` instead of experts (DeepSeek-V2/V3 config.json
+    `first_k_dense_replace`; Megatron-LM `--moe-layer-freq "([0]*k+[1]*(L-k))"`); 0: every layer MoE (Mixtral,
+    Qwen1.5-MoE). Fewer than the model's layers."""
+
     def _moe_problems(self) -> list[tuple[str, str, object]]:
         """A router top-k above the experts (Megatron's router takes the top k of num_experts logits), and MoE
         sizes given for a dense model (memx.domain.validation.Problem triples)."""
         if self.num_experts is None:
             given = [f for f in ("moe_ffn_hidden", "moe_shared_expert_ffn_hidden") if getattr(self, f) is not None]
+            given += ["moe_first_dense_layers"] if self.moe_first_dense_layers else []
             return [(f, "needs 'num_experts' (a dense model has no experts)", getattr(self, f)) for f in given]
+        if self.moe_first_dense_layers >= self.layers:  # type: ignore[attr-defined]
+            return [("moe_first_dense_layers", f"must be below 'layers' ({self.layers})",  # type: ignore[attr-defined]
+                     self.moe_first_dense_layers)]
         if self.moe_router_topk > self.num_experts:
             return [("moe_router_topk", f"must not exceed 'num_experts' ({self.num_experts})", self.moe_router_topk)]
         return []
@@ -66,4 +75,5 @@ class ExpertFields:
         return {"num_experts": self.num_experts, "moe_router_topk": self.moe_router_topk,
                 "moe_ffn_hidden": self.expert_ffn_hidden,
                 "moe_shared_expert_ffn_hidden": self.moe_shared_expert_ffn_hidden,
-                "moe_load_imbalance": self.moe_load_imbalance}
+                "moe_load_imbalance": self.moe_load_imbalance,
+                **({"moe_first_dense_layers": self.moe_first_dense_layers} if self.moe_first_dense_layers else {})}

@@ -29,7 +29,8 @@ the average tokens, and every rank waits for it in the combine). `adjust` then a
 - activations per kept layer: the (λ·k − 1) extra copies of the expert input 2·T·h and the fp32 router logits
   4·T·E (Korthikanti et al. 2022 §4.1 accounting); the dispatch buffers (send + receive) once as workspace.
 
-All layers are MoE layers (`--moe-layer-freq 1`, Megatron's default; Mixtral and Qwen1.5-MoE).
+Dense layers: the model's first `moe_first_dense_layers` (DeepSeek's `first_k_dense_replace`) have a dense MLP
+of `ffn_hidden`; `split_layers` counts them on the first stage, and a dense layer's MLP replaces the equivalent's.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def dense_equivalent(model: ModelArch) -> ModelArch:
     f_eq = model.moe_load_imbalance * model.moe_router_topk * model.expert_ffn_hidden \
         + (model.moe_shared_expert_ffn_hidden or 0)
     return dataclasses.replace(model, ffn_hidden=int(round(f_eq)), num_experts=None, moe_ffn_hidden=None,
-                               moe_shared_expert_ffn_hidden=None)
+                               moe_shared_expert_ffn_hidden=None, moe_first_dense_layers=0)
 
 
 def layer_params_split(model: ModelArch, tp, ep) -> tuple[np.ndarray, np.ndarray]:
@@ -78,7 +79,9 @@ def model_static_bytes(model: ModelArch) -> float:
     memx.planner.cost.BYTES_PER_PARAM_STATIC)."""
     dense, expert = layer_params_split(model, 1, 1)
     emb = embedding_params(model.hidden, model.vocab) * (1 if model.tied_embeddings else 2)
-    return float(model.layers * (dense + expert) + emb) * BYTES_PER_PARAM_STATIC
+    k = model.moe_first_dense_layers
+    full = layer_params(model.hidden, model.ffn_hidden, model.heads, model.query_groups, model.mlp)
+    return float((model.layers - k) * (dense + expert) + k * full + emb) * BYTES_PER_PARAM_STATIC
 
 
 def moe_columns(contexts: Sequence, ctx_index: np.ndarray) -> dict[str, np.ndarray]:
@@ -94,32 +97,57 @@ def _ranks(model: ModelArch, c: Mapping[str, np.ndarray]):
     return tp, ep, edp, ep * edp, tokens
 
 
+def split_layers(model: ModelArch, layers, first) -> tuple[np.ndarray, np.ndarray]:
+    """(MoE layers, dense layers) of stages of `layers` layers: the model's first `moe_first_dense_layers` are
+    dense, counted on the first stage (min(k, n)); later stages are taken as all MoE — exact when the first
+    stage holds at least k layers (the virtual cluster places them exactly, memx.simulator.moe)."""
+    n = np.asarray(layers, dtype=np.float64)
+    dense = np.where(np.asarray(first, dtype=bool), np.minimum(n, model.moe_first_dense_layers), 0.0)
+    return n - dense, dense
+
+
+def _mlp_params(model: ModelArch, ffn: int, tp) -> np.ndarray:
+    """SwiGLU / GELU MLP weights of one layer per rank (memx.planner.cost.layer_params without attention)."""
+    return (layer_params(model.hidden, ffn, model.heads, model.query_groups, model.mlp)
+            - layer_params(model.hidden, 0, model.heads, model.query_groups, model.mlp)) / np.asarray(tp, dtype=np.float64)
+
+
 def static_delta_bytes(model: ModelArch, c: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Real static bytes of the rows' layers minus their dense equivalent's (weights, grads, optimizer state)."""
+    """Real static bytes of the rows' layers minus their dense equivalent's (weights, grads, optimizer state); a
+    dense layer's MLP is `ffn_hidden` instead of the equivalent's."""
     tp, ep, edp, dp, _ = _ranks(model, c)
     do = option_columns(c)[0]
     prec = precision_column(c)
     dense, expert = layer_params_split(model, tp, ep)
     eq = dense_equivalent(model)
     eq_layer = layer_params(eq.hidden, eq.ffn_hidden, eq.heads, eq.query_groups, eq.mlp) / tp
-    real = dense * static_bytes_per_param(do, dp, prec) + expert * static_bytes_per_param(do, edp, prec)
-    return c["layers"] * (real - eq_layer * static_bytes_per_param(do, dp, prec))
+    per_dp = static_bytes_per_param(do, dp, prec)
+    real = dense * per_dp + expert * static_bytes_per_param(do, edp, prec)
+    n_moe, n_dense = split_layers(model, c["layers"], c["first"])
+    mlp_gap = _mlp_params(model, model.ffn_hidden, tp) - _mlp_params(model, eq.ffn_hidden, tp)
+    return n_moe * (real - eq_layer * per_dp) + n_dense * mlp_gap * per_dp
 
 
 def activation_delta_bytes(model: ModelArch, c: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes each held micro batch adds, workspace bytes) beyond the dense equivalent (module docstring)."""
-    _, _, _, _, tokens = _ranks(model, c)
+    """(bytes each held micro batch adds, workspace bytes) beyond the dense equivalent (module docstring); a kept
+    dense layer's MLP intermediates are 6·b·s·(f − f_eq)/tp bytes off (SwiGLU, Korthikanti et al. 2022 §4.1)."""
+    tp, _, _, _, tokens = _ranks(model, c)
     copies = model.moe_load_imbalance * model.moe_router_topk
     per_layer = 2.0 * tokens * model.hidden * (copies - 1.0) + 4.0 * tokens * model.num_experts
-    kept = c["layers"] - _recomputed(c)
-    work = (c["layers"] > 0) * 2.0 * BF16 * copies * tokens * model.hidden
-    return kept * per_layer, work
+    (n_moe, n_dense), (rec_moe, rec_dense) = split_layers(model, c["layers"], c["first"]), _recomputed(model, c)
+    mlp_gap = 6.0 * c["micro_batch"] * c["seq_len"] * (model.ffn_hidden - dense_equivalent(model).ffn_hidden) / tp
+    work = (n_moe > 0) * 2.0 * BF16 * copies * tokens * model.hidden
+    return (n_moe - rec_moe) * per_layer + (n_dense - rec_dense) * mlp_gap, work
 
 
-def _recomputed(c: Mapping[str, np.ndarray]) -> np.ndarray:
+def _recomputed(model: ModelArch, c: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(MoE, dense) layers recomputed in full: the block method's first N are the dense ones first."""
     rl = nullable_floats(c["recompute_layers"])
     full = np.asarray(c["recompute"]) == "full"
-    return np.where(full, np.where(np.isnan(rl), c["layers"], np.minimum(rl, c["layers"])), 0.0)
+    n = np.where(full, np.where(np.isnan(rl), c["layers"], np.minimum(rl, c["layers"])), 0.0)
+    _, n_dense = split_layers(model, c["layers"], c["first"])
+    dense = np.minimum(n, n_dense)
+    return n - dense, dense
 
 
 def time_delta_ms(model: ModelArch, c: Mapping[str, np.ndarray], gpus: Mapping[str, GpuType]) -> np.ndarray:
@@ -129,7 +157,7 @@ def time_delta_ms(model: ModelArch, c: Mapping[str, np.ndarray], gpus: Mapping[s
     peak = np.array([gpus[g].peak_tflops_bf16 for g in names]) * 1e9 * MFU  # FLOP per ms
     membw = np.array([gpus[g].memory_bandwidth_gbps for g in names]) * 1e6  # bytes per ms
     intra = np.array([gpus[g].intra_node_bandwidth_gbps for g in names]) * 1e6
-    L, n_rec = c["layers"].astype(np.float64), _recomputed(c)
+    (L, n_dense), (n_rec, rec_dense) = split_layers(model, c["layers"], c["first"]), _recomputed(model, c)
     copies = model.moe_load_imbalance * model.moe_router_topk
     moved = BF16 * copies * tokens * model.hidden  # bytes a rank dispatches (and combines) per layer
     a2a = np.where(ep > 1, moved * (ep - 1) / ep / np.maximum(c["a2a_gbps"], 1e-9) / 1e6 + c["a2a_latency_ms"], 0.0)
@@ -137,7 +165,11 @@ def time_delta_ms(model: ModelArch, c: Mapping[str, np.ndarray], gpus: Mapping[s
     permute = 8.0 * moved / membw
     etp = np.where(tp > 1, 2.0 * 2.0 * (tp - 1) / tp * moved * (copies - 1.0) / copies * tp / intra, 0.0)
     # a full recompute reruns the forward: 2 of the 4 all-to-alls, 1/3 of the router's 3 GEMMs, half the rest
-    return (4.0 * L + 2.0 * n_rec) * a2a + (L + n_rec / 3.0) * router + (L + n_rec / 2.0) * (permute + etp)
+    # a dense layer: the MLP GEMMs of f instead of f_eq, 2·b·s·h·3·Δf/tp FLOPs forward (Narayanan et al. 2021 §5.1)
+    mlp_gap = 2.0 * c["micro_batch"] * c["seq_len"] * model.hidden * 3.0 \
+        * (model.ffn_hidden - dense_equivalent(model).ffn_hidden) / tp / peak
+    return (4.0 * L + 2.0 * n_rec) * a2a + (L + n_rec / 3.0) * router + (L + n_rec / 2.0) * (permute + etp) \
+        + (3.0 * n_dense + rec_dense) * mlp_gap
 
 
 def adjust(pred: dict[str, np.ndarray], cols: Mapping[str, np.ndarray], model: ModelArch,
@@ -168,7 +200,7 @@ def stage_static_bytes(model: ModelArch, ctx, layers: np.ndarray, dense_bytes: n
             "expert_dp": np.full(n.shape, float(ctx.expert_dp)), "micro_batch": np.full(n.shape, ctx.micro_batch),
             "seq_len": np.full(n.shape, model.seq_len), "sequence_parallel": np.full(n.shape, ctx.sequence_parallel),
             "distributed_optimizer": np.full(n.shape, ctx.distributed_optimizer), "dp": np.full(n.shape, ctx.dp),
-            "precision": np.full(n.shape, ctx.precision, dtype=object), "layers": n}
+            "precision": np.full(n.shape, ctx.precision, dtype=object), "layers": n, "first": np.full(n.shape, ctx.first)}
     return dense_bytes + static_delta_bytes(model, cols)
 
 
@@ -183,7 +215,9 @@ def dp_params_per_rank(model: ModelArch, ctx, layers: np.ndarray, dense_params: 
     eq = dense_equivalent(model)
     eq_layer = layer_params(eq.hidden, eq.ffn_hidden, eq.heads, eq.query_groups, eq.mlp) / ctx.tp
     share = (1.0 - 1.0 / ctx.expert_dp) / (1.0 - 1.0 / dp) * ctx.expert_dp_slowdown if dp > 1 else 1.0
-    return dense_params + np.asarray(layers) * (dense + expert * share - eq_layer)
+    n_moe, n_dense = split_layers(model, layers, ctx.first)
+    mlp_gap = _mlp_params(model, model.ffn_hidden, ctx.tp) - _mlp_params(model, eq.ffn_hidden, ctx.tp)
+    return dense_params + n_moe * (dense + expert * share - eq_layer) + n_dense * mlp_gap
 
 
 def a2a_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, float, float], ...]:

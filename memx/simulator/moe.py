@@ -16,7 +16,8 @@ Memory: the local experts' weights with their optimizer state sharded over the e
 (dp / ep ranks) with the distributed optimizer, and the router's; activations per kept layer: the gathered
 expert input, the expert MLP intermediates, the fp32 router probabilities; the dispatch buffers as workspace.
 The expert gradients are all-reduced (or reduce-scattered and the parameters all-gathered) over the ranks
-holding the same experts: replicas r ≡ j (mod ep), a ring over their nodes.
+holding the same experts: replicas r ≡ j (mod ep), a ring over their nodes. The model's first
+`moe_first_dense_layers` layers run as dense layers (MLP `ffn_hidden`) on whichever stages hold them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from memx.simulator.links import link, ring, shared_nic
 from memx.simulator.physics import (BF16_BYTES, FP32_BYTES, GRAD_BYTES_OF, Device, adam_step_ms, gemm_ms,
                                     membound_ms, ring_allreduce_ms, ring_collective_ms, tp_boundary_ms,
                                     tp_collective_ms)
-from memx.simulator.stage import MIB, REPLICATED_BYTES_PER_PARAM, StageCost, StageSignature
+from memx.simulator.interleave import chunk_signatures
+from memx.simulator.stage import (ADAM_STATIC_BYTES_PER_PARAM, MIB, REPLICATED_BYTES_PER_PARAM, StageCost,
+                                  StageSignature, stage_cost)
 from memx.simulator.traits import GpuTraits
 
 
@@ -117,24 +120,53 @@ def moe_cost(cost: StageCost, sig: StageSignature, model: ModelArch, ep: int, a2
 
 
 def moe_stage_costs(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]], sigs: list[StageSignature],
-                    costs: list[StageCost], chunks: list[list[StageCost]] | None, tr: dict[str, GpuTraits]):
-    """(stage costs, chunk costs or None, per-stage expert dp step ms) of a MoE plan from its dense costs."""
+                    costs: list[StageCost], chunks: list[list[StageCost]] | None, tr: dict[str, GpuTraits],
+                    static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM):
+    """(stage costs, chunk costs or None, per-stage expert dp step ms) of a MoE plan from its dense costs; the
+    model's first `moe_first_dense_layers` layers, wherever the split puts them, run a dense MLP (`_with_dense`)."""
     out, out_chunks, dp_ms = [], None if chunks is None else [], []
+    v, per_chunk = plan.virtual_stages, [st.layers // plan.virtual_stages for st in plan.stages]
     for s, (sig, cost) in enumerate(zip(sigs, costs)):
         gpu, t = cluster.gpu(sig.gpu), tr[sig.gpu]
         d = sig.dims()
         rank_tokens = d.tokens / sig.tp if d.sp else d.tokens
         moved = BF16_BYTES * model.moe_load_imbalance * model.moe_router_topk * rank_tokens * model.hidden
         a2a = a2a_ms(plan, cluster, where, s, moved, t) if plan.expert_parallel > 1 else 0.0
-        new, expert = moe_cost(cost, sig, model, plan.expert_parallel, a2a, gpu, t)
+        args = (model, plan.expert_parallel, a2a, gpu, t, static_bytes_per_param)
+        offset = sum(st.layers for st in plan.stages[:s])
+        new, expert = _with_dense(cost, sig, offset, *args)
         out.append(new)
         dp_ms.append(expert_dp_ms(plan, cluster, where, s, expert, t))
-        if chunks is not None:
-            v = plan.virtual_stages
-            out_chunks.append([moe_cost(c, dataclasses.replace(sig, layers=sig.layers // v, recompute_layers=None
-                                        if sig.recompute_layers is None else sig.recompute_layers // v),
-                                        model, plan.expert_parallel, a2a, gpu, t)[0] for c in chunks[s]])
+        if chunks is not None:  # chunk c of rank s is virtual stage c·pp + s
+            out_chunks.append([_with_dense(c, sc, c_i * sum(per_chunk) + sum(per_chunk[:s]), *args)[0]
+                               for c_i, (c, sc) in enumerate(zip(chunks[s], chunk_signatures(sig, s, plan.pp, v)))])
     return out, out_chunks, dp_ms
+
+
+def _with_dense(cost: StageCost, sig: StageSignature, offset: int, model: ModelArch, ep: int, a2a: float,
+                gpu: GpuType, traits: GpuTraits, bpp: float) -> tuple[StageCost, float]:
+    """`moe_cost` of a stage whose layers start at model layer `offset`; the ones below `moe_first_dense_layers`
+    run as a dense stage of their own (MLP `ffn_hidden`, the block recompute's first layers), added to the rest."""
+    dense = max(0, min(offset + sig.layers, model.moe_first_dense_layers) - offset)
+    if not dense:
+        return moe_cost(cost, sig, model, ep, a2a, gpu, traits)
+    n_rec = sig.recomputed_layers
+    rec_dense = min(n_rec, dense)
+    part = dataclasses.replace(sig, layers=dense, ffn_hidden=model.ffn_hidden, first=False, last=False,
+                               recompute=sig.recompute if rec_dense or sig.recompute == "selective" else "none",
+                               recompute_layers=rec_dense if 0 < rec_dense < dense else None)
+    d_cost = stage_cost(part, gpu, traits, bpp)
+    rest, rec_rest = sig.layers - dense, n_rec - rec_dense
+    if not (rest or sig.first or sig.last):
+        return d_cost, 0.0
+    m_sig = dataclasses.replace(sig, layers=rest, recompute=sig.recompute if rec_rest or sig.recompute != "full"
+                                else "none", recompute_layers=rec_rest if 0 < rec_rest < rest else None)
+    m_cost, expert = moe_cost(stage_cost(m_sig, gpu, traits, bpp), m_sig, model, ep, a2a, gpu, traits)
+    return dataclasses.replace(
+        m_cost, fwd_ms=m_cost.fwd_ms + d_cost.fwd_ms, bwd_ms=m_cost.bwd_ms + d_cost.bwd_ms, params=m_cost.params
+        + d_cost.params, static_mem_mib=m_cost.static_mem_mib + d_cost.static_mem_mib, act_mem_mib=m_cost.act_mem_mib
+        + d_cost.act_mem_mib, workspace_mem_mib=max(m_cost.workspace_mem_mib, d_cost.workspace_mem_mib),
+        optimizer_ms=m_cost.optimizer_ms + d_cost.optimizer_ms), expert
 
 
 def expert_dp_ms(plan: Plan, cluster: Cluster, where: list[list[int]], s: int, expert_params: float,

@@ -226,7 +226,8 @@ def _prepare(plan: Plan, where: list[list[int]], cluster: Cluster, model: ModelA
          for c in chunk_signatures(sig, s, plan.pp, plan.virtual_stages)] for s, sig in enumerate(sigs)]
     expert_dp = [0.0] * plan.pp
     if plan_model(plan, model).is_moe:  # routed experts, router, all-to-all (memx.simulator.moe)
-        costs, chunks, expert_dp = moe_stage_costs(plan, plan_model(plan, model), cluster, where, sigs, costs, chunks, tr)
+        costs, chunks, expert_dp = moe_stage_costs(plan, plan_model(plan, model), cluster, where, sigs, costs, chunks, tr,
+                                                   static_bytes_per_param)
     dp_ar = [a + b for a, b in zip(_dp_allreduce_ms(plan, cluster, where, costs, tr), expert_dp)]
     return _Group(plan=plan, where=where, sigs=sigs, costs=costs, p2p=_p2p_ms(plan, model, cluster, where, tr),
                   dp_ar=dp_ar, chunks=chunks)

@@ -268,3 +268,13 @@ def test_moe_arguments_parse_and_carry_the_experts(model_name, ep, shared):
     assert ns.moe_shared_expert_intermediate_size == shared and ns.expert_model_parallel_size == ep
     assert ns.num_experts % ns.expert_model_parallel_size == 0 and ns.moe_token_dispatcher_type == "alltoall"
     assert "--num-experts" not in script_args(render_megatron(CASES["gpt-tied-full"][1], load_model("gpt2-1024")))
+
+
+def test_moe_first_dense_layers_become_a_layer_pattern():
+    import dataclasses
+
+    model = dataclasses.replace(load_model("qwen1.5-moe-a2.7b"), moe_first_dense_layers=1)
+    p = plan([("h100-80g", 2, 12, "none", None)] * 2, dp=4, gb=64, model=model.name, cluster="h100-mi300x-32",
+             sequence_parallel=True, expert_parallel=4)
+    ns = parse(script_args(render_megatron(p, model)))
+    assert ns.moe_layer_freq == "([0]*1+[1]*23)"  # Megatron's moe_freq_type: 1 dense layer, then 23 MoE layers

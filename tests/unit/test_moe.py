@@ -83,6 +83,7 @@ def test_expert_parameters_split_over_ep_and_their_state_over_dp_over_ep():
     cols = {"tp": np.array([4, 4]), "expert_parallel": np.array([1.0, 4.0]), "expert_dp": np.array([4.0, 1.0]),
             "micro_batch": np.array([1, 1]), "seq_len": np.array([4096, 4096]), "sequence_parallel": np.array([True] * 2),
             "distributed_optimizer": np.array([True] * 2), "dp": np.array([4, 4]), "layers": np.array([1, 1]),
+            "first": np.array([False] * 2),
             "precision": np.array(["bf16"] * 2, dtype=object)}
     d = moe.static_delta_bytes(m, cols)
     # ep 1: experts' state over dp 4 (6 + 12/4 B); ep 4: a quarter of them, state unsharded (edp 1: 18 B)
@@ -94,6 +95,7 @@ def test_all_to_all_time_by_hand():
     gpus = {g.name: g for g in load_cluster("h100-mi300x-32").gpu_types}
     base = {"gpu": np.array(["h100-80g"] * 2, dtype=object), "tp": np.array([1, 1]), "micro_batch": np.array([1, 1]),
             "seq_len": np.array([4096, 4096]), "sequence_parallel": np.array([False] * 2), "layers": np.array([2, 2]),
+            "first": np.array([False] * 2),
             "recompute": np.array(["none"] * 2, dtype=object), "recompute_layers": np.array([np.nan] * 2),
             "expert_parallel": np.array([1.0, 8.0]), "expert_dp": np.array([1.0, 1.0]),
             "a2a_gbps": np.array([0.0, 50.0]), "a2a_latency_ms": np.array([0.0, 0.01])}
@@ -194,3 +196,27 @@ def test_interleaved_moe_plan_agrees_with_the_virtual_cluster():
     est, run = estimate_plans([p], cluster, model, pred)[0], simulate_plan(p, cluster, model)
     assert est.iteration_time_ms == pytest.approx(run.iteration_time_ms, rel=0.10)
     assert np.allclose(est.stage_peak_mib, [run.demand_mem_mib[2 * s] for s in range(4)], rtol=0.05)
+
+
+def test_first_dense_layers_closed_form_and_virtual_cluster_agree():
+    """DeepSeek-style dense first layers (`moe_first_dense_layers`, MLP `ffn_hidden`): the closed form counts them
+    on the first stage, the virtual cluster wherever they are; with the first stage holding them both agree."""
+    cluster = load_cluster("h100-mi300x-32")
+    model = dataclasses.replace(load_model("qwen1.5-moe-a2.7b"), moe_first_dense_layers=3, ffn_hidden=10944)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    peaks = []
+    for m in (dataclasses.replace(model, moe_first_dense_layers=0), model):
+        st = (Stage(gpu="h100-80g", tp=2, layers=12, recompute="full", recompute_layers=2),
+              Stage(gpu="mi300x-192g", tp=2, layers=12))
+        p = Plan(model=m.name, cluster=cluster.name, global_batch=64, micro_batch=1, seq_len=4096, dp=8, stages=st,
+                 distributed_optimizer=True, sequence_parallel=True, expert_parallel=4)
+        est, run = estimate_plans([p], cluster, m, pred)[0], simulate_plan(p, cluster, m)
+        assert np.allclose(est.stage_peak_mib, [run.demand_mem_mib[0], run.demand_mem_mib[2]], rtol=0.05)
+        assert np.allclose(est.stage_time_ms, run.stage_time_ms, rtol=0.10)
+        peaks.append(est.stage_peak_mib)
+    assert peaks[1][0] < peaks[0][0] and peaks[1][1] == pytest.approx(peaks[0][1])  # dense layers hold no experts
+    assert moe.model_static_bytes(model) < moe.model_static_bytes(dataclasses.replace(model, moe_first_dense_layers=0))
+    with pytest.raises(InputError, match="moe_first_dense_layers.*below 'layers' \\(24\\)"):
+        dataclasses.replace(model, moe_first_dense_layers=24)
+    with pytest.raises(InputError, match="moe_first_dense_layers.*needs 'num_experts'"):
+        dataclasses.replace(load_model("llama-6l"), moe_first_dense_layers=1)
