@@ -47,6 +47,8 @@ CASES = [
     ("top-k-above-experts", lambda t: _model(t, "moe_router_topk: 5\n"), ("moe_router_topk", "'num_experts' (4)")),
     ("moe-size-on-dense-model", lambda t: _model(t, "moe_shared_expert_ffn_hidden: 512\n", dense=True),
      ("moe_shared_expert_ffn_hidden", "needs 'num_experts'")),
+    ("dense-layers-not-below-layers", lambda t: _model(t, "moe_first_dense_layers: 4\n"),
+     ("moe_first_dense_layers", "below 'layers' (4)")),
     ("search-ep-does-not-divide-experts", lambda t: _search(t, "mixtral-8x7b", "[1, 3, 6]"),
      ("expert_parallel_options", "[3, 6]", "num_experts (8)")),
     ("search-ep-on-dense-model", lambda t: _search(t, "llama2-7b", "[1, 2]"),
