@@ -192,7 +192,8 @@ def test_branch_and_bound_equals_full_enumeration_with_expert_parallel_options(c
     expert-dp step change stage times and tails per ep): branch-and-bound == every plan scored."""
     cluster = Cluster(name="moe", inter_node_bandwidth_gbps=12.0,
                       nodes=(Node(gpu=load_gpu("a100-80g", conf), count=4), Node(gpu=load_gpu("h100-80g", conf), count=4)))
-    model = dataclasses.replace(load_model("llama-6l", conf), num_experts=4, moe_router_topk=2, moe_ffn_hidden=2048)
+    model = dataclasses.replace(load_model("llama-6l", conf), num_experts=4, moe_router_topk=2, moe_ffn_hidden=2048,
+                                moe_first_dense_layers=1)  # a dense first layer: first-stage entries differ
     space = dataclasses.replace(load_search("small", conf), global_batch=16, micro_batch_options=(1,), max_pp=3,
                                 expert_parallel_options=(1, 2, 4))
     fast, ref = _run(cluster, model, space, 5), _run(cluster, model, space, 5, exhaustive=True)
