@@ -11,7 +11,8 @@ written only when they differ from them, so an older file loads and re-serialise
 `query_groups` (absent: the model's; present only when the search changed them — a different training
 job, `plan_model` gives the model the plan trains), `virtual_stages` (issue #27, absent: 1, Megatron's
 plain 1F1B; v > 1: the interleaved 1F1B schedule, `interleave_problems`) and `precision` (absent: bf16, what
-every plan meant before issue #23; memx.domain.precision).
+every plan meant before issue #23; memx.domain.precision) and `expert_parallel` (issue #27, absent: 1, every
+rank holds every expert; `moe_problems`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ class Plan:
     precision: str = DEFAULT_PRECISION
     """Training precision, bf16 | fp16 | fp8 (memx.domain.precision; Megatron-LM `--bf16`, `--fp16` with dynamic
     loss scaling, `--bf16 --fp8-format hybrid`: docs/planner.md §Precision); written only when not bf16."""
+    expert_parallel: int = 1
+    """Expert-parallel size ep of a mixture-of-experts model (Megatron-LM `--expert-model-parallel-size`, one for
+    every stage): each MoE layer's experts are split over ep consecutive data-parallel replicas of its stage,
+    tokens reach them by all-to-all (memx.planner.moe). 1: every rank holds every expert (the key is then absent)."""
 
     @property
     def pp(self) -> int:
@@ -147,6 +152,8 @@ def _options_to_dict(plan: Any) -> dict[str, Any]:
     out.update({k: getattr(plan, k) for k in _MODEL_KEYS if getattr(plan, k, None) is not None})  # schema 2 has none
     if getattr(plan, "virtual_stages", 1) > 1:  # schema 2 has none
         out["virtual_stages"] = plan.virtual_stages
+    if getattr(plan, "expert_parallel", 1) > 1:  # schema 2 has none
+        out["expert_parallel"] = plan.expert_parallel
     return out
 
 
@@ -204,6 +211,8 @@ def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
         **{k: _need_int(source, k, data[k]) for k in _MODEL_KEYS if data.get(k) is not None},
         **({"virtual_stages": _need_int(source, "virtual_stages", data["virtual_stages"])}
            if "virtual_stages" in data else {}),
+        **({"expert_parallel": _need_int(source, "expert_parallel", data["expert_parallel"])}
+           if "expert_parallel" in data else {}),
         **_precision_from_dict(source, data),
     )
 
@@ -300,6 +309,7 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
             problems.append(f"plan uses {used} × {gpu} (dp × Σ tp), cluster {cluster.name} has {cluster.gpu_count(gpu)}")
     problems += _idle_record_problems(plan, cluster)
     problems += interleave_problems(plan)
+    problems += moe_problems(plan, model)
     if not problems and place_plan(plan, cluster) is None:
         problems.append("the stages' TP groups cannot be placed on the cluster's nodes (a TP group must fit in one node)")
     if problems:
@@ -351,6 +361,27 @@ def interleave_problems(plan: Plan) -> list[str]:
     if plan.pp > 1 and plan.micro_batches % plan.pp:
         out.append(f"micro batches m = global_batch / (dp × micro_batch) ({plan.micro_batches}) is not divisible "
                    f"by pp ({plan.pp}), which virtual_stages {v} needs")
+    return out
+
+
+def moe_problems(plan: Plan, model: ModelArch) -> list[str]:
+    """What expert parallelism (expert_parallel ep > 1) needs, one message per factor (Megatron-LM,
+    megatron/training/arguments.py: 'Number of experts should be a multiple of expert model parallel_size';
+    megatron/core/parallel_state.py: world_size divisible by expert_tensor_parallel × ep × pp, the expert tensor
+    parallel size defaulting to tp — per stage of tp × dp GPUs that is ep dividing dp; model_parallel_config.py:
+    'When using expert parallelism and tensor parallelism … sequence parallelism must be used')."""
+    ep = plan.expert_parallel
+    if ep == 1:
+        return []
+    if not model.is_moe:
+        return [f"field 'expert_parallel' ({ep}) needs a mixture-of-experts model; {model.name} has no 'num_experts'"]
+    out = [] if model.num_experts % ep == 0 else [
+        f"field 'expert_parallel' ({ep}) does not divide num_experts ({model.num_experts}) of model {model.name}"]
+    if plan.dp % ep:
+        out.append(f"field 'expert_parallel' ({ep}) does not divide dp ({plan.dp}): each stage's tp × dp GPUs must "
+                   f"split into expert tp (= tp) × ep × expert dp")
+    if any(s.tp > 1 for s in plan.stages) and not plan.sequence_parallel:
+        out.append(f"field 'expert_parallel' ({ep}) with tp > 1 needs 'sequence_parallel': true")
     return out
 
 

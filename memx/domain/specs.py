@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 
 from annotated_types import Ge, Gt, Interval, Le, MaxLen, MinLen
 
+from memx.domain.experts import MAX_EXPERTS, ExpertFields
 from memx.domain.precision import PRECISIONS, SEARCH_PRECISIONS, Precision
 from memx.domain.recompute import SEARCH_BLOCK, Recompute
 from memx.domain.validation import Matches, Problem, check_spec, value_problems
@@ -246,8 +247,9 @@ class Cluster:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelArch:
-    """Decoder-only transformer structure (LLaMA / GPT style)."""
+class ModelArch(ExpertFields):
+    """Decoder-only transformer structure (LLaMA / GPT style); a mixture of experts with `num_experts`
+    (ExpertFields, memx.domain.experts)."""
 
     __pydantic_config__ = _FORBID_EXTRA
 
@@ -274,7 +276,6 @@ class ModelArch:
     rotary_base: Annotated[int, Gt(0), Le(1_000_000_000)] = 10_000
     """RoPE base θ (`swiglu` models; Megatron-LM `--rotary-base`, default 10,000 as in RoFormer and LLaMA 1/2;
     Llama 3: 500,000, Meta's config.json `rope_theta`). Changes the trained network, not its cost."""
-
     def __post_init__(self) -> None:
         check_spec(self, self._cross_problems)
 
@@ -284,7 +285,7 @@ class ModelArch:
             problems.append(("hidden", f"must be divisible by 'heads' ({self.heads})", self.hidden))
         if self.heads % self.query_groups:
             problems.append(("heads", f"must be divisible by 'query_groups' ({self.query_groups})", self.heads))
-        return problems
+        return problems + self._moe_problems()
 
     @property
     def head_dim(self) -> int:
@@ -306,6 +307,7 @@ class ModelArch:
             "mlp": self.mlp,
             "layers": self.layers,
             "seq_len": self.seq_len,
+            **self.expert_structure(),  # {} for a dense model: its fingerprint unchanged
         }
 
 
@@ -368,6 +370,12 @@ class SearchSpace:
     `--num-virtual-stages-per-pipeline-rank`, the interleaved 1F1B schedule; each ≤ 64); [1] (default):
     plain 1F1B only, the paper's space. A value v > 1 is tried on layouts with pp > 1, m a multiple of pp and
     every stage's layers a multiple of v (memx.planner.space.interleavings)."""
+    expert_parallel_options: Annotated[tuple[Annotated[int, Gt(0), Le(MAX_EXPERTS)], ...], MinLen(1),
+                                       MaxLen(MAX_OPTIONS)] = (1,)
+    """Opt-in (issue #27): expert-parallel sizes searched for a mixture-of-experts model (Megatron-LM
+    `--expert-model-parallel-size`, one for every stage; each ≤ 4,096); [1] (default): every rank holds every
+    expert. A value ep > 1 is tried on layouts whose dp it divides (memx.planner.space.expert_parallelisms);
+    each must divide the model's num_experts (exit 2 otherwise); a dense model searches ep 1 only."""
     weights: str = "auto"
     """Φ weights: a profile name (`auto`, `default`, `safety`, `throughput`) or "wT,wM,wV"."""
     precision: Literal[SEARCH_PRECISIONS] = "auto"  # type: ignore[valid-type]  # memx.domain.precision
@@ -432,6 +440,7 @@ class SearchSpace:
         object.__setattr__(self, "distributed_optimizer", tuple(dict.fromkeys(self.distributed_optimizer)))
         object.__setattr__(self, "sequence_parallel", tuple(dict.fromkeys(self.sequence_parallel)))
         object.__setattr__(self, "virtual_stages_options", tuple(sorted(set(self.virtual_stages_options))))
+        object.__setattr__(self, "expert_parallel_options", tuple(sorted(set(self.expert_parallel_options))))
         for name in ("heads_options", "query_groups_options", "seq_len_options"):
             object.__setattr__(self, name, tuple(sorted(set(getattr(self, name)))))
         check_spec(self, self._cross_problems)

@@ -13,6 +13,7 @@ import numpy as np
 
 from memx.domain.plan import Plan, plan_model, validate_plan
 from memx.domain.specs import Cluster, ModelArch
+from memx.planner import moe
 from memx.planner.interleave import context_twins, wrap_gbps
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.predictions import params_per_rank
@@ -27,7 +28,7 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
     """One predictor call for all stages of all plans; the metrics are not scored (phi None)."""
     for i, p in enumerate(plans):
         validate_plan(p, cluster, model, source=f"plan[{i}]")
-    ctxs, layers, pred = _predict_stages(plans, model, predictor)
+    ctxs, layers, pred = _predict_stages(plans, model, predictor, cluster)
     assembly = assembly_of(predictor)  # a calibrated predictor's c and o, as in the search
     t_all, m_all, s_all = pred["time_ms"], pred["peak_mem_mib"], pred["static_mem_mib"]
     out, k = [], 0
@@ -39,13 +40,14 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
     return corrected_plans(predictor, out)  # a calibrated predictor's plan residual (memx.learn.residual)
 
 
-def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredictor):
+def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredictor, cluster: Cluster | None = None):
     """(stage contexts, layers per stage, the predictor's columns) for every stage of every plan, in order; each
-    plan's stages carry the model it trains (`plan_model`: its heads, query groups, sequence length)."""
-    ctxs = [c for p in plans for c in plan_contexts(p)]
+    plan's stages carry the model it trains (`plan_model`: its heads, query groups, sequence length). A MoE
+    model's stages carry their experts (memx.planner.moe; without `cluster`: memory only, no all-to-all link)."""
+    ctxs = [c for p in plans for c in _contexts(p, model, cluster)]
     layers = np.asarray([st.layers for p in plans for st in p.stages])
     codes = np.asarray([option_code(st) for p in plans for st in p.stages])
-    pred = _predict_rows(plans, model, predictor, ctxs, layers, codes)
+    pred = _predict_rows(plans, model, predictor, ctxs, layers, codes, cluster)
     inter = [i for i, c in enumerate(ctxs) if c.virtual_stages > 1]
     if inter:  # interleaved: peaks from the twins' (memx.planner.interleave.context_twins)
         twins = {i: context_twins(ctxs[i]) for i in inter}
@@ -53,7 +55,7 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
         out = {col: np.array(pred[col], dtype=float) for col in cols}
         for t in range(max(len(tw) for tw in twins.values())):
             alt = [twins[i][t][0] if i in twins and t < len(twins[i]) else c for i, c in enumerate(ctxs)]
-            got = _predict_rows(plans, model, predictor, alt, layers, codes)
+            got = _predict_rows(plans, model, predictor, alt, layers, codes, cluster)
             for col in cols:
                 part = np.asarray(got[col], dtype=float)
                 for i in inter:
@@ -64,16 +66,37 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
     return ctxs, layers, pred
 
 
-def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor, ctxs, layers, codes):
-    """The predictor's columns for one row per stage (contexts `ctxs`, in plan order)."""
-    frames, k = [], 0
+def _contexts(plan: Plan, model: ModelArch, cluster: Cluster | None):
+    ctxs = plan_contexts(plan)
+    if not model.is_moe:
+        return ctxs
+    if cluster is None:  # memory only: the all-to-all link does not change it
+        return moe.with_experts(ctxs, plan.expert_parallel, plan.dp // plan.expert_parallel, [(0.0, 0.0, 1.0)] * plan.pp)
+    return moe.plan_expert_contexts(ctxs, plan, model, cluster)
+
+
+def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor, ctxs, layers, codes,
+                  cluster: Cluster | None = None):
+    """The predictor's columns for one row per stage (contexts `ctxs`, in plan order; a MoE model's adjusted,
+    memx.planner.moe.adjust)."""
+    frames, runs, k = [], [], 0
     for trained, group in groupby(plans, key=lambda p: plan_model(p, model)):  # consecutive runs keep the order
         n = sum(p.pp for p in group)
         sl = slice(k, k + n)
         frames.append(signature_columns(ctxs[sl], layers[sl], codes[sl], np.arange(n), trained, trained.seq_len))
+        runs.append((sl, trained))
         k += n
     sigs = frames[0] if len(frames) == 1 else {c: np.concatenate([f[c] for f in frames]) for c in frames[0]}
-    return predict_arrays(predictor, sigs)
+    pred = predict_arrays(predictor, sigs)
+    gpus = None if cluster is None else {g.name: g for g in cluster.gpu_types}
+    if any(trained.is_moe for _, trained in runs):  # writable copies (a DataFrame's columns may be read-only)
+        pred = {c: np.array(v, dtype=np.float64) for c, v in pred.items()}
+    for (sl, trained), frame in zip(runs, frames):
+        if trained.is_moe:  # each run's MoE terms with the model it trains (memx.planner.moe)
+            part = moe.adjust({c: v[sl] for c, v in pred.items()}, frame, trained, gpus)
+            for c, v in part.items():
+                pred[c][sl] = v
+    return pred
 
 
 def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePredictor) -> list[float | None]:

@@ -8,6 +8,10 @@ searched on its own and the better pick wins (the margin floor first, then time:
 `flagscale` keeps what FlagScale's heterogeneous training starts: per-stage recomputation only toggles *full*
 recomputation (`recompute_granularity_per_stage_micro_batch` requires `recompute_granularity: full`, FlagScale
 flagscale/train/arguments.py post_validate_args), so selective is searched on every stage or on none.
+Mixture of experts (issue #27): both take one expert-parallel size for the whole job — Megatron-LM
+`--expert-model-parallel-size`, FlagScale the ep of every process mesh, all equal ("all 1 or none 1",
+pre_validate_args) — and need ep to divide dp (expert tp = tp); a layout of memx.planner.space has one ep that
+divides its dp, so every launcher runs it; replica groups (schema 2) carry none (memx.planner.moe).
 
 `launcher_gain` runs the unconstrained search beside a constrained one: what the heterogeneous plan gains
 over the best plan the launcher runs (time and margin), for the report.

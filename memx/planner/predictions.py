@@ -15,6 +15,7 @@ import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
+from memx.planner import moe
 from memx.planner.interleave import allowed_layers, combine, context_twins
 from memx.planner.signatures import StagePredictor, predict_arrays, signature_columns
 from memx.planner.tables import NONE, StageContext, StageTable, ladders, stage_options
@@ -29,6 +30,9 @@ class PredictedTables:
 
 
 def params_per_rank(ctx: StageContext, layers: np.ndarray, model: ModelArch) -> np.ndarray:
+    """Parameters per rank whose data-parallel step the stage pays (a MoE model: memx.planner.moe.dp_params_per_rank)."""
+    if model.is_moe:
+        return moe.dp_params_per_rank(model, ctx, layers, params_per_rank(ctx, layers, moe.dense_equivalent(model)))
     return stage_params_per_rank(layers, ctx.tp, ctx.first, ctx.last, model.hidden, model.ffn_hidden, model.heads,
                                  model.query_groups, model.vocab, model.mlp)
 
@@ -37,7 +41,12 @@ def static_bound(ctx: StageContext, model: ModelArch, limit_mib: float, n_cap: i
     """Largest n ≤ n_cap whose static memory fits limit_mib (0 if not even one layer)."""
     n = np.arange(1, n_cap + 1)
     per_param = float(static_bytes_per_param(ctx.distributed_optimizer, ctx.dp, ctx.precision))
-    fits = params_per_rank(ctx, n, model) * per_param / MIB <= limit_mib
+    if model.is_moe:  # experts' state sharded over dp / ep (memx.planner.moe)
+        eq = moe.dense_equivalent(model)
+        static = moe.stage_static_bytes(model, ctx, n, params_per_rank(ctx, n, eq) * per_param)
+    else:
+        static = params_per_rank(ctx, n, model) * per_param
+    fits = static / MIB <= limit_mib
     return int(n[fits].max()) if fits.any() else 0
 
 
@@ -66,7 +75,7 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     codes = option_code[layers, pos]
     sigs = signature_columns(ctx_list, layers, codes, ci, model, seq_len)
     t0 = time.perf_counter()
-    pred = predict_arrays(predictor, sigs)
+    pred = moe.adjust(predict_arrays(predictor, sigs), sigs, model, {g.name: g for g in cluster.gpu_types})
     predict_s = time.perf_counter() - t0
     shape = (len(ctx_list), n_max + 1, k_max)
     times, mems = np.full(shape, np.inf), np.full(shape, np.inf)
@@ -82,6 +91,8 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     params = np.zeros(shape[:2])
     params[:, 1:] = stage_params_per_rank(rows[None, 1:], attr["tp"], attr["first"], attr["last"], model.hidden,
                                           model.ffn_hidden, model.heads, model.query_groups, model.vocab, model.mlp)
+    if model.is_moe:  # the data-parallel step of expert and non-expert gradients (memx.planner.moe)
+        params = np.stack([np.r_[0.0, params_per_rank(c, rows[1:], model)] for c in ctx_list])
     tables = {c: StageTable(time_ms=t[i], peak_mib=m[i], code=code[i], length=length[i], fit=fit[i],
                             static_mib=static[i], params_per_rank=params[i]) for i, c in enumerate(ctx_list)}
     return PredictedTables(tables=tables, max_layers=bounds, signatures=len(layers), predict_s=predict_s)

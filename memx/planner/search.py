@@ -28,6 +28,7 @@ import numpy as np
 from memx.domain.errors import InfeasibleError
 from memx.domain.plan import with_idle_gpus, with_model_changes
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
+from memx.planner import moe
 from memx.planner.bnb import Work, explore
 from memx.planner.bounds import LayoutBounds
 from memx.planner.candidates import Cand, Keeper, pareto_front
@@ -236,7 +237,7 @@ def _space_total(layouts, total: int, levels: tuple[str, ...]) -> int:
 
 
 def _infeasible_reason(cluster: Cluster, model: ModelArch, space: SearchSpace, pt: PredictedTables) -> str:
-    need = model_static_bytes(model) / 2**30
+    need = (moe.model_static_bytes(model) if model.is_moe else model_static_bytes(model)) / 2**30
     have = sum(n.count * (n.gpu.memory_gib - space.reserve_gib) for n in cluster.nodes)
     if need > have:
         # 18 B/param in all: the distributed optimizer shards 12 of them over dp ranks but still holds them once.

@@ -11,6 +11,7 @@ import numpy as np
 from memx.domain.plan import Recompute
 from memx.domain.records import SIGNATURE_COLUMNS
 from memx.domain.specs import ModelArch
+from memx.planner.moe import dense_equivalent, moe_columns
 from memx.planner.tables import NONE, SELECTIVE, StageContext
 
 if TYPE_CHECKING:
@@ -81,7 +82,11 @@ def columns_frame(cols: dict[str, np.ndarray]) -> pd.DataFrame:
 def signature_columns(contexts: list[StageContext], layers: np.ndarray, codes: np.ndarray, ctx_index: np.ndarray,
                       model: ModelArch, seq_len: int) -> dict[str, np.ndarray]:
     """One signature row per (context, layers, option code) as numpy columns (SIGNATURE_COLUMNS; recompute_layers
-    float64, NaN = none); ctx_index points into `contexts`."""
+    float64, NaN = none); ctx_index points into `contexts`. A mixture-of-experts model: its dense equivalent's
+    columns plus the MoE ones (memx.planner.moe, issue #27), which memx.planner.moe.adjust reads."""
+    if model.is_moe:
+        return {**signature_columns(contexts, layers, codes, ctx_index, dense_equivalent(model), seq_len),
+                **moe_columns(contexts, ctx_index)}
     gpu = np.array([c.gpu for c in contexts], dtype=object)[ctx_index]
     attr = {f: np.array([getattr(c, f) for c in contexts])[ctx_index]
             for f in ("tp", "micro_batch", "first", "last", "inflight", "distributed_optimizer", "dp", "sequence_parallel")}

@@ -9,6 +9,7 @@ static-memory bound before anything is predicted.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from memx.domain.plan import Plan, Recompute, Stage, place_plan
 from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.planner.interleave import wrap_gbps
+from memx.planner.moe import a2a_links, expert_option_problems, expert_parallelisms, with_experts
 from memx.planner.network import p2p_link, ring_link
 from memx.planner.tables import StageContext, stage_contexts
 
@@ -42,16 +44,21 @@ class Layout:
     virtual_stages: int = 1  # interleaved 1F1B chunks per rank (memx.planner.interleave); 1: plain 1F1B
     wrap_gbps: float | None = None  # interleaved: bandwidth of the last stage → first stage hop
     precision: str = DEFAULT_PRECISION  # the plan's training precision (memx.domain.precision.resolve_precision)
+    expert_parallel: int = 1  # MoE (memx.planner.moe): ep, one for every stage
+    a2a_links: tuple[tuple[float, float, float], ...] | None = None  # MoE: memx.planner.moe.a2a_links; None: dense
 
     @property
     def pp(self) -> int:
         return len(self.stage_gpus)
 
     def contexts(self) -> tuple[StageContext, ...]:
-        return stage_contexts(self.stage_gpus, self.stage_tp, micro_batch=self.micro_batch,
+        ctxs = stage_contexts(self.stage_gpus, self.stage_tp, micro_batch=self.micro_batch,
                               micro_batches=self.micro_batches, distributed_optimizer=self.distributed_optimizer,
                               dp=self.dp, sequence_parallel=self.sequence_parallel,
                               virtual_stages=self.virtual_stages, precision=self.precision)
+        if self.a2a_links is None:
+            return ctxs
+        return with_experts(ctxs, self.expert_parallel, self.dp // self.expert_parallel, self.a2a_links)
 
     def to_plan(self, model: ModelArch, cluster: Cluster, global_batch: int, seq_len: int,
                 layers: tuple[int, ...], recompute: tuple[tuple[Recompute, int | None], ...]) -> Plan:
@@ -62,7 +69,8 @@ class Layout:
         return Plan(model=model.name, cluster=cluster.name, global_batch=global_batch,
                     micro_batch=self.micro_batch, seq_len=seq_len, dp=self.dp, stages=stages,
                     distributed_optimizer=self.distributed_optimizer, sequence_parallel=self.sequence_parallel,
-                    virtual_stages=self.virtual_stages, precision=self.precision)
+                    virtual_stages=self.virtual_stages, precision=self.precision,
+                    expert_parallel=self.expert_parallel)
 
 
 def valid_tps(model: ModelArch, cluster: Cluster, gpu: str, options: tuple[int, ...]) -> list[int]:
@@ -173,16 +181,21 @@ def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq, precision=DEF
     links = plan_links(cluster, probe)
     if links is None:
         return []
+    experts = {ep: a2a_links(cluster, dataclasses.replace(probe, expert_parallel=ep)) if model.is_moe else None
+               for ep in expert_parallelisms(space, model, dp)}  # MoE: ep and its all-to-all links per stage
     return [
         Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
                p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do,
-               sequence_parallel=sp, virtual_stages=v, wrap_gbps=wrap, precision=precision)
+               sequence_parallel=sp, virtual_stages=v, wrap_gbps=wrap, precision=precision, expert_parallel=ep,
+               a2a_links=a2a)
         for mb in space.micro_batch_options
         if space.global_batch % (dp * mb) == 0
         for do in _effective(space.distributed_optimizer, dp > 1)
         for sp in _effective(space.sequence_parallel, max(tps) > 1)
         for v in interleavings(space, len(gpus), space.global_batch // (dp * mb), model.layers)
         for wrap in [wrap_gbps(cluster, probe) if v > 1 else None]
+        for ep, a2a in experts.items()
+        if ep == 1 or sp or max(tps) == 1  # Megatron: ep > 1 with tp > 1 needs sequence parallelism
     ]
 
 
@@ -212,6 +225,8 @@ def check_space_input(model: ModelArch, space: SearchSpace) -> None:
             f"search '{space.name}': no value of field 'tp_options' {list(space.tp_options)} divides heads "
             f"({model.heads}) and query_groups ({model.query_groups}) of model {model.name}"
         )
+    if problems := expert_option_problems(space, model):
+        raise InputError(problems[0])
 
 
 def splits(total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

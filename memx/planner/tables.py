@@ -41,6 +41,14 @@ class StageContext:
     # peak; `inflight` is then ⌊k/v⌋ and the peak is interpolated towards ⌊k/v⌋ + 1. Plain 1F1B: 1 and 0.
     virtual_stages: int = 1
     inflight_chunks: int = 0
+    # Mixture of experts (issue #27, memx.planner.moe): ep, the expert data-parallel size dp / ep, and the link of
+    # the stage's all-to-all (effective GB/s per rank, latency ms), the expert-dp rings' slowdown against the dp
+    # ring's bandwidth (memx.planner.moe.a2a_links). A dense model's stages: 1, 1, 0, 0, 1.
+    expert_parallel: int = 1
+    expert_dp: int = 1
+    a2a_gbps: float = 0.0
+    a2a_latency_ms: float = 0.0
+    expert_dp_slowdown: float = 1.0
 
 
 def stage_contexts(stage_gpus: Sequence[str], stage_tp: Sequence[int], *, micro_batch: int,

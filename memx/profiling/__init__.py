@@ -28,6 +28,7 @@ from memx.domain.records import RejectedRow, require_rows, signature_key
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.profiling.backends import BACKENDS, Backend, check_backend
 from memx.planner.variants import model_variants
+from memx.planner.moe import dense_equivalent
 from memx.profiling.design import (axis_points, dense_points, full_grid_size, gpu_axes, grid_points, inflight_points,
                                    profile_precision, representative_gpu, with_precision)
 from memx.profiling.runner import load_existing, run_points
@@ -148,6 +149,7 @@ def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: 
     check_backend(backend)
     if not 1 <= jobs <= MAX_JOBS:
         raise InputError(f"--jobs must be in 1..{MAX_JOBS}, got {jobs!r}")
+    model = profiled_model(model)
     if backend == "torch":
         model = _torch_model(model)
     axes = {g.name: gpu_axes(cluster, model, space, g) for g in cluster.gpu_types}
@@ -172,6 +174,13 @@ def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: 
                                         precision)
     return _result(df, sensitivity_frame(sens), runs_by_gpu=runs_by_gpu,
                    full_by_gpu=full_by_gpu, path=out_path, rejected=[], out_dir=out_dir)
+
+
+def profiled_model(model: ModelArch) -> ModelArch:
+    """The model whose stages a profile measures: a MoE model's dense equivalent (issue #27,
+    memx.planner.moe.dense_equivalent) — the signatures the search asks a stage predictor for; the experts'
+    parameters over ep, the all-to-all and the router stay in the closed form's adjustment (docs/profiling.md)."""
+    return dense_equivalent(model) if model.is_moe else model
 
 
 def _launch_guard(backend: str) -> contextlib.AbstractContextManager:

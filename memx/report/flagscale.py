@@ -15,8 +15,9 @@ The file is one Hydra config: `experiment` (task, runner, envs), `action`, and `
 checkpoint folder and hostfile are `${oc.env:NAME}`: OmegaConf stops with "Environment variable 'NAME' not
 found" when one is unset.
 
-Mapping: the stages of one GPU type (contiguous, one tp: memx.planner.space) are one mesh [tp, cp=1, ep=1, dp,
-stages]; `hetero_pipeline_layer_split` is the plan's layer split; per-stage recomputation is FlagScale's
+Mapping: the stages of one GPU type (contiguous, one tp: memx.planner.space) are one mesh [tp, cp=1, ep, dp,
+stages] (ep: the plan's `expert_parallel`, the same on every mesh — FlagScale's ProcessMesh takes it per mesh, the
+expert tp defaulting to the mesh's tp: flagscale/train/hetero/parallel_context.py build_all_process_meshes); `hetero_pipeline_layer_split` is the plan's layer split; per-stage recomputation is FlagScale's
 `recompute_*_per_stage_micro_batch` (granularity 1 = full on / 0 = off, method 0 uniform / 1 block, num layers).
 What FlagScale cannot express (`flagscale_problems`): replica groups with different pipelines, selective
 recomputation on some stages only (per-stage control exists for full recomputation only), and tied embeddings
@@ -41,7 +42,7 @@ HOSTFILE_PLACEHOLDER = ("HOSTFILE", "FlagScale hostfile, one line per node: `HOS
 # FlagScale's runner: system, model and data are flattened into one argument list (runner_train._get_args_megatron),
 # so the section a key sits in is for reading only; these go to `system` as in FlagScale's examples.
 SYSTEM_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
-               "use_distributed_optimizer", "use_flash_attn")
+               "use_distributed_optimizer", "use_flash_attn", "expert_model_parallel_size")
 PRECISION_KEYS = ("bf16", "fp16", "fp8_format", "initial_loss_scale", "min_loss_scale", "loss_scale_window",
                   "hysteresis")
 OPTIMIZER_KEYS = ("weight_decay", "adam_beta1", "adam_beta2")
@@ -59,19 +60,20 @@ class Mesh:
     tp: int
     dp: int
     stages: int
+    ep: int = 1  # expert-parallel size (issue #27): FlagScale's ProcessMesh takes it per mesh, expert tp = the mesh's tp
 
     def values(self) -> list[int]:
         """[tp, cp, ep, dp, pp] (flagscale/train/arguments.py pre_validate_args reads them in this order)."""
-        return [self.tp, 1, 1, self.dp, self.stages]
+        return [self.tp, 1, self.ep, self.dp, self.stages]
 
 
 def meshes(plan: Plan) -> list[Mesh]:
     out: list[Mesh] = []
     for st in plan.stages:
         if out and (out[-1].gpu, out[-1].tp) == (st.gpu, st.tp):
-            out[-1] = Mesh(gpu=st.gpu, tp=st.tp, dp=plan.dp, stages=out[-1].stages + 1)
+            out[-1] = Mesh(gpu=st.gpu, tp=st.tp, dp=plan.dp, stages=out[-1].stages + 1, ep=plan.expert_parallel)
         else:
-            out.append(Mesh(gpu=st.gpu, tp=st.tp, dp=plan.dp, stages=1))
+            out.append(Mesh(gpu=st.gpu, tp=st.tp, dp=plan.dp, stages=1, ep=plan.expert_parallel))
     return out
 
 

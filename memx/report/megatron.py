@@ -155,7 +155,28 @@ def _model_args(plan: Plan, model: ModelArch) -> list[str]:
         args += ["--normalization", "LayerNorm"]
     if not model.tied_embeddings:
         args += ["--untie-embeddings-and-output-weights"]
-    return args + precision_args(plan)
+    return args + moe_args(plan, model) + precision_args(plan)
+
+
+def moe_args(plan: Plan, model: ModelArch) -> list[str]:
+    """A mixture-of-experts model's arguments (Megatron-LM arguments.py `_add_moe_args`, TransformerConfig and
+    ModelParallelConfig fields at MEGATRON_COMMIT): experts, top-k, expert and shared-expert sizes, ep, and the
+    alltoall dispatcher with grouped GEMMs that memx.planner.moe models (Megatron's default dispatcher is
+    allgather). The first `moe_first_dense_layers` dense (`--moe-layer-freq "([0]*k+[1]*(L-k))"`), else every layer
+    MoE (`--moe-layer-freq` 1, the default); the expert tp is tp (the default). The
+    load-balancing loss coefficient is an example hyper-parameter (Switch Transformers' 1e-2, Fedus et al. 2022
+    §2.2), not chosen by MemX."""
+    if not model.is_moe:
+        return []
+    args = ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.moe_router_topk),
+            "--moe-ffn-hidden-size", str(model.expert_ffn_hidden)]
+    if model.moe_shared_expert_ffn_hidden is not None:
+        args += ["--moe-shared-expert-intermediate-size", str(model.moe_shared_expert_ffn_hidden)]
+    if k := model.moe_first_dense_layers:  # moe_freq_type: a Python list expression, 0 = dense layer
+        args += ["--moe-layer-freq", f"([0]*{k}+[1]*{model.layers - k})"]
+    return args + ["--expert-model-parallel-size", str(plan.expert_parallel), "--moe-token-dispatcher-type",
+                   "alltoall", "--moe-grouped-gemm", "--moe-router-load-balancing-type", "aux_loss",
+                   "--moe-aux-loss-coeff", "1e-2"]
 
 
 def precision_args(plan: AnyPlan) -> list[str]:

@@ -48,7 +48,11 @@ def stage_rows(plan: Mapping[str, Any]) -> list[tuple[int | None, int, Mapping[s
 
 
 def dp_text(plan: Mapping[str, Any]) -> str:
-    return "+".join(str(g["dp"]) for g in plan["groups"]) if is_grouped(plan) else str(plan["dp"])
+    """dp, `2+2` for replica groups; with expert parallelism (issue #27) `4 (ep 4)`."""
+    if is_grouped(plan):
+        return "+".join(str(g["dp"]) for g in plan["groups"])
+    ep = plan.get("expert_parallel", 1)
+    return f"{plan['dp']} (ep {ep})" if ep > 1 else str(plan["dp"])
 
 
 def micro_batch_text(plan: Mapping[str, Any]) -> str:

@@ -41,6 +41,7 @@ from memx.domain.plan import Plan, plan_model
 from memx.simulator.cross_sync import flat_stage_ms, schedule_sync, segment_ms, segments
 from memx.simulator.interleave import chunk_signatures, interleaved_replicas, peak_held_mib
 from memx.simulator.links import dp_ring, link, shared_nic
+from memx.simulator.moe import dense_ffn, moe_stage_costs
 from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
@@ -81,7 +82,8 @@ def stage_signatures(plan: Plan, model: ModelArch) -> list[StageSignature]:
         StageSignature(
             gpu=st.gpu, tp=st.tp, layers=st.layers, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
             recompute=st.recompute, recompute_layers=st.recompute_layers, first=s == 0, last=s == plan.pp - 1,
-            inflight=min(plan.pp - s, m), hidden=model.hidden, ffn_hidden=model.ffn_hidden, heads=model.heads,
+            inflight=min(plan.pp - s, m), hidden=model.hidden, heads=model.heads,
+            ffn_hidden=dense_ffn(model) if model.is_moe else model.ffn_hidden,  # MoE: memx.simulator.moe
             query_groups=model.query_groups, vocab=model.vocab, mlp=model.mlp,
             distributed_optimizer=plan.distributed_optimizer, dp=plan.dp, sequence_parallel=plan.sequence_parallel,
             precision=plan.precision,
@@ -222,8 +224,13 @@ def _prepare(plan: Plan, where: list[list[int]], cluster: Cluster, model: ModelA
     chunks = None if plan.virtual_stages == 1 else [
         [stage_cost(c, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param)
          for c in chunk_signatures(sig, s, plan.pp, plan.virtual_stages)] for s, sig in enumerate(sigs)]
+    expert_dp = [0.0] * plan.pp
+    if plan_model(plan, model).is_moe:  # routed experts, router, all-to-all (memx.simulator.moe)
+        costs, chunks, expert_dp = moe_stage_costs(plan, plan_model(plan, model), cluster, where, sigs, costs, chunks, tr,
+                                                   static_bytes_per_param)
+    dp_ar = [a + b for a, b in zip(_dp_allreduce_ms(plan, cluster, where, costs, tr), expert_dp)]
     return _Group(plan=plan, where=where, sigs=sigs, costs=costs, p2p=_p2p_ms(plan, model, cluster, where, tr),
-                  dp_ar=_dp_allreduce_ms(plan, cluster, where, costs, tr), chunks=chunks)
+                  dp_ar=dp_ar, chunks=chunks)
 
 
 def _oom_reason(groups: list[_Group], first: int, demand: float) -> str:

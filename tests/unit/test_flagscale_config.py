@@ -145,3 +145,16 @@ def test_unset_placeholders_stop_with_a_clear_message(monkeypatch):
     for name in ("DATA_PATH", "TOKENIZER_MODEL", "CHECKPOINT_DIR", "HOSTFILE"):
         monkeypatch.setenv(name, f"/x/{name}")
     assert omegaconf.OmegaConf.to_container(conf, resolve=True)["train"]["data"]["data_path"] == "/x/DATA_PATH"
+
+
+def test_moe_plan_sets_ep_in_every_mesh_and_the_expert_keys():
+    """Issue #27: ep goes into every process mesh [tp, cp, ep, dp, pp] (FlagScale's ProcessMesh takes it per
+    mesh) and the model block carries the experts (keys of FlagScale's examples/mixtral, deepseek_v3 configs)."""
+    p = plan([("h100-80g", 4, 16, "none", None), ("mi300x-192g", 4, 16, "none", None)], model="mixtral-8x7b",
+             cluster="h100-mi300x-32", dp=4, gb=64, sequence_parallel=True, distributed_optimizer=True, expert_parallel=2)
+    text, cfg = rendered(p, model="mixtral-8x7b", cluster="h100-mi300x-32")
+    assert fixture_problems(cfg, world=p.gpus_used) == [] and hostfile_problems(text, cfg) == []
+    assert cfg["train"]["system"]["hetero"]["hetero_process_meshes"] == [4, 1, 2, 4, 1, 4, 1, 2, 4, 1]
+    assert cfg["train"]["system"]["expert_model_parallel_size"] == 2
+    model = cfg["train"]["model"]
+    assert (model["num_experts"], model["moe_router_topk"], model["moe_ffn_hidden_size"]) == (8, 2, 14336)

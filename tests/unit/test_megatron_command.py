@@ -251,3 +251,30 @@ def test_nearest_launchable_is_the_first_listed_plan_megatron_starts():
     assert line.startswith("a100-80g×2 [16,16]") and "150 ms" in line and "20.0%" in line
     obj["top"] = obj["top"][:1]
     assert nearest_launchable(obj, load_model("llama2-7b"), load_cluster("three-vendor-20")) is None
+
+
+@pytest.mark.parametrize("model_name,ep,shared", [("mixtral-8x7b", 4, None), ("qwen1.5-moe-a2.7b", 2, 5632)])
+def test_moe_arguments_parse_and_carry_the_experts(model_name, ep, shared):
+    """Issue #27: a MoE plan's command names its experts, top-k, sizes and ep (fixture: Megatron-LM arguments)."""
+    model = load_model(model_name)
+    p = plan([("h100-80g", 2, model.layers // 2, "none", None)] * 2,
+             dp=4, gb=64, model=model_name, cluster="h100-mi300x-32", sequence_parallel=True,
+             distributed_optimizer=True, expert_parallel=ep)
+    args = script_args(render_megatron(p, model))
+    assert rule_problems(args) == []
+    ns = parse(args)
+    assert (ns.num_experts, ns.moe_router_topk, ns.moe_ffn_hidden_size) == (
+        model.num_experts, model.moe_router_topk, model.expert_ffn_hidden)
+    assert ns.moe_shared_expert_intermediate_size == shared and ns.expert_model_parallel_size == ep
+    assert ns.num_experts % ns.expert_model_parallel_size == 0 and ns.moe_token_dispatcher_type == "alltoall"
+    assert "--num-experts" not in script_args(render_megatron(CASES["gpt-tied-full"][1], load_model("gpt2-1024")))
+
+
+def test_moe_first_dense_layers_become_a_layer_pattern():
+    import dataclasses
+
+    model = dataclasses.replace(load_model("qwen1.5-moe-a2.7b"), moe_first_dense_layers=1)
+    p = plan([("h100-80g", 2, 12, "none", None)] * 2, dp=4, gb=64, model=model.name, cluster="h100-mi300x-32",
+             sequence_parallel=True, expert_parallel=4)
+    ns = parse(script_args(render_megatron(p, model)))
+    assert ns.moe_layer_freq == "([0]*1+[1]*23)"  # Megatron's moe_freq_type: 1 dense layer, then 23 MoE layers

@@ -188,3 +188,18 @@ def test_box_time_bounds_are_valid_and_exact_where_promised():
             assert mm == pytest.approx(min(max(v) for v in vals))
         if kind == 2:
             assert sm == pytest.approx(min(sum(v) for v in vals), rel=1e-6)
+
+
+def test_branch_and_bound_equals_full_enumeration_with_expert_parallel_options(conf):
+    """Issue #27: a small mixture-of-experts case searched with expert_parallel_options (the all-to-all and the
+    expert-dp step change stage times and tails per ep): branch-and-bound == every plan scored."""
+    cluster = Cluster(name="moe", inter_node_bandwidth_gbps=12.0,
+                      nodes=(Node(gpu=load_gpu("a100-80g", conf), count=4), Node(gpu=load_gpu("h100-80g", conf), count=4)))
+    model = dataclasses.replace(load_model("llama-6l", conf), num_experts=4, moe_router_topk=2, moe_ffn_hidden=2048,
+                                moe_first_dense_layers=1)  # a dense first layer: first-stage entries differ
+    space = dataclasses.replace(load_search("small", conf), global_batch=16, micro_batch_options=(1,), max_pp=3,
+                                expert_parallel_options=(1, 2, 4))
+    fast, ref = _run(cluster, model, space, 5), _run(cluster, model, space, 5, exhaustive=True)
+    assert any(c.plan.expert_parallel > 1 for c in ref.top_time)
+    assert [_key(c) for c in fast.top_time] == [_key(c) for c in ref.top_time]
+    assert _key(fast.pick) == _key(ref.pick)

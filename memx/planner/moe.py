@@ -1,0 +1,302 @@
+"""Mixture of experts in the closed form (issue #27; docs/planner.md §Mixture of experts).
+
+Every layer of a MoE model (ModelArch.num_experts) has a router, E routed experts of MLP size f_e of which
+each token takes k (`moe_router_topk`), and optionally a shared expert of size f_sh every token takes
+(Megatron-LM's MoELayer: TopKRouter, GroupedMLP / SequentialMLP, SharedExpertMLP). The experts are split
+over ep ranks (`expert_parallel`); the expert tensor-parallel size is the stage's tp (Megatron's default:
+`--expert-tensor-parallel-size` None → tp, megatron/training/arguments.py), so the expert data-parallel
+group has dp·tp / (ep·tp) = dp / ep ranks (megatron/core/parallel_state.py, expert rank generator).
+
+A stage predictor (closed form, learned, cached) sees the stage as its *dense equivalent*: the same layer
+with one MLP of inner size f_eq = λ·k·f_e + f_sh — the FLOPs, activations and TP traffic of the path one
+token takes (a token's k expert MLPs plus the shared one: per-token FLOPs = k × expert FFN, Fedus et al. 2022
+§2.1; Shazeer et al. 2017 §2), on the busiest rank (λ = `moe_load_imbalance`: that rank computes and holds λ×
+the average tokens, and every rank waits for it in the combine). `adjust` then adds what a dense layer has not:
+
+- parameters: per rank, attention + norms + shared expert over tp, the router h·E (replicated over tp: its
+  weight is not tensor-parallel), and E/ep experts of 3·h·f_e over tp (SwiGLU: three matrices); the expert
+  weights' optimizer state is sharded over the expert dp group (dp / ep) with the distributed optimizer
+  (Megatron-LM dist_optimizer docs; ZeRO §5.1), the rest over dp (memx.planner.cost.static_bytes_per_param);
+- the gradient step: expert gradients reduced over dp / ep ranks, the rest over dp (`dp_params_per_rank`);
+- time per layer and micro batch: 4 all-to-alls (dispatch and combine, forward and backward; a fully
+  recomputed layer repeats its forward 2), each rank sending λ·T·k·h·2 bytes · (ep − 1)/ep with T = b·s/tp
+  tokens per rank (sequence parallel, which Megatron requires with ep > 1 and tp > 1) over the link its ep
+  group crosses (`a2a_links`: NVLink inside a node, the nodes' NICs across); the router GEMM 2·T·h·E FLOPs
+  forward, ×3 with backward (Narayanan et al. 2021 §5.1), at half the 16-bit peak (memx.planner.cost.mfu);
+  token permute / unpermute, memory-bound, 4 passes over λ·T·k·h·2 bytes forward and 4 backward; the expert
+  tensor-parallel all-gather / reduce-scatter of the λ·k copies beyond the dense one (Megatron's alltoall
+  dispatcher gathers the permuted tokens over the expert tp group);
+- activations per kept layer: the (λ·k − 1) extra copies of the expert input 2·T·h and the fp32 router logits
+  4·T·E (Korthikanti et al. 2022 §4.1 accounting); the dispatch buffers (send + receive) once as workspace.
+
+Dense layers: the model's first `moe_first_dense_layers` (DeepSeek's `first_k_dense_replace`) have a dense MLP
+of `ffn_hidden`; `split_layers` counts them on the first stage, and a dense layer's MLP replaces the equivalent's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from memx.domain.plan import Plan, place_plan
+from memx.domain.records import nullable_floats
+from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
+from memx.planner.cost import (BYTES_PER_PARAM_STATIC, MIB, embedding_params, layer_params, option_columns,
+                              precision_column, static_bytes_per_param)
+from memx.planner.network import nic_share_gbps, pair_link, ring_link
+
+MFU = 0.5  # memx.planner.cost.AnalyticStageModel.mfu (Narayanan et al. 2021 Table 1: 44–52 % of peak)
+BF16 = 2.0
+MOE_COLUMNS = ("expert_parallel", "expert_dp", "a2a_gbps", "a2a_latency_ms")
+
+
+@lru_cache(maxsize=64)
+def dense_equivalent(model: ModelArch) -> ModelArch:
+    """The dense model a stage predictor sees for a MoE model: MLP inner size λ·k·f_e + f_sh (module docstring)."""
+    f_eq = model.moe_load_imbalance * model.moe_router_topk * model.expert_ffn_hidden \
+        + (model.moe_shared_expert_ffn_hidden or 0)
+    return dataclasses.replace(model, ffn_hidden=int(round(f_eq)), num_experts=None, moe_ffn_hidden=None,
+                               moe_shared_expert_ffn_hidden=None, moe_first_dense_layers=0)
+
+
+def layer_params_split(model: ModelArch, tp, ep) -> tuple[np.ndarray, np.ndarray]:
+    """(non-expert, expert) parameters of one MoE layer held by one rank: attention + norms + shared expert over
+    tp plus the router h·E; E/ep experts of 3·h·f_e over tp (expert tp = tp)."""
+    h, t = float(model.hidden), np.asarray(tp, dtype=np.float64)
+    attn_norms = layer_params(model.hidden, 0, model.heads, model.query_groups, model.mlp)
+    shared = 3.0 * h * (model.moe_shared_expert_ffn_hidden or 0)
+    dense = (attn_norms + shared) / t + h * model.num_experts
+    expert = model.num_experts / np.asarray(ep, dtype=np.float64) * 3.0 * h * model.expert_ffn_hidden / t
+    return dense, expert
+
+
+def model_static_bytes(model: ModelArch) -> float:
+    """Weights + grads + optimizer state of a whole MoE model, every expert once (18 B/param,
+    memx.planner.cost.BYTES_PER_PARAM_STATIC)."""
+    dense, expert = layer_params_split(model, 1, 1)
+    emb = embedding_params(model.hidden, model.vocab) * (1 if model.tied_embeddings else 2)
+    k = model.moe_first_dense_layers
+    full = layer_params(model.hidden, model.ffn_hidden, model.heads, model.query_groups, model.mlp)
+    return float((model.layers - k) * (dense + expert) + k * full + emb) * BYTES_PER_PARAM_STATIC
+
+
+def moe_columns(contexts: Sequence, ctx_index: np.ndarray) -> dict[str, np.ndarray]:
+    """The MoE columns of signature rows (not records columns: what `adjust` reads), from their contexts."""
+    return {f: np.array([getattr(c, f) for c in contexts], dtype=np.float64)[ctx_index] for f in MOE_COLUMNS}
+
+
+def _ranks(model: ModelArch, c: Mapping[str, np.ndarray]):
+    """(tp, ep, expert dp, dp, tokens per rank) of signature rows."""
+    tp = c["tp"].astype(np.float64)
+    ep, edp = c["expert_parallel"], c["expert_dp"]
+    tokens = c["micro_batch"] * c["seq_len"].astype(np.float64) / np.where(c["sequence_parallel"], tp, 1.0)
+    return tp, ep, edp, ep * edp, tokens
+
+
+def split_layers(model: ModelArch, layers, first) -> tuple[np.ndarray, np.ndarray]:
+    """(MoE layers, dense layers) of stages of `layers` layers: the model's first `moe_first_dense_layers` are
+    dense, counted on the first stage (min(k, n)); later stages are taken as all MoE — exact when the first
+    stage holds at least k layers (the virtual cluster places them exactly, memx.simulator.moe)."""
+    n = np.asarray(layers, dtype=np.float64)
+    dense = np.where(np.asarray(first, dtype=bool), np.minimum(n, model.moe_first_dense_layers), 0.0)
+    return n - dense, dense
+
+
+def _mlp_params(model: ModelArch, ffn: int, tp) -> np.ndarray:
+    """SwiGLU / GELU MLP weights of one layer per rank (memx.planner.cost.layer_params without attention)."""
+    return (layer_params(model.hidden, ffn, model.heads, model.query_groups, model.mlp)
+            - layer_params(model.hidden, 0, model.heads, model.query_groups, model.mlp)) / np.asarray(tp, dtype=np.float64)
+
+
+def static_delta_bytes(model: ModelArch, c: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Real static bytes of the rows' layers minus their dense equivalent's (weights, grads, optimizer state); a
+    dense layer's MLP is `ffn_hidden` instead of the equivalent's."""
+    tp, ep, edp, dp, _ = _ranks(model, c)
+    do = option_columns(c)[0]
+    prec = precision_column(c)
+    dense, expert = layer_params_split(model, tp, ep)
+    eq = dense_equivalent(model)
+    eq_layer = layer_params(eq.hidden, eq.ffn_hidden, eq.heads, eq.query_groups, eq.mlp) / tp
+    per_dp = static_bytes_per_param(do, dp, prec)
+    real = dense * per_dp + expert * static_bytes_per_param(do, edp, prec)
+    n_moe, n_dense = split_layers(model, c["layers"], c["first"])
+    mlp_gap = _mlp_params(model, model.ffn_hidden, tp) - _mlp_params(model, eq.ffn_hidden, tp)
+    return n_moe * (real - eq_layer * per_dp) + n_dense * mlp_gap * per_dp
+
+
+def activation_delta_bytes(model: ModelArch, c: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes each held micro batch adds, workspace bytes) beyond the dense equivalent (module docstring); a kept
+    dense layer's MLP intermediates are 6·b·s·(f − f_eq)/tp bytes off (SwiGLU, Korthikanti et al. 2022 §4.1)."""
+    tp, _, _, _, tokens = _ranks(model, c)
+    copies = model.moe_load_imbalance * model.moe_router_topk
+    per_layer = 2.0 * tokens * model.hidden * (copies - 1.0) + 4.0 * tokens * model.num_experts
+    (n_moe, n_dense), (rec_moe, rec_dense) = split_layers(model, c["layers"], c["first"]), _recomputed(model, c)
+    mlp_gap = 6.0 * c["micro_batch"] * c["seq_len"] * (model.ffn_hidden - dense_equivalent(model).ffn_hidden) / tp
+    work = (n_moe > 0) * 2.0 * BF16 * copies * tokens * model.hidden
+    return (n_moe - rec_moe) * per_layer + (n_dense - rec_dense) * mlp_gap, work
+
+
+def _recomputed(model: ModelArch, c: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(MoE, dense) layers recomputed in full: the block method's first N are the dense ones first."""
+    rl = nullable_floats(c["recompute_layers"])
+    full = np.asarray(c["recompute"]) == "full"
+    n = np.where(full, np.where(np.isnan(rl), c["layers"], np.minimum(rl, c["layers"])), 0.0)
+    _, n_dense = split_layers(model, c["layers"], c["first"])
+    dense = np.minimum(n, n_dense)
+    return n - dense, dense
+
+
+def time_delta_ms(model: ModelArch, c: Mapping[str, np.ndarray], gpus: Mapping[str, GpuType]) -> np.ndarray:
+    """Forward + backward ms of the rows' MoE terms beyond the dense equivalent, one micro batch."""
+    tp, ep, _, _, tokens = _ranks(model, c)
+    names = np.asarray(c["gpu"]).astype(str)
+    peak = np.array([gpus[g].peak_tflops_bf16 for g in names]) * 1e9 * MFU  # FLOP per ms
+    membw = np.array([gpus[g].memory_bandwidth_gbps for g in names]) * 1e6  # bytes per ms
+    intra = np.array([gpus[g].intra_node_bandwidth_gbps for g in names]) * 1e6
+    (L, n_dense), (n_rec, rec_dense) = split_layers(model, c["layers"], c["first"]), _recomputed(model, c)
+    copies = model.moe_load_imbalance * model.moe_router_topk
+    moved = BF16 * copies * tokens * model.hidden  # bytes a rank dispatches (and combines) per layer
+    a2a = np.where(ep > 1, moved * (ep - 1) / ep / np.maximum(c["a2a_gbps"], 1e-9) / 1e6 + c["a2a_latency_ms"], 0.0)
+    router = 3.0 * 2.0 * tokens * model.hidden * model.num_experts / peak
+    permute = 8.0 * moved / membw
+    etp = np.where(tp > 1, 2.0 * 2.0 * (tp - 1) / tp * moved * (copies - 1.0) / copies * tp / intra, 0.0)
+    # a full recompute reruns the forward: 2 of the 4 all-to-alls, 1/3 of the router's 3 GEMMs, half the rest
+    # a dense layer: the MLP GEMMs of f instead of f_eq, 2·b·s·h·3·Δf/tp FLOPs forward (Narayanan et al. 2021 §5.1)
+    mlp_gap = 2.0 * c["micro_batch"] * c["seq_len"] * model.hidden * 3.0 \
+        * (model.ffn_hidden - dense_equivalent(model).ffn_hidden) / tp / peak
+    return (4.0 * L + 2.0 * n_rec) * a2a + (L + n_rec / 3.0) * router + (L + n_rec / 2.0) * (permute + etp) \
+        + (3.0 * n_dense + rec_dense) * mlp_gap
+
+
+def adjust(pred: dict[str, np.ndarray], cols: Mapping[str, np.ndarray], model: ModelArch,
+           gpus: Mapping[str, GpuType] | None) -> dict[str, np.ndarray]:
+    """A stage predictor's columns for the dense equivalent of MoE signature rows → the MoE stage's (in place;
+    the interval columns shift with their points). `gpus` None: memory only (time columns unchanged)."""
+    if not model.is_moe or "expert_parallel" not in cols:
+        return pred
+    static = static_delta_bytes(model, cols)
+    act, work = activation_delta_bytes(model, cols)
+    peak = (static + cols["inflight"] * act + work) / MIB
+    for col in ("peak_mem_mib", "peak_mem_mib_low", "peak_mem_mib_high"):
+        if col in pred:
+            pred[col] = pred[col] + peak
+    pred["static_mem_mib"] = pred["static_mem_mib"] + static / MIB
+    if gpus is not None:
+        dt = time_delta_ms(model, cols, gpus)
+        for col in ("time_ms", "time_ms_low", "time_ms_high"):
+            if col in pred:
+                pred[col] = pred[col] + dt
+    return pred
+
+
+def stage_static_bytes(model: ModelArch, ctx, layers: np.ndarray, dense_bytes: np.ndarray) -> np.ndarray:
+    """Static bytes of a MoE stage of `layers` layers: the dense equivalent's `dense_bytes` plus the delta."""
+    n = np.asarray(layers)
+    cols = {"tp": np.full(n.shape, ctx.tp), "expert_parallel": np.full(n.shape, float(ctx.expert_parallel)),
+            "expert_dp": np.full(n.shape, float(ctx.expert_dp)), "micro_batch": np.full(n.shape, ctx.micro_batch),
+            "seq_len": np.full(n.shape, model.seq_len), "sequence_parallel": np.full(n.shape, ctx.sequence_parallel),
+            "distributed_optimizer": np.full(n.shape, ctx.distributed_optimizer), "dp": np.full(n.shape, ctx.dp),
+            "precision": np.full(n.shape, ctx.precision, dtype=object), "layers": n, "first": np.full(n.shape, ctx.first)}
+    return dense_bytes + static_delta_bytes(model, cols)
+
+
+def dp_params_per_rank(model: ModelArch, ctx, layers: np.ndarray, dense_params: np.ndarray) -> np.ndarray:
+    """The parameter count whose gradient step over the stage's dp ranks costs what the MoE stage's costs: the
+    non-expert part over dp plus the expert part over dp / ep — a ring step costs ∝ (n − 1)/n · bytes
+    (memx.planner.cost.dp_step_ms), so the expert part counts (1 − ep/dp)/(1 − 1/dp) times, times the dp
+    ring's bandwidth over the expert-dp rings' (`expert_dp_slowdown`, `a2a_links`: the tail runs at the dp
+    ring's). `dense_params`: the dense equivalent's count (stage_params_per_rank)."""
+    dp = ctx.expert_parallel * ctx.expert_dp
+    dense, expert = layer_params_split(model, ctx.tp, ctx.expert_parallel)
+    eq = dense_equivalent(model)
+    eq_layer = layer_params(eq.hidden, eq.ffn_hidden, eq.heads, eq.query_groups, eq.mlp) / ctx.tp
+    share = (1.0 - 1.0 / ctx.expert_dp) / (1.0 - 1.0 / dp) * ctx.expert_dp_slowdown if dp > 1 else 1.0
+    n_moe, n_dense = split_layers(model, layers, ctx.first)
+    mlp_gap = _mlp_params(model, model.ffn_hidden, ctx.tp) - _mlp_params(model, eq.ffn_hidden, ctx.tp)
+    return dense_params + n_moe * (dense + expert * share - eq_layer) + n_dense * mlp_gap
+
+
+def a2a_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, float, float], ...]:
+    """(effective GB/s per rank, latency ms, expert-dp slowdown) of each stage's all-to-all over its ep groups (ep consecutive dp
+    replicas: Megatron's rank order tp-cp-ep-dp-pp puts ep inside dp; the first-fit placement puts a stage's
+    replicas on as few nodes as it can, memx.domain.plan.place_plan). A rank sends 1/ep of its volume V to
+    each of the other ep − 1 ranks of its group; the all-to-all takes the longest of: a rank's peers in its
+    node over the intra-node link, its peers on other nodes over the pair link (memx.planner.network.pair_link,
+    cross-vendor included), and a node's bytes leaving over its NICs — all tp ranks of every group of the stage
+    at once (`nic_share_gbps`). Effective bandwidth = V·(ep − 1)/ep ÷ that time. ep 1: no all-to-all (0, 0).
+    The slowdown: the stage's dp ring bandwidth (tp rings, memx.planner.network.ring_link) over the slowest of
+    the ep expert-dp rings (replicas r ≡ j mod ep, tp·ep rings at once: they all run together); 1 at ep 1."""
+    ep = plan.expert_parallel
+    where = place_plan(plan, cluster)
+    if ep == 1 or where is None:
+        return tuple((0.0, 0.0, 1.0) for _ in plan.stages)
+    out = []
+    for s, st in enumerate(plan.stages):
+        nodes = [where[r][s] for r in range(plan.dp)]
+        dp_bw = ring_link(cluster, nodes, st.tp)[0]
+        edp_bw = min(ring_link(cluster, nodes[j::ep], st.tp * ep)[0] for j in range(ep))
+        out.append((*_stage_a2a(cluster, nodes, ep, st.tp), dp_bw / edp_bw))
+    return tuple(out)
+
+
+def _stage_a2a(cluster: Cluster, nodes: list[int], ep: int, tp: int) -> tuple[float, float]:
+    slowest, lat, leaving = 0.0, 0.0, Counter()
+    groups = [nodes[g:g + ep] for g in range(0, len(nodes), ep)]
+    for group in groups:
+        count = Counter(group)
+        for a in count:
+            intra = (count[a] - 1) / ep / cluster.nodes[a].gpu.intra_node_bandwidth_gbps
+            inter = 0.0
+            for b in count:
+                if b != a:
+                    bw, link_lat = pair_link(cluster, a, b)
+                    inter, lat = inter + count[b] / ep / bw, max(lat, link_lat)
+            slowest = max(slowest, intra, inter)
+            leaving[a] += tp * count[a] * (ep - count[a]) / ep  # V units leaving node a
+    for a, volume in leaving.items():  # the node's NICs carry every flow out at once
+        flows = max(int(round(volume * ep)), 1)
+        slowest = max(slowest, volume / (nic_share_gbps(cluster, a, flows) * flows))
+    return (ep - 1) / ep / slowest, lat
+
+
+def with_experts(ctxs: Sequence, ep: int, expert_dp: int, links: Sequence[tuple[float, float, float]]) -> tuple:
+    """Stage contexts carrying ep, the expert dp size and each stage's links (`a2a_links`; a MoE model's)."""
+    return tuple(dataclasses.replace(c, expert_parallel=ep, expert_dp=expert_dp, a2a_gbps=bw, a2a_latency_ms=lat,
+                                     expert_dp_slowdown=slow) for c, (bw, lat, slow) in zip(ctxs, links, strict=True))
+
+
+def plan_expert_contexts(ctxs: Sequence, plan: Plan, model: ModelArch, cluster: Cluster) -> tuple:
+    """`ctxs` (memx.planner.tables.plan_contexts) of a plan of a MoE model with its experts; others unchanged."""
+    if not model.is_moe:
+        return tuple(ctxs)
+    return with_experts(ctxs, plan.expert_parallel, plan.dp // plan.expert_parallel, a2a_links(cluster, plan))
+
+
+def expert_parallelisms(space: SearchSpace, model: ModelArch, dp: int) -> list[int]:
+    """The ep values searched for a layout of data-parallel size dp (SearchSpace.expert_parallel_options): 1
+    for a dense model; else those that divide dp (memx.domain.plan.moe_problems; that they divide num_experts
+    is checked on the space, `expert_option_problems`)."""
+    if not model.is_moe:
+        return [1]
+    return [ep for ep in space.expert_parallel_options if dp % ep == 0]
+
+
+def expert_option_problems(space: SearchSpace, model: ModelArch) -> list[str]:
+    """Every expert_parallel_options value > 1 that a dense model cannot take, that replica groups cannot carry or
+    that does not divide the model's experts: one message naming them (exit 2)."""
+    big = [ep for ep in space.expert_parallel_options if ep > 1]
+    if big and not model.is_moe:
+        return [f"search '{space.name}': field 'expert_parallel_options' {big} needs a mixture-of-experts model; "
+                f"{model.name} has no 'num_experts'"]
+    if big and space.max_replica_groups > 1:
+        return [f"search '{space.name}': field 'expert_parallel_options' {big} needs max_replica_groups 1 (a plan of "
+                "replica groups, schema 2, has no expert_parallel; neither Megatron-LM nor FlagScale runs it)"]
+    bad = [ep for ep in big if model.is_moe and model.num_experts % ep]
+    if bad:
+        return [f"search '{space.name}': field 'expert_parallel_options' values {bad} do not divide num_experts "
+                f"({model.num_experts}) of model {model.name}"]
+    return []

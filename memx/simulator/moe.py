@@ -1,0 +1,190 @@
+"""Mixture-of-experts layers on the virtual cluster (issue #27; docs/simulator.md §Mixture of experts).
+Independent of the planner: its own kernels (memx.simulator.physics) and links (memx.simulator.links).
+
+A MoE stage is simulated as its dense layers (attention, norms, and the shared expert as the dense MLP when
+the model has one) plus, per layer, what Megatron-LM's MoELayer with the alltoall token dispatcher runs
+(megatron/core/transformer/moe/: router.py, token_dispatcher.py, experts.py): the router GEMM and its top-k
+softmax; the permutation of the k copies of every token; the dispatch all-to-all over the stage's ep group
+(ep consecutive data-parallel replicas); with tp > 1 the all-gather of the received tokens over the expert
+tensor-parallel group (= tp) and the reduce-scatter back; E/ep local experts as a grouped GEMM — the busiest
+rank gets λ × the average tokens (`moe_load_imbalance`), split evenly over its local experts, so few tokens
+per expert run at the small-GEMM efficiency of gemm_ms —; the combine all-to-all and the unpermutation.
+Backward runs each of them again (GEMMs twice). A model without a shared expert has no dense MLP: the
+signature's MLP (one expert's width over all tokens) is taken out again with the same kernels.
+
+Memory: the local experts' weights with their optimizer state sharded over the expert data-parallel group
+(dp / ep ranks) with the distributed optimizer, and the router's; activations per kept layer: the gathered
+expert input, the expert MLP intermediates, the fp32 router probabilities; the dispatch buffers as workspace.
+The expert gradients are all-reduced (or reduce-scattered and the parameters all-gathered) over the ranks
+holding the same experts: replicas r ≡ j (mod ep), a ring over their nodes. The model's first
+`moe_first_dense_layers` layers run as dense layers (MLP `ffn_hidden`) on whichever stages hold them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from memx.domain.plan import Plan
+from memx.domain.specs import Cluster, GpuType, ModelArch
+from memx.simulator.links import link, ring, shared_nic
+from memx.simulator.physics import (BF16_BYTES, FP32_BYTES, GRAD_BYTES_OF, Device, adam_step_ms, gemm_ms,
+                                    membound_ms, ring_allreduce_ms, ring_collective_ms, tp_boundary_ms,
+                                    tp_collective_ms)
+from memx.simulator.interleave import chunk_signatures
+from memx.simulator.stage import (ADAM_STATIC_BYTES_PER_PARAM, MIB, REPLICATED_BYTES_PER_PARAM, StageCost,
+                                  StageSignature, stage_cost)
+from memx.simulator.traits import GpuTraits
+
+
+def dense_ffn(model: ModelArch) -> int:
+    """The MLP width of a MoE stage's signature: the shared expert's, else one routed expert's (taken out
+    again by `moe_cost`)."""
+    return model.moe_shared_expert_ffn_hidden or model.expert_ffn_hidden
+
+
+def _mlp(dev: Device, tokens: float, width: float, tp: int, h: int, groups: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) ms of SwiGLU MLPs on `tokens` tokens split evenly over `groups` experts of inner size
+    `width` / tp: up+gate and down GEMMs (a grouped GEMM: `groups` batched matrices) and the activation."""
+    per = tokens / groups
+    g = gemm_ms(dev, per, 2 * width / tp, h, groups, linear=True) + gemm_ms(dev, per, h, width / tp, groups, linear=True)
+    act = 6.0 * tokens * width / tp
+    return g + membound_ms(dev, act, 1), 2 * g + membound_ms(dev, 2 * act, 2)
+
+
+def a2a_ms(plan: Plan, cluster: Cluster, where: list[list[int]], s: int, nbytes: float, traits: GpuTraits) -> float:
+    """One all-to-all of stage s: every rank of an ep group sends nbytes/ep to each other member, all at once;
+    the slowest member finishes it. A member's bytes to peers in its node share its intra-node link; bytes to
+    other nodes share the node's NICs with every flow leaving that node at once (tp ranks × members × off-node
+    peers, links.shared_nic); each flow also at most its pair link (cross-vendor included)."""
+    ep, tp = plan.expert_parallel, plan.stages[s].tp
+    nodes = [where[r][s] for r in range(plan.dp)]
+    groups = [nodes[g:g + ep] for g in range(0, len(nodes), ep)]
+    flows: Counter = Counter()
+    for grp in groups:
+        for a in grp:
+            flows[a] += tp * sum(1 for b in grp if b != a)
+    part, worst = nbytes / ep, 0.0
+    for grp in groups:
+        for i, a in enumerate(grp):
+            same = sum(1 for j, b in enumerate(grp) if b == a and j != i)
+            t = same * part / (link(cluster, a, a)[0] * traits.link_efficiency)
+            for j, b in enumerate(grp):
+                if b != a:
+                    bw, lat = link(cluster, a, b)
+                    bw = min(bw, shared_nic(cluster, a, flows[a]), shared_nic(cluster, b, flows[b]))
+                    t = max(t, part / (bw * traits.link_efficiency) + lat)
+            worst = max(worst, t)
+    return worst + traits.collective_step_latency_ms
+
+
+def moe_cost(cost: StageCost, sig: StageSignature, model: ModelArch, ep: int, a2a: float, gpu: GpuType,
+             traits: GpuTraits) -> tuple[StageCost, float]:
+    """(the MoE stage's cost, its expert parameters per GPU) from the dense stage cost of its signature (module
+    docstring); `a2a`: one all-to-all's ms on the stage's links (`a2a_ms`)."""
+    if not sig.layers:
+        return cost, 0.0
+    dev, d = Device.of(gpu, traits, sig.precision), sig.dims()
+    h, tp, E, fe = model.hidden, sig.tp, model.num_experts, model.expert_ffn_hidden
+    rank_tokens = d.tokens / tp if d.sp else d.tokens
+    copies = model.moe_load_imbalance * model.moe_router_topk
+    gathered = copies * (d.tokens if tp > 1 else rank_tokens)  # the expert GEMMs' tokens on the busiest rank
+    e_local = E / ep
+    exp_f, exp_b = _mlp(dev, gathered, fe, tp, h, e_local)
+    router_f = gemm_ms(dev, rank_tokens, E, h) + membound_ms(dev, 3 * FP32_BYTES * rank_tokens * E, 2)
+    router_b = 2 * gemm_ms(dev, rank_tokens, E, h) + membound_ms(dev, 3 * FP32_BYTES * rank_tokens * E, 2)
+    perm = membound_ms(dev, 2 * 2 * BF16_BYTES * copies * rank_tokens * h, 2)  # permute + unpermute, read + write
+    etp = 2 * tp_collective_ms(dev, d, BF16_BYTES * gathered * h) - tp_boundary_ms(dev, d, BF16_BYTES * d.tokens * h) \
+        if tp > 1 else 0.0  # the experts' gather / scatter instead of the dense MLP's TP boundary
+    shared = model.moe_shared_expert_ffn_hidden is not None
+    drop_f, drop_b = (0.0, 0.0) if shared else _mlp(dev, d.tokens, fe, tp, h)
+    f1 = exp_f + router_f + perm + etp - drop_f + 2 * a2a
+    b1 = exp_b + router_b + perm + etp - drop_b + 2 * a2a
+    n_full = sig.recomputed_layers
+    fwd = cost.fwd_ms + sig.layers * f1
+    bwd = cost.bwd_ms + sig.layers * b1 + traits.recompute_penalty_factor * n_full * f1
+    expert = sig.layers * e_local * 3.0 * h * fe / tp
+    dense = sig.layers * (h * E - (0.0 if shared else 3.0 * h * fe / tp))
+    shards_dp, shards_edp = sig.optimizer_shards, max(sig.optimizer_shards // ep, 1)
+    per_param = cost.static_mem_mib * MIB / cost.params if cost.params else 0.0
+    states = per_param - REPLICATED_BYTES_PER_PARAM  # the optimizer state left per parameter after sharding
+    static = cost.static_mem_mib * MIB + dense * per_param \
+        + expert * (REPLICATED_BYTES_PER_PARAM + states * shards_dp / shards_edp)
+    keep = BF16_BYTES * gathered * h + BF16_BYTES * 3 * gathered * fe / tp + FP32_BYTES * rank_tokens * E
+    drop = 0.0 if shared else BF16_BYTES * 3 * d.tokens * fe / tp
+    act = cost.act_mem_mib * MIB + (sig.layers - n_full) * (keep - drop)
+    work = cost.workspace_mem_mib * MIB + 2 * BF16_BYTES * copies * rank_tokens * h
+    opt = cost.optimizer_ms + adam_step_ms(dev, expert / shards_edp + dense / shards_dp) - adam_step_ms(dev, 0.0)
+    return dataclasses.replace(cost, fwd_ms=fwd, bwd_ms=bwd, params=cost.params + dense, static_mem_mib=static / MIB,
+                               act_mem_mib=act / MIB, workspace_mem_mib=work / MIB, optimizer_ms=opt), expert
+
+
+def moe_stage_costs(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]], sigs: list[StageSignature],
+                    costs: list[StageCost], chunks: list[list[StageCost]] | None, tr: dict[str, GpuTraits],
+                    static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM):
+    """(stage costs, chunk costs or None, per-stage expert dp step ms) of a MoE plan from its dense costs; the
+    model's first `moe_first_dense_layers` layers, wherever the split puts them, run a dense MLP (`_with_dense`)."""
+    out, out_chunks, dp_ms = [], None if chunks is None else [], []
+    v, per_chunk = plan.virtual_stages, [st.layers // plan.virtual_stages for st in plan.stages]
+    for s, (sig, cost) in enumerate(zip(sigs, costs)):
+        gpu, t = cluster.gpu(sig.gpu), tr[sig.gpu]
+        d = sig.dims()
+        rank_tokens = d.tokens / sig.tp if d.sp else d.tokens
+        moved = BF16_BYTES * model.moe_load_imbalance * model.moe_router_topk * rank_tokens * model.hidden
+        a2a = a2a_ms(plan, cluster, where, s, moved, t) if plan.expert_parallel > 1 else 0.0
+        args = (model, plan.expert_parallel, a2a, gpu, t, static_bytes_per_param)
+        offset = sum(st.layers for st in plan.stages[:s])
+        new, expert = _with_dense(cost, sig, offset, *args)
+        out.append(new)
+        dp_ms.append(expert_dp_ms(plan, cluster, where, s, expert, t))
+        if chunks is not None:  # chunk c of rank s is virtual stage c·pp + s
+            out_chunks.append([_with_dense(c, sc, c_i * sum(per_chunk) + sum(per_chunk[:s]), *args)[0]
+                               for c_i, (c, sc) in enumerate(zip(chunks[s], chunk_signatures(sig, s, plan.pp, v)))])
+    return out, out_chunks, dp_ms
+
+
+def _with_dense(cost: StageCost, sig: StageSignature, offset: int, model: ModelArch, ep: int, a2a: float,
+                gpu: GpuType, traits: GpuTraits, bpp: float) -> tuple[StageCost, float]:
+    """`moe_cost` of a stage whose layers start at model layer `offset`; the ones below `moe_first_dense_layers`
+    run as a dense stage of their own (MLP `ffn_hidden`, the block recompute's first layers), added to the rest."""
+    dense = max(0, min(offset + sig.layers, model.moe_first_dense_layers) - offset)
+    if not dense:
+        return moe_cost(cost, sig, model, ep, a2a, gpu, traits)
+    n_rec = sig.recomputed_layers
+    rec_dense = min(n_rec, dense)
+    part = dataclasses.replace(sig, layers=dense, ffn_hidden=model.ffn_hidden, first=False, last=False,
+                               recompute=sig.recompute if rec_dense or sig.recompute == "selective" else "none",
+                               recompute_layers=rec_dense if 0 < rec_dense < dense else None)
+    d_cost = stage_cost(part, gpu, traits, bpp)
+    rest, rec_rest = sig.layers - dense, n_rec - rec_dense
+    if not (rest or sig.first or sig.last):
+        return d_cost, 0.0
+    m_sig = dataclasses.replace(sig, layers=rest, recompute=sig.recompute if rec_rest or sig.recompute != "full"
+                                else "none", recompute_layers=rec_rest if 0 < rec_rest < rest else None)
+    m_cost, expert = moe_cost(stage_cost(m_sig, gpu, traits, bpp), m_sig, model, ep, a2a, gpu, traits)
+    return dataclasses.replace(
+        m_cost, fwd_ms=m_cost.fwd_ms + d_cost.fwd_ms, bwd_ms=m_cost.bwd_ms + d_cost.bwd_ms, params=m_cost.params
+        + d_cost.params, static_mem_mib=m_cost.static_mem_mib + d_cost.static_mem_mib, act_mem_mib=m_cost.act_mem_mib
+        + d_cost.act_mem_mib, workspace_mem_mib=max(m_cost.workspace_mem_mib, d_cost.workspace_mem_mib),
+        optimizer_ms=m_cost.optimizer_ms + d_cost.optimizer_ms), expert
+
+
+def expert_dp_ms(plan: Plan, cluster: Cluster, where: list[list[int]], s: int, expert_params: float,
+                 traits: GpuTraits) -> float:
+    """The expert gradients' data-parallel step of stage s: one ring per TP rank and expert slot over the
+    replicas holding the same experts (r ≡ j mod ep); like the dense step, all-reduce, or reduce-scatter +
+    all-gather with the distributed optimizer. The ep rings run at once: the slowest."""
+    ep = plan.expert_parallel
+    edp = plan.dp // ep
+    grad = GRAD_BYTES_OF[plan.precision]
+    worst = 0.0
+    for j in range(ep):
+        nodes = [where[r][s] for r in range(j, plan.dp, ep)]
+        bw, step = ring(cluster, nodes, [traits] * edp, plan.stages[s].tp * ep)
+        if plan.distributed_optimizer:
+            t = ring_collective_ms(grad * expert_params, edp, bw, step) \
+                + ring_collective_ms(BF16_BYTES * expert_params, edp, bw, step)
+        else:
+            t = ring_allreduce_ms(grad * expert_params, edp, bw, step)
+        worst = max(worst, t)
+    return worst

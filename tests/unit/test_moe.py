@@ -1,0 +1,222 @@
+"""Mixture of experts (issue #27): catalog models, plan JSON, validation, the closed form by hand, the all-to-all
+link, the search option, and the closed form against the virtual cluster.
+
+Hand calculations, each with its source:
+- Mixtral 8x7B has 46.7B parameters, 12.9B active per token (Jiang et al. 2024 §2); Qwen1.5-MoE-A2.7B 14.3B,
+  2.7B activated (Qwen blog, "Qwen1.5-MoE"; its QKV biases and shared-expert gate are not modelled);
+- one all-to-all moves λ·T·k·h·2 bytes per rank, (ep − 1)/ep of it off the rank; 4 per layer and micro batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.domain.errors import InputError
+from memx.domain.plan import Plan, Stage, plan_from_json, plan_to_json, validate_plan
+from memx.domain.specs import ModelArch
+from memx.planner import moe
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.estimate import estimate_plans
+from memx.planner.search import search
+from memx.simulator import simulate_plan
+
+
+def _mixtral_plan(ep=2, dp=4, tp=4, **kw):
+    st = (Stage(gpu="h100-80g", tp=tp, layers=16), Stage(gpu="mi300x-192g", tp=tp, layers=16))
+    return Plan(model="mixtral-8x7b", cluster="h100-mi300x-32", global_batch=64, micro_batch=1, seq_len=4096, dp=dp,
+                stages=st, distributed_optimizer=True, sequence_parallel=True, expert_parallel=ep, **kw)
+
+
+def _active_params(m: ModelArch) -> float:
+    dense, expert = moe.layer_params_split(m, 1, 1)
+    per_expert = expert / m.num_experts
+    return m.layers * (dense + m.moe_router_topk * per_expert) + 2 * m.vocab * m.hidden
+
+
+@pytest.mark.parametrize("name,total,active", [("mixtral-8x7b", 46.7e9, 12.9e9), ("qwen1.5-moe-a2.7b", 14.3e9, 2.7e9)])
+def test_catalog_models_have_their_published_sizes(name, total, active):
+    m = load_model(name)
+    assert m.is_moe and moe.model_static_bytes(m) / 18 == pytest.approx(total, rel=0.01)
+    assert _active_params(m) == pytest.approx(active, rel=0.01)  # both embeddings counted, as published
+    assert "num_experts" in m.structure() and "num_experts" not in load_model("llama2-7b").structure()
+
+
+def test_top_k_above_experts_and_moe_sizes_on_a_dense_model_are_refused():
+    base = load_model("llama-6l")
+    with pytest.raises(InputError, match="moe_router_topk.*num_experts' \\(4\\)"):
+        dataclasses.replace(base, num_experts=4, moe_router_topk=5)
+    with pytest.raises(InputError, match="moe_ffn_hidden.*needs 'num_experts'"):
+        dataclasses.replace(base, moe_ffn_hidden=1024)
+
+
+def test_json_key_only_with_expert_parallelism_and_round_trips():
+    plain = _mixtral_plan(ep=1)
+    assert "expert_parallel" not in plan_to_json(plain) and plan_from_json(plan_to_json(plain)) == plain
+    ep4 = _mixtral_plan(ep=4)
+    assert json.loads(plan_to_json(ep4))["expert_parallel"] == 4 and plan_from_json(plan_to_json(ep4)) == ep4
+
+
+def test_validation_names_every_factor():
+    cluster, model = load_cluster("h100-mi300x-32"), load_model("mixtral-8x7b")
+    validate_plan(_mixtral_plan(ep=4), cluster, model)
+    with pytest.raises(InputError) as e:
+        validate_plan(dataclasses.replace(_mixtral_plan(ep=3), sequence_parallel=False), cluster, model)
+    msg = str(e.value)
+    for needle in ("does not divide num_experts (8)", "does not divide dp (4)", "needs 'sequence_parallel'"):
+        assert needle in msg, needle
+    with pytest.raises(InputError, match="needs a mixture-of-experts model"):
+        validate_plan(dataclasses.replace(_mixtral_plan(ep=2), model="llama2-7b", stages=tuple(
+            dataclasses.replace(s, layers=16) for s in _mixtral_plan().stages)), cluster, load_model("llama2-7b"))
+
+
+def test_expert_parameters_split_over_ep_and_their_state_over_dp_over_ep():
+    m = load_model("mixtral-8x7b")
+    dense1, expert1 = moe.layer_params_split(m, 4, 1)
+    _, expert4 = moe.layer_params_split(m, 4, 4)
+    assert expert1 == pytest.approx(8 * 3 * 4096 * 14336 / 4) and expert4 == pytest.approx(expert1 / 4)
+    assert dense1 == pytest.approx((2 * 4096**2 + 2 * 4096 * 1024 + 2 * 4096) / 4 + 4096 * 8)  # + router h·E
+    cols = {"tp": np.array([4, 4]), "expert_parallel": np.array([1.0, 4.0]), "expert_dp": np.array([4.0, 1.0]),
+            "micro_batch": np.array([1, 1]), "seq_len": np.array([4096, 4096]), "sequence_parallel": np.array([True] * 2),
+            "distributed_optimizer": np.array([True] * 2), "dp": np.array([4, 4]), "layers": np.array([1, 1]),
+            "first": np.array([False] * 2),
+            "precision": np.array(["bf16"] * 2, dtype=object)}
+    d = moe.static_delta_bytes(m, cols)
+    # ep 1: experts' state over dp 4 (6 + 12/4 B); ep 4: a quarter of them, state unsharded (edp 1: 18 B)
+    assert d[0] - d[1] == pytest.approx(expert1 * 9 - expert4 * 18)
+
+
+def test_all_to_all_time_by_hand():
+    m = dataclasses.replace(load_model("mixtral-8x7b"), moe_load_imbalance=1.0)
+    gpus = {g.name: g for g in load_cluster("h100-mi300x-32").gpu_types}
+    base = {"gpu": np.array(["h100-80g"] * 2, dtype=object), "tp": np.array([1, 1]), "micro_batch": np.array([1, 1]),
+            "seq_len": np.array([4096, 4096]), "sequence_parallel": np.array([False] * 2), "layers": np.array([2, 2]),
+            "first": np.array([False] * 2),
+            "recompute": np.array(["none"] * 2, dtype=object), "recompute_layers": np.array([np.nan] * 2),
+            "expert_parallel": np.array([1.0, 8.0]), "expert_dp": np.array([1.0, 1.0]),
+            "a2a_gbps": np.array([0.0, 50.0]), "a2a_latency_ms": np.array([0.0, 0.01])}
+    dt = moe.time_delta_ms(m, base, gpus)
+    volume = 4096 * 2 * 4096 * 2.0  # T·k·h·2 bytes
+    a2a = volume * 7 / 8 / 50e9 * 1e3 + 0.01
+    assert dt[1] - dt[0] == pytest.approx(2 * 4 * a2a)  # 2 layers × 4 all-to-alls
+
+
+def test_all_to_all_inside_a_node_runs_at_nvlink_across_nodes_at_the_nic():
+    cluster = load_cluster("h100-mi300x-32")
+    inside = _mixtral_plan(ep=2, dp=4, tp=4)  # replicas 0, 1 share a node: ep groups never leave it
+    across = _mixtral_plan(ep=4, dp=4, tp=4)  # 4 replicas × tp 4 = 2 nodes per stage
+    (bw_in, lat_in, _), _ = moe.a2a_links(cluster, inside)
+    (bw_x, lat_x, _), _ = moe.a2a_links(cluster, across)
+    assert bw_in == pytest.approx(cluster.nodes[0].gpu.intra_node_bandwidth_gbps) and lat_in == 0.0
+    assert bw_x < cluster.inter_node_bandwidth_gbps and lat_x > 0.0
+
+
+def test_search_option_finds_expert_parallel_plans_that_estimate_the_same():
+    cluster = load_cluster("three-vendor-20")
+    model = dataclasses.replace(load_model("llama-6l"), num_experts=4, moe_router_topk=2, moe_ffn_hidden=1024)
+    space = dataclasses.replace(load_search("small"), global_batch=16, micro_batch_options=(1,), max_pp=3,
+                                expert_parallel_options=(1, 2, 4))
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    r = search(cluster, model, space, pred, top_k=10)
+    with_ep = [c for c in r.top_time if c.plan.expert_parallel > 1]
+    assert with_ep
+    for c, est in zip(with_ep, estimate_plans([c.plan for c in with_ep], cluster, model, pred)):
+        validate_plan(c.plan, cluster, model)
+        assert est.iteration_time_ms == pytest.approx(c.iteration_time_ms, rel=1e-4)
+        assert est.max_mem_mib == pytest.approx(c.max_mem_mib, rel=1e-4)
+    with pytest.raises(InputError, match=r"values \[3\] do not divide num_experts \(4\)"):
+        search(cluster, model, dataclasses.replace(space, expert_parallel_options=(1, 3)), pred)
+    with pytest.raises(InputError, match="needs a mixture-of-experts model"):
+        search(cluster, load_model("llama-6l"), space, pred)
+
+
+def test_closed_form_memory_within_ten_percent_of_the_virtual_cluster():
+    cluster, model = load_cluster("h100-mi300x-32"), load_model("mixtral-8x7b")
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    for plan in (_mixtral_plan(ep=2), _mixtral_plan(ep=4), _mixtral_plan(ep=8, dp=16, tp=1)):
+        est, run = estimate_plans([plan], cluster, model, pred)[0], simulate_plan(plan, cluster, model)
+        sim = [run.demand_mem_mib[0], run.demand_mem_mib[plan.stages[0].tp]]
+        assert np.allclose(est.stage_peak_mib, sim, rtol=0.10), (est.stage_peak_mib, sim)
+        assert est.stage_time_ms == pytest.approx(run.stage_time_ms, rel=0.25)
+
+
+class _Counting:
+    """A stage predictor that records the signatures it is asked for (the closed form underneath)."""
+
+    name = "counting"
+
+    def __init__(self, base):
+        self.base, self.seen = base, []
+
+    def predict(self, sigs):
+        self.seen.append(sigs.reset_index(drop=True))
+        return self.base.predict(sigs)
+
+
+def test_predictors_and_their_caches_see_the_dense_equivalent_never_ep():
+    """The signature a predictor (and a prediction cache keyed on it) sees is the dense equivalent's (ffn_hidden
+    λ·k·f_e + f_sh, not the model's); ep and the all-to-all link enter after it, so a cached prediction is the
+    same for every ep and never stands for another ep's stage (memx.planner.moe.adjust)."""
+    cluster, model = load_cluster("h100-mi300x-32"), load_model("mixtral-8x7b")
+    pred = _Counting(AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}))
+    a, b = (estimate_plans([_mixtral_plan(ep=ep)], cluster, model, pred)[0] for ep in (2, 4))
+    assert pred.seen[0].equals(pred.seen[1])
+    assert set(pred.seen[0]["ffn_hidden"]) == {moe.dense_equivalent(model).ffn_hidden} != {model.ffn_hidden}
+    assert a.stage_peak_mib != b.stage_peak_mib  # the experts over ep: after the predictor
+
+
+def test_a_profile_measures_the_dense_equivalent():
+    from memx.profiling import profiled_model
+
+    model = load_model("qwen1.5-moe-a2.7b")
+    assert profiled_model(model) == moe.dense_equivalent(model) and not profiled_model(model).is_moe
+    assert profiled_model(load_model("llama2-7b")) == load_model("llama2-7b")
+
+
+@pytest.mark.slow
+def test_simulated_profile_of_a_moe_model_records_dense_equivalent_stages():
+    from memx.profiling import profile
+
+    model = dataclasses.replace(load_model("llama-6l"), num_experts=4, moe_router_topk=2, moe_ffn_hidden=2048)
+    runs = profile(load_cluster("xy-2"), model, load_search("small"), backend="simulated").stage_runs
+    assert set(runs["ffn_hidden"]) == {moe.dense_equivalent(model).ffn_hidden}
+
+
+def test_interleaved_moe_plan_agrees_with_the_virtual_cluster():
+    """ep and virtual stages together: the closed form's chunks carry the MoE terms as the simulator's do."""
+    cluster, model = load_cluster("h100-mi300x-32"), load_model("mixtral-8x7b")
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    st = tuple(Stage(gpu=g, tp=2, layers=8) for g in ("h100-80g", "h100-80g", "mi300x-192g", "mi300x-192g"))
+    p = Plan(model=model.name, cluster=cluster.name, global_batch=64, micro_batch=1, seq_len=4096, dp=4, stages=st,
+             distributed_optimizer=True, sequence_parallel=True, expert_parallel=4, virtual_stages=2)
+    est, run = estimate_plans([p], cluster, model, pred)[0], simulate_plan(p, cluster, model)
+    assert est.iteration_time_ms == pytest.approx(run.iteration_time_ms, rel=0.10)
+    assert np.allclose(est.stage_peak_mib, [run.demand_mem_mib[2 * s] for s in range(4)], rtol=0.05)
+
+
+def test_first_dense_layers_closed_form_and_virtual_cluster_agree():
+    """DeepSeek-style dense first layers (`moe_first_dense_layers`, MLP `ffn_hidden`): the closed form counts them
+    on the first stage, the virtual cluster wherever they are; with the first stage holding them both agree."""
+    cluster = load_cluster("h100-mi300x-32")
+    model = dataclasses.replace(load_model("qwen1.5-moe-a2.7b"), moe_first_dense_layers=3, ffn_hidden=10944)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    peaks = []
+    for m in (dataclasses.replace(model, moe_first_dense_layers=0), model):
+        st = (Stage(gpu="h100-80g", tp=2, layers=12, recompute="full", recompute_layers=2),
+              Stage(gpu="mi300x-192g", tp=2, layers=12))
+        p = Plan(model=m.name, cluster=cluster.name, global_batch=64, micro_batch=1, seq_len=4096, dp=8, stages=st,
+                 distributed_optimizer=True, sequence_parallel=True, expert_parallel=4)
+        est, run = estimate_plans([p], cluster, m, pred)[0], simulate_plan(p, cluster, m)
+        assert np.allclose(est.stage_peak_mib, [run.demand_mem_mib[0], run.demand_mem_mib[2]], rtol=0.05)
+        assert np.allclose(est.stage_time_ms, run.stage_time_ms, rtol=0.10)
+        peaks.append(est.stage_peak_mib)
+    assert peaks[1][0] < peaks[0][0] and peaks[1][1] == pytest.approx(peaks[0][1])  # dense layers hold no experts
+    assert moe.model_static_bytes(model) < moe.model_static_bytes(dataclasses.replace(model, moe_first_dense_layers=0))
+    with pytest.raises(InputError, match="moe_first_dense_layers.*below 'layers' \\(24\\)"):
+        dataclasses.replace(model, moe_first_dense_layers=24)
+    with pytest.raises(InputError, match="moe_first_dense_layers.*needs 'num_experts'"):
+        dataclasses.replace(load_model("llama-6l"), moe_first_dense_layers=1)
