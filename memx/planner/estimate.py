@@ -11,8 +11,10 @@ from itertools import groupby
 
 import numpy as np
 
+from memx.domain.context_parallel import rank_equivalent
 from memx.domain.plan import Plan, plan_model, validate_plan
 from memx.domain.specs import Cluster, ModelArch
+from memx.planner.context_parallel import add_ring_terms, cp_links
 from memx.planner.interleave import context_twins, wrap_gbps
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.predictions import params_per_rank
@@ -27,7 +29,7 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
     """One predictor call for all stages of all plans; the metrics are not scored (phi None)."""
     for i, p in enumerate(plans):
         validate_plan(p, cluster, model, source=f"plan[{i}]")
-    ctxs, layers, pred = _predict_stages(plans, model, predictor)
+    ctxs, layers, pred = _predict_stages(plans, model, predictor, cluster)
     assembly = assembly_of(predictor)  # a calibrated predictor's c and o, as in the search
     t_all, m_all, s_all = pred["time_ms"], pred["peak_mem_mib"], pred["static_mem_mib"]
     out, k = [], 0
@@ -39,13 +41,13 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
     return corrected_plans(predictor, out)  # a calibrated predictor's plan residual (memx.learn.residual)
 
 
-def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredictor):
+def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredictor, cluster: Cluster | None = None):
     """(stage contexts, layers per stage, the predictor's columns) for every stage of every plan, in order; each
     plan's stages carry the model it trains (`plan_model`: its heads, query groups, sequence length)."""
-    ctxs = [c for p in plans for c in plan_contexts(p)]
+    ctxs = [c for p in plans for c in plan_contexts(p, cp_links(cluster, p) if p.context_parallel > 1 and cluster else None)]
     layers = np.asarray([st.layers for p in plans for st in p.stages])
     codes = np.asarray([option_code(st) for p in plans for st in p.stages])
-    pred = _predict_rows(plans, model, predictor, ctxs, layers, codes)
+    pred = _predict_rows(plans, model, predictor, ctxs, layers, codes, cluster)
     inter = [i for i, c in enumerate(ctxs) if c.virtual_stages > 1]
     if inter:  # interleaved: peaks from the twins' (memx.planner.interleave.context_twins)
         twins = {i: context_twins(ctxs[i]) for i in inter}
@@ -53,7 +55,7 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
         out = {col: np.array(pred[col], dtype=float) for col in cols}
         for t in range(max(len(tw) for tw in twins.values())):
             alt = [twins[i][t][0] if i in twins and t < len(twins[i]) else c for i, c in enumerate(ctxs)]
-            got = _predict_rows(plans, model, predictor, alt, layers, codes)
+            got = _predict_rows(plans, model, predictor, alt, layers, codes, cluster)
             for col in cols:
                 part = np.asarray(got[col], dtype=float)
                 for i in inter:
@@ -64,7 +66,7 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
     return ctxs, layers, pred
 
 
-def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor, ctxs, layers, codes):
+def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor, ctxs, layers, codes, cluster=None):
     """The predictor's columns for one row per stage (contexts `ctxs`, in plan order)."""
     frames, k = [], 0
     for trained, group in groupby(plans, key=lambda p: plan_model(p, model)):  # consecutive runs keep the order
@@ -73,7 +75,10 @@ def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor
         frames.append(signature_columns(ctxs[sl], layers[sl], codes[sl], np.arange(n), trained, trained.seq_len))
         k += n
     sigs = frames[0] if len(frames) == 1 else {c: np.concatenate([f[c] for f in frames]) for c in frames[0]}
-    return predict_arrays(predictor, sigs)
+    pred = predict_arrays(predictor, sigs)
+    if cluster is None or all(c.context_parallel == 1 for c in ctxs):
+        return pred
+    return add_ring_terms(pred, sigs, ctxs, np.arange(len(ctxs)), cluster)  # cp > 1: the ring's terms
 
 
 def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePredictor) -> list[float | None]:
@@ -96,6 +101,7 @@ def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePr
 def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: np.ndarray, static: np.ndarray,
               params: np.ndarray, reserve_gib: float, assembly: AssemblyCalibration) -> PlanMetrics:
     """One plan through the search's assembly, as a one-column batch."""
+    plan, p = p, rank_equivalent(p)  # cp > 1: dp·cp replicas of s/cp (memx.domain.context_parallel)
     p2p_gbps, dp_gbps, p2p_latency_ms = plan_links(cluster, p)
     pipe = pipeline(cluster, model, stage_gpus=[st.gpu for st in p.stages], stage_tp=[st.tp for st in p.stages],
                     dp=p.dp, micro_batch=p.micro_batch, micro_batches=p.micro_batches, seq_len=p.seq_len,
@@ -103,5 +109,5 @@ def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: n
                     distributed_optimizer=p.distributed_optimizer, assembly=assembly, virtual_stages=p.virtual_stages,
                     wrap_gbps=wrap_gbps(cluster, p) if p.virtual_stages > 1 else None, precision=p.precision)
     T, stats = pipe.assemble(t[:, None], mem[:, None], pipe.tail_ms(static[:, None], params[:, None]))
-    return plan_metrics(p, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=pipe.capacity_mib,
+    return plan_metrics(plan, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=pipe.capacity_mib,
                         stats=stats, feasible=bool(np.all(mem <= pipe.capacity_mib - reserve_gib * 1024.0)))

@@ -9,6 +9,7 @@ static-memory bound before anything is predicted.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from memx.domain.errors import InputError
 from memx.domain.plan import Plan, Recompute, Stage, place_plan
 from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
+from memx.planner.context_parallel import cp_links
 from memx.planner.interleave import wrap_gbps
 from memx.planner.network import p2p_link, ring_link
 from memx.planner.tables import StageContext, stage_contexts
@@ -42,6 +44,10 @@ class Layout:
     virtual_stages: int = 1  # interleaved 1F1B chunks per rank (memx.planner.interleave); 1: plain 1F1B
     wrap_gbps: float | None = None  # interleaved: bandwidth of the last stage → first stage hop
     precision: str = DEFAULT_PRECISION  # the plan's training precision (memx.domain.precision.resolve_precision)
+    # context parallelism (memx.planner.context_parallel): cp, and each stage's ring (GB/s, latency ms); with
+    # cp > 1 the links above are the rank-equivalent plan's (dp·cp replicas)
+    context_parallel: int = 1
+    cp_links: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     @property
     def pp(self) -> int:
@@ -51,7 +57,8 @@ class Layout:
         return stage_contexts(self.stage_gpus, self.stage_tp, micro_batch=self.micro_batch,
                               micro_batches=self.micro_batches, distributed_optimizer=self.distributed_optimizer,
                               dp=self.dp, sequence_parallel=self.sequence_parallel,
-                              virtual_stages=self.virtual_stages, precision=self.precision)
+                              virtual_stages=self.virtual_stages, precision=self.precision,
+                              context_parallel=self.context_parallel, cp_links=self.cp_links)
 
     def to_plan(self, model: ModelArch, cluster: Cluster, global_batch: int, seq_len: int,
                 layers: tuple[int, ...], recompute: tuple[tuple[Recompute, int | None], ...]) -> Plan:
@@ -62,7 +69,8 @@ class Layout:
         return Plan(model=model.name, cluster=cluster.name, global_batch=global_batch,
                     micro_batch=self.micro_batch, seq_len=seq_len, dp=self.dp, stages=stages,
                     distributed_optimizer=self.distributed_optimizer, sequence_parallel=self.sequence_parallel,
-                    virtual_stages=self.virtual_stages, precision=self.precision)
+                    virtual_stages=self.virtual_stages, precision=self.precision,
+                    context_parallel=self.context_parallel)
 
 
 def valid_tps(model: ModelArch, cluster: Cluster, gpu: str, options: tuple[int, ...]) -> list[int]:
@@ -173,7 +181,7 @@ def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq, precision=DEF
     links = plan_links(cluster, probe)
     if links is None:
         return []
-    return [
+    plain = [
         Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
                p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do,
                sequence_parallel=sp, virtual_stages=v, wrap_gbps=wrap, precision=precision)
@@ -183,7 +191,33 @@ def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq, precision=DEF
         for sp in _effective(space.sequence_parallel, max(tps) > 1)
         for v in interleavings(space, len(gpus), space.global_batch // (dp * mb), model.layers)
         for wrap in [wrap_gbps(cluster, probe) if v > 1 else None]
-    ]
+    ] if 1 in space.context_parallel_options else []
+    return plain + context_parallel_layouts(cluster, model, space, probe, links, precision)
+
+
+def context_sizes(space: SearchSpace, replicas: int, seq_len: int) -> list[int]:
+    """The cp > 1 of SearchSpace.context_parallel_options a layout of `replicas` TP groups per stage runs: cp
+    divides the replicas (dp = replicas / cp) and 2·cp the sequence (memx.domain.context_parallel)."""
+    return [cp for cp in space.context_parallel_options if cp > 1 and replicas % cp == 0 and seq_len % (2 * cp) == 0]
+
+
+def context_parallel_layouts(cluster, model, space, probe: Plan, links, precision) -> list[Layout]:
+    """The layouts of the probe's GPUs with context parallelism: `probe` (dp = r replicas) read as dp = r/cp
+    with cp ranks each — the same placement and links (its rank-equivalent plan), m = global_batch / (dp·mb)."""
+    out: list[Layout] = []
+    gpus, tps = tuple(st.gpu for st in probe.stages), tuple(st.tp for st in probe.stages)
+    for cp in context_sizes(space, probe.dp, probe.seq_len):
+        dp = probe.dp // cp
+        ring = cp_links(cluster, dataclasses.replace(probe, dp=dp, context_parallel=cp))
+        out += [Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
+                       p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do,
+                       sequence_parallel=sp, virtual_stages=v, precision=precision, context_parallel=cp, cp_links=ring,
+                       wrap_gbps=wrap_gbps(cluster, probe) if v > 1 else None)
+                for mb in space.micro_batch_options if space.global_batch % (dp * mb) == 0
+                for do in _effective(space.distributed_optimizer, probe.dp > 1)
+                for sp in _effective(space.sequence_parallel, max(tps) > 1)
+                for v in interleavings(space, len(gpus), space.global_batch // (dp * mb), model.layers)]
+    return out
 
 
 def interleavings(space: SearchSpace, pp: int, micro_batches: int, layers: int) -> list[int]:
