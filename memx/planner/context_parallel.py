@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from memx.domain.attention import has_flash_attention
 from memx.domain.context_parallel import cp_groups, rank_equivalent
 from memx.domain.plan import place_plan
 from memx.domain.records import signature_arrays
@@ -45,6 +46,15 @@ from memx.planner.network import slowest_hop
 from memx.planner.runtime_terms import BF16, RuntimeColumns, attention_core_ms, shapes
 
 RING_BUFFERS = 2 * 4  # double-buffered K, V, dK, dV chunks (module docstring)
+
+
+def launcher_runs_cp(launcher: str, gpus: Sequence[GpuType]) -> bool:
+    """Whether `launcher` (SearchSpace.launcher; memx.planner.launcher) starts cp > 1 on these GPUs: megatron only
+    where every GPU has fused attention (Transformer Engine's context-parallel attention; memx.domain.attention),
+    flagscale never (its heterogeneous ParallelContext asserts cp == 1), any always."""
+    if launcher == "flagscale":
+        return False
+    return launcher != "megatron" or all(has_flash_attention(g) for g in gpus)
 
 
 def cp_links(cluster: Cluster, plan) -> tuple[tuple[float, ...], tuple[float, ...]] | None:

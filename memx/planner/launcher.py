@@ -8,6 +8,9 @@ searched on its own and the better pick wins (the margin floor first, then time:
 `flagscale` keeps what FlagScale's heterogeneous training starts: per-stage recomputation only toggles *full*
 recomputation (`recompute_granularity_per_stage_micro_batch` requires `recompute_granularity: full`, FlagScale
 flagscale/train/arguments.py post_validate_args), so selective is searched on every stage or on none.
+Context parallelism (SearchSpace.context_parallel_options, issue #27): `megatron` searches cp > 1 only on GPUs
+with fused attention, `flagscale` not at all (memx.planner.context_parallel.launcher_runs_cp, applied where the
+layouts are enumerated, memx.planner.space.context_parallel_layouts).
 
 `launcher_gain` runs the unconstrained search beside a constrained one: what the heterogeneous plan gains
 over the best plan the launcher runs (time and margin), for the report.

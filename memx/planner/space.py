@@ -21,7 +21,7 @@ from memx.domain.errors import InputError
 from memx.domain.plan import Plan, Recompute, Stage, place_plan
 from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
-from memx.planner.context_parallel import cp_links
+from memx.planner.context_parallel import cp_links, launcher_runs_cp
 from memx.planner.interleave import wrap_gbps
 from memx.planner.network import p2p_link, ring_link
 from memx.planner.tables import StageContext, stage_contexts
@@ -206,6 +206,8 @@ def context_parallel_layouts(cluster, model, space, probe: Plan, links, precisio
     with cp ranks each — the same placement and links (its rank-equivalent plan), m = global_batch / (dp·mb)."""
     out: list[Layout] = []
     gpus, tps = tuple(st.gpu for st in probe.stages), tuple(st.tp for st in probe.stages)
+    if not launcher_runs_cp(space.launcher, [cluster.gpu(g) for g in dict.fromkeys(gpus)]):
+        return out
     for cp in context_sizes(space, probe.dp, probe.seq_len):
         dp = probe.dp // cp
         ring = cp_links(cluster, dataclasses.replace(probe, dp=dp, context_parallel=cp))
