@@ -48,7 +48,11 @@ def stage_rows(plan: Mapping[str, Any]) -> list[tuple[int | None, int, Mapping[s
 
 
 def dp_text(plan: Mapping[str, Any]) -> str:
-    return "+".join(str(g["dp"]) for g in plan["groups"]) if is_grouped(plan) else str(plan["dp"])
+    """dp (per group: `1+2`); with context parallelism `dp·cpN` (issue #27: N GPUs share each sequence)."""
+    if is_grouped(plan):
+        return "+".join(str(g["dp"]) for g in plan["groups"])
+    cp = int(plan.get("context_parallel", 1))
+    return str(plan["dp"]) + (f"·cp{cp}" if cp > 1 else "")
 
 
 def micro_batch_text(plan: Mapping[str, Any]) -> str:
