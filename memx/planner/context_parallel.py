@@ -12,7 +12,8 @@ all-reduce and optimizer shards) plus what the ring attention adds, per layer an
   is cp × the attention of an s/cp sequence = (causal FLOPs of s) / cp. The stage predictor sees the s/cp
   sequence and so its one block; this adds the other cp − 1.
 - the K/V exchange: cp − 1 ring steps, each sending the rank's K and V chunk, 2·b·(s/cp)·h_kv/t · 2 B (h_kv =
-  g·h/a; heads split over tp), so 2·(cp − 1)/cp·b·s·h_kv/t · 2 B forward; the backward sends K, V and their
+  g·h/a; heads split over tp), so 2·(cp − 1)/cp·b·s·h_kv/t · 2 B forward, a step taking chunk / (link · link
+  efficiency) + collective step latency + network latency (conf/runtime, as the TP ring's ring_ms); the backward sends K, V and their
   gradients dK, dV: twice that (TE's AttnFuncWithCPAndKVP2P). TE posts step i + 1's send/recv before it
   computes block i (double-buffered), so a step takes max(block compute, transfer): what is charged is the
   non-overlapped part, (cp − 1)·max(0, transfer − block) per pass — a slower link only shows where it is
@@ -86,7 +87,11 @@ def ring_terms(sigs, cp: np.ndarray, link_gbps: np.ndarray, latency_ms: np.ndarr
     x = shapes(c, np.asarray(c["sequence_parallel"], dtype=bool))
     a_f, a_b, _ = attention_core_ms(x, rc)  # one (s/cp)² causal block: what the predictor already counts
     chunk = BF16 * 2.0 * x.b * x.s * x.kv / x.t  # one rank's K and V chunk per TP rank
-    step = chunk / (np.maximum(np.asarray(link_gbps, dtype=np.float64), 1e-9) * 1e6) + np.asarray(latency_ms)
+    # one ring step: the chunk at the link's achieved rate (the GPU's link efficiency, conf/runtime) plus the
+    # collective step latency and the network latency (memx.planner.runtime_terms.ring_ms's terms)
+    eff = np.array([profiles[str(g)].link_efficiency for g in c["gpu"]], dtype=np.float64)
+    gbps = np.maximum(np.asarray(link_gbps, dtype=np.float64), 1e-9)
+    step = chunk / (gbps * 1e6 * eff) + rc.step_ms + np.asarray(latency_ms)
     steps = np.maximum(cp - 1.0, 0.0)
     fwd = steps * (a_f + np.maximum(0.0, step - a_f))
     bwd = steps * (a_b + np.maximum(0.0, 2.0 * step - a_b))
