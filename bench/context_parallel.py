@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -34,6 +33,8 @@ from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.planner.search import search  # noqa: E402
 from memx.simulator import draw_plans, simulate_plan  # noqa: E402
 
+from bench.interleave import errors  # noqa: E402  (the same accuracy figures as issue #27's interleaving bench)
+
 CASES = (("h100-h20-16", "llama3-8b"), ("a100-h20-h100-256", "llama3-8b-32k"), ("three-vendor-20", "llama2-7b"))
 SEARCH_CASES = (("three-vendor-20", "llama2-7b"), ("h100-h20-16", "llama3-8b"))
 
@@ -45,18 +46,6 @@ def with_cp(plan: Plan) -> Plan | None:
         return None
     return dataclasses.replace(plan, dp=plan.dp // cp, global_batch=plan.global_batch // cp, context_parallel=cp,
                                idle_gpus=None)
-
-
-def errors(plans, cluster, model) -> str:
-    runs = [simulate_plan(p, cluster, model, seed=i) for i, p in enumerate(plans)]
-    est = estimate_plans(plans, cluster, model, AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types},
-                                                                   runtime="catalog"))
-    ok = [i for i, r in enumerate(runs) if not r.oom]
-    t = np.mean([abs(est[i].iteration_time_ms / runs[i].iteration_time_ms - 1) for i in ok]) if ok else float("nan")
-    r = np.concatenate([np.asarray(est[i].peak_mem_mib) / np.asarray(runs[i].peak_mem_mib) for i in ok]) if ok else np.ones(1)
-    right = np.mean([e.feasible == (not run.oom) for e, run in zip(est, runs)])
-    return (f"plans={len(plans):3d} ran={len(ok):3d} time_mape={t:.4f} mem_mape={np.mean(np.abs(r - 1)):.4f} "
-            f"mem_bias={np.median(r):.3f} oom_right={right:.3f}")
 
 
 def search_seconds(cluster, model, space) -> tuple[float, float, int]:
