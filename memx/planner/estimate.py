@@ -43,7 +43,9 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
 
 def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredictor, cluster: Cluster | None = None):
     """(stage contexts, layers per stage, the predictor's columns) for every stage of every plan, in order; each
-    plan's stages carry the model it trains (`plan_model`: its heads, query groups, sequence length)."""
+    plan's stages carry the model it trains (`plan_model`: its heads, query groups, sequence length). `cluster`
+    gives context-parallel plans their rings' links and terms (memx.planner.context_parallel); without it
+    (upper_margins) the ring's small buffers are left out of the bound, the point peak still holds them."""
     ctxs = [c for p in plans for c in plan_contexts(p, cp_links(cluster, p) if p.context_parallel > 1 and cluster else None)]
     layers = np.asarray([st.layers for p in plans for st in p.stages])
     codes = np.asarray([option_code(st) for p in plans for st in p.stages])

@@ -250,8 +250,9 @@ def context_parallel_problems(plan: Plan, gpus: dict[str, GpuType | None]) -> li
 def _rank_order_notes(plan: Plan, gpus: dict[str, GpuType | None]) -> list[str]:
     if len(gpus) <= 1:
         return []
+    g = "tp·cp·dp" if plan.context_parallel > 1 else "tp·dp"
     return ["stages run on different GPU types; with Megatron's default rank order tp-cp-ep-dp-pp, pipeline "
-            "stage s holds the global ranks s·tp·dp … (s+1)·tp·dp − 1: start ranks so that "
+            f"stage s holds the global ranks s·{g} … (s+1)·{g} − 1: start ranks so that "
             + ", ".join(f"stage {s} → {st.gpu}" for s, st in enumerate(plan.stages)) + "."]
 
 
@@ -309,7 +310,8 @@ def _arg_lines(args: tuple[str, ...]) -> list[str]:
 def _header(plan: Plan, cluster: Cluster | None) -> list[str]:
     tp = "/".join(str(t) for t in dict.fromkeys(st.tp for st in plan.stages))
     lines = [f"# Megatron-LM launch for {plan.model} on {plan.cluster} (MemX plan): tp {tp}, pp {plan.pp}, "
-             f"dp {plan.dp}, {plan.gpus_used} GPUs in all (world size).",
+             f"{f'cp {plan.context_parallel}, ' if plan.context_parallel > 1 else ''}dp {plan.dp}, {plan.gpus_used} GPUs in all "
+             "(world size).",
              "# Stages: " + "; ".join(f"{s}: {st.layers} layer{'s' if st.layers != 1 else ''} on {st.gpu} "
                                       f"(tp {st.tp}, recompute {_rc(st)})"
                                       for s, st in enumerate(plan.stages))]
