@@ -11,8 +11,9 @@ written only when they differ from them, so an older file loads and re-serialise
 `query_groups` (absent: the model's; present only when the search changed them — a different training
 job, `plan_model` gives the model the plan trains), `virtual_stages` (issue #27, absent: 1, Megatron's
 plain 1F1B; v > 1: the interleaved 1F1B schedule, `interleave_problems`) and `precision` (absent: bf16, what
-every plan meant before issue #23; memx.domain.precision) and `expert_parallel` (issue #27, absent: 1, every
-rank holds every expert; `moe_problems`).
+every plan meant before issue #23; memx.domain.precision), `context_parallel` (issue #27, absent: 1; cp > 1:
+Megatron-LM's context parallelism, memx.domain.context_parallel) and `expert_parallel` (issue #27, absent: 1,
+every rank holds every expert; `moe_problems`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from memx.domain.context_parallel import context_problems
 from memx.domain.errors import InputError, short_repr
 from memx.domain.precision import DEFAULT_PRECISION, check_precision
 from memx.domain.recompute import PLAN_RECOMPUTE, SEARCH_BLOCK, Recompute  # noqa: F401  (re-exported)
@@ -84,6 +86,11 @@ class Plan:
     every stage): each MoE layer's experts are split over ep consecutive data-parallel replicas of its stage,
     tokens reach them by all-to-all (memx.planner.moe). 1: every rank holds every expert (the key is then absent)."""
 
+    context_parallel: int = 1
+    """Context-parallel ranks per stage and TP rank (Megatron-LM `--context-parallel-size`, issue #27): each
+    sequence is split over cp GPUs; a stage then uses dp × cp × tp GPUs (memx.domain.context_parallel).
+    1: none (the JSON key is then absent)."""
+
     @property
     def pp(self) -> int:
         return len(self.stages)
@@ -95,12 +102,12 @@ class Plan:
 
     @property
     def gpus_used(self) -> int:
-        return self.dp * sum(s.tp for s in self.stages)
+        return self.dp * self.context_parallel * sum(s.tp for s in self.stages)
 
     def gpus_per_type(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for s in self.stages:
-            out[s.gpu] = out.get(s.gpu, 0) + self.dp * s.tp
+            out[s.gpu] = out.get(s.gpu, 0) + self.dp * self.context_parallel * s.tp
         return out
 
 
@@ -152,6 +159,8 @@ def _options_to_dict(plan: Any) -> dict[str, Any]:
     out.update({k: getattr(plan, k) for k in _MODEL_KEYS if getattr(plan, k, None) is not None})  # schema 2 has none
     if getattr(plan, "virtual_stages", 1) > 1:  # schema 2 has none
         out["virtual_stages"] = plan.virtual_stages
+    if getattr(plan, "context_parallel", 1) > 1:  # schema 2 has none
+        out["context_parallel"] = plan.context_parallel
     if getattr(plan, "expert_parallel", 1) > 1:  # schema 2 has none
         out["expert_parallel"] = plan.expert_parallel
     return out
@@ -211,6 +220,8 @@ def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
         **{k: _need_int(source, k, data[k]) for k in _MODEL_KEYS if data.get(k) is not None},
         **({"virtual_stages": _need_int(source, "virtual_stages", data["virtual_stages"])}
            if "virtual_stages" in data else {}),
+        **({"context_parallel": _need_int(source, "context_parallel", data["context_parallel"])}
+           if "context_parallel" in data else {}),
         **({"expert_parallel": _need_int(source, "expert_parallel", data["expert_parallel"])}
            if "expert_parallel" in data else {}),
         **_precision_from_dict(source, data),
@@ -306,9 +317,10 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
     # fewer GPUs than the cluster has is a valid plan (the rest stay idle); more is not
     for gpu, used in plan.gpus_per_type().items():
         if gpu in known and used > cluster.gpu_count(gpu):
-            problems.append(f"plan uses {used} × {gpu} (dp × Σ tp), cluster {cluster.name} has {cluster.gpu_count(gpu)}")
+            problems.append(f"plan uses {used} × {gpu} (dp × cp × Σ tp), cluster {cluster.name} has {cluster.gpu_count(gpu)}")
     problems += _idle_record_problems(plan, cluster)
     problems += interleave_problems(plan)
+    problems += context_problems(plan)
     problems += moe_problems(plan, model)
     if not problems and place_plan(plan, cluster) is None:
         problems.append("the stages' TP groups cannot be placed on the cluster's nodes (a TP group must fit in one node)")
@@ -371,6 +383,9 @@ def moe_problems(plan: Plan, model: ModelArch) -> list[str]:
     parallel size defaulting to tp — per stage of tp × dp GPUs that is ep dividing dp; model_parallel_config.py:
     'When using expert parallelism and tensor parallelism … sequence parallelism must be used')."""
     ep = plan.expert_parallel
+    if model.is_moe and plan.context_parallel > 1:  # issue #27: the two are not modelled together yet
+        return [f"field 'context_parallel' ({plan.context_parallel}) with a mixture-of-experts model ({model.name}): "
+                f"not supported yet (allowed: 1); expert and context parallelism are modelled one at a time"]
     if ep == 1:
         return []
     if not model.is_moe:
@@ -400,16 +415,19 @@ def _idle_record_problems(plan: Plan, cluster: Cluster) -> list[str]:
 
 
 def place_plan(plan: Plan, cluster: Cluster, free: list[int] | None = None) -> list[list[int]] | None:
-    """Node index of every (replica, stage) TP group, packed first-fit, or None if it does not fit.
+    """Node index of every (replica, stage) TP group, packed first-fit, or None if it does not fit. With
+    context parallelism (cp > 1) there are dp·cp rows, row r·cp + c holding cp rank c of replica r
+    (memx.domain.context_parallel.cp_groups).
 
     Replicas are placed stage by stage so a stage's DP replicas share a node when they can. `free`
     (GPUs free per node, updated in place) lets several replica groups share one cluster
     (memx.domain.groups.place_groups); None: the whole cluster is free.
     """
     free = [n.count for n in cluster.nodes] if free is None else free
-    where = [[-1] * plan.pp for _ in range(plan.dp)]
+    n_rep = plan.dp * getattr(plan, "context_parallel", 1)  # cp > 1: dp·cp TP groups per stage, cp-major
+    where = [[-1] * plan.pp for _ in range(n_rep)]
     for s, stage in enumerate(plan.stages):
-        for r in range(plan.dp):
+        for r in range(n_rep):
             for i, node in enumerate(cluster.nodes):
                 if node.gpu.name == stage.gpu and free[i] >= stage.tp:
                     free[i] -= stage.tp

@@ -48,6 +48,7 @@ MAX_TP = MAX_GPUS_PER_NODE  # tensor parallelism stays inside a node
 MAX_PP = MAX_LAYERS  # pipeline stages (each holds at least one layer)
 MAX_OPTIONS = 64  # entries of tp_options / micro_batch_options
 MAX_VIRTUAL_STAGES = 64  # model chunks per pipeline rank (virtual_stages_options)
+MAX_CONTEXT_PARALLEL = 64  # context-parallel ranks per stage and TP rank (context_parallel_options)
 MAX_REPLICA_GROUPS = 8  # replica groups of a schema-2 plan the search may form
 MAX_SPLITS = 1_000_000_000  # max_splits_per_layout
 MAX_RATIO = 1_000.0  # max_time_ratio, max_stage_slowdown
@@ -370,6 +371,11 @@ class SearchSpace:
     `--num-virtual-stages-per-pipeline-rank`, the interleaved 1F1B schedule; each ≤ 64); [1] (default):
     plain 1F1B only, the paper's space. A value v > 1 is tried on layouts with pp > 1, m a multiple of pp and
     every stage's layers a multiple of v (memx.planner.space.interleavings)."""
+    context_parallel_options: Annotated[tuple[Annotated[int, Gt(0), Le(MAX_CONTEXT_PARALLEL)], ...], MinLen(1),
+                                        MaxLen(MAX_OPTIONS)] = (1,)
+    """Opt-in (issue #27): context-parallel sizes searched (Megatron-LM `--context-parallel-size`, each ≤ 64;
+    one cp for the whole plan, as Megatron has); [1] (default): none, the paper's space. A value cp > 1 is tried
+    where the sequence is a multiple of 2·cp and dp·cp replicas fit (memx.planner.space.context_sizes)."""
     expert_parallel_options: Annotated[tuple[Annotated[int, Gt(0), Le(MAX_EXPERTS)], ...], MinLen(1),
                                        MaxLen(MAX_OPTIONS)] = (1,)
     """Opt-in (issue #27): expert-parallel sizes searched for a mixture-of-experts model (Megatron-LM
@@ -440,6 +446,7 @@ class SearchSpace:
         object.__setattr__(self, "distributed_optimizer", tuple(dict.fromkeys(self.distributed_optimizer)))
         object.__setattr__(self, "sequence_parallel", tuple(dict.fromkeys(self.sequence_parallel)))
         object.__setattr__(self, "virtual_stages_options", tuple(sorted(set(self.virtual_stages_options))))
+        object.__setattr__(self, "context_parallel_options", tuple(sorted(set(self.context_parallel_options))))
         object.__setattr__(self, "expert_parallel_options", tuple(sorted(set(self.expert_parallel_options))))
         for name in ("heads_options", "query_groups_options", "seq_len_options"):
             object.__setattr__(self, name, tuple(sorted(set(getattr(self, name)))))

@@ -34,8 +34,9 @@ from memx.planner.cost import (AnalyticStageModel, option_columns, precision_col
                                static_bytes_per_param)
 from memx.learn.intervals import Intervals, fit_intervals, interval_columns, intervals_from_json, layered, memory_group
 from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_only_gpus, phase_of, stage_time_labels
-from memx.learn.transfer import (micro_batch_transfer, micro_batches_seen, seen_micro_batch, sequence_parallel_seen,
-                                  sequence_parallel_transfer, unseen_sequence_parallel)
+from memx.learn.transfer import (micro_batch_transfer, micro_batches_seen, seen_micro_batch, seen_value, seq_len_transfer,
+                                  seq_lens_seen, sequence_parallel_seen, sequence_parallel_transfer,
+                                  unseen_sequence_parallel)
 from memx.learn.features import (FEATURE_NAMES, feature_matrix, gpu_arrays, memory_bases, signature_arrays,
                                   static_basis, time_bases, without_distributed_optimizer)
 from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS, SIGNATURE_COLUMNS
@@ -224,6 +225,9 @@ class LearnedStagePredictor:
     # times at the others from the seen one × the runtime closed form's GEMM-efficiency ratio
     # (`memx.learn.transfer.micro_batch_transfer`); {} = unknown (earlier versions): as trained
     micro_batch_seen: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # sequence lengths of the training rows per GPU type (issue #27: a cp rank's s/cp), the same transfer
+    # (`memx.learn.transfer.seq_len_transfer`, time and memory); {} = unknown (earlier versions): as trained
+    seq_len_seen: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # The closed form's runtime profiles for memory without labels: "catalog" (conf/runtime) or, per GPU
     # type, the profile of the stack that was measured (e.g. eager attention where the catalog assumes a
     # fused kernel) — the same argument as memx.planner.cost.AnalyticStageModel's `runtime`.
@@ -240,6 +244,9 @@ class LearnedStagePredictor:
         out = self._predict_options(sigs)
         if moved.any():
             out = micro_batch_transfer(self, sigs, out, seen_mb, moved)
+        seen_s = seen_value(self.seq_len_seen, sigs, "seq_len")
+        if len(sigs) and (moved_s := seen_s != sigs["seq_len"].to_numpy(np.float64)).any():
+            out = seq_len_transfer(self, sigs, out, seen_s, moved_s)
         return out
 
     def _predict_options(self, sigs: pd.DataFrame) -> pd.DataFrame:
@@ -347,6 +354,7 @@ class LearnedStagePredictor:
                 **({"sequence_parallel_seen": list(self.sequence_parallel_seen)} if self.sequence_parallel_seen else {}),
                 **({"micro_batch_seen": {g: list(v) for g, v in sorted(self.micro_batch_seen.items())}}
                    if self.micro_batch_seen else {}),
+                **({"seq_len_seen": {g: list(v) for g, v in sorted(self.seq_len_seen.items())}} if self.seq_len_seen else {}),
                 **({} if isinstance(self.runtime, str) else  # their hash
                    {"runtime": {k: asdict(v) for k, v in sorted(self.runtime.items())}})}
 
@@ -370,6 +378,7 @@ def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredi
         per_layer=bool(meta.get("per_layer", False)),
         sequence_parallel_seen=tuple(bool(v) for v in meta.get("sequence_parallel_seen", ())),
         micro_batch_seen={g: tuple(int(b) for b in v) for g, v in (meta.get("micro_batch_seen") or {}).items()},
+        seq_len_seen={g: tuple(int(s) for s in v) for g, v in (meta.get("seq_len_seen") or {}).items()},
         runtime={k: RuntimeProfile(**v) for k, v in meta["runtime"].items()} if meta.get("runtime") else "catalog",
         gpus={k: GpuType(**v) for k, v in meta["gpus"].items()})
 
@@ -439,7 +448,7 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
                                  backward=backward, forward_only=forward_only_gpus(df),
                                  per_layer=bool(df["layers"].max() <= 1),  # per-layer records (Metis, Sailor)
                                  sequence_parallel_seen=sequence_parallel_seen(df),
-                                 micro_batch_seen=micro_batches_seen(df),
+                                 micro_batch_seen=micro_batches_seen(df), seq_len_seen=seq_lens_seen(df),
                                  runtime=runtime if isinstance(runtime, str) else dict(runtime))
     if variant == "calibrated":
         return base

@@ -26,10 +26,22 @@ def sequence_parallel_seen(df: pd.DataFrame) -> tuple[bool, ...]:
     return tuple(sorted({bool(v) for v in option_columns(df)[2][tp]}))
 
 
+def seq_lens_seen(df: pd.DataFrame) -> dict[str, tuple[int, ...]]:
+    """The sequence lengths of the rows of each GPU type (sorted): one value means every other length (e.g. a
+    context-parallel rank's s/cp, memx.planner.context_parallel) is a transfer (seq_len_transfer)."""
+    return {str(g): tuple(sorted({int(s) for s in grp})) for g, grp in df.groupby(df["gpu"].astype(str))["seq_len"]}
+
+
 def seen_micro_batch(pred: Any, sigs: pd.DataFrame) -> np.ndarray:
     """Per row the one micro batch its GPU type was profiled at; the row's own where the type saw several."""
-    own = sigs["micro_batch"].to_numpy(np.float64)
-    single = {g: float(v[0]) for g, v in pred.micro_batch_seen.items() if len(v) == 1}
+    return seen_value(pred.micro_batch_seen, sigs, "micro_batch")
+
+
+def seen_value(seen: dict[str, tuple[int, ...]], sigs: pd.DataFrame, col: str) -> np.ndarray:
+    """Per row the one value of `col` its GPU type was profiled at (`seen`); the row's own where the type saw
+    several or is not listed."""
+    own = sigs[col].to_numpy(np.float64)
+    single = {g: float(v[0]) for g, v in seen.items() if len(v) == 1}
     if not single or not len(sigs):
         return own
     names = sigs["gpu"].astype(str).to_numpy()
@@ -57,6 +69,28 @@ def micro_batch_transfer(pred: Any, sigs: pd.DataFrame, out: pd.DataFrame, seen_
     for col in [c for c in out.columns if c.startswith("time_ms")]:
         out.loc[moved, col] = at_seen[col].to_numpy(np.float64) * k
     return widened(out, moved, "time")
+
+def seq_len_transfer(pred: Any, sigs: pd.DataFrame, out: pd.DataFrame, seen_s: np.ndarray,
+                     moved: np.ndarray) -> pd.DataFrame:
+    """Stages at a sequence length the GPU type was never profiled at (issue #27: a context-parallel rank runs
+    s/cp tokens of a profile taken at s): the prediction at the profiled length × the runtime closed form's
+    ratio (requested / profiled) for time and peak memory — per-token GEMMs and elementwise work, attention
+    quadratic in the length (Narayanan et al. 2021 §5.1), activations linear in it (Korthikanti et al. 2022
+    §4) — not the trees' extrapolation along a feature they never saw vary. The ring attention's own terms
+    are added after any predictor (memx.planner.context_parallel.add_ring_terms). Both bands widen to the
+    closed form's documented band. docs/predictor.md §Options the profiles did not cover."""
+    seen = sigs.assign(seq_len=np.where(moved, seen_s, sigs["seq_len"].to_numpy()).astype(np.int64))
+    at_seen = pred.predict(seen.loc[moved])  # its micro batch transferred too where needed
+    cf = AnalyticStageModel(gpus=pred.gpus, runtime=pred.runtime)
+    cols = [c for c in PREDICTOR_INPUT_COLUMNS if c in sigs.columns]
+    want, have = cf.predict(sigs.loc[moved, cols]), cf.predict(seen.loc[moved, cols])
+    out = out.copy()
+    for col in [c for c in out.columns if c.startswith(("time_ms", "peak_mem_mib"))]:
+        base = "time_ms" if col.startswith("time_ms") else "peak_mem_mib"
+        k = (want[base] / have[base]).to_numpy(np.float64)
+        out.loc[moved, col] = at_seen[col].to_numpy(np.float64) * k
+    return widened(widened(out, moved, "time"), moved, "memory")
+
 
 def unseen_sequence_parallel(pred: Any, sigs: pd.DataFrame) -> np.ndarray:
     """Rows at tp > 1 whose sequence parallelism no training row had (only when training saw one value)."""

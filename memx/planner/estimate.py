@@ -11,9 +11,11 @@ from itertools import groupby
 
 import numpy as np
 
+from memx.domain.context_parallel import rank_equivalent
 from memx.domain.plan import Plan, plan_model, validate_plan
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner import moe
+from memx.planner.context_parallel import add_ring_terms, cp_links
 from memx.planner.interleave import context_twins, wrap_gbps
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.predictions import params_per_rank
@@ -43,7 +45,9 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
 def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredictor, cluster: Cluster | None = None):
     """(stage contexts, layers per stage, the predictor's columns) for every stage of every plan, in order; each
     plan's stages carry the model it trains (`plan_model`: its heads, query groups, sequence length). A MoE
-    model's stages carry their experts (memx.planner.moe; without `cluster`: memory only, no all-to-all link)."""
+    model's stages carry their experts (memx.planner.moe; without `cluster`: memory only, no all-to-all link).
+    `cluster` gives context-parallel plans their rings' links and terms (memx.planner.context_parallel); without
+    it (upper_margins) the ring's small buffers are left out of the bound, the point peak still holds them."""
     ctxs = [c for p in plans for c in _contexts(p, model, cluster)]
     layers = np.asarray([st.layers for p in plans for st in p.stages])
     codes = np.asarray([option_code(st) for p in plans for st in p.stages])
@@ -67,7 +71,7 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
 
 
 def _contexts(plan: Plan, model: ModelArch, cluster: Cluster | None):
-    ctxs = plan_contexts(plan)
+    ctxs = plan_contexts(plan, cp_links(cluster, plan) if plan.context_parallel > 1 and cluster else None)
     if not model.is_moe:
         return ctxs
     if cluster is None:  # memory only: the all-to-all link does not change it
@@ -78,7 +82,7 @@ def _contexts(plan: Plan, model: ModelArch, cluster: Cluster | None):
 def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor, ctxs, layers, codes,
                   cluster: Cluster | None = None):
     """The predictor's columns for one row per stage (contexts `ctxs`, in plan order; a MoE model's adjusted,
-    memx.planner.moe.adjust)."""
+    memx.planner.moe.adjust; a context-parallel stage's with its ring's terms)."""
     frames, runs, k = [], [], 0
     for trained, group in groupby(plans, key=lambda p: plan_model(p, model)):  # consecutive runs keep the order
         n = sum(p.pp for p in group)
@@ -96,7 +100,9 @@ def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor
             part = moe.adjust({c: v[sl] for c, v in pred.items()}, frame, trained, gpus)
             for c, v in part.items():
                 pred[c][sl] = v
-    return pred
+    if cluster is None or all(c.context_parallel == 1 for c in ctxs):
+        return pred
+    return add_ring_terms(pred, sigs, ctxs, np.arange(len(ctxs)), cluster)  # cp > 1: the ring's terms
 
 
 def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePredictor) -> list[float | None]:
@@ -119,6 +125,7 @@ def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePr
 def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: np.ndarray, static: np.ndarray,
               params: np.ndarray, reserve_gib: float, assembly: AssemblyCalibration) -> PlanMetrics:
     """One plan through the search's assembly, as a one-column batch."""
+    plan, p = p, rank_equivalent(p)  # cp > 1: dp·cp replicas of s/cp (memx.domain.context_parallel)
     p2p_gbps, dp_gbps, p2p_latency_ms = plan_links(cluster, p)
     pipe = pipeline(cluster, model, stage_gpus=[st.gpu for st in p.stages], stage_tp=[st.tp for st in p.stages],
                     dp=p.dp, micro_batch=p.micro_batch, micro_batches=p.micro_batches, seq_len=p.seq_len,
@@ -126,5 +133,5 @@ def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: n
                     distributed_optimizer=p.distributed_optimizer, assembly=assembly, virtual_stages=p.virtual_stages,
                     wrap_gbps=wrap_gbps(cluster, p) if p.virtual_stages > 1 else None, precision=p.precision)
     T, stats = pipe.assemble(t[:, None], mem[:, None], pipe.tail_ms(static[:, None], params[:, None]))
-    return plan_metrics(p, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=pipe.capacity_mib,
+    return plan_metrics(plan, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=pipe.capacity_mib,
                         stats=stats, feasible=bool(np.all(mem <= pipe.capacity_mib - reserve_gib * 1024.0)))

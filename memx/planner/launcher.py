@@ -8,6 +8,9 @@ searched on its own and the better pick wins (the margin floor first, then time:
 `flagscale` keeps what FlagScale's heterogeneous training starts: per-stage recomputation only toggles *full*
 recomputation (`recompute_granularity_per_stage_micro_batch` requires `recompute_granularity: full`, FlagScale
 flagscale/train/arguments.py post_validate_args), so selective is searched on every stage or on none.
+Context parallelism (SearchSpace.context_parallel_options, issue #27): `megatron` searches cp > 1 only on GPUs
+with fused attention, `flagscale` not at all (memx.planner.context_parallel.launcher_runs_cp, applied where the
+layouts are enumerated, memx.planner.space.context_parallel_layouts).
 Mixture of experts (issue #27): both take one expert-parallel size for the whole job — Megatron-LM
 `--expert-model-parallel-size`, FlagScale the ep of every process mesh, all equal ("all 1 or none 1",
 pre_validate_args) — and need ep to divide dp (expert tp = tp); a layout of memx.planner.space has one ep that

@@ -35,8 +35,9 @@ class PlanMetrics:
 
 
 def per_gpu_peaks(plan: Plan, stage_peak_mib: Sequence[float]) -> tuple[float, ...]:
-    """Every GPU of a stage (its tp ranks, in each of the dp replicas) has the stage's peak."""
-    return tuple(float(stage_peak_mib[s]) for _ in range(plan.dp) for s, st in enumerate(plan.stages)
+    """Every GPU of a stage (its tp ranks, in each of the dp replicas and cp ranks) has the stage's peak."""
+    n_rep = plan.dp * getattr(plan, "context_parallel", 1)  # replica-major, cp ranks within (memx.domain.context_parallel)
+    return tuple(float(stage_peak_mib[s]) for _ in range(n_rep) for s, st in enumerate(plan.stages)
                  for _ in range(st.tp))
 
 

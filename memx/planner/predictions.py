@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch
+from memx.planner.context_parallel import add_ring_terms
 from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
 from memx.planner import moe
 from memx.planner.interleave import allowed_layers, combine, context_twins
@@ -76,6 +77,7 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     sigs = signature_columns(ctx_list, layers, codes, ci, model, seq_len)
     t0 = time.perf_counter()
     pred = moe.adjust(predict_arrays(predictor, sigs), sigs, model, {g.name: g for g in cluster.gpu_types})
+    pred = add_ring_terms(pred, sigs, ctx_list, ci, cluster)  # cp > 1 (context_parallel)
     predict_s = time.perf_counter() - t0
     shape = (len(ctx_list), n_max + 1, k_max)
     times, mems = np.full(shape, np.inf), np.full(shape, np.inf)

@@ -65,8 +65,9 @@ def prepare(lay: Layout, pt: PredictedTables, cluster: Cluster, model: ModelArch
     ctxs = lay.contexts()
     if any(c not in pt.tables for c in ctxs):
         return None
-    pipe = pipeline(cluster, model, stage_gpus=lay.stage_gpus, stage_tp=lay.stage_tp, dp=lay.dp,
-                    micro_batch=lay.micro_batch, micro_batches=lay.micro_batches, seq_len=seq, p2p_gbps=lay.p2p_gbps,
+    cp = lay.context_parallel  # the rank-equivalent pipeline: dp·cp replicas of s/cp (memx.planner.context_parallel)
+    pipe = pipeline(cluster, model, stage_gpus=lay.stage_gpus, stage_tp=lay.stage_tp, dp=lay.dp * cp,
+                    micro_batch=lay.micro_batch, micro_batches=lay.micro_batches, seq_len=seq // cp, p2p_gbps=lay.p2p_gbps,
                     dp_gbps=lay.dp_gbps, p2p_latency_ms=lay.p2p_latency_ms, distributed_optimizer=lay.distributed_optimizer,
                     assembly=assembly, virtual_stages=lay.virtual_stages, wrap_gbps=lay.wrap_gbps, precision=lay.precision)
     stages = tuple(pt.tables[c] for c in ctxs)

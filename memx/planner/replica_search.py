@@ -141,7 +141,8 @@ class _Groups:
         if key not in self.cache and not any(share % mb == 0 for mb in self.space.micro_batch_options):
             self.cache[key] = None  # no micro batch divides the share: no plan (search would refuse the input)
         if key not in self.cache:
-            sp = dataclasses.replace(self.space, global_batch=share, max_replica_groups=1)
+            sp = dataclasses.replace(self.space, global_batch=share, max_replica_groups=1,
+                                     context_parallel_options=(1,))  # a schema-2 plan has no cp (its groups' dp)
             try:
                 r = search(formation_cluster(self.cluster, nodes), self.model, sp, self.predictor,
                            exhaustive=self.exhaustive)

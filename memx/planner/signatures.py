@@ -95,9 +95,10 @@ def signature_columns(contexts: list[StageContext], layers: np.ndarray, codes: n
     block = (codes >= 1) & (codes < layers)
     rl = np.where(block, codes, np.nan).astype(np.float64)
     n = len(layers)
+    cp = np.array([c.context_parallel for c in contexts], dtype=np.int64)[ctx_index] if n else np.ones(0, np.int64)
     return {
         "gpu": gpu, "tp": attr["tp"].astype(np.int64), "layers": layers.astype(np.int64),
-        "micro_batch": attr["micro_batch"].astype(np.int64), "seq_len": np.full(n, seq_len, dtype=np.int64),
+        "micro_batch": attr["micro_batch"].astype(np.int64), "seq_len": seq_len // cp,  # a cp rank's share
         "recompute": recompute, "recompute_layers": rl, "first": attr["first"].astype(bool),
         "last": attr["last"].astype(bool), "inflight": attr["inflight"].astype(np.int64),
         "hidden": np.full(n, model.hidden, dtype=np.int64), "ffn_hidden": np.full(n, model.ffn_hidden, dtype=np.int64),

@@ -21,6 +21,7 @@ from memx.domain.errors import InputError
 from memx.domain.plan import Plan, Recompute, Stage, place_plan
 from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
+from memx.planner.context_parallel import cp_links, launcher_runs_cp
 from memx.planner.interleave import wrap_gbps
 from memx.planner.moe import a2a_links, expert_option_problems, expert_parallelisms, with_experts
 from memx.planner.network import p2p_link, ring_link
@@ -46,6 +47,10 @@ class Layout:
     precision: str = DEFAULT_PRECISION  # the plan's training precision (memx.domain.precision.resolve_precision)
     expert_parallel: int = 1  # MoE (memx.planner.moe): ep, one for every stage
     a2a_links: tuple[tuple[float, float, float], ...] | None = None  # MoE: memx.planner.moe.a2a_links; None: dense
+    # context parallelism (memx.planner.context_parallel): cp, and each stage's ring (GB/s, latency ms); with
+    # cp > 1 the links above are the rank-equivalent plan's (dp·cp replicas)
+    context_parallel: int = 1
+    cp_links: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     @property
     def pp(self) -> int:
@@ -55,7 +60,8 @@ class Layout:
         ctxs = stage_contexts(self.stage_gpus, self.stage_tp, micro_batch=self.micro_batch,
                               micro_batches=self.micro_batches, distributed_optimizer=self.distributed_optimizer,
                               dp=self.dp, sequence_parallel=self.sequence_parallel,
-                              virtual_stages=self.virtual_stages, precision=self.precision)
+                              virtual_stages=self.virtual_stages, precision=self.precision,
+                              context_parallel=self.context_parallel, cp_links=self.cp_links)
         if self.a2a_links is None:
             return ctxs
         return with_experts(ctxs, self.expert_parallel, self.dp // self.expert_parallel, self.a2a_links)
@@ -70,7 +76,7 @@ class Layout:
                     micro_batch=self.micro_batch, seq_len=seq_len, dp=self.dp, stages=stages,
                     distributed_optimizer=self.distributed_optimizer, sequence_parallel=self.sequence_parallel,
                     virtual_stages=self.virtual_stages, precision=self.precision,
-                    expert_parallel=self.expert_parallel)
+                    expert_parallel=self.expert_parallel, context_parallel=self.context_parallel)
 
 
 def valid_tps(model: ModelArch, cluster: Cluster, gpu: str, options: tuple[int, ...]) -> list[int]:
@@ -183,7 +189,7 @@ def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq, precision=DEF
         return []
     experts = {ep: a2a_links(cluster, dataclasses.replace(probe, expert_parallel=ep)) if model.is_moe else None
                for ep in expert_parallelisms(space, model, dp)}  # MoE: ep and its all-to-all links per stage
-    return [
+    plain = [
         Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
                p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do,
                sequence_parallel=sp, virtual_stages=v, wrap_gbps=wrap, precision=precision, expert_parallel=ep,
@@ -196,7 +202,37 @@ def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq, precision=DEF
         for wrap in [wrap_gbps(cluster, probe) if v > 1 else None]
         for ep, a2a in experts.items()
         if ep == 1 or sp or max(tps) == 1  # Megatron: ep > 1 with tp > 1 needs sequence parallelism
-    ]
+    ] if 1 in space.context_parallel_options else []
+    return plain + context_parallel_layouts(cluster, model, space, probe, links, precision)
+
+
+def context_sizes(space: SearchSpace, replicas: int, seq_len: int) -> list[int]:
+    """The cp > 1 of SearchSpace.context_parallel_options a layout of `replicas` TP groups per stage runs: cp
+    divides the replicas (dp = replicas / cp) and 2·cp the sequence (memx.domain.context_parallel)."""
+    return [cp for cp in space.context_parallel_options if cp > 1 and replicas % cp == 0 and seq_len % (2 * cp) == 0]
+
+
+def context_parallel_layouts(cluster, model, space, probe: Plan, links, precision) -> list[Layout]:
+    """The layouts of the probe's GPUs with context parallelism: `probe` (dp = r replicas) read as dp = r/cp
+    with cp ranks each — the same placement and links (its rank-equivalent plan), m = global_batch / (dp·mb).
+    None for a mixture-of-experts model: cp with expert parallelism is not modelled yet (memx.domain.plan
+    refuses the combination, moe_problems)."""
+    out: list[Layout] = []
+    gpus, tps = tuple(st.gpu for st in probe.stages), tuple(st.tp for st in probe.stages)
+    if model.is_moe or not launcher_runs_cp(space.launcher, [cluster.gpu(g) for g in dict.fromkeys(gpus)]):
+        return out
+    for cp in context_sizes(space, probe.dp, probe.seq_len):
+        dp = probe.dp // cp
+        ring = cp_links(cluster, dataclasses.replace(probe, dp=dp, context_parallel=cp))
+        out += [Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
+                       p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do,
+                       sequence_parallel=sp, virtual_stages=v, precision=precision, context_parallel=cp, cp_links=ring,
+                       wrap_gbps=wrap_gbps(cluster, probe) if v > 1 else None)
+                for mb in space.micro_batch_options if space.global_batch % (dp * mb) == 0
+                for do in _effective(space.distributed_optimizer, probe.dp > 1)
+                for sp in _effective(space.sequence_parallel, max(tps) > 1)
+                for v in interleavings(space, len(gpus), space.global_batch // (dp * mb), model.layers)]
+    return out
 
 
 def interleavings(space: SearchSpace, pp: int, micro_batches: int, layers: int) -> list[int]:

@@ -41,6 +41,12 @@ class StageContext:
     # peak; `inflight` is then ⌊k/v⌋ and the peak is interpolated towards ⌊k/v⌋ + 1. Plain 1F1B: 1 and 0.
     virtual_stages: int = 1
     inflight_chunks: int = 0
+    # Context parallelism (issue #27, memx.planner.context_parallel): cp ranks share each sequence; the
+    # signature is the rank's (seq_len s/cp, `dp` the dp·cp optimizer shards) and the ring over its link adds
+    # its terms (add_ring_terms). 1: none.
+    context_parallel: int = 1
+    cp_gbps: float = 0.0
+    cp_latency_ms: float = 0.0
     # Mixture of experts (issue #27, memx.planner.moe): ep, the expert data-parallel size dp / ep, and the link of
     # the stage's all-to-all (effective GB/s per rank, latency ms), the expert-dp rings' slowdown against the dp
     # ring's bandwidth (memx.planner.moe.a2a_links). A dense model's stages: 1, 1, 0, 0, 1.
@@ -54,24 +60,30 @@ class StageContext:
 def stage_contexts(stage_gpus: Sequence[str], stage_tp: Sequence[int], *, micro_batch: int,
                    micro_batches: int, distributed_optimizer: bool = False, dp: int = 1,
                    sequence_parallel: bool = False, virtual_stages: int = 1,
-                   precision: str = DEFAULT_PRECISION) -> tuple[StageContext, ...]:
-    """The context of every stage of a pipeline (a search layout or a given plan)."""
-    pp, v = len(stage_gpus), virtual_stages
+                   precision: str = DEFAULT_PRECISION, context_parallel: int = 1,
+                   cp_links: tuple[Sequence[float], Sequence[float]] | None = None) -> tuple[StageContext, ...]:
+    """The context of every stage of a pipeline (a search layout or a given plan); with context parallelism
+    the optimizer shards over dp·cp ranks (memx.domain.context_parallel) and `cp_links` gives each stage's
+    ring (GB/s, latency ms)."""
+    pp, v, cp = len(stage_gpus), virtual_stages, context_parallel
+    ring = cp_links or ((0.0,) * pp, (0.0,) * pp)
     chunks = [inflight_chunks(pp, s, micro_batches, v) if v > 1 else 0 for s in range(pp)]
     return tuple(StageContext(gpu=g, tp=t, micro_batch=micro_batch, first=s == 0, last=s == pp - 1,
                               inflight=chunks[s] // v if v > 1 else inflight_micro_batches(pp, s, micro_batches),
-                              distributed_optimizer=distributed_optimizer, dp=dp if distributed_optimizer else 1,
+                              distributed_optimizer=distributed_optimizer, dp=dp * cp if distributed_optimizer else 1,
                               sequence_parallel=sequence_parallel and t > 1, virtual_stages=v,
-                              inflight_chunks=chunks[s], precision=precision)
+                              inflight_chunks=chunks[s], precision=precision, context_parallel=cp,
+                              cp_gbps=ring[0][s] if cp > 1 else 0.0, cp_latency_ms=ring[1][s] if cp > 1 else 0.0)
                  for s, (g, t) in enumerate(zip(stage_gpus, stage_tp, strict=True)))
 
 
-def plan_contexts(plan: Plan) -> tuple[StageContext, ...]:
+def plan_contexts(plan: Plan, cp_links=None) -> tuple[StageContext, ...]:
+    """The stage contexts of a given plan; `cp_links` (memx.planner.context_parallel.cp_links) for cp > 1."""
     return stage_contexts([st.gpu for st in plan.stages], [st.tp for st in plan.stages],
                           micro_batch=plan.micro_batch, micro_batches=plan.micro_batches,
                           distributed_optimizer=plan.distributed_optimizer, dp=plan.dp,
                           sequence_parallel=plan.sequence_parallel, virtual_stages=plan.virtual_stages,
-                          precision=plan.precision)
+                          precision=plan.precision, context_parallel=plan.context_parallel, cp_links=cp_links)
 
 
 def stage_options(n: int, levels: tuple[str, ...]) -> list[int]:

@@ -93,6 +93,10 @@ def flagscale_problems(plan: AnyPlan, model: ModelArch) -> list[str]:
     if model.tied_embeddings and plan.stages[0].tp != plan.stages[-1].tp:
         problems.append(f"tied embeddings with tp {plan.stages[0].tp} on the first stage and {plan.stages[-1].tp} on "
                         "the last: FlagScale asserts the same tp on both (train/arguments.py pre_validate_args)")
+    if plan.context_parallel > 1:  # FlagScale hetero/parallel_context.py ParallelContext.__init__ asserts cp == 1
+        problems.append(f"context parallelism (context_parallel {plan.context_parallel}): FlagScale's heterogeneous "
+                        "training asserts 'Context parallelism is not supported.' (flagscale/train/hetero/"
+                        "parallel_context.py ParallelContext); plan with context_parallel_options [1] or use --format megatron")
     if plan.virtual_stages > 1:  # issue #27: the config does not carry the interleaved schedule yet
         problems.append(f"interleaved 1F1B (virtual_stages {plan.virtual_stages}): this config does not write FlagScale's "
                         "virtual-pipeline settings yet; plan with virtual_stages_options [1] or use --format megatron")

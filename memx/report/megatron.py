@@ -27,14 +27,10 @@ from memx.domain.errors import InputError
 from memx.domain.groups import AnyPlan, GroupedPlan, any_plan_to_dict, group_plans, simplest
 from memx.domain.plan import Plan, Recompute, Stage, idle_gpus, plan_model
 from memx.domain.precision import MEGATRON_FLAGS
+from memx.domain.attention import FLASH_ATTENTION_FAMILIES, has_flash_attention  # noqa: F401  (re-exported)
 from memx.domain.specs import Cluster, GpuType, ModelArch
 
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"  # NVIDIA/Megatron-LM, read 2026-08 (core 0.20)
-# NVIDIA families with FlashAttention-2 kernels: Ampere, Ada, Hopper, Blackwell (sm80+; Dao 2023, README)
-FLASH_ATTENTION_FAMILIES = frozenset({
-    "a10", "a16", "a30", "a40", "a100", "a800", "a6000", "rtx3090", "rtx4090", "l4", "l20", "l40", "l40s",
-    "h100", "h800", "h20", "h200", "gh200", "b100", "b200", "gb200",
-})
 # Shell variables the user must set; the script stops with this message when one is missing.
 DATA_PLACEHOLDERS = (
     ("DATA_PATH", "Megatron dataset prefix (the .bin/.idx pair from tools/preprocess_data.py)"),
@@ -201,6 +197,8 @@ def _parallel_args(plan: Plan) -> tuple[list[str], list[str]]:
         notes.append("the plan asks for sequence parallelism, a no-op at tp = 1 (Megatron-LM disables it): not emitted.")
     if plan.distributed_optimizer:
         args += ["--use-distributed-optimizer"]
+    if plan.context_parallel > 1:  # issue #27; --cp-comm-type's default p2p is the ring MemX models (arguments.py)
+        args += ["--context-parallel-size", str(plan.context_parallel)]
     return args, notes
 
 
@@ -218,8 +216,7 @@ def _gpu_types(plan: Plan, cluster: Cluster | None) -> dict[str, GpuType | None]
     return out
 
 
-def _has_flash_attention(gpu: GpuType) -> bool:
-    return gpu.vendor == "nvidia" and gpu.name.split("-")[0] in FLASH_ATTENTION_FAMILIES
+_has_flash_attention = has_flash_attention  # memx.domain.attention (also the context-parallel launcher rule)
 
 
 def _attention_args(gpus: dict[str, GpuType | None]) -> tuple[list[str], list[str]]:
@@ -240,16 +237,18 @@ def megatron_problems(plan: Plan, gpus: dict[str, GpuType | None]) -> list[str]:
     (memx.planner.space, memx.planner.launcher)."""
     problems = []
     tps = [st.tp for st in plan.stages]
+    cp_txt = (" × cp", f" × {plan.context_parallel}") if plan.context_parallel > 1 else ("", "")
     if len(set(tps)) > 1:
         problems.append(f"stages use different tensor-parallel sizes {tps}: stock Megatron-LM takes one "
-                        "--tensor-model-parallel-size for every stage and needs tp × pp × dp = the world size "
-                        f"(arguments.py validate_args); {max(tps)} × {plan.pp} × {plan.dp} = "
-                        f"{max(tps) * plan.pp * plan.dp} ≠ {plan.gpus_used} GPUs")
+                        f"--tensor-model-parallel-size for every stage and needs tp × pp{cp_txt[0]} × dp = the world size "
+                        f"(arguments.py validate_args); {max(tps)} × {plan.pp}{cp_txt[1]} × {plan.dp} = "
+                        f"{max(tps) * plan.pp * plan.context_parallel * plan.dp} ≠ {plan.gpus_used} GPUs")
     if len({(st.recompute, st.recompute_layers) for st in plan.stages}) > 1:
         problems.append("per-stage recomputation differs across stages ("
                         + ", ".join(f"stage {i}: {_rc(st)}" for i, st in enumerate(plan.stages))
                         + "): stock Megatron-LM applies one --recompute-granularity / --recompute-method / "
                         "--recompute-num-layers to every stage")
+    problems += context_parallel_problems(plan, gpus)
     vendors = sorted({g.vendor for g in gpus.values() if g is not None})
     if len(vendors) > 1:
         problems.append(f"stages span GPU vendors ({', '.join(vendors)}): one NCCL job cannot join them (NCCL, RCCL "
@@ -257,11 +256,24 @@ def megatron_problems(plan: Plan, gpus: dict[str, GpuType | None]) -> list[str]:
     return problems
 
 
+def context_parallel_problems(plan: Plan, gpus: dict[str, GpuType | None]) -> list[str]:
+    """Context parallelism (cp > 1) runs only in Transformer Engine's attention (Megatron-LM
+    core/transformer/dot_product_attention.py: 'Context parallelism is only supported by TEDotProductAttention!'),
+    whose unfused backend refuses it: every stage's GPU needs fused attention (memx.domain.attention)."""
+    if plan.context_parallel == 1:
+        return []
+    without = sorted(n for n, g in gpus.items() if g is None or not has_flash_attention(g))
+    return [f"context_parallel {plan.context_parallel} on {', '.join(without)}: Megatron-LM runs context parallelism "
+            "only in Transformer Engine's fused/flash attention (TEDotProductAttention; its unfused backend refuses "
+            "cp), which these GPUs lack"] if without else []
+
+
 def _rank_order_notes(plan: Plan, gpus: dict[str, GpuType | None]) -> list[str]:
     if len(gpus) <= 1:
         return []
+    g = "tp·cp·dp" if plan.context_parallel > 1 else "tp·dp"
     return ["stages run on different GPU types; with Megatron's default rank order tp-cp-ep-dp-pp, pipeline "
-            "stage s holds the global ranks s·tp·dp … (s+1)·tp·dp − 1: start ranks so that "
+            f"stage s holds the global ranks s·{g} … (s+1)·{g} − 1: start ranks so that "
             + ", ".join(f"stage {s} → {st.gpu}" for s, st in enumerate(plan.stages)) + "."]
 
 
@@ -319,7 +331,8 @@ def _arg_lines(args: tuple[str, ...]) -> list[str]:
 def _header(plan: Plan, cluster: Cluster | None) -> list[str]:
     tp = "/".join(str(t) for t in dict.fromkeys(st.tp for st in plan.stages))
     lines = [f"# Megatron-LM launch for {plan.model} on {plan.cluster} (MemX plan): tp {tp}, pp {plan.pp}, "
-             f"dp {plan.dp}, {plan.gpus_used} GPUs in all (world size).",
+             f"{f'cp {plan.context_parallel}, ' if plan.context_parallel > 1 else ''}dp {plan.dp}, {plan.gpus_used} GPUs in all "
+             "(world size).",
              "# Stages: " + "; ".join(f"{s}: {st.layers} layer{'s' if st.layers != 1 else ''} on {st.gpu} "
                                       f"(tp {st.tp}, recompute {_rc(st)})"
                                       for s, st in enumerate(plan.stages))]

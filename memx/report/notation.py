@@ -48,11 +48,12 @@ def stage_rows(plan: Mapping[str, Any]) -> list[tuple[int | None, int, Mapping[s
 
 
 def dp_text(plan: Mapping[str, Any]) -> str:
-    """dp, `2+2` for replica groups; with expert parallelism (issue #27) `4 (ep 4)`."""
+    """dp, `2+2` for replica groups; with context parallelism `dp·cpN` (issue #27: N GPUs share each sequence),
+    with expert parallelism (issue #27) `4 (ep 4)`."""
     if is_grouped(plan):
         return "+".join(str(g["dp"]) for g in plan["groups"])
-    ep = plan.get("expert_parallel", 1)
-    return f"{plan['dp']} (ep {ep})" if ep > 1 else str(plan["dp"])
+    cp, ep = int(plan.get("context_parallel", 1)), int(plan.get("expert_parallel", 1))
+    return str(plan["dp"]) + (f"·cp{cp}" if cp > 1 else "") + (f" (ep {ep})" if ep > 1 else "")
 
 
 def micro_batch_text(plan: Mapping[str, Any]) -> str:

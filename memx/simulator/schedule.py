@@ -37,12 +37,14 @@ from typing import Mapping
 import numpy as np
 
 from memx.domain.groups import AnyPlan, group_plans, place_groups, shared_partition, validate_any_plan
+from memx.domain.context_parallel import rank_equivalent
 from memx.domain.plan import Plan, plan_model
+from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.cross_sync import flat_stage_ms, schedule_sync, segment_ms, segments
 from memx.simulator.interleave import chunk_signatures, interleaved_replicas, peak_held_mib
 from memx.simulator.links import dp_ring, link, shared_nic
 from memx.simulator.moe import dense_ffn, moe_stage_costs
-from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, ring_allreduce_ms, ring_collective_ms
+from memx.simulator.physics import BF16_BYTES, Device, GRAD_BYTES_OF, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
     StageCost,
@@ -217,13 +219,22 @@ class _Group:
 
 
 def _prepare(plan: Plan, where: list[list[int]], cluster: Cluster, model: ModelArch, tr: dict[str, GpuTraits],
-             static_bytes_per_param: float) -> _Group:
-    """A group's costs on its given placement (p2p and DP links follow `where`)."""
+             static_bytes_per_param: float, context_parallel: int = 1) -> _Group:
+    """A group's costs on its given placement (p2p and DP links follow `where`); `plan` with cp > 1 is the
+    rank-equivalent plan, its stages running the ring attention (memx.simulator.context_parallel)."""
     sigs = stage_signatures(plan, model)
-    costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
+    rings = cp_ring_links(plan, cluster, where, tr, context_parallel) if context_parallel > 1 else None
+
+    def cost(s: int, sig: StageSignature) -> StageCost:
+        c, t = stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param), tr[sig.gpu]
+        if rings is None:
+            return c
+        return with_ring(c, sig, context_parallel, Device.of(cluster.gpu(sig.gpu), t, sig.precision), *rings[s],
+                         t.recompute_penalty_factor)
+
+    costs = [cost(s, sig) for s, sig in enumerate(sigs)]
     chunks = None if plan.virtual_stages == 1 else [
-        [stage_cost(c, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param)
-         for c in chunk_signatures(sig, s, plan.pp, plan.virtual_stages)] for s, sig in enumerate(sigs)]
+        [cost(s, c) for c in chunk_signatures(sig, s, plan.pp, plan.virtual_stages)] for s, sig in enumerate(sigs)]
     expert_dp = [0.0] * plan.pp
     if plan_model(plan, model).is_moe:  # routed experts, router, all-to-all (memx.simulator.moe)
         costs, chunks, expert_dp = moe_stage_costs(plan, plan_model(plan, model), cluster, where, sigs, costs, chunks, tr,
@@ -259,7 +270,9 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
     placement = place_groups(plan, cluster)
     assert placement is not None  # validate_any_plan checked placement
     tr = _traits_for({s.gpu for p in plans for s in p.stages}, traits, conf_root)
-    groups = [_prepare(p, w, cluster, model, tr, static_bytes_per_param) for p, w in zip(plans, placement)]
+    cp = getattr(plan, "context_parallel", 1)  # schema 1 only: dp·cp replicas of s/cp (domain.context_parallel)
+    groups = [_prepare(rank_equivalent(p), w, cluster, model, tr, static_bytes_per_param, cp)
+              for p, w in zip(plans, placement)]
     demand, over = [], []
     for grp in groups:
         d, o = _memory(grp.plan, grp.sigs, grp.costs, grp.chunks)

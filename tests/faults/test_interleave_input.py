@@ -3,12 +3,9 @@ that does not divide, nothing written. Table-driven: (case id, plan changes, nam
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from typer.testing import CliRunner
 
-from memx.cli.app import app
+from tests.support.bad_plans import assert_rejected
 
 BASE = {"model": "llama2-7b", "cluster": "three-vendor-20", "global_batch": 48, "micro_batch": 1, "seq_len": 4096,
         "dp": 2, "stages": [{"gpu": "a100-80g", "tp": 2, "layers": 8, "recompute": "selective"},
@@ -41,13 +38,4 @@ CASES = [
 
 @pytest.mark.parametrize("changes,names", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_interleaving_exits_2_naming_each_factor(changes, names, tmp_path):
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps({**BASE, **changes}))
-    before = sorted(tmp_path.iterdir())
-    res = CliRunner().invoke(app, ["simulate", "plan", str(path)])
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, res.output
-    for name in names:
-        assert name in lines[0], (name, lines[0])
-    assert "plan.json" in lines[0] and sorted(tmp_path.iterdir()) == before
+    assert_rejected({**BASE, **changes}, names, tmp_path)

@@ -88,7 +88,8 @@ def batch_problems(ns: argparse.Namespace, world: int | None = None) -> list[str
     if ns.max_position_embeddings < ns.seq_length:
         problems.append("max-position-embeddings < seq-length")
     if world is not None:
-        dp = world // (ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size)
+        cp = getattr(ns, "context_parallel_size", None) or 1  # Megatron: dp = world / (tp · pp · cp)
+        dp = world // (ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size * cp)
         if ns.global_batch_size % (ns.micro_batch_size * dp):
             problems.append("global batch not divisible by micro batch × dp")
     return problems
@@ -102,9 +103,9 @@ def megatron_launch_problems(args: list[str], world: int, layers: list[int]) -> 
     the split the arguments give equals `layers`."""
     ns = parse(args)
     problems = rule_problems(args) + batch_problems(ns, world)
-    tp, pp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size
-    if world % (tp * pp):
-        problems.append(f"world size {world} not divisible by tp {tp} × pp {pp}")
+    tp, pp, cp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, getattr(ns, "context_parallel_size", None) or 1
+    if world % (tp * pp * cp):
+        problems.append(f"world size {world} not divisible by tp {tp} × pp {pp} × cp {cp}")
     if split_of(ns) != layers:
         problems.append(f"arguments give the layer split {split_of(ns)}, the plan {layers}")
     return problems

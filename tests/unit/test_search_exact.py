@@ -93,6 +93,37 @@ def test_branch_and_bound_equals_full_enumeration(conf, examples):
     check()
 
 
+def test_branch_and_bound_equals_full_enumeration_on_a_context_parallel_case(conf):
+    """One small fixed case with context_parallel_options [1, 2, 4] (issue #27): the exact answer, cp plans in it."""
+    nodes = (Node(gpu=load_gpu("a100-40g", conf), count=4), Node(gpu=load_gpu("v100-16g", conf), count=4))
+    cluster = Cluster(name="random", inter_node_bandwidth_gbps=12.0, nodes=nodes)
+    model = dataclasses.replace(load_model("llama-6l", conf), layers=4, seq_len=8192)
+    space = dataclasses.replace(load_search("small", conf), global_batch=8, tp_options=(1, 2), micro_batch_options=(1,),
+                                recompute_levels=("none", "full"), max_pp=2, context_parallel_options=(1, 2, 4))
+    fast, ref = _run(cluster, model, space, 5), _run(cluster, model, space, 5, exhaustive=True)
+    assert [_key(c) for c in fast.top] == [_key(c) for c in ref.top]
+    assert [_key(c) for c in fast.pareto] == [_key(c) for c in ref.pareto]
+    assert any(c.plan.context_parallel > 1 for c in ref.top)
+
+
+@pytest.mark.slow
+def test_branch_and_bound_equals_full_enumeration_with_context_parallelism(conf):
+    """The same property with context_parallel_options [1, 2] (issue #27), a few random cases (slow: ~8 s)."""
+    @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(problems(conf))
+    def check(problem):
+        cluster, model, space, k = problem
+        space = dataclasses.replace(space, context_parallel_options=(1, 2), virtual_stages_options=(1,))
+        fast, ref = _run(cluster, model, space, k), _run(cluster, model, space, k, exhaustive=True)
+        if isinstance(ref, str):
+            assert fast == ref
+            return
+        assert [_key(c) for c in fast.top] == [_key(c) for c in ref.top]
+        assert [_key(c) for c in fast.pareto] == [_key(c) for c in ref.pareto]
+
+    check()
+
+
 def test_bound_discards_plans_and_progress_reaches_the_end(conf):
     from memx.domain.catalog import load_cluster
 
