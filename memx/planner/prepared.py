@@ -3,6 +3,7 @@ a batch of its splits (step 1 fit, step 2 refine, log Φ) — the one evaluation
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -16,7 +17,7 @@ from memx.planner.predictions import PredictedTables
 from memx.planner.recompute import fit, refine
 from memx.planner.schedule import IDENTITY_ASSEMBLY, AssemblyCalibration, Pipeline, pipeline
 from memx.planner.space import Layout, splits
-from memx.planner.tables import LayoutTables, StageContext, StageTable
+from memx.planner.tables import LayoutTables, StackedTables, StageContext, StageTable
 
 
 def layout_contexts(layouts: list[Layout], n_layers: int) -> dict[StageContext, int]:
@@ -138,11 +139,27 @@ def score_splits(lt: LayoutTables, layout: int, S: np.ndarray, weights: Weights 
                  space: SearchSpace) -> Scored | None:
     """Step 1 and (with weights) step 2 and log Φ for splits S (N, pp) of one layout's tables; None when
     none is feasible."""
-    ok, base, a = fit(lt, lt.base(S))
+    return _scored(lt, lt.base(S), layout, S, weights, space)
+
+
+def score_rows(st: StackedTables, layouts: np.ndarray, S: np.ndarray, weights: Weights | None,
+               space: SearchSpace, keys: np.ndarray | None = None) -> Scored | None:
+    """score_splits for splits of many layouts at once: S (N, st.pp) padded with 0, layouts (N,) indices
+    into `st`; `keys` maps them to the layout keys of the search (default: the same). Same values."""
+    sc = _scored(st, st.base(S, layouts), layouts, S, weights, space)
+    if sc is None:
+        return None
+    li = sc.layout
+    return dataclasses.replace(sc, layout=li if keys is None else keys[li], stages=st.stages[li])
+
+
+def _scored(tables, base: np.ndarray, layout, S: np.ndarray, weights: Weights | None, space: SearchSpace):
+    ok, base, a = fit(tables, base)
     if not ok.any():
         return None
+    layout = layout[ok] if isinstance(layout, np.ndarray) else layout
     if weights is None:
         return Scored(layout=layout, splits=S[ok], assignment=a, score=None)
-    a = refine(lt, base, a, weights, epsilon_mib2=space.epsilon_mib2, target_margin=space.target_margin)
+    a = refine(tables, base, a, weights, epsilon_mib2=space.epsilon_mib2, target_margin=space.target_margin)
     score = log_score(a.time_ms, a.stats.max_mib, a.stats.variance_mib2, weights, space.epsilon_mib2)
     return Scored(layout=layout, splits=S[ok], assignment=a, score=score)

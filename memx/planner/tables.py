@@ -18,7 +18,7 @@ import numpy as np
 from memx.domain.precision import DEFAULT_PRECISION
 from memx.domain.plan import SEARCH_BLOCK, Plan, Recompute, Stage
 from memx.planner.interleave import inflight_chunks
-from memx.planner.schedule import MemoryStats, Pipeline, inflight_micro_batches
+from memx.planner.schedule import MemoryStats, Pipeline, assemble_columns, inflight_micro_batches
 
 NONE, SELECTIVE = -2, -1
 
@@ -217,3 +217,103 @@ class LayoutTables:
 
     def totals(self, base: np.ndarray, stage_ms: np.ndarray, stage_mib: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         return self.pipeline.assemble(stage_ms, stage_mib, self.tail_ms.take(base))
+
+    def capacity_for(self, base: np.ndarray) -> np.ndarray:
+        """Capacity (MiB) of each stage of the plans of `base`, broadcastable to its shape."""
+        return self.capacity_mib[:, None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackedTables:
+    """The stage tables of many layouts at once, for scoring splits of different layouts in one batch (the
+    branch-and-bound's leaves, the medians' sample) with LayoutTables' interface (memx.planner.recompute).
+    Every layout is padded to `pp` stages with empty ones (n = 0: time, peak and tail 0, GPU weight 0), and
+    a plan's index rows are (layout·pp + stage)·rows + n, so the layout of a column is base[0] // (pp·rows).
+    Ladders are stored once per stage context (`ctx`: (layouts, pp) context of each stage, the last
+    context the empty one) and scored in the same float32 arithmetic as LayoutTables (the same values)."""
+
+    pp: int
+    rows: int
+    k: int
+    stages: np.ndarray  # (layouts,) each layout's own pp
+    ctx: np.ndarray  # (layouts, pp)
+    ctx_time_ms: np.ndarray  # (contexts, rows, K) float32
+    ctx_peak_mib: np.ndarray
+    ctx_fit: np.ndarray  # (contexts, rows)
+    ctx_length: np.ndarray
+    row_ctx: np.ndarray  # (layouts·pp·rows,) → context row (context·rows + n)
+    fit: np.ndarray  # (layouts·pp·rows,) as LayoutTables'
+    length: np.ndarray
+    fit_time_ms: np.ndarray
+    fit_peak_mib: np.ndarray
+    tail_ms: np.ndarray
+    capacity: np.ndarray  # (layouts, pp) MiB (1 for an empty stage)
+    gpu_weight: np.ndarray  # (layouts, pp) GPUs per stage / all (0 for an empty stage)
+    weight32: np.ndarray  # the same in float32, as memory_stats uses it
+    inv_capacity: np.ndarray  # (layouts, pp) float32
+    micro_batches: np.ndarray  # (layouts,) float32
+    virtual_stages: np.ndarray
+    fixed_ms: np.ndarray
+
+    @classmethod
+    def of(cls, layouts: Sequence[tuple[Sequence[StageTable], Pipeline]]) -> StackedTables:
+        pp = max(len(st) for st, _ in layouts)
+        index: dict[int, int] = {}
+        tabs: list[StageTable] = []
+        ctx = np.zeros((len(layouts), pp), dtype=np.int64)
+        for li, (stages, _) in enumerate(layouts):
+            for s, t in enumerate(stages):
+                ctx[li, s] = index.setdefault(id(t), len(tabs))
+                if ctx[li, s] == len(tabs):
+                    tabs.append(t)
+        real = np.arange(pp)[None, :] < np.array([len(st) for st, _ in layouts])[:, None]
+        ctx[~real] = len(tabs)  # the empty context
+        rows, k = tabs[0].time_ms.shape
+        f32 = np.float32
+        time_ms = np.zeros((len(tabs) + 1, rows, k), dtype=f32)
+        peak = np.zeros((len(tabs) + 1, rows, k), dtype=f32)
+        time_ms[:-1], peak[:-1] = np.stack([t.time_ms for t in tabs]), np.stack([t.peak_mib for t in tabs])
+        fit = np.zeros((len(tabs) + 1, rows), dtype=np.int64)
+        length = np.ones((len(tabs) + 1, rows), dtype=np.int64)
+        fit[:-1], length[:-1] = np.stack([t.fit for t in tabs]), np.stack([t.length for t in tabs])
+        lvl = np.maximum(fit, 0)[..., None]
+        fit_t = np.where(fit >= 0, np.take_along_axis(time_ms, lvl, 2)[..., 0], f32(np.inf))
+        fit_m = np.where(fit >= 0, np.take_along_axis(peak, lvl, 2)[..., 0], f32(np.inf))
+        row_ctx = (ctx[:, :, None] * rows + np.arange(rows)).reshape(-1)
+        tail = np.zeros((len(layouts), pp, rows), dtype=f32)
+        static, params = np.stack([t.static_mib for t in tabs]), np.stack([t.params_per_rank for t in tabs])
+        cap, weight = np.ones((len(layouts), pp)), np.zeros((len(layouts), pp))
+        for li, (stages, pipe) in enumerate(layouts):
+            n = len(stages)
+            tail[li, :n] = pipe.tail_ms(static[ctx[li, :n]], params[ctx[li, :n]])
+            cap[li, :n] = pipe.capacity_mib
+            weight[li, :n] = pipe.gpu_weight / pipe.gpu_weight.sum()  # as memory_stats
+        pipes = [pipe for _, pipe in layouts]
+        return cls(pp=pp, rows=rows, k=k, stages=real.sum(axis=1), ctx=ctx, ctx_time_ms=time_ms, ctx_peak_mib=peak,
+                   ctx_fit=fit, ctx_length=length, row_ctx=row_ctx.astype(np.int32),
+                   fit=fit.reshape(-1)[row_ctx].astype(np.int32), length=length.reshape(-1)[row_ctx],
+                   fit_time_ms=fit_t.reshape(-1)[row_ctx], fit_peak_mib=fit_m.reshape(-1)[row_ctx],
+                   tail_ms=tail.reshape(-1), capacity=cap, gpu_weight=weight, weight32=weight.astype(f32),
+                   inv_capacity=(1.0 / cap).astype(f32),
+                   micro_batches=np.array([p.micro_batches for p in pipes], dtype=f32),
+                   virtual_stages=np.array([p.virtual_stages for p in pipes], dtype=f32),
+                   fixed_ms=np.array([p.fixed_ms for p in pipes], dtype=f32))
+
+    def base(self, splits: np.ndarray, layout: np.ndarray) -> np.ndarray:
+        """(pp, N) index rows of splits (N, pp, padded with 0) of the given layouts (N,)."""
+        offs = (np.asarray(layout, dtype=np.int32)[None, :] * np.int32(self.pp)
+                + np.arange(self.pp, dtype=np.int32)[:, None]) * np.int32(self.rows)
+        return offs + splits.T.astype(np.int32)
+
+    def gather(self, base: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        idx = self.row_ctx.take(base) * np.int32(self.k) + level
+        return self.ctx_time_ms.reshape(-1).take(idx), self.ctx_peak_mib.reshape(-1).take(idx)
+
+    def capacity_for(self, base: np.ndarray) -> np.ndarray:
+        return self.capacity.reshape(-1).take(base // np.int32(self.rows))
+
+    def totals(self, base: np.ndarray, stage_ms: np.ndarray, stage_mib: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
+        li = base[0] // np.int32(self.pp * self.rows)
+        return assemble_columns(stage_ms, stage_mib, self.tail_ms.take(base), micro_batches=self.micro_batches[li],
+                                virtual_stages=self.virtual_stages[li], fixed_ms=self.fixed_ms[li],
+                                w=self.weight32[li].T, inv_cap=self.inv_capacity[li].T)
