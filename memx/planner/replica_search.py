@@ -132,8 +132,10 @@ def batch_splits(global_batch: int, groups: int, granule: int) -> list[tuple[int
 class _Groups:
     """Per-group searches, cached by (formation row, share)."""
 
-    def __init__(self, cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, exhaustive: bool):
+    def __init__(self, cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, exhaustive: bool,
+                 refs: tuple[float, float, float]):
         self.cluster, self.model, self.space, self.predictor, self.exhaustive = cluster, model, space, predictor, exhaustive
+        self.refs = refs  # the one-group search's medians: Φ on one scale, no medians per group (the pick needs none)
         self.cache: dict[tuple[tuple[int, ...], int], GroupPick | None] = {}
 
     def pick(self, nodes: tuple[int, ...], share: int) -> GroupPick | None:
@@ -144,7 +146,7 @@ class _Groups:
             sp = dataclasses.replace(self.space, global_batch=share, max_replica_groups=1)
             try:
                 r = search(formation_cluster(self.cluster, nodes), self.model, sp, self.predictor,
-                           exhaustive=self.exhaustive)
+                           exhaustive=self.exhaustive, refs=self.refs)
             except InfeasibleError:
                 self.cache[key] = None
             else:
@@ -274,7 +276,7 @@ def search_replicas(cluster: Cluster, model: ModelArch, space: SearchSpace, pred
     precision = resolve_precision(space.precision, cluster.gpu_types, f"search space {space.name}")
     for do, sp_on in options:
         groups = _Groups(cluster, model, dataclasses.replace(space, distributed_optimizer=(do,), sequence_parallel=(sp_on,),
-                                                             precision=precision), predictor, exhaustive)
+                                                             precision=precision), predictor, exhaustive, one.refs)
         for G, form in plan_forms:
             bound = best[0].iteration_time_ms if best is not None else float("inf")
             if out.exact:

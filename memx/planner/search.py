@@ -137,7 +137,7 @@ def _run_phase(prepared: list[Prepared], shards: list[list[int]], run_map, tick,
 def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *, weights: str | None = None,
            top_k: int = 10, chunk: int = 1 << 17, workers: int | None = None, mapper=None, shard_by: str = "layout",
            exhaustive: bool = False, on_progress: Progress | None = None, median_sample: int = MEDIAN_SAMPLE,
-           exact_medians_max: int = EXACT_MEDIANS_MAX) -> SearchResult:
+           exact_medians_max: int = EXACT_MEDIANS_MAX, refs: tuple[float, float, float] | None = None) -> SearchResult:
     """Search the plan space; raises InfeasibleError (exit 3) with the reason when nothing fits.
 
     `mapper(fn, shards)` (results in order; Prefect's task runner, threads or Dask) runs the shards
@@ -145,9 +145,12 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
     mapper the layouts share one keeper in this process, most promising first (`workers` is accepted
     for compatibility: one shared keeper prunes far more than parallel shards would gain on few cores).
     `on_progress(done, total)` is called as layouts finish (units: layouts per phase, plus the medians).
-    The answer is the same in every mode, and the same as `exhaustive=True`.
+    The answer is the same in every mode, and the same as `exhaustive=True`. `refs`: given reference values
+    for Φ (e.g. another search's medians): this search's medians are then not computed (the ranking and the
+    pick never need them: log Φ differs from wT·log T + wM·log M + wV·log(V + ε) by a constant).
     """
     t0 = time.perf_counter()
+    given = refs
     variants = model_variants(model, space)  # [the job as given] unless the space lists heads/groups/seq options
     check_space_input(variants[0].model, space)
     chosen = parse_weights(weights or space.weights)
@@ -190,7 +193,7 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
     if exhaustive:
         keeper, chosen, refs, work = exhaustive_search(prepared, total=total, space=space, cluster=cluster,
                                                        weights=chosen, top_k=top_k, chunk=chunk, tick=tick)
-        sample = 0
+        refs, sample = refs if given is None else given, 0
     else:
         shards = shard_layouts(prepared, shard_by)
         whole = _Shard(list(enumerate(prepared)), total, space) if mapper is None else None
@@ -201,12 +204,13 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
                 chosen = auto_profile(cluster, first.by_time[0].margin if first.by_time else None)
             t_pre = time.perf_counter()
             # The medians need no bound: computed beside the branch-and-bound (numpy releases the GIL).
-            medians = side.submit(_medians, prepared, chosen, space, total, evaluated, median_sample, exact_medians_max,
-                                  whole.stacked() if whole is not None else None)
+            medians = None if given is not None else side.submit(
+                _medians, prepared, chosen, space, total, evaluated, median_sample, exact_medians_max,
+                whole.stacked() if whole is not None else None)
             keeper, work = _run_phase(prepared, shards, run_map, tick, whole, weights=chosen, space=space,
                                       top_k=top_k, total=total)
             timings["branch_and_bound_s"] = time.perf_counter() - t_pre
-            refs, sample = medians.result()
+            refs, sample = medians.result() if medians is not None else (given, 0)
             timings["medians_wait_s"] = time.perf_counter() - t_pre - timings["branch_and_bound_s"]
     tick(1)
     if not keeper.by_time:
