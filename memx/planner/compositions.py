@@ -29,6 +29,34 @@ def count_splits(total: int, allowed: np.ndarray) -> int:
     return int(poly[total])
 
 
+def count_splits_many(total: int, allowed: list[np.ndarray]) -> list[int]:
+    """count_splits of many layouts at once (the same exact integers): the int64 products of all layouts
+    whose counts cannot overflow are formed together, one shifted add per (stage, n); the others one by one."""
+    safe = [i for i, ok in enumerate(allowed)
+            if ok.shape[0] > 0 and (total < ok.shape[0] or math.comb(total - 1, ok.shape[0] - 1) < INT64_SAFE)]
+    out = [0] * len(allowed)
+    for i in set(range(len(allowed))) - set(safe):
+        out[i] = count_splits(total, allowed[i])
+    if not safe:
+        return out
+    pp = np.array([allowed[i].shape[0] for i in safe])
+    rows = np.zeros((len(safe), pp.max(), total + 1), dtype=np.int64)
+    for r, i in enumerate(safe):
+        width = min(allowed[i].shape[1], total + 1)
+        rows[r, :pp[r], :width] = allowed[i][:, :width]
+        rows[r, pp[r]:, 0] = 1  # a missing stage takes 0 layers: multiplies by 1
+    poly = np.zeros((len(safe), total + 1), dtype=np.int64)
+    poly[:, 0] = 1
+    for s in range(pp.max()):
+        nxt = np.zeros_like(poly)
+        for n in np.nonzero(rows[:, s].any(axis=0))[0]:
+            nxt[:, n:] += poly[:, : total + 1 - n] * rows[:, s, n:n + 1]
+        poly = nxt
+    for r, i in enumerate(safe):
+        out[i] = int(poly[r, total])
+    return out
+
+
 def _truncated_product(a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
     if a.dtype == object:
         out = np.zeros(total + 1, dtype=object)

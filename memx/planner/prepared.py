@@ -10,6 +10,7 @@ from functools import cached_property
 import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
+from memx.planner.bounds import suffix_min
 from memx.planner.candidates import Scored
 from memx.planner.compositions import count_splits
 from memx.planner.objective import log_score
@@ -87,21 +88,15 @@ def _slowdown_caps(stages: tuple[StageTable, ...], total: int, factor: float) ->
     for s, st in enumerate(stages):
         ok = (st.fit >= 0) & (n > 0)
         fitted[s, ok] = st.time_ms[n[ok], st.fit[ok]].astype(np.float32)  # the float32 the search uses
-    cand = np.unique(fitted[np.isfinite(fitted)])
-    if cand.size == 0:
+    finite = fitted[np.isfinite(fitted)]
+    if finite.size == 0:
         return np.zeros(len(stages), dtype=np.int64)
-
-    def capacity(bound: float) -> np.ndarray:
-        return (n[None, :] * (fitted <= bound)).max(axis=1)
-
-    lo, hi = 0, cand.size - 1
-    while lo < hi:  # smallest B with Σ_s max{n : t_s(n) ≤ B} ≥ total
-        mid = (lo + hi) // 2
-        if capacity(cand[mid]).sum() >= total:
-            hi = mid
-        else:
-            lo = mid + 1
-    return np.maximum(capacity(cand[lo] * factor), 1)
+    # The smallest B with Σ_s max{n : t_s(n) ≤ B} ≥ total: max{n : t_s(n) ≤ B} counts the n ≥ 1 whose suffix
+    # minimum is ≤ B, so B is the total-th smallest suffix minimum (memx.planner.bounds.MinMax); the largest
+    # fitted time when no B reaches total.
+    env = np.sort(suffix_min(fitted)[:, 1:], axis=None)
+    bound = min(env[total - 1], finite.max()) if total <= env.size else finite.max()
+    return np.maximum((n[None, :] * (fitted <= bound * factor)).max(axis=1), 1)
 
 
 def chunks(prep: Prepared, total: int, chunk: int):

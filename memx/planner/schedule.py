@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -149,6 +150,24 @@ def assembly_of(predictor) -> AssemblyCalibration:
     return found if isinstance(found, AssemblyCalibration) else IDENTITY_ASSEMBLY
 
 
+class TailKey(NamedTuple):
+    distributed_optimizer: bool
+    dp: int
+    precision: str
+    comm_scale: float
+
+
+def stage_tail_ms(static_mib: np.ndarray, params_per_rank: np.ndarray, memory_bandwidth_gbps: np.ndarray,
+                  dp_gbps: np.ndarray, *, distributed_optimizer: bool, dp: int, precision: str,
+                  comm_scale: float) -> np.ndarray:
+    """Per stage (rows, with their bandwidths) and column: optimizer step + T_dp, the terms after the last
+    backward (×c, the calibrated communication scale)."""
+    mbw, dbw = np.asarray(memory_bandwidth_gbps)[:, None], np.asarray(dp_gbps)[:, None]
+    stepped = static_mib * stepped_static_fraction(distributed_optimizer, dp, precision)
+    tail = optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, dp, dbw, distributed_optimizer, precision)
+    return tail if comm_scale == 1.0 else tail * comm_scale
+
+
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
     """Everything the 1F1B assembly needs of a layout besides the stage predictions."""
@@ -175,11 +194,13 @@ class Pipeline:
 
     def tail_ms(self, static_mib: np.ndarray, params_per_rank: np.ndarray) -> np.ndarray:
         """Per stage (rows) and column: optimizer step + T_dp, the terms after the last backward."""
-        mbw, dbw = self.memory_bandwidth_gbps[:, None], self.dp_gbps[:, None]
-        stepped = static_mib * stepped_static_fraction(self.distributed_optimizer, self.dp, self.precision)
-        tail = optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, self.dp, dbw, self.distributed_optimizer,
-                                                            self.precision)
-        return tail if self.assembly.comm_scale == 1.0 else tail * self.assembly.comm_scale
+        return stage_tail_ms(static_mib, params_per_rank, self.memory_bandwidth_gbps, self.dp_gbps,
+                             **self.tail_key()._asdict())
+
+    def tail_key(self) -> TailKey:
+        """What tail_ms needs of the pipeline besides per-stage bandwidths: layouts that share it are computed
+        together (memx.planner.tables.StackedTables)."""
+        return TailKey(self.distributed_optimizer, self.dp, self.precision, self.assembly.comm_scale)
 
     def assemble(self, stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         """(T, M/V/margin) of N plans from (pp, N) stage times, peaks and tails."""

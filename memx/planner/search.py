@@ -31,6 +31,7 @@ from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
 from memx.planner.bnb import Work, explore
 from memx.planner.bounds import BoxBounds
 from memx.planner.candidates import Cand, Keeper, pareto_front
+from memx.planner.compositions import count_splits_many
 from memx.planner.cost import model_static_bytes
 from memx.planner.exhaustive import exhaustive_search
 from memx.planner.medians import exact_medians, sampled_medians
@@ -176,8 +177,8 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
     pt = pts[0] if len(pts) == 1 else _joined(pts)
     hit_rate = _hit_rate(hits, pts)
     t_pred = time.perf_counter()
-    counts = [p.counts(total) for p in prepared]
-    evaluated, feasible = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    evaluated = sum(count_splits_many(total, [p.allowed(feasible=False) for p in prepared]))
+    feasible = sum(count_splits_many(total, [p.allowed(feasible=True) for p in prepared]))
     if feasible == 0:
         raise InfeasibleError(_infeasible_reason(cluster, model, space, pt))
     phases = (1 if chosen is not None else 2) + (1 if exhaustive else 0)

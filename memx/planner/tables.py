@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from memx.domain.precision import DEFAULT_PRECISION
 from memx.domain.plan import SEARCH_BLOCK, Plan, Recompute, Stage
 from memx.planner.interleave import inflight_chunks
-from memx.planner.schedule import MemoryStats, Pipeline, assemble_columns, inflight_micro_batches
+from memx.planner.schedule import MemoryStats, Pipeline, assemble_columns, inflight_micro_batches, stage_tail_ms
 
 NONE, SELECTIVE = -2, -1
 
@@ -47,7 +48,16 @@ def stage_contexts(stage_gpus: Sequence[str], stage_tp: Sequence[int], *, micro_
                    micro_batches: int, distributed_optimizer: bool = False, dp: int = 1,
                    sequence_parallel: bool = False, virtual_stages: int = 1,
                    precision: str = DEFAULT_PRECISION) -> tuple[StageContext, ...]:
-    """The context of every stage of a pipeline (a search layout or a given plan)."""
+    """The context of every stage of a pipeline (a search layout or a given plan); memoised (a search asks for
+    every layout's contexts more than once, and replica-group searches ask for the same ones again)."""
+    return _stage_contexts(tuple(stage_gpus), tuple(stage_tp), micro_batch, micro_batches, distributed_optimizer,
+                           dp, sequence_parallel, virtual_stages, precision)
+
+
+@lru_cache(maxsize=1 << 14)
+def _stage_contexts(stage_gpus: tuple[str, ...], stage_tp: tuple[int, ...], micro_batch: int, micro_batches: int,
+                    distributed_optimizer: bool, dp: int, sequence_parallel: bool, virtual_stages: int,
+                    precision: str) -> tuple[StageContext, ...]:
     pp, v = len(stage_gpus), virtual_stages
     chunks = [inflight_chunks(pp, s, micro_batches, v) if v > 1 else 0 for s in range(pp)]
     return tuple(StageContext(gpu=g, tp=t, micro_batch=micro_batch, first=s == 0, last=s == pp - 1,
@@ -283,9 +293,19 @@ class StackedTables:
         tail = np.zeros((len(layouts), pp, rows), dtype=f32)
         static, params = np.stack([t.static_mib for t in tabs]), np.stack([t.params_per_rank for t in tabs])
         cap, weight = np.ones((len(layouts), pp)), np.zeros((len(layouts), pp))
+        groups: dict = {}
+        for li, (_, pipe) in enumerate(layouts):
+            groups.setdefault(pipe.tail_key(), []).append(li)
+        for key, members in groups.items():  # Pipeline.tail_ms of every layout of one key in one call
+            where = real[members]
+            c = ctx[members][where]
+            mbw = np.concatenate([layouts[li][1].memory_bandwidth_gbps for li in members])
+            dbw = np.concatenate([layouts[li][1].dp_gbps for li in members])
+            sub = tail[members]
+            sub[where] = stage_tail_ms(static[c], params[c], mbw, dbw, **key._asdict())
+            tail[members] = sub
         for li, (stages, pipe) in enumerate(layouts):
             n = len(stages)
-            tail[li, :n] = pipe.tail_ms(static[ctx[li, :n]], params[ctx[li, :n]])
             cap[li, :n] = pipe.capacity_mib
             weight[li, :n] = pipe.gpu_weight / pipe.gpu_weight.sum()  # as memory_stats
         pipes = [pipe for _, pipe in layouts]
