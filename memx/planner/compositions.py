@@ -77,34 +77,84 @@ def suffix_counts(total: int, allowed: np.ndarray) -> np.ndarray:
 
 
 def sample_splits(total: int, allowed: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n splits drawn uniformly (with replacement) from the allowed splits: (n, pp) int16.
+    """n splits drawn uniformly (with replacement) from the allowed splits: (n, pp) int16 (`sample_many`)."""
+    return sample_many(total, [allowed], [n], rng)[0]
 
-    Stage s draws its layer count with probability ∝ allowed[s, k]·count(stages s+1.., R − k), vectorised
-    over the draws sharing a remaining count R. Counts are float64, so the draw is uniform up to float
-    rounding (relative 1e−16); a draw that rounding sends to an impossible value is dropped."""
-    pp = allowed.shape[0]
-    suffix = suffix_counts(total, allowed)
-    if n <= 0 or suffix[0, total] <= 0:
-        return np.zeros((0, pp), dtype=np.int16)
-    left = np.full(n, total, dtype=np.int64)
-    out = np.empty((n, pp), dtype=np.int16)
-    k = np.arange(total + 1)
-    valid = np.ones(n, dtype=bool)
-    for s in range(pp):
-        rs, inv = _unique_small(left, total)
-        rest = rs[:, None] - k[None, :]
-        w = np.where(rest >= 0, suffix[s + 1][np.clip(rest, 0, total)], 0.0) * allowed[s, : total + 1][None, :]
+
+def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.random.Generator,
+                suffix: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    """n[l] splits drawn uniformly (with replacement) from each layout's allowed splits (allowed[l]: (pp_l,
+    total+1)), all layouts at once: a list of (≤ n[l], pp_l) int16 arrays. `suffix`: their suffix_counts.
+
+    Stage s draws its layer count with probability ∝ allowed[s, k]·count(stages s+1.., R − k): the inverse
+    of the cumulative weights of its remaining count R at a uniform u. Counts are float64, so the draw is
+    uniform up to float rounding (relative 1e−16); a draw that rounding sends to an impossible value is
+    dropped. The uniforms are taken layout by layout, stage by stage (n[l] per stage), and each is compared
+    as R's row j of the layout's distinct remaining counts would be in one sorted array of rows offset by j
+    (cw + j ≤ j + u): the same draws whether one layout or many are sampled."""
+    suffix = suffix if suffix is not None else [suffix_counts(total, ok) for ok in allowed]
+    live = [li for li, (m, suf) in enumerate(zip(n, suffix)) if m > 0 and suf[0, total] > 0]
+    out = [np.zeros((0, ok.shape[0]), dtype=np.int16) for ok in allowed]
+    if not live:
+        return out
+    pp = np.array([allowed[li].shape[0] for li in live])
+    P, T = int(pp.max()), total + 1
+    counts = np.array([n[li] for li in live])
+    uniform = rng.random(int((counts * pp).sum()))
+    # draw d of layout l at stage s: uniform[start_l + s·n_l + d]
+    start = np.concatenate([[0], np.cumsum(counts * pp)[:-1]])
+    owner = np.repeat(np.arange(len(live)), counts)
+    draw = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+    suf = np.zeros((len(live), P + 1, T))
+    ok = np.zeros((len(live), P, T))
+    for r, li in enumerate(live):
+        suf[r, :pp[r] + 1] = suffix[li]
+        ok[r, :pp[r]] = allowed[li][:, :T]
+    left = np.full(len(owner), total, dtype=np.int64)
+    res = np.zeros((len(owner), P), dtype=np.int16)
+    valid = np.ones(len(owner), dtype=bool)
+    k = np.arange(T)
+    for s in range(P):
+        at = np.nonzero(pp[owner] > s)[0]
+        key = owner[at] * T + left[at]
+        keys, inv = _unique_small(key, len(live) * T - 1)
+        kl, kr = keys // T, keys % T
+        first = np.searchsorted(kl, kl, side="left")  # each layout's rows: j = rank among its remaining counts
+        j = (np.arange(len(keys)) - first).astype(np.float64)
+        rest = kr[:, None] - k[None, :]
+        w = np.where(rest >= 0, suf[kl, s + 1][np.arange(len(keys))[:, None], np.clip(rest, 0, total)], 0.0) * ok[kl, s]
         cw = np.cumsum(w, axis=1)
         tot = cw[:, -1:]
         cw = cw / np.where(tot > 0, tot, 1.0)
-        flat = (cw + np.arange(len(rs))[:, None]).ravel()
-        pos = np.searchsorted(flat, inv + rng.random(n), side="right") - inv * (total + 1)
+        e = cw + j[:, None]
+        q = j[inv] + uniform[start[owner[at]] + s * counts[owner[at]] + draw[at]]
+        pos = _count_at_most(e, inv, q)
+        nxt = np.minimum(inv + 1, len(keys) - 1)  # the next row of the same layout, when q rounded up to j + 1
+        spill = (q >= j[inv] + 1) & (inv + 1 < len(keys)) & (kl[nxt] == kl[inv])
+        if spill.any():
+            pos[spill] += _count_at_most(e, nxt[spill], q[spill])
         pos = np.clip(pos, 0, total)
-        valid &= allowed[s, pos] & (pos <= left)
-        out[:, s] = pos
-        left = np.maximum(left - pos, 0)
+        valid[at] &= ok[owner[at], s, pos].astype(bool) & (pos <= left[at])
+        res[at, s] = pos
+        left[at] = np.maximum(left[at] - pos, 0)
     valid &= left == 0
-    return out[valid]
+    ends = np.cumsum(counts)  # owner is sorted: each layout's draws are one run
+    for r, li in enumerate(live):
+        lo = ends[r] - counts[r]
+        out[li] = res[lo:ends[r]][valid[lo:ends[r]], :pp[r]]
+    return out
+
+
+def _count_at_most(e: np.ndarray, row: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """#{k : e[row_i, k] ≤ q_i} for rows of e non-decreasing along k: a binary search per query, vectorised."""
+    lo, hi = np.zeros(len(q), dtype=np.int64), np.full(len(q), e.shape[1], dtype=np.int64)
+    flat, width = e.ravel(), e.shape[1]
+    for _ in range(int(np.ceil(np.log2(width + 1)))):
+        mid = (lo + hi) // 2
+        le = flat[row * width + np.minimum(mid, width - 1)] <= q
+        go = (lo < hi) & le
+        lo, hi = np.where(go, mid + 1, lo), np.where((lo < hi) & ~le, mid, hi)
+    return lo
 
 
 def _unique_small(values: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:

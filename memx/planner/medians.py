@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from memx.planner.compositions import sample_splits, suffix_counts
+from memx.planner.compositions import sample_many, suffix_counts
 from memx.planner.schedule import MemoryStats
 
 BINS = 1 << 16
@@ -99,14 +99,15 @@ def sampled_medians(allowed: list[np.ndarray], total: int, n: int, seed: int,
     sample at once: splits (N, P) padded with 0 beyond each layout's pp, layouts (N,); it returns the
     (T, M, V) of the feasible ones (or None). Returns (medians, plans in the sample)."""
     rng = np.random.default_rng(seed)
-    weight = np.array([suffix_counts(total, ok)[0, total] for ok in allowed])
+    suffix = [suffix_counts(total, ok) for ok in allowed]
+    weight = np.array([suf[0, total] for suf in suffix])
     draws = rng.multinomial(n, weight / weight.sum())
     width = max(ok.shape[0] for ok in allowed)
     parts, owner = [], []
-    for li in np.nonzero(draws)[0]:
-        S = sample_splits(total, allowed[li], int(draws[li]), rng)
-        parts.append(np.pad(S, ((0, 0), (0, width - S.shape[1]))))
-        owner.append(np.full(len(S), li))
+    for li, S in enumerate(sample_many(total, allowed, [int(d) for d in draws], rng, suffix)):  # layout order
+        if draws[li]:
+            parts.append(np.pad(S, ((0, 0), (0, width - S.shape[1]))))
+            owner.append(np.full(len(S), li))
     got = score(np.concatenate(owner), np.concatenate(parts)) if parts else None
     values = [got] if got is not None else []
     return exact_medians(values), sum(len(v[0]) for v in values)
