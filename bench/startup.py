@@ -47,11 +47,12 @@ WORK_DONE = ("search_s", "timings", "predict_s", "scored", "discarded_by_bound")
 
 
 def run(argv: list[str], env: dict[str, str], out: list | None = None) -> tuple[float, float]:
-    """(CPU s, wall s) of one child process; it must succeed. `out`: its stdout is appended."""
+    """(CPU s, wall s) of one child process, run in the checkout first on env's PYTHONPATH (`python -m` puts
+    the working folder first on sys.path); it must succeed. `out`: its stdout is appended."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.PIPE if out is not None else subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+                          stderr=subprocess.PIPE, text=True, cwd=env.get("PYTHONPATH"))
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:

@@ -1,12 +1,13 @@
-"""Exact branch-and-bound over the layer splits of one layout (docs/planner.md §Search).
+"""Exact branch-and-bound over the layer splits of many layouts at once (docs/planner.md §Search).
 
-A node is a box of splits (a_s ≤ n_s ≤ b_s, Σ n_s = L). Boxes are processed in batches: their lower
-bounds (memx.planner.bounds) are checked against the kept decision sets (memx.planner.candidates);
-a box none of the sets can use is discarded with all its splits; a small box is a leaf, enumerated
-and scored by the vectorised engine (step 1 fit, step 2 refine, log Φ); a large one is halved along
-its widest stage. Depth-first, so the pending boxes stay few; the most promising half goes first.
-Stage-by-stage DP over splits is what Alpa (Zheng et al. 2022, §5.2) and Sailor use for time alone;
-here three objectives and a k-staircase need bounds on boxes instead.
+A node is a box of splits of one layout (a_s ≤ n_s ≤ b_s, Σ n_s = L). Boxes are processed in rounds:
+each round takes the pending boxes of least time bound, over all layouts (memx.planner.bounds.BoxBounds
+bounds them in one numpy pass), checks their lower bounds against the kept decision sets
+(memx.planner.candidates); a box none of the sets can use is discarded with all its splits; a small box
+is a leaf, enumerated and — all the round's leaves together — scored by the vectorised engine (step 1
+fit, step 2 refine, log Φ; memx.planner.tables.StackedTables); a large one is halved along its widest
+stage. Stage-by-stage DP over splits is what Alpa (Zheng et al. 2022, §5.2) and Sailor use for time
+alone; here three objectives and a k-staircase need bounds on boxes instead.
 """
 
 from __future__ import annotations

@@ -82,12 +82,8 @@ def _slowdown_caps(stages: tuple[StageTable, ...], total: int, factor: float) ->
     """Per-stage layer caps: a stage whose fitted time exceeds factor × B* (B* = the smallest
     achievable bottleneck stage time of this layout) makes the plan ≥ factor× slower in the
     steady 1F1B phase than the balanced split; such splits are pruned before evaluation."""
-    rows = len(stages[0].fit)
-    n = np.arange(rows)
-    fitted = np.full((len(stages), rows), np.inf)
-    for s, st in enumerate(stages):
-        ok = (st.fit >= 0) & (n > 0)
-        fitted[s, ok] = st.time_ms[n[ok], st.fit[ok]].astype(np.float32)  # the float32 the search uses
+    n = np.arange(len(stages[0].fit))
+    fitted = np.stack([st.fitted_ms for st in stages])  # the float32 the search uses
     finite = fitted[np.isfinite(fitted)]
     if finite.size == 0:
         return np.zeros(len(stages), dtype=np.int64)

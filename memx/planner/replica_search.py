@@ -16,7 +16,8 @@ calls memx.planner.search.search and returns its result unchanged). With G_max â
    granule from the slowest group to another while the plan's time improves (a local search: exact
    only in the enumerable case).
 3. Per group, today's search (memx.planner.search.search) on the group's sub-cluster with
-   `global_batch` = its share; its pick rule and margin floor apply per group (memx.planner.pick), so the
+   `global_batch` = its share and the one-group search's Î¦ medians (no sample of its own: the pick never
+   needs them); its pick rule and margin floor apply per group (memx.planner.pick), so the
    combined pick clears the floor on every GPU. Combined: memx.planner.replicas.combine with the
    cross-group term over the joint placement (memx.domain.groups.place_groups).
 

@@ -1,10 +1,11 @@
 """The search: every layout × every layer split × per-stage recompute, exactly, in bounded memory.
 
-1. Layouts, stage contexts, one batch of stage predictions, per-layout stacked tables (`prepare`).
+1. Layouts, stage contexts, one batch of stage predictions, per-layout caps (`prepare`); the stage tables
+   of all layouts stacked at once (memx.planner.tables.StackedTables) for the bounds and the scoring.
 2. Exact counts of the space and of its feasible plans (generating functions, no enumeration).
 3. The decision sets — top-k by time, top-k by Φ (within max_time_ratio of the fastest), the Pareto
    front of (T, margin), the safe sets above margin_floor (issue #22) — by branch-and-bound over boxes
-   of layer splits (memx.planner.bnb): boxes whose
+   of layer splits of all layouts at once (memx.planner.bnb): boxes whose
    lower bounds (memx.planner.bounds) prove that none of their plans can enter a set are discarded;
    the rest are enumerated and scored by the vectorised engine. `exhaustive=True` scores every plan
    instead (the reference; memx.planner.exhaustive) and must give the same answer.

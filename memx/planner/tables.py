@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -119,6 +119,16 @@ class StageTable:
     fit: np.ndarray  # first ladder index that fits capacity − reserve, −1 if none
     static_mib: np.ndarray
     params_per_rank: np.ndarray
+
+    @cached_property
+    def fitted_ms(self) -> np.ndarray:
+        """(n_max+1,) the fitted level's time in the float32 the search uses (as float64); +inf where nothing
+        fits and at n = 0. Computed once per context, shared by every layout using it."""
+        n = np.arange(len(self.fit))
+        ok = (self.fit >= 0) & (n > 0)
+        out = np.full(len(self.fit), np.inf)
+        out[ok] = self.time_ms[n[ok], self.fit[ok]].astype(np.float32)
+        return out
 
 
 def ladders(times: np.ndarray, mems: np.ndarray, codes: np.ndarray,
