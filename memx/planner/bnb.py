@@ -24,6 +24,7 @@ from memx.planner.space import splits
 
 LEAF = 512  # a box with at most this many splits (an upper bound: Σ n = L fixes one stage) is enumerated
 BATCH = 1024  # boxes bounded at once (the least time bounds first)
+POOL = 1 << 16  # pending boxes beyond which the smallest go first (their leaves are scored and leave the pool)
 FLUSH = 1 << 15  # leaf splits scored at once
 
 
@@ -66,9 +67,10 @@ def explore(bounds: BoxBounds, keeper: Keeper, evaluate: Callable[[np.ndarray, n
         keep = keeper.time_needed(t)
         a, b, li, t = a[keep], b[keep], li[keep], t[keep]
         rest = None
-        if len(a) > BATCH:
+        if len(a) > BATCH:  # the least time bounds; past POOL boxes the smallest boxes, so the pool shrinks
+            order = t if len(a) <= POOL else bounds.leaf_size(a, b)
             take = np.zeros(len(a), dtype=bool)
-            take[np.argpartition(t, BATCH - 1)[:BATCH]] = True
+            take[np.argpartition(order, BATCH - 1)[:BATCH]] = True
             rest = (a[~take], b[~take], li[~take], t[~take])
             a, b, li, t = a[take], b[take], li[take], t[take]
         if weights is not None and len(a):
