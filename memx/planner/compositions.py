@@ -89,9 +89,9 @@ def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.ran
     Stage s draws its layer count with probability ∝ allowed[s, k]·count(stages s+1.., R − k): the inverse
     of the cumulative weights of its remaining count R at a uniform u. Counts are float64, so the draw is
     uniform up to float rounding (relative 1e−16); a draw that rounding sends to an impossible value is
-    dropped. The uniforms are taken layout by layout, stage by stage (n[l] per stage), and each is compared
-    as R's row j of the layout's distinct remaining counts would be in one sorted array of rows offset by j
-    (cw + j ≤ j + u): the same draws whether one layout or many are sampled."""
+    dropped. The uniforms are taken layout by layout, stage by stage (n[l] per stage), and each layout's
+    inverse is one search in the sorted array of its rows offset by their rank j (cw + j, at j + u): the
+    same draws whether one layout or many are sampled; the weights of all layouts are formed together."""
     suffix = suffix if suffix is not None else [suffix_counts(total, ok) for ok in allowed]
     live = [li for li, (m, suf) in enumerate(zip(n, suffix)) if m > 0 and suf[0, total] > 0]
     out = [np.zeros((0, ok.shape[0]), dtype=np.int16) for ok in allowed]
@@ -128,11 +128,12 @@ def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.ran
         cw = cw / np.where(tot > 0, tot, 1.0)
         e = cw + j[:, None]
         q = j[inv] + uniform[start[owner[at]] + s * counts[owner[at]] + draw[at]]
-        pos = _count_at_most(e, inv, q)
-        nxt = np.minimum(inv + 1, len(keys) - 1)  # the next row of the same layout, when q rounded up to j + 1
-        spill = (q >= j[inv] + 1) & (inv + 1 < len(keys)) & (kl[nxt] == kl[inv])
-        if spill.any():
-            pos[spill] += _count_at_most(e, nxt[spill], q[spill])
+        pos = np.empty(len(at), dtype=np.int64)
+        here = np.unique(kl)
+        row_lo, row_hi = np.searchsorted(kl, here), np.searchsorted(kl, here, side="right")
+        draw_lo, draw_hi = np.searchsorted(owner[at], here), np.searchsorted(owner[at], here, side="right")
+        for rl, rh, dl, dh in zip(row_lo, row_hi, draw_lo, draw_hi):  # one sorted array per layout, as alone
+            pos[dl:dh] = np.searchsorted(e[rl:rh].ravel(), q[dl:dh], side="right") - (inv[dl:dh] - rl) * T
         pos = np.clip(pos, 0, total)
         valid[at] &= ok[owner[at], s, pos].astype(bool) & (pos <= left[at])
         res[at, s] = pos
@@ -143,18 +144,6 @@ def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.ran
         lo = ends[r] - counts[r]
         out[li] = res[lo:ends[r]][valid[lo:ends[r]], :pp[r]]
     return out
-
-
-def _count_at_most(e: np.ndarray, row: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """#{k : e[row_i, k] ≤ q_i} for rows of e non-decreasing along k: a binary search per query, vectorised."""
-    lo, hi = np.zeros(len(q), dtype=np.int64), np.full(len(q), e.shape[1], dtype=np.int64)
-    flat, width = e.ravel(), e.shape[1]
-    for _ in range(int(np.ceil(np.log2(width + 1)))):
-        mid = (lo + hi) // 2
-        le = flat[row * width + np.minimum(mid, width - 1)] <= q
-        go = (lo < hi) & le
-        lo, hi = np.where(go, mid + 1, lo), np.where((lo < hi) & ~le, mid, hi)
-    return lo
 
 
 def _unique_small(values: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
