@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memx.domain.specs import Weights
-from memx.planner.tables import LayoutTables, StackedTables
+from memx.planner.tables import StackedTables
 
 SLACK = 1e-5  # relative: float32 totals of ≤ 64 stages are within ~64·2⁻²⁴ ≈ 4e−6 of exact arithmetic
 SCORE_SLACK = 1e-4  # absolute, in log Φ (float32 log of values ≈ 10: error ≤ a few 1e−6)
@@ -290,13 +290,6 @@ def box_variance_lb(lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray
 def _safe_variance(v: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """V is computed in float32 (two-pass): its error is below ~1e−5 of the largest squared peak."""
     return np.maximum(v * (1 - SLACK) - 1e-5 * hi.max(axis=1) ** 2, 0.0)
-
-
-def _lowest_reachable_mib(lt: LayoutTables, target_margin: float) -> np.ndarray:
-    """(pp, rows) `lowest_reachable` of one layout's stacked tables."""
-    pp, rows, k = lt.pp, lt.rows, lt.k
-    return lowest_reachable(lt.peak_mib.reshape(pp, rows, k), lt.length.reshape(pp, rows), lt.fit.reshape(pp, rows),
-                            lt.capacity_mib, target_margin)
 
 
 def lowest_reachable(peak: np.ndarray, length: np.ndarray, fit: np.ndarray, cap: np.ndarray,
