@@ -14,11 +14,17 @@ is a temporary folder. Commands:
   replicas    peer with --search replicas (replica groups of whole nodes)
 Last line: numpy_cpu_s=… help_cpu_s=… help_ratio=… peer_cpu_s=… peer4x4_cpu_s=… default_cpu_s=… replicas_cpu_s=…
 replicas_ratio=… (replicas / peer).
+
+--baseline DIR: the same commands with DIR (another checkout, e.g. `git worktree add ../base-perf f4d4b0d`) first
+on PYTHONPATH, interleaved with this checkout's runs (same load); prints both, the ratio new / baseline, a
+`baseline …` figures line, and whether every plan command's JSON is the same in both (timings and the count of
+plans scored aside: the work done, not the answer).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
@@ -37,28 +43,59 @@ nodes:
 """
 
 
-def run(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(CPU s, wall s) of one child process; it must succeed."""
+WORK_DONE = ("search_s", "timings", "predict_s", "scored", "discarded_by_bound")  # not part of the answer
+
+
+def run(argv: list[str], env: dict[str, str], out: list | None = None) -> tuple[float, float]:
+    """(CPU s, wall s) of one child process, run in the checkout first on env's PYTHONPATH (`python -m` puts
+    the working folder first on sys.path); it must succeed. `out`: its stdout is appended."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(argv, env=env, stdout=subprocess.PIPE if out is not None else subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, cwd=env.get("PYTHONPATH"))
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr[-1000:]}")
+    if out is not None:
+        out.append(done.stdout)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
+
+
+def answer(text: str):
+    """A plan command's JSON without what measures the work done."""
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in WORK_DONE}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+    return strip(json.loads(text))
+
+
+def figures(best: dict[str, tuple[float, float]]) -> dict[str, str]:
+    fig = {f"{k.replace('-', '')}_cpu_s": f"{v[0]:.2f}" for k, v in best.items()}
+    if "help" in best:
+        fig["help_ratio"] = f"{best['help'][0] / best['numpy'][0]:.1f}"
+    if "replicas" in best and "peer" in best:
+        fig["replicas_ratio"] = f"{best['replicas'][0] / best['peer'][0]:.1f}"
+    return fig
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", nargs="*", help="run only these commands (names as in the docstring)")
+    ap.add_argument("--baseline", type=Path, help="another checkout to run the same commands with, interleaved")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Path(tmp) / "a100-v100-4x4.yaml"
         cluster.write_text(PEER_4X4)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env.update(PYTHONPYCACHEPREFIX=str(Path(tmp) / "pyc"), MEMX_HOME=str(Path(tmp) / "home"))
+        here = str(Path(__file__).resolve().parents[1])
+        envs = {"new": {**env, "PYTHONPATH": here}}
+        if args.baseline is not None:
+            envs["baseline"] = {**env, "PYTHONPATH": str(args.baseline.resolve()),
+                                "PYTHONPYCACHEPREFIX": str(Path(tmp) / "pyc-baseline")}
         memx = [sys.executable, "-m", "memx.cli.app"]
         plan = [*memx, "plan", "--predictor", "analytic", "--format", "json", "--no-progress"]
         commands = {
@@ -71,22 +108,32 @@ def main() -> None:
         }
         if args.only:
             commands = {k: v for k, v in commands.items() if k in args.only or k == "numpy"}
-        run(commands["help"], env)  # warm-up: bytecode of every module on the plan path
-        run(commands["peer"] if "peer" in commands else commands["help"], env)
-        best: dict[str, tuple[float, float]] = {}
+        for e in envs.values():  # warm-up: bytecode of every module on the plan path
+            run([*memx, "--help"], e)
+            run([*plan, "--cluster", "a100-v100-16"], e)
+        best: dict[str, dict[str, tuple[float, float]]] = {side: {} for side in envs}
+        outputs: dict[str, dict[str, list]] = {side: {} for side in envs}
         for _ in range(args.repeat):
             for name, argv in commands.items():
-                cpu, wall = run(argv, env)
-                if name not in best or cpu < best[name][0]:
-                    best[name] = (cpu, wall)
-        for name, (cpu, wall) in best.items():
-            print(f"{name:<9} cpu_s={cpu:.2f} wall_s={wall:.2f} ratio_to_numpy={cpu / best['numpy'][0]:.1f}")
-        fig = {f"{k.replace('-', '')}_cpu_s": f"{v[0]:.2f}" for k, v in best.items()}
-        if "help" in best:
-            fig["help_ratio"] = f"{best['help'][0] / best['numpy'][0]:.1f}"
-        if "replicas" in best and "peer" in best:
-            fig["replicas_ratio"] = f"{best['replicas'][0] / best['peer'][0]:.1f}"
-        print(" ".join(f"{k}={v}" for k, v in fig.items()))
+                for side, e in envs.items():
+                    out = outputs[side].setdefault(name, []) if name not in ("numpy", "help") else None
+                    cpu, wall = run(argv, e, out)
+                    if name not in best[side] or cpu < best[side][name][0]:
+                        best[side][name] = (cpu, wall)
+        for name in commands:
+            row = f"{name:<9}"
+            for side in envs:
+                cpu, wall = best[side][name]
+                row += f" {side}: cpu_s={cpu:.2f} wall_s={wall:.2f} ×numpy={cpu / best[side]['numpy'][0]:.1f}"
+            if "baseline" in envs:
+                row += f"  new/baseline={best['new'][name][0] / best['baseline'][name][0]:.2f}"
+            print(row)
+        if "baseline" in envs:
+            same = {name: all(answer(a) == answer(outputs["baseline"][name][0]) for a in outputs["new"][name])
+                    for name in outputs["new"]}
+            print("same answer as the baseline: " + " ".join(f"{k}={v}" for k, v in same.items()))
+            print("baseline " + " ".join(f"{k}={v}" for k, v in figures(best["baseline"]).items()))
+        print(" ".join(f"{k}={v}" for k, v in figures(best["new"]).items()))
 
 
 if __name__ == "__main__":

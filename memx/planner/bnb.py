@@ -1,12 +1,13 @@
-"""Exact branch-and-bound over the layer splits of one layout (docs/planner.md §Search).
+"""Exact branch-and-bound over the layer splits of many layouts at once (docs/planner.md §Search).
 
-A node is a box of splits (a_s ≤ n_s ≤ b_s, Σ n_s = L). Boxes are processed in batches: their lower
-bounds (memx.planner.bounds) are checked against the kept decision sets (memx.planner.candidates);
-a box none of the sets can use is discarded with all its splits; a small box is a leaf, enumerated
-and scored by the vectorised engine (step 1 fit, step 2 refine, log Φ); a large one is halved along
-its widest stage. Depth-first, so the pending boxes stay few; the most promising half goes first.
-Stage-by-stage DP over splits is what Alpa (Zheng et al. 2022, §5.2) and Sailor use for time alone;
-here three objectives and a k-staircase need bounds on boxes instead.
+A node is a box of splits of one layout (a_s ≤ n_s ≤ b_s, Σ n_s = L). Boxes are processed in rounds:
+each round takes the pending boxes of least time bound, over all layouts (memx.planner.bounds.BoxBounds
+bounds them in one numpy pass), checks their lower bounds against the kept decision sets
+(memx.planner.candidates); a box none of the sets can use is discarded with all its splits; a small box
+is a leaf, enumerated and — all the round's leaves together — scored by the vectorised engine (step 1
+fit, step 2 refine, log Φ; memx.planner.tables.StackedTables); a large one is halved along its widest
+stage. Stage-by-stage DP over splits is what Alpa (Zheng et al. 2022, §5.2) and Sailor use for time
+alone; here three objectives and a k-staircase need bounds on boxes instead.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from memx.domain.specs import Weights
-from memx.planner.bounds import LayoutBounds
+from memx.planner.bounds import BoxBounds
 from memx.planner.candidates import Keeper, Scored
 from memx.planner.space import splits
 
 LEAF = 512  # a box with at most this many splits (an upper bound: Σ n = L fixes one stage) is enumerated
-BATCH = 1024  # boxes bounded at once
+BATCH = 1024  # boxes bounded at once (the least time bounds first)
+POOL = 1 << 16  # pending boxes beyond which the smallest go first (their leaves are scored and leave the pool)
 FLUSH = 1 << 15  # leaf splits scored at once
 
 
@@ -37,59 +39,67 @@ class Work:
         self.scored += other.scored
 
 
-def explore(bounds: LayoutBounds, keeper: Keeper, evaluate: Callable[[np.ndarray], Scored | None],
-            weights: Weights | None, epsilon_mib2: float) -> Work:
-    """Find every split of the layout that can enter the keeper's sets; offers them to the keeper."""
+def explore(bounds: BoxBounds, keeper: Keeper, evaluate: Callable[[np.ndarray, np.ndarray], Scored | None],
+            weights: Weights | None, epsilon_mib2: float, layouts: np.ndarray) -> Work:
+    """Find every split of the given layouts (indices into `bounds`) that can enter the keeper's sets; offers
+    them to the keeper (`evaluate(layouts, splits)`: splits (N, P) of the layouts (N,), padded with 0, scored).
+    Best first: every round takes the BATCH pending boxes of least time bound over all layouts at once (one
+    numpy pass per round, whatever the number of layouts), and its leaves are scored together."""
     work = Work()
-    a, b = bounds.root()
-    stack = [(a, b)] if len(a) else []
-    leaves: list[np.ndarray] = []
+    a, b, li = bounds.root(layouts)
+    t = bounds.time_lb(a, b, li)
+    leaves: list[tuple[int, np.ndarray]] = []
     pending = 0
 
     def flush() -> None:
-        nonlocal leaves, pending
+        nonlocal pending
         if leaves:
-            S = np.concatenate(leaves)
+            S = np.concatenate([np.pad(x, ((0, 0), (0, bounds.P - x.shape[1]))) for _, x in leaves])
+            owner = np.concatenate([np.full(len(x), layout) for layout, x in leaves])
             work.scored += len(S)
-            sc = evaluate(S)
+            sc = evaluate(owner, S)
             if sc is not None:
                 keeper.offer(sc)
-        leaves, pending = [], 0
+        leaves.clear()
+        pending = 0
 
-    while stack:
-        a, b = stack.pop()
-        t_lb = bounds.time_lb(a, b)
-        need = keeper.time_needed(t_lb)
-        if need.any() and weights is not None:
-            corner = bounds.corner(a[need], b[need], t_lb[need])
-            need[need] = keeper.needs(corner, corner.score(weights, epsilon_mib2))
-        a, b, t_lb = a[need], b[need], t_lb[need]
+    while len(a):
+        keep = keeper.time_needed(t)
+        a, b, li, t = a[keep], b[keep], li[keep], t[keep]
+        rest = None
+        if len(a) > BATCH:  # the least time bounds; past POOL boxes the smallest boxes, so the pool shrinks
+            order = t if len(a) <= POOL else bounds.leaf_size(a, b)
+            take = np.zeros(len(a), dtype=bool)
+            take[np.argpartition(order, BATCH - 1)[:BATCH]] = True
+            rest = (a[~take], b[~take], li[~take], t[~take])
+            a, b, li, t = a[take], b[take], li[take], t[take]
+        if weights is not None and len(a):
+            corner = bounds.corner(a, b, li, t)
+            need = keeper.needs(corner, corner.score(weights, epsilon_mib2))
+            a, b, li, t = a[need], b[need], li[need], t[need]
         leaf = bounds.leaf_size(a, b) <= LEAF
         for i in np.nonzero(leaf)[0]:
-            S = splits(bounds.total, a[i], b[i])
-            leaves.append(S)
-            pending += len(S)
-            if pending >= FLUSH:
-                flush()
-        a, b, t_lb = a[~leaf], b[~leaf], t_lb[~leaf]
-        if len(a):
-            stack.extend(_halve(bounds, a, b, t_lb))
-        elif not stack or pending >= FLUSH // 4:
-            flush()
-    flush()
+            pp = int(bounds.pp[li[i]])
+            S = splits(bounds.total, a[i, :pp], b[i, :pp])
+            if len(S):
+                leaves.append((int(li[i]), S))
+                pending += len(S)
+                if pending >= FLUSH:
+                    flush()
+        flush()
+        a, b, li = _halve(bounds, a[~leaf], b[~leaf], li[~leaf])
+        t = bounds.time_lb(a, b, li)
+        if rest is not None:
+            a, b, li, t = (np.concatenate([x, y]) for x, y in zip((a, b, li, t), rest))
     return work
 
 
-def _halve(bounds: LayoutBounds, a: np.ndarray, b: np.ndarray, t_lb: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Halve every box along its widest stage; batches ordered so the fastest-looking comes off the stack first."""
+def _halve(bounds: BoxBounds, a: np.ndarray, b: np.ndarray, li: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Halve every box along its widest stage (tightened)."""
     rows = np.arange(len(a))
     s = (b - a).argmax(axis=1)
     mid = (a[rows, s] + b[rows, s]) // 2
     a_hi, b_lo = a.copy(), b.copy()
     b_lo[rows, s] = mid
     a_hi[rows, s] = mid + 1
-    ca = np.concatenate([a, a_hi])
-    cb = np.concatenate([b_lo, b])
-    order = np.argsort(np.concatenate([t_lb, t_lb]), kind="stable")[::-1]  # worst first: popped last
-    ca, cb = bounds.tighten(ca[order], cb[order])
-    return [(ca[i:i + BATCH], cb[i:i + BATCH]) for i in range(0, len(ca), BATCH)]
+    return bounds.tighten(np.concatenate([a, a_hi]), np.concatenate([b_lo, b]), np.concatenate([li, li]))

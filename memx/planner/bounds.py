@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from memx.domain.specs import Weights
-from memx.planner.interleave import pipeline_compute_ms
-from memx.planner.tables import LayoutTables
+from memx.planner.tables import StackedTables
 
 SLACK = 1e-5  # relative: float32 totals of ≤ 64 stages are within ~64·2⁻²⁴ ≈ 4e−6 of exact arithmetic
 SCORE_SLACK = 1e-4  # absolute, in log Φ (float32 log of values ≈ 10: error ≤ a few 1e−6)
 MARGIN_SLACK = 1e-5  # absolute, on a margin in [0, 1) computed in float32 (error ≤ a few 1e−7)
+_LOG2 = np.floor(np.log2(np.maximum(np.arange(1 << 12), 1))).astype(np.int64)  # ⌊log2 w⌋ of a range width w ≥ 1
 
 
 class RangeTable:
@@ -52,9 +52,13 @@ class RangeTable:
 
     def query(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """(B, pp) range extremum of stage s over [a[:, s], b[:, s]] (a ≤ b)."""
-        j = np.floor(np.log2(np.maximum(b - a + 1, 1))).astype(np.int64)
-        s = np.arange(a.shape[1])[None, :]
-        return self.op(self.levels[j, s, a], self.levels[j, s, b - (1 << j) + 1])
+        return self.query_rows(np.arange(a.shape[1])[None, :], a, b)
+
+    def query_rows(self, r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Range extremum of table row r[i, s] over [a[i, s], b[i, s]]: (B, P), or (B, P, C) for a table of
+        C channels (x of shape (rows of tables, n, C): every channel in one gather)."""
+        j = _LOG2[np.maximum(b - a + 1, 1)]
+        return self.op(self.levels[j, r, a], self.levels[j, r, b - (1 << j) + 1])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,151 +76,186 @@ class Corner:
                 self.var_mib2 + epsilon_mib2)
 
 
-class LayoutBounds:
-    """Per-(stage, n) bound tables of one layout; `corner` bounds boxes, `tighten` shrinks them."""
+class BoxBounds:
+    """Per-(stage, n) bound tables of many layouts at once; `time_lb` and `corner` bound boxes, `tighten`
+    shrinks them. Boxes of every layout are bounded together: a box is (a, b, layout) with a and b of P =
+    the largest pp of the layouts; a layout with fewer stages is padded with stages fixed at n = 0 that
+    cost nothing (time 0, tail 0, peak 0, GPU weight 0), so every bound of a padded box is that of the
+    layout's own box (+ 0). Built from the layouts' StackedTables (memx.planner.tables) and their per-stage
+    layer caps hi (layouts, P), vectorised over layouts."""
 
-    def __init__(self, lt: LayoutTables, hi: np.ndarray, total: int, target_margin: float):
-        pp, rows = lt.pp, lt.rows
+    def __init__(self, st: StackedTables, hi: np.ndarray, total: int, target_margin: float):
+        self.total, self.layouts, self.P, self.rows = total, len(st.stages), st.pp, st.rows
+        self.pp, self.weight = st.stages, st.gpu_weight
+        self.micro_batches = st.micro_batches.astype(np.float64)
+        self.virtual_stages = st.virtual_stages.astype(np.float64)
+        self.fixed_ms = np.array(st.fixed_ms, dtype=np.float64)
+        P, rows = self.P, self.rows
         n = np.arange(rows)
-        fit = lt.fit.reshape(pp, rows)
-        self.total, self.pp, self.rows = total, pp, rows
-        self.ok = (fit >= 0) & (n[None, :] >= 1) & (n[None, :] <= np.asarray(hi)[:, None])
-        self.t1 = np.where(self.ok, lt.fit_time_ms.reshape(pp, rows).astype(np.float64), np.inf)
-        self.tail = np.where(self.ok, lt.tail_ms.reshape(pp, rows).astype(np.float64), np.inf)
-        self.t_range, self.tail_range = RangeTable(self.t1), RangeTable(self.tail)
-        self.micro_batches, self.fixed_ms = lt.micro_batches, lt.fixed_ms
-        self.virtual_stages = lt.pipeline.virtual_stages
-        self.weight = lt.gpu_weight / lt.gpu_weight.sum()
-        # next / previous allowed layer count at or after / before n (rows = none).
-        idx = np.where(self.ok, n[None, :], rows)
+        real = (np.arange(P)[None, :] < self.pp[:, None]).reshape(-1)[:, None]
+        ok = real & (st.fit.reshape(-1, rows) >= 0) & (n >= 1) & (n <= np.asarray(hi).reshape(-1)[:, None])
+        pad = ~real & (n == 0)  # a layout's missing stages: n = 0, costing nothing
+
+        def per_row(x: np.ndarray, outside: float) -> np.ndarray:  # (layouts·P, rows)
+            return np.where(ok, x.reshape(-1, rows), np.where(pad, 0.0, outside))
+
+        ctx_cap = np.ones(len(st.ctx_fit))
+        ctx_cap[st.ctx.reshape(-1)] = st.capacity.reshape(-1)  # a context's GPU: one capacity wherever it appears
+        m_lo = lowest_reachable(st.ctx_peak_mib, st.ctx_length, st.ctx_fit, ctx_cap, target_margin)
+        self.t1 = per_row(st.fit_time_ms.astype(np.float64), np.inf)
+        lo = per_row(m_lo.reshape(-1)[st.row_ctx], np.inf)
+        used = lo / st.capacity.reshape(-1)[:, None]
+        self.ok = ok | pad
+        idx = np.where(self.ok, n[None, :], rows)  # next / previous allowed layer count at or after / before n
         self.next_ok = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1]
-        idx = np.where(self.ok, n[None, :], -1)
-        self.prev_ok = np.maximum.accumulate(idx, axis=1)
-        self.bottleneck_ms = _min_bottleneck(self.t1, total)
-        self.t_minmax = MinMax(self.t1)
-        self.t_sums = _lagrange_tables(self.t1, n)
-        self._tables, self._target = lt, target_margin
-        self._memory: tuple[RangeTable, RangeTable] | None = None
-        self._m_minmax: MinMax | None = None
-        self._used: tuple[RangeTable, MinMax] | None = None  # m_lo / capacity: range min and min-max
+        self.prev_ok = np.maximum.accumulate(np.where(self.ok, n[None, :], -1), axis=1)
+        self.lams = self._multipliers()  # (layouts, Λ)
+        sums = self.t1[:, :, None] - np.repeat(self.lams, P, axis=0)[:, None, :] * n[None, :, None]
+        # one table of every range-minimum channel: tail, m_lo, m_lo / capacity, then t1 − λ·n per λ
+        tail = per_row(st.tail_ms.astype(np.float64), np.inf)
+        self.mins = RangeTable(np.concatenate([tail[..., None], lo[..., None], used[..., None], sums], axis=2))
+        self.m1_max = RangeTable(per_row(st.fit_peak_mib.astype(np.float64), -np.inf), maximum=True)
+        self.env_t, self.env_m, self.env_used = suffix_min(self.t1), suffix_min(lo), suffix_min(used)
 
-    def memory_ranges(self) -> tuple[RangeTable, RangeTable]:
-        """(range min of the lowest reachable peak, range max of the fitted peak), built on first use."""
-        if self._memory is None:
-            lt = self._tables
-            m1 = np.where(self.ok, lt.fit_peak_mib.reshape(self.pp, self.rows).astype(np.float64), -np.inf)
-            m_lo = np.where(self.ok, _lowest_reachable_mib(lt, self._target), np.inf)
-            self._memory = (RangeTable(m_lo), RangeTable(m1, maximum=True))
-            self._m_minmax = MinMax(m_lo)
-            used = m_lo / lt.capacity_mib.astype(np.float64)[:, None]
-            self._used = (RangeTable(used), MinMax(used))
-        return self._memory
+    def _multipliers(self) -> np.ndarray:
+        """Each layout's λs (lagrange_multipliers of its t1 rows), padded with 0."""
+        t1 = self.t1.reshape(self.layouts, self.P, self.rows)
+        fin = np.isfinite(t1) & (np.arange(self.rows) >= 1)
+        first = np.where(fin.any(axis=2), fin.argmax(axis=2), 0)
+        last = np.where(fin.any(axis=2), self.rows - 1 - fin[..., ::-1].argmax(axis=2), 0)
+        take = lambda i: np.take_along_axis(t1, i[..., None], axis=2)[..., 0]  # noqa: E731
+        with np.errstate(invalid="ignore", divide="ignore"):
+            slope = (take(last) - take(first)) / (last - first)
+        lams = [_thin([0.0, *slope[li, (last[li] > first[li])].tolist()]) for li in range(self.layouts)]
+        out = np.zeros((self.layouts, max(len(x) for x in lams)))
+        for li, x in enumerate(lams):
+            out[li, :len(x)] = x
+        return out
 
-    def root(self) -> tuple[np.ndarray, np.ndarray]:
-        a = self.next_ok[:, 0][None, :].astype(np.int64)
-        b = self.prev_ok[:, -1][None, :].astype(np.int64)
-        return self.tighten(a, b)
+    def rows_of(self, li: np.ndarray) -> np.ndarray:
+        """(B, P) table rows of the boxes' stages."""
+        return li[:, None] * self.P + np.arange(self.P)[None, :]
 
-    def tighten(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def root(self, li: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The root box of each layout in li (tightened; a layout without a split has none)."""
+        r = self.rows_of(np.asarray(li, dtype=np.int64))
+        return self.tighten(self.next_ok[r, 0], self.prev_ok[r, -1], np.asarray(li, dtype=np.int64))
+
+    def tighten(self, a: np.ndarray, b: np.ndarray, li: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Shrink boxes to allowed end points consistent with Σ n = L; drop empty boxes."""
         L, last = self.total, self.rows - 1
-        s = np.arange(self.pp)[None, :]
+        a, b = a.astype(np.int64), b.astype(np.int64)
         for _ in range(8):
+            r = self.rows_of(li)
             sa, sb = a.sum(axis=1, keepdims=True), b.sum(axis=1, keepdims=True)
-            na = self.next_ok[s, np.minimum(np.maximum(a, L - (sb - b)), last)]
-            nb = self.prev_ok[s, np.maximum(np.minimum(b, L - (sa - a)), 0)]
+            na = self.next_ok[r, np.minimum(np.maximum(a, L - (sb - b)), last)]
+            nb = self.prev_ok[r, np.maximum(np.minimum(b, L - (sa - a)), 0)]
             keep = (na <= nb).all(axis=1)
             if keep.all() and (na == a).all() and (nb == b).all():
                 break
-            a, b = na[keep].astype(np.int64), nb[keep].astype(np.int64)
-        sa, sb = a.sum(axis=1), b.sum(axis=1)
-        ok = (sa <= L) & (sb >= L)
-        return a[ok], b[ok]
+            a, b, li = na[keep], nb[keep], li[keep]
+        ok = (a.sum(axis=1) <= L) & (b.sum(axis=1) >= L)
+        return a[ok], b[ok], li[ok]
 
-    def leaf_size(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def leaf_size(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """An upper bound of the splits in each box: Σ n = L fixes the widest stage once the others are set."""
         width = (b - a + 1).astype(np.float64)
         return width.prod(axis=1) / width.max(axis=1)
 
-    def time_lb(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def time_lb(self, a: np.ndarray, b: np.ndarray, li: np.ndarray) -> np.ndarray:
         """Lower bound of T over each box, deflated by SLACK."""
-        tmax = np.maximum(self.t_minmax.query(a, b, self.total), self.bottleneck_ms)
-        tsum = max_lagrange_sum(self.t_sums, a, b, self.total)
-        T = pipeline_compute_ms(tmax, tsum, self.micro_batches, self.virtual_stages) + self.fixed_ms \
-            + self.tail_range.query(a, b).max(axis=1)  # interleaved 1F1B too (issue #27)
+        r = self.rows_of(li)
+        mins = self.mins.query_rows(r, a, b)  # (B, P, 3 + Λ)
+        tmax = suffix_minmax(self.env_t, r, a, b, self.total)
+        tsum = (self.lams[li] * self.total + mins[:, :, 3:].sum(axis=1)).max(axis=1)  # max_lagrange_sum
+        m, v = self.micro_batches[li], self.virtual_stages[li]
+        with np.errstate(invalid="ignore"):  # pipeline_compute_ms per box: plain 1F1B, or interleaved (issue #27)
+            compute = np.where(v == 1, (m - 1) * tmax + tsum, m * tmax + (tsum - tmax) / v)
+        T = compute + self.fixed_ms[li] + mins[:, :, 0].max(axis=1)
         return T * (1 - SLACK)
 
-    def corner(self, a: np.ndarray, b: np.ndarray, time_lb: np.ndarray) -> Corner:
-        lo_range, hi_range = self.memory_ranges()
-        lo, hi = lo_range.query(a, b), hi_range.query(a, b)
-        m_lb = np.maximum(lo.max(axis=1), self._m_minmax.query(a, b, self.total))
-        used_range, used_minmax = self._used
-        used_lb = np.maximum(used_range.query(a, b).max(axis=1), used_minmax.query(a, b, self.total))
+    def corner(self, a: np.ndarray, b: np.ndarray, li: np.ndarray, time_lb: np.ndarray) -> Corner:
+        r = self.rows_of(li)
+        mins = self.mins.query_rows(r, a, b)
+        lo, used = mins[:, :, 1], mins[:, :, 2]
+        hi = self.m1_max.query_rows(r, a, b)
+        m_lb = np.maximum(lo.max(axis=1), suffix_minmax(self.env_m, r, a, b, self.total))
+        used_lb = np.maximum(used.max(axis=1), suffix_minmax(self.env_used, r, a, b, self.total))
         return Corner(time_ms=time_lb, max_mib=m_lb * (1 - SLACK),
-                      var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight), hi),
+                      var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight[li]), hi),
                       margin_ub=1.0 - used_lb + MARGIN_SLACK)
 
-    def count(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Splits in each box (float64; interior layer counts that are not allowed included)."""
-        L = self.total
-        dp = np.zeros((len(a), L + 1))
-        dp[:, 0] = 1.0
-        r = np.arange(L + 1)[None, :]
-        rows = np.arange(len(a))[:, None]
-        c = np.zeros((len(a), L + 2))
-        for s in range(self.pp):
-            np.cumsum(dp, axis=1, out=c[:, 1:])  # c[:, j] = Σ dp[:, <j]
-            hi_idx = np.clip(r - a[:, s:s + 1] + 1, 0, L + 1)
-            lo_idx = np.clip(r - b[:, s:s + 1], 0, L + 1)
-            dp = c[rows, hi_idx] - c[rows, lo_idx]
-        return dp[:, L]
+    @staticmethod
+    def table_bytes(layouts: int, pp: int, rows: int, multipliers: int = 5) -> int:
+        """About the memory of the tables of `layouts` layouts of ≤ pp stages (sparse tables: ⌈log2 rows⌉ levels)."""
+        levels = int(np.ceil(np.log2(max(rows, 2)))) + 1
+        return layouts * pp * rows * 8 * (levels * (4 + multipliers) + 12)
 
 
 class MinMax:
     """A lower bound of min over the box's splits (Σ n = L) of max_s x(s, n_s), exact when x(s, ·) is
     non-decreasing on the allowed counts: x is replaced by its suffix minimum x̂(s, n) = min_{n′ ≥ n} x(s, n′)
-    (x̂ ≤ x, non-decreasing), so max_s x̂ ≤ B ⇔ n_s ≤ H_s(B); some split of the box has max_s x̂ ≤ B iff
-    H_s(B) ≥ a_s for all s and Σ_s min(H_s(B), b_s) ≥ L (interior counts that are not allowed are
-    ignored: a relaxation). The smallest such B among the values of x̂ by bisection, vectorised over boxes
-    (the min-max stage partition of Alpa §5.2 / Sailor, as a bound on a box)."""
+    (x̂ ≤ x, non-decreasing; interior counts that are not allowed are ignored: a relaxation) — the min-max
+    stage partition of Alpa §5.2 / Sailor, as a bound on a box. With x̂ non-decreasing, the best split
+    starts from n = a and adds the k = L − Σ a cheapest increments x̂(s, n), a_s < n ≤ b_s (each stage's in
+    order, so any k smallest are a prefix per stage): the bound is max(max_s x̂(s, a_s), the k-th smallest
+    increment) — one sort per box, vectorised over boxes (`suffix_minmax`)."""
 
     def __init__(self, x: np.ndarray):
-        env = np.minimum.accumulate(x[:, ::-1], axis=1)[:, ::-1]
-        self.cand = np.unique(env[np.isfinite(env)])
-        # H[s, c] = the largest n with env[s, n] ≤ cand[c] (−1 when none)
-        self.H = np.stack([np.searchsorted(env[s], self.cand, side="right") - 1 for s in range(x.shape[0])])
+        self.env = suffix_min(x)
 
     def query(self, a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
-        C = len(self.cand)
-        if C == 0:
-            return np.full(len(a), np.inf)
-        lo, hi = np.zeros(len(a), dtype=np.int64), np.full(len(a), C - 1, dtype=np.int64)
-        s = np.arange(a.shape[1])[None, :]
-        while (lo < hi).any():
-            mid = (lo + hi) // 2
-            h = np.minimum(self.H[s, mid[:, None]], b)
-            ok = (h >= a).all(axis=1) & (h.sum(axis=1) >= total)
-            hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid + 1)
-        h = np.minimum(self.H[s, lo[:, None]], b)
-        ok = (h >= a).all(axis=1) & (h.sum(axis=1) >= total)
-        return np.where(ok, self.cand[lo], np.inf)
+        return suffix_minmax(self.env, np.arange(a.shape[1])[None, :], a, b, total)
+
+
+def suffix_min(x: np.ndarray) -> np.ndarray:
+    """x̂(r, n) = min_{n′ ≥ n} x(r, n′) along the last axis."""
+    return np.minimum.accumulate(x[..., ::-1], axis=-1)[..., ::-1]
+
+
+def suffix_minmax(env: np.ndarray, r: np.ndarray, a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
+    """MinMax's bound for boxes [a, b] (B, P) over rows r (B, P) of env (a suffix minimum, `suffix_min`);
+    +inf where no split reaches L within the box."""
+    if len(a) == 0:
+        return np.zeros(0)
+    out = env[r, a].max(axis=1)
+    k = total - a.sum(axis=1)
+    width = int((b - a).max())
+    if width > 0:
+        n = a[:, :, None] + np.arange(1, width + 1)
+        inc = np.where(n <= b[:, :, None], env[r[:, :, None], np.minimum(n, env.shape[-1] - 1)], np.inf)
+        inc = np.sort(inc.reshape(len(a), -1), axis=1)
+        kth = np.where(k <= inc.shape[1], inc[np.arange(len(a)), np.clip(k - 1, 0, inc.shape[1] - 1)], np.inf)
+        out = np.where(k > 0, np.maximum(out, kth), out)
+    else:
+        out = np.where(k > 0, np.inf, out)
+    return out
 
 
 def _lagrange_tables(x: np.ndarray, n: np.ndarray) -> list[tuple[float, RangeTable]]:
-    """Range-minimum tables of x(s, n) − λ·n for a few multipliers λ: 0 and the stages' per-layer slopes."""
+    """Range-minimum tables of x(s, n) − λ·n for a few multipliers λ (`lagrange_multipliers`)."""
+    return [(lam, RangeTable(x - lam * n[None, :])) for lam in lagrange_multipliers(x)]
+
+
+def lagrange_multipliers(x: np.ndarray) -> list[float]:
+    """0 and the stages' per-layer slopes (first to last finite entry of each row of x), thinned."""
     lams = [0.0]
     for row in x:
         f = np.nonzero(np.isfinite(row))[0]
         if len(f) >= 2:
             lams.append(float((row[f[-1]] - row[f[0]]) / (f[-1] - f[0])))
+    return _thin(lams)
+
+
+def _thin(lams: list[float]) -> list[float]:
     kept: list[float] = []
     for lam in sorted(lams):  # slopes within 2 % of one already tried add little: stages of one GPU type and tp
         if not kept or lam > kept[-1] + 0.02 * abs(kept[-1]) + 1e-9:
             kept.append(lam)
     if len(kept) > 5:  # keep 0 and 4 spread quantiles
         kept = sorted({0.0, *np.quantile(kept, np.linspace(0, 1, 4)).tolist()})
-    lams = kept
-    return [(lam, RangeTable(x - lam * n[None, :])) for lam in lams]
+    return kept
 
 
 def max_lagrange_sum(tables: list[tuple[float, RangeTable]], a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
@@ -230,14 +269,15 @@ def max_lagrange_sum(tables: list[tuple[float, RangeTable]], a: np.ndarray, b: n
 
 
 def box_variance_lb(lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """min over x_s ∈ [lo_s, hi_s] of Σ_s w_s (x_s − Σ w x)² (Σ w = 1), per row.
+    """min over x_s ∈ [lo_s, hi_s] of Σ_s w_s (x_s − Σ w x)² (Σ w = 1), per row (w: (pp,) or (B, pp)).
 
     = min_c f(c), f(c) = Σ_s w_s·dist(c, [lo_s, hi_s])² — convex, with f′(c)/2 = Σ_s w_s (c − clip(c))
     piecewise linear and non-decreasing between the 2·pp interval end points: the root is found on the
     end points and interpolated exactly on its segment."""
     pts = np.sort(np.concatenate([lo, hi], axis=1), axis=1)  # (B, 2pp)
     c = pts[:, :, None]
-    g = (w * (c - np.minimum(np.maximum(c, lo[:, None, :]), hi[:, None, :]))).sum(axis=2)  # (B, 2pp)
+    wc = w if np.ndim(w) == 1 else w[:, None, :]  # (pp,) or per box (B, pp)
+    g = (wc * (c - np.minimum(np.maximum(c, lo[:, None, :]), hi[:, None, :]))).sum(axis=2)  # (B, 2pp)
     j = np.clip((g < 0).sum(axis=1), 1, pts.shape[1] - 1)  # first end point with g ≥ 0 (g ends ≥ 0)
     rows = np.arange(len(pts))
     p0, p1, g0, g1 = pts[rows, j - 1], pts[rows, j], g[rows, j - 1], g[rows, j]
@@ -252,42 +292,18 @@ def _safe_variance(v: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.maximum(v * (1 - SLACK) - 1e-5 * hi.max(axis=1) ** 2, 0.0)
 
 
-def _lowest_reachable_mib(lt: LayoutTables, target_margin: float) -> np.ndarray:
-    """(pp, rows) peak of the first ladder level at or above the fit that is not tight — refinement moves a
-    stage only while it is tight (recompute.refine), so it never goes below this — or the ladder top."""
-    pp, rows, k = lt.pp, lt.rows, lt.k
-    peak = lt.peak_mib.reshape(pp, rows, k)
-    length = lt.length.reshape(pp, rows)
-    level = np.maximum(lt.fit.reshape(pp, rows), 0).astype(np.int64)
-    cap = lt.capacity_mib[:, None]
-    s_idx, n_idx = np.meshgrid(np.arange(pp), np.arange(rows), indexing="ij")
-    for _ in range(k):
-        cur = peak[s_idx, n_idx, level]
+def lowest_reachable(peak: np.ndarray, length: np.ndarray, fit: np.ndarray, cap: np.ndarray,
+                     target_margin: float) -> np.ndarray:
+    """(R, rows) peak of the first ladder level at or above the fit that is not tight — refinement moves a
+    stage only while it is tight (recompute.refine), so it never goes below this — or the ladder top.
+    peak (R, rows, K) float32 as the search evaluates it, length and fit (R, rows), cap (R,) MiB."""
+    level = np.maximum(fit, 0).astype(np.int64)
+    cap = np.asarray(cap)[:, None]
+    for _ in range(peak.shape[2]):
+        cur = np.take_along_axis(peak, level[..., None], axis=2)[..., 0]
         tight = (cap - cur) / cap < target_margin  # the same test as recompute.refine
         move = tight & (level < length - 1)
         if not move.any():
             break
         level = level + move
-    return peak[s_idx, n_idx, level].astype(np.float64)
-
-
-def _min_bottleneck(t1: np.ndarray, total: int) -> float:
-    """A lower bound on min over splits of max_s t1: the smallest B with Σ_s max{n : t1(s, n) ≤ B} ≥ L."""
-    n = np.arange(t1.shape[1])
-    cand = np.unique(t1[np.isfinite(t1)])
-    if cand.size == 0:
-        return np.inf
-
-    def capacity(bound: float) -> int:
-        return int(np.where(t1 <= bound, n[None, :], 0).max(axis=1).sum())
-
-    lo, hi = 0, cand.size - 1
-    if capacity(cand[hi]) < total:
-        return float(cand[hi])
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if capacity(cand[mid]) >= total:
-            hi = mid
-        else:
-            lo = mid + 1
-    return float(cand[lo])
+    return np.take_along_axis(peak, level[..., None], axis=2)[..., 0].astype(np.float64)

@@ -35,16 +35,18 @@ from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
 
 BLOCK = 4096  # rows checked against the kept sets at once (the sets tighten between blocks)
+FIRST_BLOCK = 64  # the first block of an offer (then doubling up to BLOCK)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scored:
     """Plans of one layout after the recompute assignment: splits (N, pp), assignment, log Φ (or None)."""
 
-    layout: int
+    layout: int | np.ndarray  # one layout, or each row's (N,) (memx.planner.prepared.score_rows)
     splits: np.ndarray
     assignment: Assignment
     score: np.ndarray | None
+    stages: np.ndarray | None = None  # with per-row layouts: each row's pp (splits and levels are padded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +71,16 @@ class Cand:
 
 def _cands(sc: Scored, rows: np.ndarray) -> list[Cand]:
     a = sc.assignment
-    return [Cand(time_ms=float(a.time_ms[i]), max_mib=float(a.stats.max_mib[i]), var_mib2=float(a.stats.variance_mib2[i]),
-                 score=float(sc.score[i]) if sc.score is not None else 0.0, margin=float(a.stats.min_margin[i]),
-                 layout=sc.layout, split=tuple(int(x) for x in sc.splits[i]), level=a.level[:, i].copy(),
-                 stage_ms=a.stage_ms[:, i].copy(), stage_mib=a.stage_mib[:, i].copy()) for i in rows]
+    many = isinstance(sc.layout, np.ndarray)
+    out = []
+    for i in rows:
+        pp = int(sc.stages[i]) if many else sc.splits.shape[1]
+        out.append(Cand(time_ms=float(a.time_ms[i]), max_mib=float(a.stats.max_mib[i]),
+                        var_mib2=float(a.stats.variance_mib2[i]), score=float(sc.score[i]) if sc.score is not None else 0.0,
+                        margin=float(a.stats.min_margin[i]), layout=int(sc.layout[i]) if many else sc.layout,
+                        split=tuple(int(x) for x in sc.splits[i, :pp]), level=a.level[:pp, i].copy(),
+                        stage_ms=a.stage_ms[:pp, i].copy(), stage_mib=a.stage_mib[:pp, i].copy()))
+    return out
 
 
 class Keeper:
@@ -173,8 +181,10 @@ class Keeper:
         if a.time_ms.size == 0:
             return
         order = np.argsort(a.time_ms, kind="stable")
-        for i in range(0, order.size, BLOCK):
-            self._offer_block(sc, order[i:i + BLOCK])
+        i, size = 0, FIRST_BLOCK  # blocks grow: the first ones set the thresholds that filter the rest
+        while i < order.size:
+            self._offer_block(sc, order[i:i + size])
+            i, size = i + size, min(2 * size, BLOCK)
 
     def _offer_block(self, sc: Scored, rows: np.ndarray) -> None:
         a = sc.assignment

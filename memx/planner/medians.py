@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from memx.planner.compositions import sample_splits, suffix_counts
+from memx.planner.compositions import sample_many, suffix_counts
 from memx.planner.schedule import MemoryStats
 
 BINS = 1 << 16
@@ -92,17 +92,22 @@ def exact_medians(values: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tu
 
 
 def sampled_medians(allowed: list[np.ndarray], total: int, n: int, seed: int,
-                    score: Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray] | None]
+                    score: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray] | None]
                     ) -> tuple[tuple[float, float, float], int]:
     """Sample medians of n feasible plans drawn uniformly over the layouts' feasible splits
-    (allowed[l]: (pp, rows) feasible layer counts of layout l). Returns (medians, plans in the sample)."""
+    (allowed[l]: (pp, rows) feasible layer counts of layout l). `score(layouts, splits)` scores the whole
+    sample at once: splits (N, P) padded with 0 beyond each layout's pp, layouts (N,); it returns the
+    (T, M, V) of the feasible ones (or None). Returns (medians, plans in the sample)."""
     rng = np.random.default_rng(seed)
-    weight = np.array([suffix_counts(total, ok)[0, total] for ok in allowed])
+    suffix = [suffix_counts(total, ok) for ok in allowed]
+    weight = np.array([suf[0, total] for suf in suffix])
     draws = rng.multinomial(n, weight / weight.sum())
-    values = []
-    for li in np.nonzero(draws)[0]:
-        S = sample_splits(total, allowed[li], int(draws[li]), rng)
-        got = score(int(li), S) if len(S) else None
-        if got is not None:
-            values.append(got)
+    width = max(ok.shape[0] for ok in allowed)
+    parts, owner = [], []
+    for li, S in enumerate(sample_many(total, allowed, [int(d) for d in draws], rng, suffix)):  # layout order
+        if draws[li]:
+            parts.append(np.pad(S, ((0, 0), (0, width - S.shape[1]))))
+            owner.append(np.full(len(S), li))
+    got = score(np.concatenate(owner), np.concatenate(parts)) if parts else None
+    values = [got] if got is not None else []
     return exact_medians(values), sum(len(v[0]) for v in values)

@@ -3,12 +3,14 @@ a batch of its splits (step 1 fit, step 2 refine, log Φ) — the one evaluation
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
+from memx.planner.bounds import suffix_min
 from memx.planner.candidates import Scored
 from memx.planner.compositions import count_splits
 from memx.planner.objective import log_score
@@ -16,7 +18,7 @@ from memx.planner.predictions import PredictedTables
 from memx.planner.recompute import fit, refine
 from memx.planner.schedule import IDENTITY_ASSEMBLY, AssemblyCalibration, Pipeline, pipeline
 from memx.planner.space import Layout, splits
-from memx.planner.tables import LayoutTables, StageContext, StageTable
+from memx.planner.tables import LayoutTables, StackedTables, StageContext, StageTable
 
 
 def layout_contexts(layouts: list[Layout], n_layers: int) -> dict[StageContext, int]:
@@ -81,27 +83,17 @@ def _slowdown_caps(stages: tuple[StageTable, ...], total: int, factor: float) ->
     """Per-stage layer caps: a stage whose fitted time exceeds factor × B* (B* = the smallest
     achievable bottleneck stage time of this layout) makes the plan ≥ factor× slower in the
     steady 1F1B phase than the balanced split; such splits are pruned before evaluation."""
-    rows = len(stages[0].fit)
-    n = np.arange(rows)
-    fitted = np.full((len(stages), rows), np.inf)
-    for s, st in enumerate(stages):
-        ok = (st.fit >= 0) & (n > 0)
-        fitted[s, ok] = st.time_ms[n[ok], st.fit[ok]].astype(np.float32)  # the float32 the search uses
-    cand = np.unique(fitted[np.isfinite(fitted)])
-    if cand.size == 0:
+    n = np.arange(len(stages[0].fit))
+    fitted = np.stack([st.fitted_ms for st in stages])  # the float32 the search uses
+    finite = fitted[np.isfinite(fitted)]
+    if finite.size == 0:
         return np.zeros(len(stages), dtype=np.int64)
-
-    def capacity(bound: float) -> np.ndarray:
-        return (n[None, :] * (fitted <= bound)).max(axis=1)
-
-    lo, hi = 0, cand.size - 1
-    while lo < hi:  # smallest B with Σ_s max{n : t_s(n) ≤ B} ≥ total
-        mid = (lo + hi) // 2
-        if capacity(cand[mid]).sum() >= total:
-            hi = mid
-        else:
-            lo = mid + 1
-    return np.maximum(capacity(cand[lo] * factor), 1)
+    # The smallest B with Σ_s max{n : t_s(n) ≤ B} ≥ total: max{n : t_s(n) ≤ B} counts the n ≥ 1 whose suffix
+    # minimum is ≤ B, so B is the total-th smallest suffix minimum (memx.planner.bounds.MinMax); the largest
+    # fitted time when no B reaches total.
+    env = np.sort(suffix_min(fitted)[:, 1:], axis=None)
+    bound = min(env[total - 1], finite.max()) if total <= env.size else finite.max()
+    return np.maximum((n[None, :] * (fitted <= bound * factor)).max(axis=1), 1)
 
 
 def chunks(prep: Prepared, total: int, chunk: int):
@@ -139,11 +131,27 @@ def score_splits(lt: LayoutTables, layout: int, S: np.ndarray, weights: Weights 
                  space: SearchSpace) -> Scored | None:
     """Step 1 and (with weights) step 2 and log Φ for splits S (N, pp) of one layout's tables; None when
     none is feasible."""
-    ok, base, a = fit(lt, lt.base(S))
+    return _scored(lt, lt.base(S), layout, S, weights, space)
+
+
+def score_rows(st: StackedTables, layouts: np.ndarray, S: np.ndarray, weights: Weights | None,
+               space: SearchSpace, keys: np.ndarray | None = None) -> Scored | None:
+    """score_splits for splits of many layouts at once: S (N, st.pp) padded with 0, layouts (N,) indices
+    into `st`; `keys` maps them to the layout keys of the search (default: the same). Same values."""
+    sc = _scored(st, st.base(S, layouts), layouts, S, weights, space)
+    if sc is None:
+        return None
+    li = sc.layout
+    return dataclasses.replace(sc, layout=li if keys is None else keys[li], stages=st.stages[li])
+
+
+def _scored(tables, base: np.ndarray, layout, S: np.ndarray, weights: Weights | None, space: SearchSpace):
+    ok, base, a = fit(tables, base)
     if not ok.any():
         return None
+    layout = layout[ok] if isinstance(layout, np.ndarray) else layout
     if weights is None:
         return Scored(layout=layout, splits=S[ok], assignment=a, score=None)
-    a = refine(lt, base, a, weights, epsilon_mib2=space.epsilon_mib2, target_margin=space.target_margin)
+    a = refine(tables, base, a, weights, epsilon_mib2=space.epsilon_mib2, target_margin=space.target_margin)
     score = log_score(a.time_ms, a.stats.max_mib, a.stats.variance_mib2, weights, space.epsilon_mib2)
     return Scored(layout=layout, splits=S[ok], assignment=a, score=score)

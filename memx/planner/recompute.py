@@ -67,7 +67,7 @@ def refine(tables: LayoutTables, base: np.ndarray, a: Assignment, weights: Weigh
         d_mem = cur_mib - m_up
         # Only stages below the target margin are candidates: raising recompute elsewhere cannot
         # raise the smallest margin (small-memory GPUs recompute more, large ones stay at none).
-        cap = tables.capacity_mib[:, None]
+        cap = tables.capacity_for(b)
         tight = (cap - cur_mib) / cap < target_margin
         d_mem = np.where(tight, d_mem, 0.0)
         rate = np.where(d_mem > 0, (t_up - a.stage_ms.take(active, axis=1)) / np.where(d_mem > 0, d_mem, 1.0), np.inf)

@@ -16,7 +16,8 @@ calls memx.planner.search.search and returns its result unchanged). With G_max �
    granule from the slowest group to another while the plan's time improves (a local search: exact
    only in the enumerable case).
 3. Per group, today's search (memx.planner.search.search) on the group's sub-cluster with
-   `global_batch` = its share; its pick rule and margin floor apply per group (memx.planner.pick), so the
+   `global_batch` = its share and the one-group search's Φ medians (no sample of its own: the pick never
+   needs them); its pick rule and margin floor apply per group (memx.planner.pick), so the
    combined pick clears the floor on every GPU. Combined: memx.planner.replicas.combine with the
    cross-group term over the joint placement (memx.domain.groups.place_groups).
 
@@ -132,8 +133,10 @@ def batch_splits(global_batch: int, groups: int, granule: int) -> list[tuple[int
 class _Groups:
     """Per-group searches, cached by (formation row, share)."""
 
-    def __init__(self, cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, exhaustive: bool):
+    def __init__(self, cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, exhaustive: bool,
+                 refs: tuple[float, float, float]):
         self.cluster, self.model, self.space, self.predictor, self.exhaustive = cluster, model, space, predictor, exhaustive
+        self.refs = refs  # the one-group search's medians: Φ on one scale, no medians per group (the pick needs none)
         self.cache: dict[tuple[tuple[int, ...], int], GroupPick | None] = {}
 
     def pick(self, nodes: tuple[int, ...], share: int) -> GroupPick | None:
@@ -145,7 +148,7 @@ class _Groups:
                                      context_parallel_options=(1,))  # a schema-2 plan has no cp (its groups' dp)
             try:
                 r = search(formation_cluster(self.cluster, nodes), self.model, sp, self.predictor,
-                           exhaustive=self.exhaustive)
+                           exhaustive=self.exhaustive, refs=self.refs)
             except InfeasibleError:
                 self.cache[key] = None
             else:
@@ -275,7 +278,7 @@ def search_replicas(cluster: Cluster, model: ModelArch, space: SearchSpace, pred
     precision = resolve_precision(space.precision, cluster.gpu_types, f"search space {space.name}")
     for do, sp_on in options:
         groups = _Groups(cluster, model, dataclasses.replace(space, distributed_optimizer=(do,), sequence_parallel=(sp_on,),
-                                                             precision=precision), predictor, exhaustive)
+                                                             precision=precision), predictor, exhaustive, one.refs)
         for G, form in plan_forms:
             bound = best[0].iteration_time_ms if best is not None else float("inf")
             if out.exact:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -96,12 +97,33 @@ def memory_stats(stage_peak_mib: np.ndarray, gpu_weight: np.ndarray, capacity_mi
     (paper §3.1.2; docs/architecture.md §Score: variance over GPUs, absolute MiB): V = E[(x − E[x])²],
     two-pass (no cancellation in float32), row by row (batch-independent, see stage_sum)."""
     w = (gpu_weight / gpu_weight.sum()).astype(stage_peak_mib.dtype)
+    inv_cap = (1.0 / np.asarray(capacity_mib)).astype(stage_peak_mib.dtype)
+    return weighted_memory_stats(stage_peak_mib, w, inv_cap[:, None])
+
+
+def weighted_memory_stats(stage_peak_mib: np.ndarray, w: np.ndarray, inv_cap: np.ndarray) -> MemoryStats:
+    """memory_stats from the normalised GPU weights w ((pp,), or (pp, N): per plan) and 1 / capacity ((pp, 1)
+    or (pp, N)), in the peaks' dtype."""
     mean = stage_sum(stage_peak_mib, w)
     dev = stage_peak_mib - mean
     var = stage_sum(dev * dev, w)
-    inv_cap = (1.0 / np.asarray(capacity_mib)).astype(stage_peak_mib.dtype)
-    margin = 1.0 - (stage_peak_mib * inv_cap[:, None]).max(axis=0)
+    margin = 1.0 - (stage_peak_mib * inv_cap).max(axis=0)
     return MemoryStats(max_mib=stage_peak_mib.max(axis=0), variance_mib2=var, min_margin=margin)
+
+
+def assemble_columns(stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.ndarray, *, micro_batches: np.ndarray,
+                     virtual_stages: np.ndarray, fixed_ms: np.ndarray, w: np.ndarray, inv_cap: np.ndarray
+                     ) -> tuple[np.ndarray, MemoryStats]:
+    """Pipeline.assemble of N plans of different layouts (their m, v, fixed_ms (N,) and w, 1 / capacity (pp, N),
+    in the stage arrays' dtype), the same arithmetic column by column: plain 1F1B (iteration_time_ms) or
+    interleaved (memx.planner.interleave.interleaved_time_ms). Stages a layout does not have are rows of 0
+    time, 0 peak, 0 tail and weight 0, which change no sum, maximum or variance."""
+    total = stage_sum(stage_ms)
+    tmax = stage_ms.max(axis=0)
+    m, v = micro_batches, virtual_stages
+    with np.errstate(invalid="ignore"):  # inf − inf in the branch a column does not take
+        compute = np.where(v == 1, (m - 1) * tmax + total, m * tmax + (total - tmax) / v)
+    return compute + (fixed_ms + tail_ms.max(axis=0)), weighted_memory_stats(stage_mib, w, inv_cap)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +148,24 @@ def assembly_of(predictor) -> AssemblyCalibration:
     predictor does, also through a prediction cache); the identity for any other predictor."""
     found = getattr(predictor, "assembly", None)
     return found if isinstance(found, AssemblyCalibration) else IDENTITY_ASSEMBLY
+
+
+class TailKey(NamedTuple):
+    distributed_optimizer: bool
+    dp: int
+    precision: str
+    comm_scale: float
+
+
+def stage_tail_ms(static_mib: np.ndarray, params_per_rank: np.ndarray, memory_bandwidth_gbps: np.ndarray,
+                  dp_gbps: np.ndarray, *, distributed_optimizer: bool, dp: int, precision: str,
+                  comm_scale: float) -> np.ndarray:
+    """Per stage (rows, with their bandwidths) and column: optimizer step + T_dp, the terms after the last
+    backward (×c, the calibrated communication scale)."""
+    mbw, dbw = np.asarray(memory_bandwidth_gbps)[:, None], np.asarray(dp_gbps)[:, None]
+    stepped = static_mib * stepped_static_fraction(distributed_optimizer, dp, precision)
+    tail = optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, dp, dbw, distributed_optimizer, precision)
+    return tail if comm_scale == 1.0 else tail * comm_scale
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,11 +194,13 @@ class Pipeline:
 
     def tail_ms(self, static_mib: np.ndarray, params_per_rank: np.ndarray) -> np.ndarray:
         """Per stage (rows) and column: optimizer step + T_dp, the terms after the last backward."""
-        mbw, dbw = self.memory_bandwidth_gbps[:, None], self.dp_gbps[:, None]
-        stepped = static_mib * stepped_static_fraction(self.distributed_optimizer, self.dp, self.precision)
-        tail = optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, self.dp, dbw, self.distributed_optimizer,
-                                                            self.precision)
-        return tail if self.assembly.comm_scale == 1.0 else tail * self.assembly.comm_scale
+        return stage_tail_ms(static_mib, params_per_rank, self.memory_bandwidth_gbps, self.dp_gbps,
+                             **self.tail_key()._asdict())
+
+    def tail_key(self) -> TailKey:
+        """What tail_ms needs of the pipeline besides per-stage bandwidths: layouts that share it are computed
+        together (memx.planner.tables.StackedTables)."""
+        return TailKey(self.distributed_optimizer, self.dp, self.precision, self.assembly.comm_scale)
 
     def assemble(self, stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         """(T, M/V/margin) of N plans from (pp, N) stage times, peaks and tails."""

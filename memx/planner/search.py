@@ -1,10 +1,11 @@
 """The search: every layout × every layer split × per-stage recompute, exactly, in bounded memory.
 
-1. Layouts, stage contexts, one batch of stage predictions, per-layout stacked tables (`prepare`).
+1. Layouts, stage contexts, one batch of stage predictions, per-layout caps (`prepare`); the stage tables
+   of all layouts stacked at once (memx.planner.tables.StackedTables) for the bounds and the scoring.
 2. Exact counts of the space and of its feasible plans (generating functions, no enumeration).
 3. The decision sets — top-k by time, top-k by Φ (within max_time_ratio of the fastest), the Pareto
    front of (T, margin), the safe sets above margin_floor (issue #22) — by branch-and-bound over boxes
-   of layer splits (memx.planner.bnb): boxes whose
+   of layer splits of all layouts at once (memx.planner.bnb): boxes whose
    lower bounds (memx.planner.bounds) prove that none of their plans can enter a set are discarded;
    the rest are enumerated and scored by the vectorised engine. `exhaustive=True` scores every plan
    instead (the reference; memx.planner.exhaustive) and must give the same answer.
@@ -30,8 +31,9 @@ from memx.domain.plan import with_idle_gpus, with_model_changes
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
 from memx.planner import moe
 from memx.planner.bnb import Work, explore
-from memx.planner.bounds import LayoutBounds
+from memx.planner.bounds import BoxBounds
 from memx.planner.candidates import Cand, Keeper, pareto_front
+from memx.planner.compositions import count_splits_many
 from memx.planner.cost import model_static_bytes
 from memx.planner.exhaustive import exhaustive_search
 from memx.planner.medians import exact_medians, sampled_medians
@@ -39,17 +41,18 @@ from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.objective import auto_profile, parse_weights, phi
 from memx.planner.pick import apply_pick
 from memx.planner.predictions import PredictedTables, predict_tables
-from memx.planner.prepared import Prepared, chunks, layout_contexts, prepare, score_splits
+from memx.planner.prepared import Prepared, chunks, layout_contexts, prepare, score_rows, score_splits
 from memx.planner.result import SearchResult, SpaceCount
 from memx.planner.schedule import MemoryStats, assembly_of
 from memx.planner.space import Layout, check_space_input, count_compositions, count_with_options, enumerate_layouts
-from memx.planner.tables import LayoutTables, decode_option, stage_options
+from memx.planner.tables import LayoutTables, StackedTables, decode_option, stage_options
 from memx.planner.variants import Variant, model_variants
 
 __all__ = ["SearchResult", "SpaceCount", "search", "shard_layouts"]
 
 MEDIAN_SAMPLE = 1 << 17  # feasible plans drawn for the medians of a large space
 EXACT_MEDIANS_MAX = 1 << 18  # spaces with at most this many splits get exact medians
+BOUNDS_BYTES = 1 << 27  # bound tables built at once (memx.planner.bounds.BoxBounds); more layouts: in chunks
 Progress = Callable[[int, int], None]
 
 # Names the tests and benchmarks use.
@@ -67,41 +70,61 @@ def shard_layouts(prepared: list[Prepared], by: str = "layout") -> list[list[int
     return list(groups.values())
 
 
-def _root_order(shard: list[tuple[int, Prepared]], total: int, space: SearchSpace) -> list[tuple[float, int]]:
-    """(lower bound of T over the layout, position in the shard), most promising first."""
-    out = []
-    for j, (_, prep) in enumerate(shard):
-        bounds = LayoutBounds(prep.build(), prep.hi, total, space.target_margin)
-        a, b = bounds.root()
-        out.append((float(bounds.time_lb(a, b).min()) if len(a) else np.inf, j))
-    return sorted(out)
+class _Shard:
+    """The layouts of a shard with their stacked stage tables (memx.planner.tables.StackedTables) and bound
+    tables (memx.planner.bounds.BoxBounds), built once and shared by the search's phases. Bound tables larger
+    than BOUNDS_BYTES are built for chunks of layouts in turn (and not kept), so memory stays bounded."""
+
+    def __init__(self, items: list[tuple[int, Prepared]], total: int, space: SearchSpace):
+        self.items, self.total, self.space = items, total, space
+        pp = max((p.lay.pp for _, p in items), default=1)
+        rows = len(items[0][1].stages[0].fit) if items else 1
+        per = max(1, BOUNDS_BYTES // BoxBounds.table_bytes(1, pp, rows))
+        self.chunks = [list(range(i, min(i + per, len(items)))) for i in range(0, len(items), per)]
+        self._kept: tuple[StackedTables, BoxBounds] | None = None
+
+    def stacked(self) -> StackedTables | None:
+        """The stacked tables of every layout of the shard when they are kept (one chunk), else None."""
+        return self.tables(self.chunks[0])[0] if len(self.chunks) == 1 else None
+
+    def tables(self, chunk: list[int]) -> tuple[StackedTables, BoxBounds]:
+        if self._kept is not None:
+            return self._kept
+        preps = [self.items[j][1] for j in chunk]
+        st = StackedTables.of([(p.stages, p.pipe) for p in preps])
+        hi = np.zeros((len(preps), st.pp), dtype=np.int64)
+        for i, p in enumerate(preps):
+            hi[i, :p.lay.pp] = p.hi
+        out = st, BoxBounds(st, hi, self.total, self.space.target_margin)
+        if len(self.chunks) == 1:
+            self._kept = out
+        return out
 
 
-def _explore_shard(shard: list[tuple[int, Prepared]], *, weights: Weights | None, space: SearchSpace, top_k: int,
-                   total: int, order: list[tuple[float, int]] | None = None,
-                   tick: Callable[[int], None] | None = None) -> tuple[Keeper, Work]:
-    """Branch-and-bound over a shard's layouts, the most promising first (by the root time bound); a
-    layout whose root bound already rules it out is discarded without building its tables."""
+def _explore_shard(shard: list[tuple[int, Prepared]] | _Shard, *, weights: Weights | None, space: SearchSpace,
+                   top_k: int, total: int, tick: Callable[[int], None] | None = None) -> tuple[Keeper, Work]:
+    """Branch-and-bound over a shard's layouts, their boxes bounded and their leaves scored together
+    (memx.planner.bnb.explore); a layout whose root bound rules it out is discarded in the first round."""
     keeper = Keeper(top_k=1 if weights is None else top_k, max_time_ratio=space.max_time_ratio,
                     timed_only=weights is None, margin_floor=space.margin_floor,
                     balance_tolerance=space.balance_tolerance)
     work = Work()
-    for root_lb, j in order if order is not None else _root_order(shard, total, space):
-        li, prep = shard[j]
-        if np.isfinite(root_lb) and keeper.time_needed(np.array([root_lb]))[0]:
-            lt = prep.build()
-            bounds = LayoutBounds(lt, prep.hi, total, space.target_margin)
-            evaluate = partial(score_splits, lt, li, weights=weights, space=space)
-            work.add(explore(bounds, keeper, lambda S, f=evaluate: f(S), weights, space.epsilon_mib2))
+    sh = shard if isinstance(shard, _Shard) else _Shard(shard, total, space)
+    for chunk in sh.chunks:
+        st, bounds = sh.tables(chunk)
+        keys = np.array([sh.items[j][0] for j in chunk])
+        evaluate = partial(score_rows, st, weights=weights, space=space, keys=keys)
+        work.add(explore(bounds, keeper, evaluate, weights, space.epsilon_mib2, np.arange(len(chunk))))
         if tick is not None:
-            tick(1)
+            tick(len(chunk))
     return keeper, work
 
 
-def _run_phase(prepared: list[Prepared], shards: list[list[int]], run_map, tick, order, **kw) -> tuple[Keeper, Work]:
+def _run_phase(prepared: list[Prepared], shards: list[list[int]], run_map, tick, whole: _Shard | None,
+               **kw) -> tuple[Keeper, Work]:
     """One branch-and-bound phase: in-process with one shared keeper, or through `run_map` per shard."""
     if run_map is None:
-        return _explore_shard(list(enumerate(prepared)), tick=tick, order=order, **kw)
+        return _explore_shard(whole, tick=tick, **kw)
     parts = [[(i, prepared[i]) for i in sh] for sh in shards]
     keeper, work = None, Work()
     for sh, (k, w) in zip(shards, run_map(partial(_explore_shard, **kw), parts)):  # in order: deterministic
@@ -117,7 +140,7 @@ def _run_phase(prepared: list[Prepared], shards: list[list[int]], run_map, tick,
 def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *, weights: str | None = None,
            top_k: int = 10, chunk: int = 1 << 17, workers: int | None = None, mapper=None, shard_by: str = "layout",
            exhaustive: bool = False, on_progress: Progress | None = None, median_sample: int = MEDIAN_SAMPLE,
-           exact_medians_max: int = EXACT_MEDIANS_MAX) -> SearchResult:
+           exact_medians_max: int = EXACT_MEDIANS_MAX, refs: tuple[float, float, float] | None = None) -> SearchResult:
     """Search the plan space; raises InfeasibleError (exit 3) with the reason when nothing fits.
 
     `mapper(fn, shards)` (results in order; Prefect's task runner, threads or Dask) runs the shards
@@ -125,9 +148,12 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
     mapper the layouts share one keeper in this process, most promising first (`workers` is accepted
     for compatibility: one shared keeper prunes far more than parallel shards would gain on few cores).
     `on_progress(done, total)` is called as layouts finish (units: layouts per phase, plus the medians).
-    The answer is the same in every mode, and the same as `exhaustive=True`.
+    The answer is the same in every mode, and the same as `exhaustive=True`. `refs`: given reference values
+    for Φ (e.g. another search's medians): this search's medians are then not computed (the ranking and the
+    pick never need them: log Φ differs from wT·log T + wM·log M + wV·log(V + ε) by a constant).
     """
     t0 = time.perf_counter()
+    given = refs
     variants = model_variants(model, space)  # [the job as given] unless the space lists heads/groups/seq options
     check_space_input(variants[0].model, space)
     chosen = parse_weights(weights or space.weights)
@@ -153,8 +179,8 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
     pt = pts[0] if len(pts) == 1 else _joined(pts)
     hit_rate = _hit_rate(hits, pts)
     t_pred = time.perf_counter()
-    counts = [p.counts(total) for p in prepared]
-    evaluated, feasible = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    evaluated = sum(count_splits_many(total, [p.allowed(feasible=False) for p in prepared]))
+    feasible = sum(count_splits_many(total, [p.allowed(feasible=True) for p in prepared]))
     if feasible == 0:
         raise InfeasibleError(_infeasible_reason(cluster, model, space, pt))
     phases = (1 if chosen is not None else 2) + (1 if exhaustive else 0)
@@ -170,22 +196,24 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
     if exhaustive:
         keeper, chosen, refs, work = exhaustive_search(prepared, total=total, space=space, cluster=cluster,
                                                        weights=chosen, top_k=top_k, chunk=chunk, tick=tick)
-        sample = 0
+        refs, sample = refs if given is None else given, 0
     else:
         shards = shard_layouts(prepared, shard_by)
-        order = _root_order(list(enumerate(prepared)), total, space) if mapper is None else None
+        whole = _Shard(list(enumerate(prepared)), total, space) if mapper is None else None
         with nullcontext(mapper) as run_map, ThreadPoolExecutor(max_workers=1) as side:
             if chosen is None:  # auto: the fastest plan after step 1 and its smallest margin decide
-                first, _ = _run_phase(prepared, shards, run_map, tick, order, weights=None, space=space, top_k=1,
+                first, _ = _run_phase(prepared, shards, run_map, tick, whole, weights=None, space=space, top_k=1,
                                       total=total)
                 chosen = auto_profile(cluster, first.by_time[0].margin if first.by_time else None)
             t_pre = time.perf_counter()
             # The medians need no bound: computed beside the branch-and-bound (numpy releases the GIL).
-            medians = side.submit(_medians, prepared, chosen, space, total, evaluated, median_sample, exact_medians_max)
-            keeper, work = _run_phase(prepared, shards, run_map, tick, order, weights=chosen, space=space,
+            medians = None if given is not None else side.submit(
+                _medians, prepared, chosen, space, total, evaluated, median_sample, exact_medians_max,
+                whole.stacked() if whole is not None else None)
+            keeper, work = _run_phase(prepared, shards, run_map, tick, whole, weights=chosen, space=space,
                                       top_k=top_k, total=total)
             timings["branch_and_bound_s"] = time.perf_counter() - t_pre
-            refs, sample = medians.result()
+            refs, sample = medians.result() if medians is not None else (given, 0)
             timings["medians_wait_s"] = time.perf_counter() - t_pre - timings["branch_and_bound_s"]
     tick(1)
     if not keeper.by_time:
@@ -215,20 +243,22 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
 
 
 def _medians(prepared: list[Prepared], w: Weights, space: SearchSpace, total: int, evaluated: int, sample: int,
-             exact_max: int) -> tuple[tuple[float, float, float], int]:
-    """(medians of T, M, V over the feasible plans, sample size or 0 when exact)."""
-    def stats(li: int, S: np.ndarray):
-        sc = score_splits(prepared[li].build(), li, S, w, space)
+             exact_max: int, stacked: StackedTables | None = None) -> tuple[tuple[float, float, float], int]:
+    """(medians of T, M, V over the feasible plans, sample size or 0 when exact); the sample is scored in one
+    batch over all layouts (`stacked`: their StackedTables, when already built)."""
+    def stats(sc):
         if sc is None:
             return None
         a = sc.assignment
         return a.time_ms, a.stats.max_mib, a.stats.variance_mib2
 
     if evaluated <= exact_max:
-        values = [v for li, p in enumerate(prepared) for S in chunks(p, total, exact_max) if (v := stats(li, S))]
+        values = [v for li, p in enumerate(prepared) for S in chunks(p, total, exact_max)
+                  if (v := stats(score_splits(p.build(), li, S, w, space)))]
         return exact_medians(values), 0
-    refs, n = sampled_medians([p.allowed(feasible=True) for p in prepared], total, sample, 0, stats)
-    return refs, n
+    st = stacked if stacked is not None else StackedTables.of([(p.stages, p.pipe) for p in prepared])
+    return sampled_medians([p.allowed(feasible=True) for p in prepared], total, sample, 0,
+                           lambda li, S: stats(score_rows(st, li, S, w, space)))
 
 
 def _space_total(layouts, total: int, levels: tuple[str, ...]) -> int:

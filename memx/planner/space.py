@@ -313,11 +313,11 @@ def count_with_options(total: int, pp: int, options: tuple[int, ...]) -> int:
     """
     poly = [1]
     for opts in [options] * pp:
-        nxt = [0] * (len(poly) + len(opts))
+        nxt = [0] * (total + 1)  # terms above x^total never reach it
         for i, a in enumerate(poly):
             if a:
                 for n in range(1, len(opts)):
-                    if opts[n] and i + n < len(nxt):
+                    if opts[n] and i + n <= total:
                         nxt[i + n] += a * int(opts[n])
         poly = nxt
     return poly[total] if total < len(poly) else 0

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 import numpy as np
 
 from memx.domain.precision import DEFAULT_PRECISION
 from memx.domain.plan import SEARCH_BLOCK, Plan, Recompute, Stage
 from memx.planner.interleave import inflight_chunks
-from memx.planner.schedule import MemoryStats, Pipeline, inflight_micro_batches
+from memx.planner.schedule import MemoryStats, Pipeline, assemble_columns, inflight_micro_batches, stage_tail_ms
 
 NONE, SELECTIVE = -2, -1
 
@@ -64,7 +65,18 @@ def stage_contexts(stage_gpus: Sequence[str], stage_tp: Sequence[int], *, micro_
                    cp_links: tuple[Sequence[float], Sequence[float]] | None = None) -> tuple[StageContext, ...]:
     """The context of every stage of a pipeline (a search layout or a given plan); with context parallelism
     the optimizer shards over dp·cp ranks (memx.domain.context_parallel) and `cp_links` gives each stage's
-    ring (GB/s, latency ms)."""
+    ring (GB/s, latency ms). Memoised (a search asks for every layout's contexts more than once, and
+    replica-group searches ask for the same ones again)."""
+    ring = None if cp_links is None else (tuple(cp_links[0]), tuple(cp_links[1]))
+    return _stage_contexts(tuple(stage_gpus), tuple(stage_tp), micro_batch, micro_batches, distributed_optimizer,
+                           dp, sequence_parallel, virtual_stages, precision, context_parallel, ring)
+
+
+@lru_cache(maxsize=1 << 14)
+def _stage_contexts(stage_gpus: tuple[str, ...], stage_tp: tuple[int, ...], micro_batch: int, micro_batches: int,
+                    distributed_optimizer: bool, dp: int, sequence_parallel: bool, virtual_stages: int,
+                    precision: str, context_parallel: int,
+                    cp_links: tuple[tuple[float, ...], tuple[float, ...]] | None) -> tuple[StageContext, ...]:
     pp, v, cp = len(stage_gpus), virtual_stages, context_parallel
     ring = cp_links or ((0.0,) * pp, (0.0,) * pp)
     chunks = [inflight_chunks(pp, s, micro_batches, v) if v > 1 else 0 for s in range(pp)]
@@ -129,6 +141,16 @@ class StageTable:
     fit: np.ndarray  # first ladder index that fits capacity − reserve, −1 if none
     static_mib: np.ndarray
     params_per_rank: np.ndarray
+
+    @cached_property
+    def fitted_ms(self) -> np.ndarray:
+        """(n_max+1,) the fitted level's time in the float32 the search uses (as float64); +inf where nothing
+        fits and at n = 0. Computed once per context, shared by every layout using it."""
+        n = np.arange(len(self.fit))
+        ok = (self.fit >= 0) & (n > 0)
+        out = np.full(len(self.fit), np.inf)
+        out[ok] = self.time_ms[n[ok], self.fit[ok]].astype(np.float32)
+        return out
 
 
 def ladders(times: np.ndarray, mems: np.ndarray, codes: np.ndarray,
@@ -237,3 +259,113 @@ class LayoutTables:
 
     def totals(self, base: np.ndarray, stage_ms: np.ndarray, stage_mib: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         return self.pipeline.assemble(stage_ms, stage_mib, self.tail_ms.take(base))
+
+    def capacity_for(self, base: np.ndarray) -> np.ndarray:
+        """Capacity (MiB) of each stage of the plans of `base`, broadcastable to its shape."""
+        return self.capacity_mib[:, None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackedTables:
+    """The stage tables of many layouts at once, for scoring splits of different layouts in one batch (the
+    branch-and-bound's leaves, the medians' sample) with LayoutTables' interface (memx.planner.recompute).
+    Every layout is padded to `pp` stages with empty ones (n = 0: time, peak and tail 0, GPU weight 0), and
+    a plan's index rows are (layout·pp + stage)·rows + n, so the layout of a column is base[0] // (pp·rows).
+    Ladders are stored once per stage context (`ctx`: (layouts, pp) context of each stage, the last
+    context the empty one) and scored in the same float32 arithmetic as LayoutTables (the same values)."""
+
+    pp: int
+    rows: int
+    k: int
+    stages: np.ndarray  # (layouts,) each layout's own pp
+    ctx: np.ndarray  # (layouts, pp)
+    ctx_time_ms: np.ndarray  # (contexts, rows, K) float32
+    ctx_peak_mib: np.ndarray
+    ctx_fit: np.ndarray  # (contexts, rows)
+    ctx_length: np.ndarray
+    row_ctx: np.ndarray  # (layouts·pp·rows,) → context row (context·rows + n)
+    fit: np.ndarray  # (layouts·pp·rows,) as LayoutTables'
+    length: np.ndarray
+    fit_time_ms: np.ndarray
+    fit_peak_mib: np.ndarray
+    tail_ms: np.ndarray
+    capacity: np.ndarray  # (layouts, pp) MiB (1 for an empty stage)
+    gpu_weight: np.ndarray  # (layouts, pp) GPUs per stage / all (0 for an empty stage)
+    weight32: np.ndarray  # the same in float32, as memory_stats uses it
+    inv_capacity: np.ndarray  # (layouts, pp) float32
+    micro_batches: np.ndarray  # (layouts,) float32
+    virtual_stages: np.ndarray
+    fixed_ms: np.ndarray
+
+    @classmethod
+    def of(cls, layouts: Sequence[tuple[Sequence[StageTable], Pipeline]]) -> StackedTables:
+        pp = max(len(st) for st, _ in layouts)
+        index: dict[int, int] = {}
+        tabs: list[StageTable] = []
+        ctx = np.zeros((len(layouts), pp), dtype=np.int64)
+        for li, (stages, _) in enumerate(layouts):
+            for s, t in enumerate(stages):
+                ctx[li, s] = index.setdefault(id(t), len(tabs))
+                if ctx[li, s] == len(tabs):
+                    tabs.append(t)
+        real = np.arange(pp)[None, :] < np.array([len(st) for st, _ in layouts])[:, None]
+        ctx[~real] = len(tabs)  # the empty context
+        rows, k = tabs[0].time_ms.shape
+        f32 = np.float32
+        time_ms = np.zeros((len(tabs) + 1, rows, k), dtype=f32)
+        peak = np.zeros((len(tabs) + 1, rows, k), dtype=f32)
+        time_ms[:-1], peak[:-1] = np.stack([t.time_ms for t in tabs]), np.stack([t.peak_mib for t in tabs])
+        fit = np.zeros((len(tabs) + 1, rows), dtype=np.int64)
+        length = np.ones((len(tabs) + 1, rows), dtype=np.int64)
+        fit[:-1], length[:-1] = np.stack([t.fit for t in tabs]), np.stack([t.length for t in tabs])
+        lvl = np.maximum(fit, 0)[..., None]
+        fit_t = np.where(fit >= 0, np.take_along_axis(time_ms, lvl, 2)[..., 0], f32(np.inf))
+        fit_m = np.where(fit >= 0, np.take_along_axis(peak, lvl, 2)[..., 0], f32(np.inf))
+        row_ctx = (ctx[:, :, None] * rows + np.arange(rows)).reshape(-1)
+        tail = np.zeros((len(layouts), pp, rows), dtype=f32)
+        static, params = np.stack([t.static_mib for t in tabs]), np.stack([t.params_per_rank for t in tabs])
+        cap, weight = np.ones((len(layouts), pp)), np.zeros((len(layouts), pp))
+        groups: dict = {}
+        for li, (_, pipe) in enumerate(layouts):
+            groups.setdefault(pipe.tail_key(), []).append(li)
+        for key, members in groups.items():  # Pipeline.tail_ms of every layout of one key in one call
+            where = real[members]
+            c = ctx[members][where]
+            mbw = np.concatenate([layouts[li][1].memory_bandwidth_gbps for li in members])
+            dbw = np.concatenate([layouts[li][1].dp_gbps for li in members])
+            sub = tail[members]
+            sub[where] = stage_tail_ms(static[c], params[c], mbw, dbw, **key._asdict())
+            tail[members] = sub
+        for li, (stages, pipe) in enumerate(layouts):
+            n = len(stages)
+            cap[li, :n] = pipe.capacity_mib
+            weight[li, :n] = pipe.gpu_weight / pipe.gpu_weight.sum()  # as memory_stats
+        pipes = [pipe for _, pipe in layouts]
+        return cls(pp=pp, rows=rows, k=k, stages=real.sum(axis=1), ctx=ctx, ctx_time_ms=time_ms, ctx_peak_mib=peak,
+                   ctx_fit=fit, ctx_length=length, row_ctx=row_ctx.astype(np.int32),
+                   fit=fit.reshape(-1)[row_ctx].astype(np.int32), length=length.reshape(-1)[row_ctx],
+                   fit_time_ms=fit_t.reshape(-1)[row_ctx], fit_peak_mib=fit_m.reshape(-1)[row_ctx],
+                   tail_ms=tail.reshape(-1), capacity=cap, gpu_weight=weight, weight32=weight.astype(f32),
+                   inv_capacity=(1.0 / cap).astype(f32),
+                   micro_batches=np.array([p.micro_batches for p in pipes], dtype=f32),
+                   virtual_stages=np.array([p.virtual_stages for p in pipes], dtype=f32),
+                   fixed_ms=np.array([p.fixed_ms for p in pipes], dtype=f32))
+
+    def base(self, splits: np.ndarray, layout: np.ndarray) -> np.ndarray:
+        """(pp, N) index rows of splits (N, pp, padded with 0) of the given layouts (N,)."""
+        offs = (np.asarray(layout, dtype=np.int32)[None, :] * np.int32(self.pp)
+                + np.arange(self.pp, dtype=np.int32)[:, None]) * np.int32(self.rows)
+        return offs + splits.T.astype(np.int32)
+
+    def gather(self, base: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        idx = self.row_ctx.take(base) * np.int32(self.k) + level
+        return self.ctx_time_ms.reshape(-1).take(idx), self.ctx_peak_mib.reshape(-1).take(idx)
+
+    def capacity_for(self, base: np.ndarray) -> np.ndarray:
+        return self.capacity.reshape(-1).take(base // np.int32(self.rows))
+
+    def totals(self, base: np.ndarray, stage_ms: np.ndarray, stage_mib: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
+        li = base[0] // np.int32(self.pp * self.rows)
+        return assemble_columns(stage_ms, stage_mib, self.tail_ms.take(base), micro_batches=self.micro_batches[li],
+                                virtual_stages=self.virtual_stages[li], fixed_ms=self.fixed_ms[li],
+                                w=self.weight32[li].T, inv_cap=self.inv_capacity[li].T)

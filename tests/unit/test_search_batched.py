@@ -1,0 +1,107 @@
+"""The batched search engine (issue #26): many layouts' splits scored at once give the very values of scoring
+each layout alone (StackedTables vs LayoutTables), the batched counts and samples are those of the per-layout
+functions, and the stacked box bounds hold for every split of a box."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.planner.bounds import BoxBounds
+from memx.planner.compositions import count_splits, count_splits_many, sample_many, sample_splits
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.objective import parse_weights
+from memx.planner.predictions import predict_tables
+from memx.planner.prepared import layout_contexts, prepare, score_rows, score_splits
+from memx.planner.space import enumerate_layouts, splits
+from memx.planner.tables import StackedTables
+
+
+@pytest.fixture(scope="module")
+def problem(conf_root):
+    cluster, model = load_cluster("three-vendor-20", conf_root), load_model("llama-6l", conf_root)
+    space = dataclasses.replace(load_search("small", conf_root), global_batch=48, max_pp=4,
+                                recompute_levels=("none", "selective", "full", "block"), virtual_stages_options=(1, 2))
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    lays = enumerate_layouts(cluster, model, space)
+    pt = predict_tables(layout_contexts(lays, model.layers), cluster, model, model.seq_len, space.recompute_levels,
+                        space.reserve_gib, pred)
+    prepared = [p for lay in lays if (p := prepare(lay, pt, cluster, model, model.seq_len, space.max_stage_slowdown))]
+    return model, space, prepared[::3]
+
+
+def _draws(model, prepared, rng, n=40):
+    return [sample_splits(model.layers, p.allowed(feasible=False), n, rng) for p in prepared]
+
+
+@pytest.mark.parametrize("weights", [None, "default"])
+def test_stacked_scoring_is_bit_identical_to_one_layout_at_a_time(problem, weights):
+    model, space, prepared = problem
+    w = parse_weights(weights) if weights else None
+    assert len({p.lay.pp for p in prepared}) > 1 and any(p.lay.virtual_stages > 1 for p in prepared)
+    st = StackedTables.of([(p.stages, p.pipe) for p in prepared])
+    draws = _draws(model, prepared, np.random.default_rng(0))
+    S = np.concatenate([np.pad(x, ((0, 0), (0, st.pp - x.shape[1]))) for x in draws])
+    owner = np.concatenate([np.full(len(x), li) for li, x in enumerate(draws)])
+    got = score_rows(st, owner, S, w, space)
+    ref = [r for li, (p, x) in enumerate(zip(prepared, draws)) if (r := score_splits(p.build(), li, x, w, space))]
+    for field in ("time_ms",):
+        assert np.array_equal(got.assignment.time_ms, np.concatenate([getattr(r.assignment, field) for r in ref]))
+    for field in ("max_mib", "variance_mib2", "min_margin"):
+        want = np.concatenate([getattr(r.assignment.stats, field) for r in ref])
+        assert got.assignment.time_ms.dtype == want.dtype and np.array_equal(getattr(got.assignment.stats, field), want)
+    assert np.array_equal(got.layout, np.concatenate([np.full(len(r.splits), r.layout) for r in ref]))
+    if w is not None:
+        assert np.array_equal(got.score, np.concatenate([r.score for r in ref]))
+        levels = np.concatenate([np.pad(r.assignment.level, ((0, st.pp - r.assignment.level.shape[0]), (0, 0))) for r in ref],
+                                axis=1)
+        assert np.array_equal(np.where(np.arange(st.pp)[:, None] < got.stages, got.assignment.level, 0), levels)
+
+
+def test_batched_counts_and_samples_are_the_per_layout_ones():
+    rng = np.random.default_rng(7)
+    allowed = [rng.random((int(rng.integers(1, 7)), 25)) < 0.7 for _ in range(40)]
+    for a in allowed:
+        a[:, 0] = False
+    for total in (3, 11, 24):
+        assert count_splits_many(total, allowed) == [count_splits(total, a) for a in allowed]
+    n = [int(x) for x in rng.integers(0, 60, len(allowed))]
+    one, many = np.random.default_rng(1), np.random.default_rng(1)
+    alone = [sample_splits(24, a, k, one) for a, k in zip(allowed, n)]
+    together = sample_many(24, allowed, n, many)
+    assert all(np.array_equal(x, y) for x, y in zip(alone, together)) and one.random() == many.random()
+
+
+def test_stacked_box_bounds_hold_for_every_split_of_a_box(problem):
+    model, space, prepared = problem
+    w = parse_weights("default")
+    st = StackedTables.of([(p.stages, p.pipe) for p in prepared])
+    hi = np.zeros((len(prepared), st.pp), dtype=np.int64)
+    for i, p in enumerate(prepared):
+        hi[i, :p.lay.pp] = p.hi
+    bounds = BoxBounds(st, hi, model.layers, space.target_margin)
+    rng = np.random.default_rng(2)
+    a, b, li = bounds.root(np.arange(len(prepared)))
+    checked = 0
+    for _ in range(3):  # the roots and two rounds of random halvings
+        T = bounds.time_lb(a, b, li)
+        c = bounds.corner(a, b, li, T)
+        for i in range(len(a)):
+            pp = int(st.stages[li[i]])
+            S = splits(model.layers, a[i, :pp], b[i, :pp])
+            sc = score_splits(prepared[li[i]].build(), int(li[i]), S, w, space) if len(S) else None
+            if sc is None:
+                continue
+            x, checked = sc.assignment, checked + 1
+            assert T[i] <= x.time_ms.min() and c.max_mib[i] <= x.stats.max_mib.min()
+            assert c.var_mib2[i] <= x.stats.variance_mib2.min() and c.margin_ub[i] >= x.stats.min_margin.max()
+        s = rng.integers(0, st.pp, len(a))
+        rows = np.arange(len(a))
+        mid = (a[rows, s] + b[rows, s]) // 2
+        lo_b, hi_a = b.copy(), a.copy()
+        lo_b[rows, s], hi_a[rows, s] = mid, np.minimum(mid + 1, b[rows, s])
+        a, b, li = bounds.tighten(np.concatenate([a, hi_a]), np.concatenate([lo_b, b]), np.concatenate([li, li]))
+    assert checked > 3 * len(prepared)
