@@ -65,6 +65,9 @@ class Corner:
     max_mib: np.ndarray
     var_mib2: np.ndarray
     margin_ub: np.ndarray  # an upper bound (not a lower one) of the smallest margin, inflated by MARGIN_SLACK
+    # Issue #22: the same for the smallest margin at the predictor's upper memory bound (LayoutTables.high_mib);
+    # None without intervals.
+    margin_high_ub: np.ndarray | None = None
 
     def score(self, w: Weights, epsilon_mib2: float) -> np.ndarray:
         with np.errstate(divide="ignore"):
@@ -99,6 +102,7 @@ class LayoutBounds:
         self._memory: tuple[RangeTable, RangeTable] | None = None
         self._m_minmax: MinMax | None = None
         self._used: tuple[RangeTable, MinMax] | None = None  # m_lo / capacity: range min and min-max
+        self._high_used: tuple[RangeTable, MinMax] | None = None  # the same for the upper-bound peaks (issue #22)
 
     def memory_ranges(self) -> tuple[RangeTable, RangeTable]:
         """(range min of the lowest reachable peak, range max of the fitted peak), built on first use."""
@@ -154,7 +158,20 @@ class LayoutBounds:
         used_lb = np.maximum(used_range.query(a, b).max(axis=1), used_minmax.query(a, b, self.total))
         return Corner(time_ms=time_lb, max_mib=m_lb * (1 - SLACK),
                       var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight), hi),
-                      margin_ub=1.0 - used_lb + MARGIN_SLACK)
+                      margin_ub=1.0 - used_lb + MARGIN_SLACK, margin_high_ub=self.margin_high_ub(a, b))
+
+    def margin_high_ub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+        """An upper bound of each box's smallest upper-bound margin (issue #22), as margin_ub: a stage's final
+        level lies between its fit and its lowest reachable level (m_lo), so its upper-bound peak is ≥ the
+        least high_mib over those levels (`_reachable_high_mib`). None without intervals."""
+        if self._tables.high_mib is None:
+            return None
+        if self._high_used is None:
+            used = _reachable_high_mib(self._tables, self._target, self.ok) / self._tables.capacity_mib.astype(
+                np.float64)[:, None]
+            self._high_used = (RangeTable(used), MinMax(used))
+        rng, minmax = self._high_used
+        return 1.0 - np.maximum(rng.query(a, b).max(axis=1), minmax.query(a, b, self.total)) + MARGIN_SLACK
 
     def count(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Splits in each box (float64; interior layer counts that are not allowed included)."""
@@ -269,6 +286,20 @@ def _lowest_reachable_mib(lt: LayoutTables, target_margin: float) -> np.ndarray:
             break
         level = level + move
     return peak[s_idx, n_idx, level].astype(np.float64)
+
+
+def _reachable_high_mib(lt: LayoutTables, target_margin: float, ok: np.ndarray) -> np.ndarray:
+    """(pp, rows) least upper-bound peak (LayoutTables.high_mib) over the ladder levels refinement can end on:
+    from the fit up to the lowest reachable level — the levels at or above the fit whose point peak is ≥
+    `_lowest_reachable_mib`'s (a ladder's peaks fall strictly, padding repeats the top); +inf where not ok."""
+    pp, rows, k = lt.pp, lt.rows, lt.k
+    peak = lt.peak_mib.reshape(pp, rows, k).astype(np.float64)
+    high = lt.high_mib.reshape(pp, rows, k).astype(np.float64)
+    m_lo = _lowest_reachable_mib(lt, target_margin)
+    level = np.arange(k)[None, None, :]
+    reach = (level >= lt.fit.reshape(pp, rows)[:, :, None]) & (peak >= m_lo[:, :, None])
+    least = np.where(reach, high, np.inf).min(axis=2)
+    return np.where(ok, least, np.inf)
 
 
 def _min_bottleneck(t1: np.ndarray, total: int) -> float:

@@ -45,6 +45,14 @@ class Scored:
     splits: np.ndarray
     assignment: Assignment
     score: np.ndarray | None
+    # Issue #22: the smallest margin at the predictor's upper memory bound (LayoutTables.high_margin); None
+    # without intervals. The margin floor, the front and the widest plan use it where given (`floor_margins`).
+    margin_high: np.ndarray | None = None
+
+    def floor_margins(self, rows: np.ndarray) -> np.ndarray:
+        """The margin the pick applies (memx.planner.pick): upper-bound where given, else point; float64."""
+        m = self.margin_high if self.margin_high is not None else self.assignment.stats.min_margin
+        return m[rows].astype(np.float64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,12 @@ class Cand:
     level: np.ndarray
     stage_ms: np.ndarray
     stage_mib: np.ndarray
+    margin_high: float = float("nan")  # Scored.margin_high; NaN without intervals
+
+    @property
+    def floor_margin(self) -> float:
+        """The margin the floor, the front and the widest plan use: upper-bound where given, else point."""
+        return self.margin if self.margin_high != self.margin_high else self.margin_high
 
     @property
     def key(self) -> tuple[int, tuple[int, ...]]:
@@ -72,7 +86,8 @@ def _cands(sc: Scored, rows: np.ndarray) -> list[Cand]:
     return [Cand(time_ms=float(a.time_ms[i]), max_mib=float(a.stats.max_mib[i]), var_mib2=float(a.stats.variance_mib2[i]),
                  score=float(sc.score[i]) if sc.score is not None else 0.0, margin=float(a.stats.min_margin[i]),
                  layout=sc.layout, split=tuple(int(x) for x in sc.splits[i]), level=a.level[:, i].copy(),
-                 stage_ms=a.stage_ms[:, i].copy(), stage_mib=a.stage_mib[:, i].copy()) for i in rows]
+                 stage_ms=a.stage_ms[:, i].copy(), stage_mib=a.stage_mib[:, i].copy(),
+                 margin_high=float(sc.margin_high[i]) if sc.margin_high is not None else float("nan")) for i in rows]
 
 
 class Keeper:
@@ -113,7 +128,7 @@ class Keeper:
             del best[self.k:]
             kth.append(best[-1] if len(best) >= self.k else np.inf)
         self._stair_kth = np.array(kth)
-        self._front = np.array([_front_point(c.time_ms, c.margin) for c in self.front]).reshape(-1, 3)
+        self._front = np.array([_front_point(c.time_ms, c.floor_margin, c.var_mib2) for c in self.front]).reshape(-1, 3)
         self._safe_stairs = [_prefix_best(self.safe_phi, _by_score), _prefix_best(self.safe_margin, _by_margin)]
 
     def _phi_threshold(self, time_ms: np.ndarray) -> np.ndarray:
@@ -153,18 +168,18 @@ class Keeper:
             return need
         window = c.time_ms <= self.window_ms()
         phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
-        front = window & ~self._dominated(np.stack(_front_point(c.time_ms, c.margin_ub), axis=1))
+        front = window & ~self._dominated(np.stack(_front_point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
         return need | phi | front | self._safe_needs(c, score_lb)
 
     def _safe_needs(self, c: Corner, score_lb: np.ndarray) -> np.ndarray:
         """Boxes that may hold a member of the safe staircases or a wider plan than the widest so far."""
         if self.floor is None:
             return np.zeros(len(c.time_ms), dtype=bool)
-        ub = c.margin_ub
+        ub = _floor_ub(c)
         safe = (ub >= self.floor) & (c.time_ms <= self.safe_window_ms())
         by_phi = ~(_stair_query(self._safe_stairs[0], c.time_ms) < score_lb - SCORE_SLACK)
         by_margin = ~(_stair_query(self._safe_stairs[1], c.time_ms) < -ub)
-        wider = ub >= (self.widest.margin if self.widest is not None else -np.inf)
+        wider = ub >= (self.widest.floor_margin if self.widest is not None else -np.inf)
         return (safe & (by_phi | by_margin)) | (wider if not np.isfinite(self.fastest_safe_ms) else False)
 
     # --- offers --------------------------------------------------------------------------------
@@ -192,7 +207,8 @@ class Keeper:
             if phi_rows.size:
                 self.phi = self._staircase(self.phi + _cands(sc, phi_rows))
                 changed = True
-            pts = np.stack(_front_point(t, a.stats.min_margin[rows].astype(np.float64)), axis=1)
+            pts = np.stack(_front_point(t, sc.floor_margins(rows), a.stats.variance_mib2[rows].astype(np.float64)),
+                           axis=1)
             front_rows = rows[inside & ~self._dominated(pts)]
             if front_rows.size:
                 self.front = self._pareto(self.front + _cands(sc, front_rows))
@@ -205,12 +221,12 @@ class Keeper:
         """The safe staircases and the widest plan take what they can use of one block."""
         if self.floor is None:
             return False
-        m = sc.assignment.stats.min_margin[rows].astype(np.float64)
+        m = sc.floor_margins(rows)
         v = sc.assignment.stats.variance_mib2[rows].astype(np.float64)
         i = int(np.lexsort((v, t, -m))[0])  # the block's widest: largest margin, then fastest, then least V
         changed = False
         w = self.widest
-        if w is None or (-m[i], t[i], v[i]) < (-w.margin, w.time_ms, w.var_mib2):
+        if w is None or (-m[i], t[i], v[i]) < (-w.floor_margin, w.time_ms, w.var_mib2):
             self.widest, changed = _cands(sc, rows[i:i + 1])[0], True
         safe = m >= self.floor
         if not safe.any():
@@ -238,7 +254,7 @@ class Keeper:
             self.safe_phi = self._safe_stair(self.safe_phi + other.safe_phi, _by_score)
             self.safe_margin = self._safe_stair(self.safe_margin + other.safe_margin, _by_margin)
             ws = [w for w in (self.widest, other.widest) if w is not None]
-            self.widest = min(ws, key=lambda c: (-c.margin, c.time_ms, c.var_mib2, c.key)) if ws else None
+            self.widest = min(ws, key=lambda c: (-c.floor_margin, c.time_ms, c.var_mib2, c.key)) if ws else None
         self._refresh()
 
     # --- exact set maintenance (small lists) ---------------------------------------------------
@@ -262,8 +278,8 @@ class Keeper:
     def _pareto(self, cands: list[Cand]) -> list[Cand]:
         window = self.window_ms()
         cands = sorted((c for c in _unique(cands) if c.time_ms <= window),
-                       key=lambda c: (c.time_ms, -c.margin, c.var_mib2, c.key))
-        keep = non_dominated(np.array([_front_point(c.time_ms, c.margin) for c in cands]).reshape(-1, 3))
+                       key=lambda c: (c.time_ms, -c.floor_margin, c.var_mib2, c.key))
+        keep = non_dominated(np.array([_front_point(c.time_ms, c.floor_margin, c.var_mib2) for c in cands]).reshape(-1, 3))
         return [c for c, k in zip(cands, keep) if k]
 
     def _safe_stair(self, cands: list[Cand], rank) -> list[Cand]:
@@ -301,10 +317,11 @@ class Keeper:
         return _unique([c for c in self.safe_margin + self.safe_phi if c.time_ms <= window])
 
 
-def _front_point(time_ms, margin) -> list:
-    """A plan's point on the kept front: (T, −margin, 0) (all minimised; the zero keeps the 3-column sweep)."""
-    return [time_ms, -np.asarray(margin, dtype=np.float64) if np.ndim(margin) else -float(margin),
-            np.zeros(np.shape(margin)) if np.ndim(margin) else 0.0]
+def _front_point(time_ms, margin, var_mib2) -> list:
+    """A plan's point on the kept front: (T, −margin, V), all minimised."""
+    if np.ndim(margin):
+        return [time_ms, -np.asarray(margin, dtype=np.float64), np.asarray(var_mib2, dtype=np.float64)]
+    return [time_ms, -float(margin), float(var_mib2)]
 
 
 def _by_score(c: Cand) -> float:
@@ -312,7 +329,12 @@ def _by_score(c: Cand) -> float:
 
 
 def _by_margin(c: Cand) -> float:
-    return -c.margin
+    return -c.floor_margin
+
+
+def _floor_ub(c: Corner) -> np.ndarray:
+    """The boxes' upper bound of the margin the floor uses (Cand.floor_margin)."""
+    return c.margin_high_ub if c.margin_high_ub is not None else c.margin_ub
 
 
 def _prefix_best(stair: list[Cand], rank) -> tuple[np.ndarray, np.ndarray]:

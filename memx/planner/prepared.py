@@ -145,4 +145,4 @@ def score_splits(lt: LayoutTables, layout: int, S: np.ndarray, weights: Weights 
         return Scored(layout=layout, splits=S[ok], assignment=a, score=None)
     a = refine(lt, base, a, weights, epsilon_mib2=space.epsilon_mib2, target_margin=space.target_margin)
     score = log_score(a.time_ms, a.stats.max_mib, a.stats.variance_mib2, weights, space.epsilon_mib2)
-    return Scored(layout=layout, splits=S[ok], assignment=a, score=score)
+    return Scored(layout=layout, splits=S[ok], assignment=a, score=score, margin_high=lt.high_margin(base, a.level))

@@ -109,6 +109,9 @@ class StageTable:
     fit: np.ndarray  # first ladder index that fits capacity − reserve, −1 if none
     static_mib: np.ndarray
     params_per_rank: np.ndarray
+    # Issue #22: the predictor's upper memory bound of each ladder level, max(peak_mem_mib_high, peak) (the
+    # point peak where the interval is NaN); None for a predictor without intervals (the closed form).
+    high_mib: np.ndarray | None = None
 
 
 def ladders(times: np.ndarray, mems: np.ndarray, codes: np.ndarray,
@@ -166,6 +169,7 @@ class LayoutTables:
     fit_peak_mib: np.ndarray
     tail_ms: np.ndarray  # DP gradient all-reduce + optimizer step per (stage, n)
     pipeline: Pipeline
+    high_mib: np.ndarray | None = None  # (pp·rows·K,) StageTable.high_mib stacked; None without intervals
 
     @property
     def capacity_mib(self) -> np.ndarray:  # (pp,)
@@ -203,7 +207,7 @@ class LayoutTables:
             fit=np.concatenate([t.fit for t in tables]).astype(np.int32),
             tail_ms=tail.ravel().astype(f32),
             fit_time_ms=np.concatenate(fit_t).astype(f32), fit_peak_mib=np.concatenate(fit_m).astype(f32),
-            pipeline=pipe,
+            pipeline=pipe, high_mib=_stacked_high(tables),
         )
 
     def base(self, splits: np.ndarray) -> np.ndarray:
@@ -215,5 +219,21 @@ class LayoutTables:
         idx = base * np.int32(self.k) + level
         return self.time_ms.take(idx), self.peak_mib.take(idx)  # take(): ~3× faster than fancy indexing
 
+    def high_margin(self, base: np.ndarray, level: np.ndarray) -> np.ndarray | None:
+        """(N,) smallest margin at the upper memory bound of the plans at `level` (issue #22), computed as
+        memx.planner.schedule.memory_stats computes the point margin; None without intervals."""
+        if self.high_mib is None:
+            return None
+        high = self.high_mib.take(base * np.int32(self.k) + level)
+        inv_cap = (1.0 / np.asarray(self.capacity_mib)).astype(high.dtype)
+        return 1.0 - (high * inv_cap[:, None]).max(axis=0)
+
     def totals(self, base: np.ndarray, stage_ms: np.ndarray, stage_mib: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         return self.pipeline.assemble(stage_ms, stage_mib, self.tail_ms.take(base))
+
+
+def _stacked_high(tables: list[StageTable]) -> np.ndarray | None:
+    """The stages' upper-bound peaks as one float32 array (LayoutTables.high_mib); None without intervals."""
+    if any(t.high_mib is None for t in tables):
+        return None
+    return np.concatenate([t.high_mib.ravel() for t in tables]).astype(np.float32)
