@@ -68,6 +68,25 @@ class Corner:
     # Issue #22: the same for the smallest margin at the predictor's upper memory bound (LayoutTables.high_mib);
     # None without intervals.
     margin_high_ub: np.ndarray | None = None
+    # Issue #22, the joint (margin, V) bound: each stage's peak interval over the box (B, pp), the layout's
+    # GPU weights and capacities (pp,) — `variance_lb_above` bounds V among a box's plans of margin ≥ μ.
+    stage_lo_mib: np.ndarray | None = None
+    stage_hi_mib: np.ndarray | None = None
+    weight: np.ndarray | None = None
+    capacity_mib: np.ndarray | None = None
+
+    def variance_lb_above(self, rows: np.ndarray, mu: np.ndarray) -> np.ndarray:
+        """A lower bound of V over the plans of boxes `rows` whose smallest margin (point or upper-bound: the
+        upper-bound peak is ≥ the point peak) is ≥ mu (per row): such a plan has every stage's peak ≤ (1 − μ)·cap
+        (MARGIN_SLACK for float32), so V ≥ box_variance_lb over the intervals clipped there; +inf where a
+        clipped interval is empty (no plan of the box has that margin). On mixed capacities a wide margin
+        forces the small GPUs' peaks down while the large ones' stay above their lower ends: V grows."""
+        lo, hi = self.stage_lo_mib[rows], self.stage_hi_mib[rows]
+        top = (1.0 - np.asarray(mu, dtype=np.float64)[:, None] + MARGIN_SLACK) * self.capacity_mib[None, :]
+        hi = np.minimum(hi, top)
+        empty = (hi < lo).any(axis=1)
+        hi = np.maximum(hi, lo)
+        return np.where(empty, np.inf, _safe_variance(box_variance_lb(lo, hi, self.weight), hi))
 
     def score(self, w: Weights, epsilon_mib2: float) -> np.ndarray:
         with np.errstate(divide="ignore"):
@@ -158,7 +177,9 @@ class LayoutBounds:
         used_lb = np.maximum(used_range.query(a, b).max(axis=1), used_minmax.query(a, b, self.total))
         return Corner(time_ms=time_lb, max_mib=m_lb * (1 - SLACK),
                       var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight), hi),
-                      margin_ub=1.0 - used_lb + MARGIN_SLACK, margin_high_ub=self.margin_high_ub(a, b))
+                      margin_ub=1.0 - used_lb + MARGIN_SLACK, margin_high_ub=self.margin_high_ub(a, b),
+                      stage_lo_mib=lo, stage_hi_mib=hi, weight=self.weight,
+                      capacity_mib=self._tables.capacity_mib.astype(np.float64))
 
     def margin_high_ub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
         """An upper bound of each box's smallest upper-bound margin (issue #22), as margin_ub: a stage's final

@@ -7,12 +7,11 @@ and does not depend on the order plans are scored in, the batches, the shards or
   while being no slower ("k-staircase"): every plan of the final top-k by Φ among the plans within
   r × the fastest is one of them, whatever the fastest turns out to be (a plan q no slower than an
   eligible plan p is eligible too); with r = 0, simply the k smallest (log Φ, key);
-* the Pareto front of (T, −margin) (time, smallest relative margin; issue #22): plans no other plan
-  dominates (≤ in both, < in one); of equal points the least V, then the smallest key; with r > 0 restricted
-  to plans within r × the fastest (a plan that dominates one inside the window is inside it, so this is the
-  front of the window). V is not a third dimension of the kept front: on mixed-1024 / llama3-405b the
-  (T, margin, V) front made the search score 24 M plans instead of 1.9 M (docs/benchmarks.md §Issue #22);
-  the reported front (memx.planner.pick.pareto_margin) adds V over every kept plan;
+* the Pareto front of (T, −margin, V) (time, smallest relative margin — the floor margin, upper-bound where
+  the predictor gives intervals —, memory variance; issue #22): plans no other plan dominates (≤ in all,
+  < in one); of equal points the smallest key; with r > 0 restricted to plans within r × the fastest (a plan
+  that dominates one inside the window is inside it, so this is the front of the window). Boxes are tested
+  against it by a joint (margin, V) bound (`Keeper._front_covers`);
 * with a margin floor f (issue #22): the *safe* staircases — plans whose smallest margin ≥ f that no safe
   plan beats while being no slower, once by (log Φ, key) and once by (−margin, key) — restricted to
   (1 + balance_tolerance) × the fastest safe plan: the fastest safe plan and the best-by-Φ and
@@ -35,6 +34,7 @@ from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
 
 BLOCK = 4096  # rows checked against the kept sets at once (the sets tighten between blocks)
+JOINT_GRID = 8  # margins on the chain of the joint (margin, V) front bound (Keeper._front_covers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +129,7 @@ class Keeper:
             kth.append(best[-1] if len(best) >= self.k else np.inf)
         self._stair_kth = np.array(kth)
         self._front = np.array([_front_point(c.time_ms, c.floor_margin, c.var_mib2) for c in self.front]).reshape(-1, 3)
+        self._front_index: FrontIndex | None = None  # built on the first dominance query after a change
         self._safe_stairs = [_prefix_best(self.safe_phi, _by_score), _prefix_best(self.safe_margin, _by_margin)]
 
     def _phi_threshold(self, time_ms: np.ndarray) -> np.ndarray:
@@ -141,16 +142,14 @@ class Keeper:
     def _dominated(self, pts: np.ndarray) -> np.ndarray:
         """Rows of pts (N, 3) strictly dominated by a kept front point."""
         f = self._front
-        out = np.zeros(len(pts), dtype=bool)
-        if len(f) == 0 or len(pts) == 0:
+        if len(f) >= FrontIndex.MIN_POINTS and len(pts):
+            if self._front_index is None:
+                self._front_index = FrontIndex(f)
+            out, unsure = self._front_index.dominated(pts)
+            if unsure.any():
+                out[unsure] = _dominated_by(f, pts[unsure])
             return out
-        step = max(1, (1 << 20) // len(f))
-        fT, fM, fV = f[None, :, 0], f[None, :, 1], f[None, :, 2]
-        for i in range(0, len(pts), step):
-            t, m, v = pts[i:i + step, 0:1], pts[i:i + step, 1:2], pts[i:i + step, 2:3]
-            le = (fT <= t) & (fM <= m) & (fV <= v)
-            out[i:i + step] = (le & ((fT < t) | (fM < m) | (fV < v))).any(axis=1)
-        return out
+        return _dominated_by(f, pts)
 
     def time_needed(self, time_lb: np.ndarray) -> np.ndarray:
         """Boxes whose time bound alone does not rule them out (before bounding memory)."""
@@ -163,13 +162,47 @@ class Keeper:
 
     def needs(self, c: Corner, score_lb: np.ndarray | None) -> np.ndarray:
         """Boxes (by their lower bounds) that may still hold a plan of a decision set."""
+        return self.needs_why(c, score_lb)[0]
+
+    def needs_why(self, c: Corner, score_lb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(needs, front only): the boxes `needs` keeps, and those of them only the front may use — their
+        V bound is what keeps them, and it tightens as a box shrinks (memx.planner.bnb.FRONT_LEAF)."""
         need = c.time_ms <= self.kth_time
         if self.timed_only:
-            return need
+            return need, np.zeros_like(need)
         window = c.time_ms <= self.window_ms()
         phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
         front = window & ~self._dominated(np.stack(_front_point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
-        return need | phi | front | self._safe_needs(c, score_lb)
+        other = need | phi | self._safe_needs(c, score_lb)
+        only = front & ~other
+        if only.any() and c.stage_lo_mib is not None:
+            rows = np.nonzero(only)[0]
+            only[rows] = ~self._front_covers(c, rows)
+        return other | only, only
+
+    def _front_covers(self, c: Corner, rows: np.ndarray) -> np.ndarray:
+        """Boxes `rows` every plan of which a kept front point dominates, by the joint (margin, V) bound (issue
+        #22): with g(μ) = the least V of front points no slower than the box's T bound with margin ≥ μ (strictly
+        faster: the T bound is deflated) and V_μ = the least V of the box's plans with margin ≥ μ
+        (Corner.variance_lb_above), a plan of margin in [μ_{j+1}, μ_j) is dominated when g(μ_j) ≤ V_{μ_{j+1}}; on
+        the chain μ_0 = the box's margin bound > μ_1 > … > μ_G > −∞ (a grid of the front's margins) every plan
+        is. The plain corner test is the chain without a grid: g(μ_0) ≤ V_{−∞}."""
+        if len(self._front) < 2:
+            return np.zeros(len(rows), dtype=bool)
+        if self._front_index is None:
+            self._front_index = FrontIndex(self._front)
+        t, ub = c.time_ms[rows], _floor_ub(c)[rows]
+        grid = np.unique(np.quantile(-self._front[:, 1], np.linspace(1.0, 0.0, JOINT_GRID)))[::-1]
+        covered = np.ones(len(rows), dtype=bool)
+        prev = ub
+        for mu in [*grid, -np.inf]:
+            nxt = np.minimum(mu, ub)
+            v_lb = c.variance_lb_above(rows, nxt) if np.isfinite(mu) else c.var_mib2[rows]
+            covered &= self._front_index.least(t, -prev) <= v_lb
+            prev = nxt
+            if not covered.any():
+                break
+        return covered
 
     def _safe_needs(self, c: Corner, score_lb: np.ndarray) -> np.ndarray:
         """Boxes that may hold a member of the safe staircases or a wider plan than the widest so far."""
@@ -315,6 +348,52 @@ class Keeper:
             return [self.widest] if self.widest is not None else []
         window = self.safe_window_ms()
         return _unique([c for c in self.safe_margin + self.safe_phi if c.time_ms <= window])
+
+
+def _dominated_by(f: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """Rows of pts (N, 3) strictly dominated by a row of f (F, 3): ≤ in all three, < in one (all pairs)."""
+    out = np.zeros(len(pts), dtype=bool)
+    if len(f) == 0 or len(pts) == 0:
+        return out
+    step = max(1, (1 << 20) // len(f))
+    fT, fM, fV = f[None, :, 0], f[None, :, 1], f[None, :, 2]
+    for i in range(0, len(pts), step):
+        t, m, v = pts[i:i + step, 0:1], pts[i:i + step, 1:2], pts[i:i + step, 2:3]
+        le = (fT <= t) & (fM <= m) & (fV <= v)
+        out[i:i + step] = (le & ((fT < t) | (fM < m) | (fV < v))).any(axis=1)
+    return out
+
+
+class FrontIndex:
+    """Dominance queries against a fixed set of front points (T, M, V) in O(log F) a row: G[i, j] = the least V
+    among points with T ≤ the i-th distinct T and M ≤ the j-th distinct M (a 2-D prefix minimum), so a row
+    (t, m, v) is weakly dominated iff G at (t, m)'s ranks ≤ v, and strictly where that least V < v. Rows where
+    it equals v (a point with equal V, possibly the row itself) are `unsure`: the caller checks them pair by pair."""
+
+    MIN_POINTS = 24  # fewer front points: the pairwise test is as fast
+    MAX_CELLS = 1 << 24  # 16 M cells (128 MiB): beyond, the front is indexed on a coarser T grid (still exact)
+
+    def __init__(self, f: np.ndarray):
+        self.t = np.unique(f[:, 0])
+        self.m = np.unique(f[:, 1])
+        if len(self.t) * len(self.m) > self.MAX_CELLS:  # T ranks rounded up to a grid: a row sees fewer points
+            self.t = self.t[np.linspace(0, len(self.t) - 1, max(1, self.MAX_CELLS // len(self.m))).astype(np.int64)]
+        g = np.full((len(self.t), len(self.m)), np.inf)
+        i = np.searchsorted(self.t, f[:, 0], side="left")  # the first grid T ≥ the point's: seen from there on
+        ok = i < len(self.t)
+        np.minimum.at(g, (i[ok], np.searchsorted(self.m, f[ok, 1])), f[ok, 2])
+        self.g = np.minimum.accumulate(np.minimum.accumulate(g, axis=0), axis=1)
+
+    def least(self, t: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """The least V among points with T ≤ t and M ≤ m (+inf where none)."""
+        i = np.searchsorted(self.t, t, side="right") - 1
+        j = np.searchsorted(self.m, m, side="right") - 1
+        return np.where((i >= 0) & (j >= 0), self.g[np.maximum(i, 0), np.maximum(j, 0)], np.inf)
+
+    def dominated(self, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(strictly dominated, unsure) masks of rows of pts (N, 3)."""
+        least = self.least(pts[:, 0], pts[:, 1])
+        return least < pts[:, 2], least == pts[:, 2]
 
 
 def _front_point(time_ms, margin, var_mib2) -> list:
