@@ -59,17 +59,23 @@ def _spaces(n: int, seed: int):
 
 
 def property_mode(n: int, seed: int) -> None:
-    from tests.unit.test_pick_exact import check_against_enumeration
+    """Each space four times: the closed form, the interval predictor (and with no interval on one GPU type),
+    and the closed form with the (T, margin, V) kept front; an assertion stops at the first disagreement."""
+    from tests.unit.test_pick_exact import check_against_enumeration, floor_margin, predictor_for
 
-    feasible = binding = none = 0
+    feasible = binding = none = moved = 0
+    checks = (("point", False), ("interval", False), ("interval-nan", False), ("point", True))
     for cluster, model, space in _spaces(n, seed):
-        if not check_against_enumeration(cluster, model, space):
+        if not all([check_against_enumeration(cluster, model, space, k, v) for k, v in checks]):
             continue
         feasible += 1
-        r = search(cluster, model, space, AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}), top_k=3)
-        binding += r.fastest.min_margin < space.margin_floor  # the floor changes the answer
-        none += any("no plan clears" in w for w in r.warnings)
-    print(f"spaces={n} agree={n} feasible={feasible} floor_binding={binding} none_clears={none} seed={seed}")
+        rs = {k: search(cluster, model, space, predictor_for(cluster, k), top_k=3) for k in ("point", "interval")}
+        mg = floor_margin(rs["interval"])
+        binding += mg(rs["interval"].fastest) < space.margin_floor  # the floor changes the answer (upper bound)
+        none += any("no plan clears" in w for w in rs["interval"].warnings)
+        moved += rs["interval"].chosen.plan != rs["point"].chosen.plan  # the upper bound moved the pick
+    print(f"spaces={n} checks={n * len(checks)} agree={n * len(checks)} feasible={feasible} "
+          f"interval_floor_binding={binding} interval_none_clears={none} interval_moved_pick={moved} seed={seed}")
 
 
 def _hand(base: Plan, mi: list[int], h: list[int]) -> Plan:

@@ -7,11 +7,13 @@ and does not depend on the order plans are scored in, the batches, the shards or
   while being no slower ("k-staircase"): every plan of the final top-k by Φ among the plans within
   r × the fastest is one of them, whatever the fastest turns out to be (a plan q no slower than an
   eligible plan p is eligible too); with r = 0, simply the k smallest (log Φ, key);
-* the Pareto front of (T, −margin, V) (time, smallest relative margin — the floor margin, upper-bound where
-  the predictor gives intervals —, memory variance; issue #22): plans no other plan dominates (≤ in all,
-  < in one); of equal points the smallest key; with r > 0 restricted to plans within r × the fastest (a plan
-  that dominates one inside the window is inside it, so this is the front of the window). Boxes are tested
-  against it by a joint (margin, V) bound (`Keeper._front_covers`);
+* the Pareto front of (T, −margin) (time, smallest relative margin — the floor margin, upper-bound where
+  the predictor gives intervals; issue #22): plans no other plan dominates (≤ in both, < in one); of equal
+  points the least V, then the smallest key; with r > 0 restricted to plans within r × the fastest (a plan
+  that dominates one inside the window is inside it, so this is the front of the window). With
+  KEPT_FRONT_VARIANCE the exact (T, −margin, V) front instead (boxes tested by a joint (margin, V) bound,
+  `Keeper._front_covers`); off by default for its cost. The reported front (memx.planner.pick.pareto_margin)
+  is the (T, margin, V) front of every kept plan;
 * with a margin floor f (issue #22): the *safe* staircases — plans whose smallest margin ≥ f that no safe
   plan beats while being no slower, once by (log Φ, key) and once by (−margin, key) — restricted to
   (1 + balance_tolerance) × the fastest safe plan: the fastest safe plan and the best-by-Φ and
@@ -35,6 +37,11 @@ from memx.planner.recompute import Assignment
 
 BLOCK = 4096  # rows checked against the kept sets at once (the sets tighten between blocks)
 JOINT_GRID = 8  # margins on the chain of the joint (margin, V) front bound (Keeper._front_covers)
+# The kept front's third dimension (issue #22): False keeps the exact (T, floor margin) front (of equal points
+# the least V); True the exact (T, floor margin, V) front. Off by default: on mixed-1024 / llama3-405b the
+# third dimension makes the search score 26.8 M plans instead of 3.1 M (8.5×, docs/benchmarks.md §Issue #22:
+# exact pick), the joint bound below notwithstanding. Read when a Keeper is made.
+KEPT_FRONT_VARIANCE = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +107,7 @@ class Keeper:
         self.k, self.ratio, self.timed_only = max(top_k, 1), max_time_ratio, timed_only
         self.floor = None if timed_only else margin_floor  # None: no safe sets
         self.tol = balance_tolerance
+        self.front_variance = KEPT_FRONT_VARIANCE
         self.fastest_ms = np.inf
         self.fastest_safe_ms = np.inf
         self.by_time: list[Cand] = []
@@ -128,9 +136,13 @@ class Keeper:
             del best[self.k:]
             kth.append(best[-1] if len(best) >= self.k else np.inf)
         self._stair_kth = np.array(kth)
-        self._front = np.array([_front_point(c.time_ms, c.floor_margin, c.var_mib2) for c in self.front]).reshape(-1, 3)
+        self._front = np.array([self._point(c.time_ms, c.floor_margin, c.var_mib2) for c in self.front]).reshape(-1, 3)
         self._front_index: FrontIndex | None = None  # built on the first dominance query after a change
         self._safe_stairs = [_prefix_best(self.safe_phi, _by_score), _prefix_best(self.safe_margin, _by_margin)]
+
+    def _point(self, time_ms, margin, var_mib2) -> list:
+        """A plan's (or a box corner's) point on the kept front: (T, −margin, V), or (T, −margin, 0) without V."""
+        return _front_point(time_ms, margin, var_mib2 if self.front_variance else np.zeros(np.shape(var_mib2)))
 
     def _phi_threshold(self, time_ms: np.ndarray) -> np.ndarray:
         """k-th smallest log Φ among kept candidates no slower than time_ms (inf where fewer than k)."""
@@ -172,10 +184,10 @@ class Keeper:
             return need, np.zeros_like(need)
         window = c.time_ms <= self.window_ms()
         phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
-        front = window & ~self._dominated(np.stack(_front_point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
+        front = window & ~self._dominated(np.stack(self._point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
         other = need | phi | self._safe_needs(c, score_lb)
         only = front & ~other
-        if only.any() and c.stage_lo_mib is not None:
+        if self.front_variance and only.any() and c.stage_lo_mib is not None:
             rows = np.nonzero(only)[0]
             only[rows] = ~self._front_covers(c, rows)
         return other | only, only
@@ -240,7 +252,7 @@ class Keeper:
             if phi_rows.size:
                 self.phi = self._staircase(self.phi + _cands(sc, phi_rows))
                 changed = True
-            pts = np.stack(_front_point(t, sc.floor_margins(rows), a.stats.variance_mib2[rows].astype(np.float64)),
+            pts = np.stack(self._point(t, sc.floor_margins(rows), a.stats.variance_mib2[rows].astype(np.float64)),
                            axis=1)
             front_rows = rows[inside & ~self._dominated(pts)]
             if front_rows.size:
@@ -312,7 +324,7 @@ class Keeper:
         window = self.window_ms()
         cands = sorted((c for c in _unique(cands) if c.time_ms <= window),
                        key=lambda c: (c.time_ms, -c.floor_margin, c.var_mib2, c.key))
-        keep = non_dominated(np.array([_front_point(c.time_ms, c.floor_margin, c.var_mib2) for c in cands]).reshape(-1, 3))
+        keep = non_dominated(np.array([self._point(c.time_ms, c.floor_margin, c.var_mib2) for c in cands]).reshape(-1, 3))
         return [c for c, k in zip(cands, keep) if k]
 
     def _safe_stair(self, cands: list[Cand], rank) -> list[Cand]:

@@ -18,6 +18,7 @@ from memx.domain.catalog import load_gpu, load_model, load_search
 from memx.domain.errors import InfeasibleError
 from memx.domain.specs import Cluster, Node
 from memx.learn.intervals import GLOBAL, Band, Intervals, interval_columns, memory_group
+from memx.planner import candidates
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.pick import PICK_RULES, choose
 from memx.planner.search import search
@@ -106,14 +107,32 @@ def _metrics(m, mg):
     return (round(m.iteration_time_ms, 3), round(mg(m), 6), round(m.min_margin, 6), round(m.mem_variance_mib2, 1))
 
 
-def _front(plans, window: float, mg) -> list:
-    """The (time, floor margin, V) front of the plans within the window, by time."""
+def _front(plans, window: float, mg, with_v: bool) -> list:
+    """The (time, floor margin, V) front of the plans within the window, by time; without V the (time, floor
+    margin) front, of equal points the least V."""
     pts = sorted({_metrics(m, mg) for m in plans if m.iteration_time_ms <= window})
-    return [p for p in pts if not any(q != p and q[0] <= p[0] and q[1] >= p[1] and q[3] <= p[3] for q in pts)]
+    v = 3 if with_v else 0  # without V: compare time with itself, so V never decides dominance
+
+    def beats(q, p):
+        return q[0] <= p[0] and q[1] >= p[1] and q[v] <= p[v] and (q[0], q[1], q[v]) != (p[0], p[1], p[v])
+
+    out = [p for p in pts if not any(beats(q, p) for q in pts)]
+    if not with_v:  # of equal (time, margin) points the least V
+        out = [p for p in out if not any(q[:2] == p[:2] and q[3] < p[3] for q in out)]
+    return out
 
 
-def check_against_enumeration(cluster, model, space, kind: str = "point") -> bool:
-    """Asserts the fast search agrees with the full enumeration; True when the space was feasible."""
+def check_against_enumeration(cluster, model, space, kind: str = "point", front_variance: bool = False) -> bool:
+    """Asserts the fast search agrees with the full enumeration; True when the space was feasible. kind: the
+    predictor (predictor_for); front_variance: the kept front with V (candidates.KEPT_FRONT_VARIANCE)."""
+    saved, candidates.KEPT_FRONT_VARIANCE = candidates.KEPT_FRONT_VARIANCE, front_variance
+    try:
+        return _check(cluster, model, space, kind, front_variance)
+    finally:
+        candidates.KEPT_FRONT_VARIANCE = saved
+
+
+def _check(cluster, model, space, kind: str, front_variance: bool) -> bool:
     pred = predictor_for(cluster, kind)
     fast = _run(cluster, model, space, pred, top_k=3)
     every = _run(cluster, model, space, pred, top_k=EVERYTHING, exhaustive=True)
@@ -132,18 +151,21 @@ def check_against_enumeration(cluster, model, space, kind: str = "point") -> boo
         assert _metrics(got.plan, mg_fast) == _metrics(want.plan, mg_all), rule
         assert got.warnings == want.warnings, rule  # "no plan clears the floor" (and its reason) iff true
     window = space.max_time_ratio * plans[0].iteration_time_ms if space.max_time_ratio > 0 else float("inf")
-    assert _front(fast.pareto, window, mg_fast) == _front(plans, window, mg_all)
+    assert _front(fast.pareto, window, mg_fast, front_variance) == _front(plans, window, mg_all, front_variance)
+    if front_variance:  # the reported front is the (T, margin, V) front of the kept plans: then the exact one
+        assert sorted(_metrics(m, mg_fast) for m in fast.pareto if m.iteration_time_ms <= window) == \
+            _front(plans, window, mg_all, True)
     want = choose(plans, plans, rule=space.pick_rule, margin_floor=space.margin_floor, margin=mg_all,
                   balance_tolerance=space.balance_tolerance, max_time_ratio=space.max_time_ratio).plan
     assert _metrics(fast.chosen, mg_fast) == _metrics(want, mg_all)
     return True
 
 
-def _property(conf_root, examples: int, kinds=("point", "interval", "interval-nan")):
+def _property(conf_root, examples: int, kinds=("point", "interval", "interval-nan"), fronts=(False, True)):
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(mixed_spaces(conf_root), st.sampled_from(kinds))
-    def check(problem, kind):
-        check_against_enumeration(*problem, kind=kind)
+    @given(mixed_spaces(conf_root), st.sampled_from(kinds), st.sampled_from(fronts))
+    def check(problem, kind, front_variance):
+        check_against_enumeration(*problem, kind=kind, front_variance=front_variance)
 
     check()
 
@@ -154,6 +176,10 @@ def test_floor_pick_front_and_none_clears_equal_full_enumeration(conf_root):
 
 def test_floor_pick_on_upper_bound_margin_equals_full_enumeration(conf_root):
     _property(conf_root, 4, kinds=("interval", "interval-nan"))
+
+
+def test_kept_front_with_variance_equals_full_enumeration(conf_root):
+    _property(conf_root, 3, fronts=(True,))
 
 
 @pytest.mark.slow
