@@ -6,8 +6,8 @@ of the margin bound against the search without the safe sets, in one process.
   python bench/pick_exact.py timing --cluster three-vendor-20 --model llama2-7b [--repeat 2] [--baseline DIR]
 
 `timing` runs the default search twice per repeat: with the safe sets (margin_floor set: the exact floor pick)
-and without them (the keeper of the previous search: top-k by time, Φ's staircase, the front; the front is on
-(T, margin, V) in both), and prints their ratio, in CPU seconds of this process (the medians' side thread
+and without them (the keeper of the previous search: top-k by time, Φ's staircase, the front; the kept front is
+the same in both), and prints their ratio, in CPU seconds of this process (the medians' side thread
 included; steadier than wall time on a shared machine) and wall seconds. `--baseline DIR` also runs the same
 search from another checkout (e.g. `git archive f4d4b0d | tar -x -C DIR`, the commit before) in a child
 process right after, and prints the ratio to it. Last line of each mode: key=value figures.

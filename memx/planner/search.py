@@ -3,7 +3,7 @@
 1. Layouts, stage contexts, one batch of stage predictions, per-layout stacked tables (`prepare`).
 2. Exact counts of the space and of its feasible plans (generating functions, no enumeration).
 3. The decision sets — top-k by time, top-k by Φ (within max_time_ratio of the fastest), the Pareto
-   front of (T, margin, V), the safe sets above margin_floor (issue #22) — by branch-and-bound over boxes
+   front of (T, margin), the safe sets above margin_floor (issue #22) — by branch-and-bound over boxes
    of layer splits (memx.planner.bnb): boxes whose
    lower bounds (memx.planner.bounds) prove that none of their plans can enter a set are discarded;
    the rest are enumerated and scored by the vectorised engine. `exhaustive=True` scores every plan
