@@ -22,8 +22,10 @@ plan clears the floor" is said only when none does; then the warning names the s
 widest plan that cannot clear it. With `phi`, the plan the default rule would pick is kept beside a
 below-floor pick (`Pick.floor_pick`).
 
-Margins are the upper-memory-bound margins where the predictor gives intervals (`margin_high`, computed
-from `peak_mem_mib_high`, memx.planner.estimate.upper_margins), else the point margins.
+Margins are the upper-memory-bound margins where the predictor gives intervals (from `peak_mem_mib_high`:
+the search's own figure, PlanMetrics.min_margin_high, which its keeper and box bounds use, so the floor pick
+is exact on it; for other plans memx.planner.estimate.upper_margins, the same definition), else the point
+margins.
 """
 
 from __future__ import annotations

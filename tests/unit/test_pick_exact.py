@@ -185,3 +185,27 @@ def test_kept_front_with_variance_equals_full_enumeration(conf_root):
 @pytest.mark.slow
 def test_floor_pick_equals_full_enumeration_on_200_spaces(conf_root):
     _property(conf_root, 200)
+
+
+@pytest.mark.slow
+def test_learned_interval_predictor_floor_pick_equals_full_enumeration():
+    """The learned predictor (profiled on the simulator, conformal intervals): the floor picks on its upper-bound
+    margin equal full enumeration, and the search's upper-bound margins are estimate.upper_margins' (8 s)."""
+    from memx.domain.catalog import load_cluster
+    from memx.learn import fit_predictor
+    from memx.planner.estimate import upper_margins
+    from memx.profiling import profile
+
+    cl, mo, sp = load_cluster("v100-t4-6"), load_model("llama-6l"), load_search("small")
+    pred = fit_predictor(profile(cl, mo, sp, backend="simulated", seed=0).stage_runs,
+                         {g.name: g for g in cl.gpu_types}, variant="hybrid-calibrated", seed=0)
+    for floor in (0.1, 0.3):
+        space = dataclasses.replace(sp, margin_floor=floor)
+        fast, every = _run(cl, mo, space, pred, top_k=3), _run(cl, mo, space, pred, top_k=EVERYTHING, exhaustive=True)
+        plans, mg_fast, mg_all = every.top_time, floor_margin(fast), floor_margin(every)
+        assert len(every.margins_high) == len(plans) == every.space.feasible
+        for rule in SAFE_RULES:
+            kw = dict(rule=rule, margin_floor=floor, balance_tolerance=space.balance_tolerance)
+            got = choose(fast.top, [*fast.top_time, *fast.pareto, *fast.safe], margin=mg_fast, **kw)
+            assert _metrics(got.plan, mg_fast) == _metrics(choose(plans, plans, margin=mg_all, **kw).plan, mg_all)
+        assert upper_margins(plans, mo, pred) == pytest.approx([mg_all(m) for m in plans], abs=1e-6)
