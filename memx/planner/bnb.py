@@ -22,7 +22,6 @@ from memx.planner.candidates import Keeper, Scored
 from memx.planner.space import splits
 
 LEAF = 512  # a box with at most this many splits (an upper bound: Σ n = L fixes one stage) is enumerated
-FRONT_LEAF = 512  # the same for a box only the (T, margin, V) front may use (Keeper.needs_why; issue #22)
 BATCH = 1024  # boxes bounded at once
 FLUSH = 1 << 15  # leaf splits scored at once
 
@@ -61,13 +60,11 @@ def explore(bounds: LayoutBounds, keeper: Keeper, evaluate: Callable[[np.ndarray
         a, b = stack.pop()
         t_lb = bounds.time_lb(a, b)
         need = keeper.time_needed(t_lb)
-        front_only = np.zeros(len(need), dtype=bool)
         if need.any() and weights is not None:
             corner = bounds.corner(a[need], b[need], t_lb[need])
-            rows = np.nonzero(need)[0]
-            need[rows], front_only[rows] = keeper.needs_why(corner, corner.score(weights, epsilon_mib2))
-        a, b, t_lb, front_only = a[need], b[need], t_lb[need], front_only[need]
-        leaf = bounds.leaf_size(a, b) <= np.where(front_only, FRONT_LEAF, LEAF)
+            need[need] = keeper.needs(corner, corner.score(weights, epsilon_mib2))
+        a, b, t_lb = a[need], b[need], t_lb[need]
+        leaf = bounds.leaf_size(a, b) <= LEAF
         for i in np.nonzero(leaf)[0]:
             S = splits(bounds.total, a[i], b[i])
             leaves.append(S)

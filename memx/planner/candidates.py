@@ -177,8 +177,8 @@ class Keeper:
         return self.needs_why(c, score_lb)[0]
 
     def needs_why(self, c: Corner, score_lb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """(needs, front only): the boxes `needs` keeps, and those of them only the front may use — their
-        V bound is what keeps them, and it tightens as a box shrinks (memx.planner.bnb.FRONT_LEAF)."""
+        """(needs, front only): the boxes `needs` keeps, and those of them only the front may use (with the V
+        front: the boxes the joint bound, `_front_covers`, could not discard)."""
         need = c.time_ms <= self.kth_time
         if self.timed_only:
             return need, np.zeros_like(need)
