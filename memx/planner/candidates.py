@@ -174,23 +174,18 @@ class Keeper:
 
     def needs(self, c: Corner, score_lb: np.ndarray | None) -> np.ndarray:
         """Boxes (by their lower bounds) that may still hold a plan of a decision set."""
-        return self.needs_why(c, score_lb)[0]
-
-    def needs_why(self, c: Corner, score_lb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """(needs, front only): the boxes `needs` keeps, and those of them only the front may use (with the V
-        front: the boxes the joint bound, `_front_covers`, could not discard)."""
         need = c.time_ms <= self.kth_time
         if self.timed_only:
-            return need, np.zeros_like(need)
+            return need
         window = c.time_ms <= self.window_ms()
         phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
         front = window & ~self._dominated(np.stack(self._point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
         other = need | phi | self._safe_needs(c, score_lb)
-        only = front & ~other
+        only = front & ~other  # boxes only the front may use: with V, the joint bound may still discard them
         if self.front_variance and only.any() and c.stage_lo_mib is not None:
             rows = np.nonzero(only)[0]
             only[rows] = ~self._front_covers(c, rows)
-        return other | only, only
+        return other | only
 
     def _front_covers(self, c: Corner, rows: np.ndarray) -> np.ndarray:
         """Boxes `rows` every plan of which a kept front point dominates, by the joint (margin, V) bound (issue
