@@ -54,7 +54,8 @@ def _spaces(n: int, seed: int):
             micro_batch_options=(1,), recompute_levels=("none", "selective", "full"), max_pp=rng.randint(2, 4),
             use_all_gpus=rng.random() < 0.5, max_time_ratio=rng.choice((0.0, 1.1, 1.25)), max_stage_slowdown=0.0,
             target_margin=rng.choice((0.1, 0.3)), margin_floor=rng.choice((0.1, 0.3, 0.5, 0.7)),
-            balance_tolerance=rng.choice((0.0, 0.02, 0.1)), weights=rng.choice(("auto", "default")))
+            balance_tolerance=rng.choice((0.0, 0.02, 0.1)), weights=rng.choice(("auto", "default")),
+            virtual_stages_options=rng.choice(((1,), (1, 2))))
         yield cluster, model, space
 
 

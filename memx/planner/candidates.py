@@ -470,10 +470,11 @@ def non_dominated(pts: np.ndarray) -> np.ndarray:
 
 
 def pareto_front(cands: list[PlanMetrics]) -> list[PlanMetrics]:
-    """Deduplicate by plan and sort by time."""
+    """Deduplicate by plan (the whole plan: two plans that differ only in virtual stages or a job option are
+    two plans) and sort by time."""
     seen, out = set(), []
     for c in sorted(cands, key=lambda c: c.iteration_time_ms):
-        key = (c.plan.stages, c.plan.dp, c.plan.micro_batch)
+        key = c.plan
         if key not in seen:
             seen.add(key)
             out.append(c)

@@ -76,7 +76,8 @@ def mixed_spaces(draw, conf_root):
         use_all_gpus=draw(st.booleans()), max_time_ratio=draw(st.sampled_from((0.0, 1.1, 1.25))),
         max_stage_slowdown=0.0, target_margin=draw(st.sampled_from((0.1, 0.3))),
         margin_floor=draw(st.sampled_from((0.1, 0.3, 0.5, 0.7))),
-        balance_tolerance=draw(st.sampled_from((0.0, 0.02, 0.1))), weights=draw(st.sampled_from(("auto", "default"))))
+        balance_tolerance=draw(st.sampled_from((0.0, 0.02, 0.1))), weights=draw(st.sampled_from(("auto", "default"))),
+        virtual_stages_options=draw(st.sampled_from(((1,), (1, 2)))))  # interleaved 1F1B too (issue #27)
     return cluster, model, space
 
 
