@@ -69,6 +69,28 @@ class Corner:
     max_mib: np.ndarray
     var_mib2: np.ndarray
     margin_ub: np.ndarray  # an upper bound (not a lower one) of the smallest margin, inflated by MARGIN_SLACK
+    # Issue #22: the same for the smallest margin at the predictor's upper memory bound (LayoutTables.high_mib);
+    # None without intervals.
+    margin_high_ub: np.ndarray | None = None
+    # Issue #22, the joint (margin, V) bound: each stage's peak interval over the box, the layout's GPU weights
+    # and capacities (all (B, P)) — `variance_lb_above` bounds V among a box's plans of margin ≥ μ.
+    stage_lo_mib: np.ndarray | None = None
+    stage_hi_mib: np.ndarray | None = None
+    weight: np.ndarray | None = None
+    capacity_mib: np.ndarray | None = None
+
+    def variance_lb_above(self, rows: np.ndarray, mu: np.ndarray) -> np.ndarray:
+        """A lower bound of V over the plans of boxes `rows` whose smallest margin (point or upper-bound: the
+        upper-bound peak is ≥ the point peak) is ≥ mu (per row): such a plan has every stage's peak ≤ (1 − μ)·cap
+        (MARGIN_SLACK for float32), so V ≥ box_variance_lb over the intervals clipped there; +inf where a
+        clipped interval is empty (no plan of the box has that margin). On mixed capacities a wide margin
+        forces the small GPUs' peaks down while the large ones' stay above their lower ends: V grows."""
+        lo, hi = self.stage_lo_mib[rows], self.stage_hi_mib[rows]
+        top = (1.0 - np.asarray(mu, dtype=np.float64)[:, None] + MARGIN_SLACK) * self.capacity_mib[rows]
+        hi = np.minimum(hi, top)
+        empty = (hi < lo).any(axis=1)
+        hi = np.maximum(hi, lo)
+        return np.where(empty, np.inf, _safe_variance(box_variance_lb(lo, hi, self.weight[rows]), hi))
 
     def score(self, w: Weights, epsilon_mib2: float) -> np.ndarray:
         with np.errstate(divide="ignore"):
@@ -116,6 +138,12 @@ class BoxBounds:
         self.mins = RangeTable(np.concatenate([tail[..., None], lo[..., None], used[..., None], sums], axis=2))
         self.m1_max = RangeTable(per_row(st.fit_peak_mib.astype(np.float64), -np.inf), maximum=True)
         self.env_t, self.env_m, self.env_used = suffix_min(self.t1), suffix_min(lo), suffix_min(used)
+        self.capacity = st.capacity  # (layouts, P) MiB
+        self.high = None  # issue #22: (range min, suffix min) of the least reachable upper-bound peak / capacity
+        if st.ctx_high_mib is not None:
+            h = per_row(reachable_high(st.ctx_peak_mib, st.ctx_high_mib, st.ctx_fit, m_lo).reshape(-1)[st.row_ctx], np.inf)
+            h_used = h / st.capacity.reshape(-1)[:, None]
+            self.high = (RangeTable(h_used), suffix_min(h_used))
 
     def _multipliers(self) -> np.ndarray:
         """Each layout's λs (lagrange_multipliers of its t1 rows), padded with 0."""
@@ -184,7 +212,17 @@ class BoxBounds:
         used_lb = np.maximum(used.max(axis=1), suffix_minmax(self.env_used, r, a, b, self.total))
         return Corner(time_ms=time_lb, max_mib=m_lb * (1 - SLACK),
                       var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight[li]), hi),
-                      margin_ub=1.0 - used_lb + MARGIN_SLACK)
+                      margin_ub=1.0 - used_lb + MARGIN_SLACK, margin_high_ub=self.margin_high_ub(r, a, b),
+                      stage_lo_mib=lo, stage_hi_mib=hi, weight=self.weight[li], capacity_mib=self.capacity[li])
+
+    def margin_high_ub(self, r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+        """An upper bound of each box's smallest upper-bound margin (issue #22), as margin_ub: a stage's final
+        level lies between its fit and its lowest reachable level (m_lo), so its upper-bound peak is ≥ the
+        least upper-bound peak over those levels (`reachable_high`). None without intervals."""
+        if self.high is None:
+            return None
+        rng, env = self.high
+        return 1.0 - np.maximum(rng.query_rows(r, a, b).max(axis=1), suffix_minmax(env, r, a, b, self.total)) + MARGIN_SLACK
 
     @staticmethod
     def table_bytes(layouts: int, pp: int, rows: int, multipliers: int = 5) -> int:
@@ -307,3 +345,12 @@ def lowest_reachable(peak: np.ndarray, length: np.ndarray, fit: np.ndarray, cap:
             break
         level = level + move
     return np.take_along_axis(peak, level[..., None], axis=2)[..., 0].astype(np.float64)
+
+
+def reachable_high(peak: np.ndarray, high: np.ndarray, fit: np.ndarray, m_lo: np.ndarray) -> np.ndarray:
+    """(R, rows) least upper-bound peak (StageTable.high_mib) over the ladder levels refinement can end on:
+    from the fit up to the lowest reachable level — the levels at or above the fit whose point peak is ≥
+    `lowest_reachable`'s m_lo (a ladder's peaks fall strictly, padding repeats the top). peak, high (R, rows, K)."""
+    level = np.arange(peak.shape[2])[None, None, :]
+    reach = (level >= fit[:, :, None]) & (peak.astype(np.float64) >= m_lo[:, :, None])
+    return np.where(reach, high.astype(np.float64), np.inf).min(axis=2)

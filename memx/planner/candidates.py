@@ -7,12 +7,13 @@ and does not depend on the order plans are scored in, the batches, the shards or
   while being no slower ("k-staircase"): every plan of the final top-k by Φ among the plans within
   r × the fastest is one of them, whatever the fastest turns out to be (a plan q no slower than an
   eligible plan p is eligible too); with r = 0, simply the k smallest (log Φ, key);
-* the Pareto front of (T, −margin) (time, smallest relative margin; issue #22): plans no other plan
-  dominates (≤ in both, < in one); of equal points the least V, then the smallest key; with r > 0 restricted
-  to plans within r × the fastest (a plan that dominates one inside the window is inside it, so this is the
-  front of the window). V is not a third dimension of the kept front: on mixed-1024 / llama3-405b the
-  (T, margin, V) front made the search score 24 M plans instead of 1.9 M (docs/benchmarks.md §Issue #22);
-  the reported front (memx.planner.pick.pareto_margin) adds V over every kept plan;
+* the Pareto front of (T, −margin) (time, smallest relative margin — the floor margin, upper-bound where
+  the predictor gives intervals; issue #22): plans no other plan dominates (≤ in both, < in one); of equal
+  points the least V, then the smallest key; with r > 0 restricted to plans within r × the fastest (a plan
+  that dominates one inside the window is inside it, so this is the front of the window). With
+  KEPT_FRONT_VARIANCE the exact (T, −margin, V) front instead (boxes tested by a joint (margin, V) bound,
+  `Keeper._front_covers`); off by default for its cost. The reported front (memx.planner.pick.pareto_margin)
+  is the (T, margin, V) front of every kept plan;
 * with a margin floor f (issue #22): the *safe* staircases — plans whose smallest margin ≥ f that no safe
   plan beats while being no slower, once by (log Φ, key) and once by (−margin, key) — restricted to
   (1 + balance_tolerance) × the fastest safe plan: the fastest safe plan and the best-by-Φ and
@@ -36,6 +37,12 @@ from memx.planner.recompute import Assignment
 
 BLOCK = 4096  # rows checked against the kept sets at once (the sets tighten between blocks)
 FIRST_BLOCK = 64  # the first block of an offer (then doubling up to BLOCK)
+JOINT_GRID = 8  # margins on the chain of the joint (margin, V) front bound (Keeper._front_covers)
+# The kept front's third dimension (issue #22): False keeps the exact (T, floor margin) front (of equal points
+# the least V); True the exact (T, floor margin, V) front. Off by default: on mixed-1024 / llama3-405b the
+# third dimension makes the search score 26.8 M plans instead of 3.1 M (8.5×, docs/benchmarks.md §Issue #22:
+# exact pick), the joint bound below notwithstanding. Read when a Keeper is made.
+KEPT_FRONT_VARIANCE = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +54,14 @@ class Scored:
     assignment: Assignment
     score: np.ndarray | None
     stages: np.ndarray | None = None  # with per-row layouts: each row's pp (splits and levels are padded)
+    # Issue #22: the smallest margin at the predictor's upper memory bound (LayoutTables.high_margin); None
+    # without intervals. The margin floor, the front and the widest plan use it where given (`floor_margins`).
+    margin_high: np.ndarray | None = None
+
+    def floor_margins(self, rows: np.ndarray) -> np.ndarray:
+        """The margin the pick applies (memx.planner.pick): upper-bound where given, else point; float64."""
+        m = self.margin_high if self.margin_high is not None else self.assignment.stats.min_margin
+        return m[rows].astype(np.float64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +78,12 @@ class Cand:
     level: np.ndarray
     stage_ms: np.ndarray
     stage_mib: np.ndarray
+    margin_high: float = float("nan")  # Scored.margin_high; NaN without intervals
+
+    @property
+    def floor_margin(self) -> float:
+        """The margin the floor, the front and the widest plan use: upper-bound where given, else point."""
+        return self.margin if self.margin_high != self.margin_high else self.margin_high
 
     @property
     def key(self) -> tuple[int, tuple[int, ...]]:
@@ -79,7 +100,8 @@ def _cands(sc: Scored, rows: np.ndarray) -> list[Cand]:
                         var_mib2=float(a.stats.variance_mib2[i]), score=float(sc.score[i]) if sc.score is not None else 0.0,
                         margin=float(a.stats.min_margin[i]), layout=int(sc.layout[i]) if many else sc.layout,
                         split=tuple(int(x) for x in sc.splits[i, :pp]), level=a.level[:pp, i].copy(),
-                        stage_ms=a.stage_ms[:pp, i].copy(), stage_mib=a.stage_mib[:pp, i].copy()))
+                        stage_ms=a.stage_ms[:pp, i].copy(), stage_mib=a.stage_mib[:pp, i].copy(),
+                        margin_high=float(sc.margin_high[i]) if sc.margin_high is not None else float("nan")))
     return out
 
 
@@ -93,6 +115,7 @@ class Keeper:
         self.k, self.ratio, self.timed_only = max(top_k, 1), max_time_ratio, timed_only
         self.floor = None if timed_only else margin_floor  # None: no safe sets
         self.tol = balance_tolerance
+        self.front_variance = KEPT_FRONT_VARIANCE
         self.fastest_ms = np.inf
         self.fastest_safe_ms = np.inf
         self.by_time: list[Cand] = []
@@ -121,8 +144,13 @@ class Keeper:
             del best[self.k:]
             kth.append(best[-1] if len(best) >= self.k else np.inf)
         self._stair_kth = np.array(kth)
-        self._front = np.array([_front_point(c.time_ms, c.margin) for c in self.front]).reshape(-1, 3)
+        self._front = np.array([self._point(c.time_ms, c.floor_margin, c.var_mib2) for c in self.front]).reshape(-1, 3)
+        self._front_index: FrontIndex | None = None  # built on the first dominance query after a change
         self._safe_stairs = [_prefix_best(self.safe_phi, _by_score), _prefix_best(self.safe_margin, _by_margin)]
+
+    def _point(self, time_ms, margin, var_mib2) -> list:
+        """A plan's (or a box corner's) point on the kept front: (T, −margin, V), or (T, −margin, 0) without V."""
+        return _front_point(time_ms, margin, var_mib2 if self.front_variance else np.zeros(np.shape(var_mib2)))
 
     def _phi_threshold(self, time_ms: np.ndarray) -> np.ndarray:
         """k-th smallest log Φ among kept candidates no slower than time_ms (inf where fewer than k)."""
@@ -134,16 +162,14 @@ class Keeper:
     def _dominated(self, pts: np.ndarray) -> np.ndarray:
         """Rows of pts (N, 3) strictly dominated by a kept front point."""
         f = self._front
-        out = np.zeros(len(pts), dtype=bool)
-        if len(f) == 0 or len(pts) == 0:
+        if len(f) >= FrontIndex.MIN_POINTS and len(pts):
+            if self._front_index is None:
+                self._front_index = FrontIndex(f)
+            out, unsure = self._front_index.dominated(pts)
+            if unsure.any():
+                out[unsure] = _dominated_by(f, pts[unsure])
             return out
-        step = max(1, (1 << 20) // len(f))
-        fT, fM, fV = f[None, :, 0], f[None, :, 1], f[None, :, 2]
-        for i in range(0, len(pts), step):
-            t, m, v = pts[i:i + step, 0:1], pts[i:i + step, 1:2], pts[i:i + step, 2:3]
-            le = (fT <= t) & (fM <= m) & (fV <= v)
-            out[i:i + step] = (le & ((fT < t) | (fM < m) | (fV < v))).any(axis=1)
-        return out
+        return _dominated_by(f, pts)
 
     def time_needed(self, time_lb: np.ndarray) -> np.ndarray:
         """Boxes whose time bound alone does not rule them out (before bounding memory)."""
@@ -161,18 +187,47 @@ class Keeper:
             return need
         window = c.time_ms <= self.window_ms()
         phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
-        front = window & ~self._dominated(np.stack(_front_point(c.time_ms, c.margin_ub), axis=1))
-        return need | phi | front | self._safe_needs(c, score_lb)
+        front = window & ~self._dominated(np.stack(self._point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
+        other = need | phi | self._safe_needs(c, score_lb)
+        only = front & ~other  # boxes only the front may use: with V, the joint bound may still discard them
+        if self.front_variance and only.any() and c.stage_lo_mib is not None:
+            rows = np.nonzero(only)[0]
+            only[rows] = ~self._front_covers(c, rows)
+        return other | only
+
+    def _front_covers(self, c: Corner, rows: np.ndarray) -> np.ndarray:
+        """Boxes `rows` every plan of which a kept front point dominates, by the joint (margin, V) bound (issue
+        #22): with g(μ) = the least V of front points no slower than the box's T bound with margin ≥ μ (strictly
+        faster: the T bound is deflated) and V_μ = the least V of the box's plans with margin ≥ μ
+        (Corner.variance_lb_above), a plan of margin in [μ_{j+1}, μ_j) is dominated when g(μ_j) ≤ V_{μ_{j+1}}; on
+        the chain μ_0 = the box's margin bound > μ_1 > … > μ_G > −∞ (a grid of the front's margins) every plan
+        is. The plain corner test is the chain without a grid: g(μ_0) ≤ V_{−∞}."""
+        if len(self._front) < 2:
+            return np.zeros(len(rows), dtype=bool)
+        if self._front_index is None:
+            self._front_index = FrontIndex(self._front)
+        t, ub = c.time_ms[rows], _floor_ub(c)[rows]
+        grid = np.unique(np.quantile(-self._front[:, 1], np.linspace(1.0, 0.0, JOINT_GRID)))[::-1]
+        covered = np.ones(len(rows), dtype=bool)
+        prev = ub
+        for mu in [*grid, -np.inf]:
+            nxt = np.minimum(mu, ub)
+            v_lb = c.variance_lb_above(rows, nxt) if np.isfinite(mu) else c.var_mib2[rows]
+            covered &= self._front_index.least(t, -prev) <= v_lb
+            prev = nxt
+            if not covered.any():
+                break
+        return covered
 
     def _safe_needs(self, c: Corner, score_lb: np.ndarray) -> np.ndarray:
         """Boxes that may hold a member of the safe staircases or a wider plan than the widest so far."""
         if self.floor is None:
             return np.zeros(len(c.time_ms), dtype=bool)
-        ub = c.margin_ub
+        ub = _floor_ub(c)
         safe = (ub >= self.floor) & (c.time_ms <= self.safe_window_ms())
         by_phi = ~(_stair_query(self._safe_stairs[0], c.time_ms) < score_lb - SCORE_SLACK)
         by_margin = ~(_stair_query(self._safe_stairs[1], c.time_ms) < -ub)
-        wider = ub >= (self.widest.margin if self.widest is not None else -np.inf)
+        wider = ub >= (self.widest.floor_margin if self.widest is not None else -np.inf)
         return (safe & (by_phi | by_margin)) | (wider if not np.isfinite(self.fastest_safe_ms) else False)
 
     # --- offers --------------------------------------------------------------------------------
@@ -202,7 +257,8 @@ class Keeper:
             if phi_rows.size:
                 self.phi = self._staircase(self.phi + _cands(sc, phi_rows))
                 changed = True
-            pts = np.stack(_front_point(t, a.stats.min_margin[rows].astype(np.float64)), axis=1)
+            pts = np.stack(self._point(t, sc.floor_margins(rows), a.stats.variance_mib2[rows].astype(np.float64)),
+                           axis=1)
             front_rows = rows[inside & ~self._dominated(pts)]
             if front_rows.size:
                 self.front = self._pareto(self.front + _cands(sc, front_rows))
@@ -215,12 +271,12 @@ class Keeper:
         """The safe staircases and the widest plan take what they can use of one block."""
         if self.floor is None:
             return False
-        m = sc.assignment.stats.min_margin[rows].astype(np.float64)
+        m = sc.floor_margins(rows)
         v = sc.assignment.stats.variance_mib2[rows].astype(np.float64)
         i = int(np.lexsort((v, t, -m))[0])  # the block's widest: largest margin, then fastest, then least V
         changed = False
         w = self.widest
-        if w is None or (-m[i], t[i], v[i]) < (-w.margin, w.time_ms, w.var_mib2):
+        if w is None or (-m[i], t[i], v[i]) < (-w.floor_margin, w.time_ms, w.var_mib2):
             self.widest, changed = _cands(sc, rows[i:i + 1])[0], True
         safe = m >= self.floor
         if not safe.any():
@@ -248,7 +304,7 @@ class Keeper:
             self.safe_phi = self._safe_stair(self.safe_phi + other.safe_phi, _by_score)
             self.safe_margin = self._safe_stair(self.safe_margin + other.safe_margin, _by_margin)
             ws = [w for w in (self.widest, other.widest) if w is not None]
-            self.widest = min(ws, key=lambda c: (-c.margin, c.time_ms, c.var_mib2, c.key)) if ws else None
+            self.widest = min(ws, key=lambda c: (-c.floor_margin, c.time_ms, c.var_mib2, c.key)) if ws else None
         self._refresh()
 
     # --- exact set maintenance (small lists) ---------------------------------------------------
@@ -272,8 +328,8 @@ class Keeper:
     def _pareto(self, cands: list[Cand]) -> list[Cand]:
         window = self.window_ms()
         cands = sorted((c for c in _unique(cands) if c.time_ms <= window),
-                       key=lambda c: (c.time_ms, -c.margin, c.var_mib2, c.key))
-        keep = non_dominated(np.array([_front_point(c.time_ms, c.margin) for c in cands]).reshape(-1, 3))
+                       key=lambda c: (c.time_ms, -c.floor_margin, c.var_mib2, c.key))
+        keep = non_dominated(np.array([self._point(c.time_ms, c.floor_margin, c.var_mib2) for c in cands]).reshape(-1, 3))
         return [c for c, k in zip(cands, keep) if k]
 
     def _safe_stair(self, cands: list[Cand], rank) -> list[Cand]:
@@ -311,10 +367,57 @@ class Keeper:
         return _unique([c for c in self.safe_margin + self.safe_phi if c.time_ms <= window])
 
 
-def _front_point(time_ms, margin) -> list:
-    """A plan's point on the kept front: (T, −margin, 0) (all minimised; the zero keeps the 3-column sweep)."""
-    return [time_ms, -np.asarray(margin, dtype=np.float64) if np.ndim(margin) else -float(margin),
-            np.zeros(np.shape(margin)) if np.ndim(margin) else 0.0]
+def _dominated_by(f: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """Rows of pts (N, 3) strictly dominated by a row of f (F, 3): ≤ in all three, < in one (all pairs)."""
+    out = np.zeros(len(pts), dtype=bool)
+    if len(f) == 0 or len(pts) == 0:
+        return out
+    step = max(1, (1 << 20) // len(f))
+    fT, fM, fV = f[None, :, 0], f[None, :, 1], f[None, :, 2]
+    for i in range(0, len(pts), step):
+        t, m, v = pts[i:i + step, 0:1], pts[i:i + step, 1:2], pts[i:i + step, 2:3]
+        le = (fT <= t) & (fM <= m) & (fV <= v)
+        out[i:i + step] = (le & ((fT < t) | (fM < m) | (fV < v))).any(axis=1)
+    return out
+
+
+class FrontIndex:
+    """Dominance queries against a fixed set of front points (T, M, V) in O(log F) a row: G[i, j] = the least V
+    among points with T ≤ the i-th distinct T and M ≤ the j-th distinct M (a 2-D prefix minimum), so a row
+    (t, m, v) is weakly dominated iff G at (t, m)'s ranks ≤ v, and strictly where that least V < v. Rows where
+    it equals v (a point with equal V, possibly the row itself) are `unsure`: the caller checks them pair by pair."""
+
+    MIN_POINTS = 24  # fewer front points: the pairwise test is as fast
+    MAX_CELLS = 1 << 24  # 16 M cells (128 MiB): beyond, the front is indexed on a coarser T grid (still exact)
+
+    def __init__(self, f: np.ndarray):
+        self.t = np.unique(f[:, 0])
+        self.m = np.unique(f[:, 1])
+        if len(self.t) * len(self.m) > self.MAX_CELLS:  # T ranks rounded up to a grid: a row sees fewer points
+            self.t = self.t[np.linspace(0, len(self.t) - 1, max(1, self.MAX_CELLS // len(self.m))).astype(np.int64)]
+        g = np.full((len(self.t), len(self.m)), np.inf)
+        i = np.searchsorted(self.t, f[:, 0], side="left")  # the first grid T ≥ the point's: seen from there on
+        ok = i < len(self.t)
+        np.minimum.at(g, (i[ok], np.searchsorted(self.m, f[ok, 1])), f[ok, 2])
+        self.g = np.minimum.accumulate(np.minimum.accumulate(g, axis=0), axis=1)
+
+    def least(self, t: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """The least V among points with T ≤ t and M ≤ m (+inf where none)."""
+        i = np.searchsorted(self.t, t, side="right") - 1
+        j = np.searchsorted(self.m, m, side="right") - 1
+        return np.where((i >= 0) & (j >= 0), self.g[np.maximum(i, 0), np.maximum(j, 0)], np.inf)
+
+    def dominated(self, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(strictly dominated, unsure) masks of rows of pts (N, 3)."""
+        least = self.least(pts[:, 0], pts[:, 1])
+        return least < pts[:, 2], least == pts[:, 2]
+
+
+def _front_point(time_ms, margin, var_mib2) -> list:
+    """A plan's point on the kept front: (T, −margin, V), all minimised."""
+    if np.ndim(margin):
+        return [time_ms, -np.asarray(margin, dtype=np.float64), np.asarray(var_mib2, dtype=np.float64)]
+    return [time_ms, -float(margin), float(var_mib2)]
 
 
 def _by_score(c: Cand) -> float:
@@ -322,7 +425,12 @@ def _by_score(c: Cand) -> float:
 
 
 def _by_margin(c: Cand) -> float:
-    return -c.margin
+    return -c.floor_margin
+
+
+def _floor_ub(c: Corner) -> np.ndarray:
+    """The boxes' upper bound of the margin the floor uses (Cand.floor_margin)."""
+    return c.margin_high_ub if c.margin_high_ub is not None else c.margin_ub
 
 
 def _prefix_best(stair: list[Cand], rank) -> tuple[np.ndarray, np.ndarray]:
@@ -372,10 +480,11 @@ def non_dominated(pts: np.ndarray) -> np.ndarray:
 
 
 def pareto_front(cands: list[PlanMetrics]) -> list[PlanMetrics]:
-    """Deduplicate by plan and sort by time."""
+    """Deduplicate by plan (the whole plan: two plans that differ only in virtual stages or a job option are
+    two plans) and sort by time."""
     seen, out = set(), []
     for c in sorted(cands, key=lambda c: c.iteration_time_ms):
-        key = (c.plan.stages, c.plan.dp, c.plan.micro_batch)
+        key = c.plan
         if key not in seen:
             seen.add(key)
             out.append(c)

@@ -108,7 +108,9 @@ def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor
 def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePredictor) -> list[float | None]:
     """Each plan's smallest margin at the predictor's upper memory bound (`peak_mem_mib_high`, the 90 %
     interval's top, memx.planner.signatures.INTERVAL_COLUMNS); None where the predictor gives no interval
-    (the closed form): then the point margin stands. Capacities are the plans' own (PlanMetrics)."""
+    (the closed form): then the point margin stands. A stage's upper bound is max(high, point peak), the point
+    peak where its interval is NaN — what the search's tables hold (memx.planner.predictions.ladder_highs), so
+    the search bounds this margin per box (issue #22). Capacities are the plans' own (PlanMetrics)."""
     if not cands:
         return []
     _, _, pred = _predict_stages([c.plan for c in cands], model, predictor)
@@ -116,8 +118,9 @@ def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePr
         return [None] * len(cands)
     high, out, k = pred["peak_mem_mib_high"], [], 0
     for c in cands:
-        h, cap = high[k:k + c.plan.pp], np.asarray(c.capacity_mib)
-        out.append(None if np.isnan(h).any() else float(np.min((cap - np.maximum(h, c.stage_peak_mib)) / cap)))
+        h, cap, peak = high[k:k + c.plan.pp], np.asarray(c.capacity_mib), np.asarray(c.stage_peak_mib)
+        top = np.where(np.isnan(h), peak, np.maximum(h, peak))
+        out.append(None if np.isnan(h).all() else float(np.min((cap - top) / cap)))
         k += c.plan.pp
     return out
 

@@ -32,6 +32,9 @@ class PlanMetrics:
     phi: float | None = None  # Φ against the search's medians; None where the plan was not scored
     groups: tuple[PlanMetrics, ...] = ()  # schema 2: each group's own metrics (plan = group_plans(p)[g])
     cross_sync_ms: float = 0.0  # schema 2: cross-group gradient synchronisation, part of iteration_time_ms
+    # The smallest margin at the predictor's upper memory bound as the search computed it (issue #22: the
+    # keeper's floor margin, memx.planner.candidates.Cand.floor_margin); None: not from a search with intervals.
+    min_margin_high: float | None = None
 
 
 def per_gpu_peaks(plan: Plan, stage_peak_mib: Sequence[float]) -> tuple[float, ...]:
@@ -42,7 +45,7 @@ def per_gpu_peaks(plan: Plan, stage_peak_mib: Sequence[float]) -> tuple[float, .
 
 
 def plan_metrics(plan: Plan, *, iteration_time_ms, stage_time_ms, stage_peak_mib, capacity_mib, stats: MemoryStats,
-                 feasible: bool, phi: float | None = None) -> PlanMetrics:
+                 feasible: bool, phi: float | None = None, min_margin_high: float | None = None) -> PlanMetrics:
     """One plan's metrics from its assembled arrays (scalars or one-element columns)."""
     def one(x) -> float:
         return float(np.asarray(x).reshape(-1)[0])
@@ -51,7 +54,8 @@ def plan_metrics(plan: Plan, *, iteration_time_ms, stage_time_ms, stage_peak_mib
         plan=plan, iteration_time_ms=one(iteration_time_ms), stage_time_ms=tuple(float(x) for x in stage_time_ms),
         stage_peak_mib=tuple(float(x) for x in stage_peak_mib), peak_mem_mib=per_gpu_peaks(plan, stage_peak_mib),
         capacity_mib=tuple(float(c) for c in capacity_mib), max_mem_mib=one(stats.max_mib),
-        mem_variance_mib2=one(stats.variance_mib2), min_margin=one(stats.min_margin), feasible=feasible, phi=phi)
+        mem_variance_mib2=one(stats.variance_mib2), min_margin=one(stats.min_margin), feasible=feasible, phi=phi,
+        min_margin_high=min_margin_high)
 
 
 def corrected_plans(predictor, metrics: list[PlanMetrics]) -> list[PlanMetrics]:

@@ -22,8 +22,10 @@ plan clears the floor" is said only when none does; then the warning names the s
 widest plan that cannot clear it. With `phi`, the plan the default rule would pick is kept beside a
 below-floor pick (`Pick.floor_pick`).
 
-Margins are the upper-memory-bound margins where the predictor gives intervals (`margin_high`, computed
-from `peak_mem_mib_high`, memx.planner.estimate.upper_margins), else the point margins.
+Margins are the upper-memory-bound margins where the predictor gives intervals (from `peak_mem_mib_high`:
+the search's own figure, PlanMetrics.min_margin_high, which its keeper and box bounds use, so the floor pick
+is exact on it; for other plans memx.planner.estimate.upper_margins, the same definition), else the point
+margins.
 """
 
 from __future__ import annotations
@@ -188,7 +190,9 @@ def apply_pick(r: SearchResult, space: SearchSpace, model: ModelArch, predictor:
     """The search's result with the pick of `space.pick_rule`, the (T, margin, V) front of the kept
     candidates, upper-bound margins where the predictor gives intervals, and the pick's warnings."""
     kept = unique([*r.top, *r.top_time, *r.pareto, *r.safe])
-    high = {plan_key(c): h for c, h in zip(kept, upper_margins(kept, model, predictor)) if h is not None}
+    high = {plan_key(c): c.min_margin_high for c in kept if c.min_margin_high is not None}  # the keeper's
+    rest = [c for c in kept if plan_key(c) not in high]
+    high |= {plan_key(c): h for c, h in zip(rest, upper_margins(rest, model, predictor)) if h is not None}
 
     def mg(m: PlanMetrics) -> float:
         return high.get(plan_key(m), m.min_margin)

@@ -82,7 +82,8 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     shape = (len(ctx_list), n_max + 1, k_max)
     times, mems = np.full(shape, np.inf), np.full(shape, np.inf)
     times[ci, layers, pos], mems[ci, layers, pos] = pred["time_ms"], pred["peak_mem_mib"]
-    _interleaved(ctx_list, times, mems, option_code)  # interleaved contexts: peaks from their twins
+    highs = _highs(pred, shape, (ci, layers, pos))  # the upper memory bound, where the predictor gives one
+    _interleaved(ctx_list, times, mems, option_code, highs)  # interleaved contexts: peaks from their twins
     static = np.zeros(shape[:2])  # beyond the static bound: never predicted, never feasible
     key = ci * (n_max + 1) + layers
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
@@ -95,8 +96,10 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
                                           model.ffn_hidden, model.heads, model.query_groups, model.vocab, model.mlp)
     if model.is_moe:  # the data-parallel step of expert and non-expert gradients (memx.planner.moe)
         params = np.stack([np.r_[0.0, params_per_rank(c, rows[1:], model)] for c in ctx_list])
+    high = None if highs is None else ladder_highs(highs, mems, m, code, option_code, option_ok)
     tables = {c: StageTable(time_ms=t[i], peak_mib=m[i], code=code[i], length=length[i], fit=fit[i],
-                            static_mib=static[i], params_per_rank=params[i]) for i, c in enumerate(ctx_list)}
+                            static_mib=static[i], params_per_rank=params[i],
+                            high_mib=None if high is None else high[i]) for i, c in enumerate(ctx_list)}
     return PredictedTables(tables=tables, max_layers=bounds, signatures=len(layers), predict_s=predict_s)
 
 
@@ -109,7 +112,36 @@ def with_twins(contexts: dict[StageContext, int]) -> dict[StageContext, int]:
     return out
 
 
-def _interleaved(ctx_list: list[StageContext], times: np.ndarray, mems: np.ndarray, option_code: np.ndarray) -> None:
+def _highs(pred: dict[str, np.ndarray], shape: tuple[int, ...], where: tuple[np.ndarray, ...]) -> np.ndarray | None:
+    """(context, n, option) upper memory bounds (`peak_mem_mib_high`, INTERVAL_COLUMNS; NaN where a row has
+    none, +inf where nothing was predicted); None when the predictor gives no interval at all (as
+    memx.planner.estimate.upper_margins: then the point margin stands)."""
+    col = pred.get("peak_mem_mib_high")
+    if col is None or np.isnan(col).all():
+        return None
+    highs = np.full(shape, np.inf)
+    highs[where] = col
+    return highs
+
+
+def ladder_highs(highs: np.ndarray, mems: np.ndarray, peak: np.ndarray, code: np.ndarray, option_code: np.ndarray,
+                 option_ok: np.ndarray) -> np.ndarray:
+    """The upper bound of every ladder level (memx.planner.tables.StageTable.high_mib): max(high, point peak)
+    of the level's option, the point peak where the interval is NaN (the margin the pick applies,
+    estimate.upper_margins). highs, mems: (context, n, option position); peak, code: the ladders'."""
+    eff = np.where(np.isnan(highs), mems, np.maximum(highs, mems))
+    n_rows, k = option_code.shape
+    pos_of = np.zeros((n_rows, int(option_code.max()) + 3), dtype=np.int64)  # (n, code + 2) → option position
+    r, p = np.nonzero(option_ok)
+    pos_of[r, option_code[r, p] + 2] = p
+    n = np.arange(n_rows)[None, :, None]
+    pos = pos_of[n, np.clip(code + 2, 0, pos_of.shape[1] - 1)]
+    out = np.take_along_axis(eff, pos, axis=-1)
+    return np.where(np.isfinite(peak), out, np.inf)
+
+
+def _interleaved(ctx_list: list[StageContext], times: np.ndarray, mems: np.ndarray, option_code: np.ndarray,
+                 highs: np.ndarray | None = None) -> None:
     """In place, for every interleaved context (virtual_stages > 1) of the (context, n, option) arrays: its
     peaks from its plain twins' (memx.planner.interleave.context_twins; a twin's static bound is at least the
     context's, so its entries exist wherever the context's do), and the options it cannot take (n or a
@@ -124,6 +156,8 @@ def _interleaved(ctx_list: list[StageContext], times: np.ndarray, mems: np.ndarr
         twins = context_twins(c)
         with np.errstate(invalid="ignore"):
             peak = combine([mems[where[t]] for t, _ in twins], [w for _, w in twins])
+            if highs is not None:  # the upper bound from the twins' upper bounds, as estimate._predict_stages
+                highs[i] = combine([highs[where[t]] for t, _ in twins], [w for _, w in twins])
         v = c.virtual_stages
         if v not in allowed:
             allowed[v] = np.vectorize(allowed_layers)(n, option_code, v)

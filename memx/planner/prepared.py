@@ -154,4 +154,4 @@ def _scored(tables, base: np.ndarray, layout, S: np.ndarray, weights: Weights | 
         return Scored(layout=layout, splits=S[ok], assignment=a, score=None)
     a = refine(tables, base, a, weights, epsilon_mib2=space.epsilon_mib2, target_margin=space.target_margin)
     score = log_score(a.time_ms, a.stats.max_mib, a.stats.variance_mib2, weights, space.epsilon_mib2)
-    return Scored(layout=layout, splits=S[ok], assignment=a, score=score)
+    return Scored(layout=layout, splits=S[ok], assignment=a, score=score, margin_high=tables.high_margin(base, a.level))

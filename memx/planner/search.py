@@ -326,4 +326,5 @@ def _candidate(lay: Layout, lt: LayoutTables, c: Cand, variant: Variant, model, 
     stats = MemoryStats(max_mib=np.float32(c.max_mib), variance_mib2=np.float32(c.var_mib2), min_margin=np.float32(c.margin))
     # Feasible by construction: step 1 keeps only plans whose every stage fits capacity − reserve.
     return plan_metrics(plan, iteration_time_ms=c.time_ms, stage_time_ms=c.stage_ms, stage_peak_mib=c.stage_mib,
-                        capacity_mib=lt.capacity_mib, stats=stats, feasible=True, phi=float(score))
+                        capacity_mib=lt.capacity_mib, stats=stats, feasible=True, phi=float(score),
+                        min_margin_high=None if np.isnan(c.margin_high) else c.margin_high)

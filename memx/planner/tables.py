@@ -141,6 +141,9 @@ class StageTable:
     fit: np.ndarray  # first ladder index that fits capacity − reserve, −1 if none
     static_mib: np.ndarray
     params_per_rank: np.ndarray
+    # Issue #22: the predictor's upper memory bound of each ladder level, max(peak_mem_mib_high, peak) (the
+    # point peak where the interval is NaN); None for a predictor without intervals (the closed form).
+    high_mib: np.ndarray | None = None
 
     @cached_property
     def fitted_ms(self) -> np.ndarray:
@@ -208,6 +211,7 @@ class LayoutTables:
     fit_peak_mib: np.ndarray
     tail_ms: np.ndarray  # DP gradient all-reduce + optimizer step per (stage, n)
     pipeline: Pipeline
+    high_mib: np.ndarray | None = None  # (pp·rows·K,) StageTable.high_mib stacked; None without intervals
 
     @property
     def capacity_mib(self) -> np.ndarray:  # (pp,)
@@ -245,7 +249,7 @@ class LayoutTables:
             fit=np.concatenate([t.fit for t in tables]).astype(np.int32),
             tail_ms=tail.ravel().astype(f32),
             fit_time_ms=np.concatenate(fit_t).astype(f32), fit_peak_mib=np.concatenate(fit_m).astype(f32),
-            pipeline=pipe,
+            pipeline=pipe, high_mib=_stacked_high(tables),
         )
 
     def base(self, splits: np.ndarray) -> np.ndarray:
@@ -256,6 +260,15 @@ class LayoutTables:
     def gather(self, base: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         idx = base * np.int32(self.k) + level
         return self.time_ms.take(idx), self.peak_mib.take(idx)  # take(): ~3× faster than fancy indexing
+
+    def high_margin(self, base: np.ndarray, level: np.ndarray) -> np.ndarray | None:
+        """(N,) smallest margin at the upper memory bound of the plans at `level` (issue #22), computed as
+        memx.planner.schedule.memory_stats computes the point margin; None without intervals."""
+        if self.high_mib is None:
+            return None
+        high = self.high_mib.take(base * np.int32(self.k) + level)
+        inv_cap = (1.0 / np.asarray(self.capacity_mib)).astype(high.dtype)
+        return 1.0 - (high * inv_cap[:, None]).max(axis=0)
 
     def totals(self, base: np.ndarray, stage_ms: np.ndarray, stage_mib: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         return self.pipeline.assemble(stage_ms, stage_mib, self.tail_ms.take(base))
@@ -296,6 +309,7 @@ class StackedTables:
     micro_batches: np.ndarray  # (layouts,) float32
     virtual_stages: np.ndarray
     fixed_ms: np.ndarray
+    ctx_high_mib: np.ndarray | None = None  # (contexts, rows, K) float32 StageTable.high_mib; None without intervals
 
     @classmethod
     def of(cls, layouts: Sequence[tuple[Sequence[StageTable], Pipeline]]) -> StackedTables:
@@ -341,7 +355,11 @@ class StackedTables:
             cap[li, :n] = pipe.capacity_mib
             weight[li, :n] = pipe.gpu_weight / pipe.gpu_weight.sum()  # as memory_stats
         pipes = [pipe for _, pipe in layouts]
-        return cls(pp=pp, rows=rows, k=k, stages=real.sum(axis=1), ctx=ctx, ctx_time_ms=time_ms, ctx_peak_mib=peak,
+        high = None
+        if all(t.high_mib is not None for t in tabs):  # issue #22: the upper-bound peaks (0 on the empty context)
+            high = np.zeros((len(tabs) + 1, rows, k), dtype=f32)
+            high[:-1] = np.stack([t.high_mib for t in tabs])
+        return cls(pp=pp, rows=rows, k=k, ctx_high_mib=high, stages=real.sum(axis=1), ctx=ctx, ctx_time_ms=time_ms, ctx_peak_mib=peak,
                    ctx_fit=fit, ctx_length=length, row_ctx=row_ctx.astype(np.int32),
                    fit=fit.reshape(-1)[row_ctx].astype(np.int32), length=length.reshape(-1)[row_ctx],
                    fit_time_ms=fit_t.reshape(-1)[row_ctx], fit_peak_mib=fit_m.reshape(-1)[row_ctx],
@@ -364,8 +382,22 @@ class StackedTables:
     def capacity_for(self, base: np.ndarray) -> np.ndarray:
         return self.capacity.reshape(-1).take(base // np.int32(self.rows))
 
+    def high_margin(self, base: np.ndarray, level: np.ndarray) -> np.ndarray | None:
+        """LayoutTables.high_margin for plans of many layouts (the same float32 values; an empty stage's 0)."""
+        if self.ctx_high_mib is None:
+            return None
+        high = self.ctx_high_mib.reshape(-1).take(self.row_ctx.take(base) * np.int32(self.k) + level)
+        inv_cap = self.inv_capacity.reshape(-1).take(base // np.int32(self.rows))
+        return 1.0 - (high * inv_cap).max(axis=0)
+
     def totals(self, base: np.ndarray, stage_ms: np.ndarray, stage_mib: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         li = base[0] // np.int32(self.pp * self.rows)
         return assemble_columns(stage_ms, stage_mib, self.tail_ms.take(base), micro_batches=self.micro_batches[li],
                                 virtual_stages=self.virtual_stages[li], fixed_ms=self.fixed_ms[li],
                                 w=self.weight32[li].T, inv_cap=self.inv_capacity[li].T)
+
+def _stacked_high(tables: list[StageTable]) -> np.ndarray | None:
+    """The stages' upper-bound peaks as one float32 array (LayoutTables.high_mib); None without intervals."""
+    if any(t.high_mib is None for t in tables):
+        return None
+    return np.concatenate([t.high_mib.ravel() for t in tables]).astype(np.float32)
