@@ -34,7 +34,6 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from memx.domain.plan import Plan
 from memx.domain.specs import ModelArch, SearchSpace
 from memx.planner.estimate import upper_margins
 from memx.planner.metrics import PlanMetrics

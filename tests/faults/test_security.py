@@ -92,6 +92,9 @@ def test_tampered_booster_is_refused_and_champion_treated_as_absent(scenario, mo
     assert int(registry.champion(fp.fingerprint).version) == 2
 
 
+# ~8 s (a training): `make test-all`; a champion that cannot be loaded is absent in the default set via
+# test_tampered_booster_is_refused_and_champion_treated_as_absent.
+@pytest.mark.slow
 def test_champion_files_gone_is_absent(scenario, monkeypatch):
     import mlflow
 

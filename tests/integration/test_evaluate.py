@@ -101,6 +101,10 @@ def test_bad_input_exits_2_with_a_clear_message(measured, cli, tmp_path, argv, n
     assert out.exit_code == 2 and needle in out.output
 
 
+# ~7 s (a training): `make test-all`; time-only records stay in the default set via
+# tests/unit/test_predictor.py::test_time_only_profiles_fall_back_to_analytic_memory_and_say_so and
+# tests/integration/test_per_layer_forward_profiles.py.
+@pytest.mark.slow
 def test_time_only_stage_runs_train_and_evaluate_to_strict_json(measured, cli, tmp_path, monkeypatch):
     """Per-layer-style records without memory (issue #16): `memx train` trains (no XGBoost NaN-label
     crash), memory comes from the closed form per GPU type, and `memx evaluate --format json` is strict

@@ -101,6 +101,7 @@ def test_table1(out, results):
     assert memx["x_busy"] > memory["x_busy"]  # recompute on X lets it take more layers: less idle
 
 
+@pytest.mark.slow  # ~10 s: `make test-all` (see test_prediction)
 def test_scaling(out, results):
     res = _run("scaling", out, results)
     _files_ok(res)
@@ -124,6 +125,7 @@ def test_robustness(out, results):
     assert counts.loc["ours", "oom_nominal"] <= counts.loc["amp", "oom_nominal"]
 
 
+@pytest.mark.slow  # ~7 s: `make test-all`; the experiments stay in the default set via test_deployment and test_robustness
 def test_cli(tmp_path):
     from typer.testing import CliRunner
 

@@ -36,7 +36,13 @@ def test_pipeline_runs_then_reuses_every_stage(prefect_api, local_store, tmp_pat
     again = pipeline_flow(**SMALL, store=local_store, tracking_uri=uri)
     assert _versions(local_store) == stored  # nothing new written: every stage reused
     assert again["plan"] == first["plan"] and again["version"] == first["version"]
-    # A new node of a known GPU type re-plans only: profiles, augment and train are reused.
+
+
+# ~20 s (two pipeline runs): `make test-all`; that growth changes no profile or training fingerprint stays in
+# the default set via tests/unit/test_fingerprint.py.
+@pytest.mark.slow
+def test_a_new_node_of_a_known_gpu_type_re_plans_only(prefect_api, local_store, tmp_path):
+    from flows.pipeline import pipeline_flow
     from memx.domain.catalog import default_conf_root
     import shutil, yaml
 
@@ -45,6 +51,8 @@ def test_pipeline_runs_then_reuses_every_stage(prefect_api, local_store, tmp_pat
     data = yaml.safe_load((conf / "clusters" / "three-vendor-20.yaml").read_text())
     data["nodes"].append({"gpu": "a100-80g", "count": 4})
     (conf / "clusters" / "three-vendor-20.yaml").write_text(yaml.safe_dump(data))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = pipeline_flow(**SMALL, store=local_store, tracking_uri=uri)
     grown = pipeline_flow(**SMALL, conf=str(conf), store=local_store, tracking_uri=uri)
     assert grown["profiles"] == first["profiles"] and grown["train"] == first["train"]
     assert grown["version"] != first["version"]

@@ -3,6 +3,7 @@ tags, load back, champion moves only when a new version is better on the same he
 
 from __future__ import annotations
 
+import pytest
 import numpy as np
 from typer.testing import CliRunner
 
@@ -58,6 +59,9 @@ def test_register_load_and_champion_rule(scenario, monkeypatch):
     assert list(table["version"]) == [1, 2] and "time_mape" in table and table.loc[0, "aliases"].startswith("champion")
 
 
+# ~5 s (two trainings): `make test-all`; the registry stays in the default set via
+# test_register_load_and_champion_rule.
+@pytest.mark.slow
 def test_models_cli_lists_and_compares(scenario, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cl, mo, sp, runs = scenario

@@ -33,6 +33,9 @@ def _train(cl, mo, sp):
     return profiles, train_step(cl, mo, sp, **FAST)
 
 
+# ~9 s (two trainings): `make test-all`; every stage's reuse stays in the default set via
+# tests/integration/test_flows_pipeline.py and the prediction cache's hits via tests/unit/test_cache.py.
+@pytest.mark.slow
 def test_second_call_reuses_profile_model_and_cache(base):
     cl, mo, sp = base
     profiles, first = _train(cl, mo, sp)

@@ -56,6 +56,7 @@ def test_own_memory_and_static_scaled(setup):
     assert scaled.max_mem_mib < real.max_mem_mib
 
 
+@pytest.mark.slow  # ~6 s (three baseline searches): `make test-all`; the baselines stay in the default set below
 def test_amp_ignores_memory_and_recompute(setup):
     cl, mo, sp, pred = setup
     pick = AMP.plan(cl, mo, sp, pred)

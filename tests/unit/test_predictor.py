@@ -152,6 +152,7 @@ def test_gpu_type_never_profiled_is_predicted_from_its_spec(scenario):
     assert err["mem_mape"] < ana["mem_mape"] and err["time_mape"] < 0.6
 
 
+@pytest.mark.slow  # ~4 s: `make test-all`; prediction itself is exercised by every test here
 def test_predicts_two_hundred_thousand_signatures_in_seconds(scenario):
     cl, _, _, runs, _ = scenario
     pred = fit_predictor(runs, gpus_of(cl), variant="hybrid-calibrated", seed=0)

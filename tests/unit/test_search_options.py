@@ -62,6 +62,9 @@ def test_both_settings_searched_and_no_duplicate_layouts(conf_root):
     assert len(enumerate_layouts(cluster, model, off)) < len(layouts)
 
 
+# ~5 s: `make test-all`; use_all_gpus: false stays in the default set via the exactness property tests
+# (tests/unit/test_search_exact.py draws it).
+@pytest.mark.slow
 def test_a_plan_may_leave_the_slow_gpus_idle(conf_root):
     """docs/results.md §A plan that leaves GPUs idle: gpt-neo-2.7b on 8 A100 + 8 T4."""
     cluster, model = load_cluster("a100-t4-16", conf_root), load_model("gpt-neo-2.7b", conf_root)
