@@ -1,7 +1,9 @@
 # MemX — `make plan` runs the main job (the whole pipeline on the embedded defaults), `make test` the
 # tests. Both create .venv and install first: the pinned versions of requirements.lock (every package,
 # transitive ones included), installed by uv (pip installs uv into .venv first; plain pip where uv cannot
-# be had), then MemX itself without dependencies. `make lock` re-resolves pyproject.toml into the lock.
+# be had; bytecode compiled at install, as pip does, so that every later import and subprocess — the
+# tests, the Prefect and MLflow servers — loads .pyc instead of compiling source), then MemX itself without
+# dependencies. `make lock` re-resolves pyproject.toml into the lock.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -15,7 +17,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c 'import sys; assert sys.version_info >= (3, 11), "MemX needs Python >= 3.11"'
 	@if $(BIN)/python -m pip install -q "uv==$(UV_VERSION)" 2>/dev/null; then \
-	  $(BIN)/uv pip install -q --python $(BIN)/python -r $(LOCK) && \
+	  $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -r $(LOCK) && \
 	  $(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .; \
 	else \
 	  $(BIN)/python -m pip install -q -r $(LOCK) && $(BIN)/python -m pip install -q --no-deps -e .; \

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from mlflow import MlflowClient
 
 from support.services import FAKE_AWS_ENV, listening_hosts, local_services
 
@@ -24,6 +23,8 @@ def test_mlflow_server_logs_artifacts_to_s3(services, tmp_path):
     assert services.mlflow.url.startswith("http://127.0.0.1:")
     assert listening_hosts(int(services.mlflow.url.rsplit(":", 1)[1])) == {"127.0.0.1"}  # bound to loopback only
     assert listening_hosts(services.s3.port) == {"127.0.0.1"}
+    from mlflow import MlflowClient  # imported here: collecting the suite stays cheap
+
     client = MlflowClient(tracking_uri=services.mlflow.url)
     experiment = client.create_experiment("memx-services-test")
     run = client.create_run(experiment)
