@@ -19,6 +19,9 @@ def vtrain_models(realdata):
     return model_estimates(load_vtrain(realdata))
 
 
+# ~12 s with its fixture (1,440 vTrain plans predicted by a trained model): `make test-all`; published data stays in
+# the default set via tests/validation/test_simulator_vtrain.py, test_predictor_sailor.py and test_v100_published.py.
+@pytest.mark.slow
 def test_vtrain_a100_groups_ranked_and_predicted(vtrain_models):
     s = scores(*uncalibrated(vtrain_models))
     print(s.line("vTrain uncalibrated"))
