@@ -57,3 +57,9 @@ def scenario():
     cl, mo, sp = load_cluster("xy-2"), load_model("llama-6l"), load_search("small")
     return cl, mo, sp, profile(cl, mo, sp, backend="simulated", seed=0).stage_runs
 
+
+
+def pytest_collection_modifyitems(items):
+    """The tests that need Prefect's API server (~1 min with its start) run first: on `make test`'s two xdist
+    workers the other worker meanwhile takes the rest, instead of one worker finishing that file alone."""
+    items.sort(key=lambda item: "prefect_api" not in getattr(item, "fixturenames", ()))
