@@ -187,23 +187,34 @@ def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq, precision=DEF
     links = plan_links(cluster, probe)
     if links is None:
         return []
-    experts = {ep: a2a_links(cluster, dataclasses.replace(probe, expert_parallel=ep)) if model.is_moe else None
-               for ep in expert_parallelisms(space, model, dp)}  # MoE: ep and its all-to-all links per stage
-    plain = [
+    out: list[Layout] = []
+    if 1 in space.context_parallel_options:
+        experts = {ep: a2a_links(cluster, dataclasses.replace(probe, expert_parallel=ep)) if model.is_moe else None
+                   for ep in expert_parallelisms(space, model, dp)}  # MoE: ep and its all-to-all links per stage
+        out += _layouts(cluster, model, space, probe, links, precision, experts)
+    return out + context_parallel_layouts(cluster, model, space, probe, links, precision)
+
+
+def _layouts(cluster, model, space, probe: Plan, links, precision, experts, cp: int = 1, ring=None) -> list[Layout]:
+    """Every micro batch, option and interleaving of the probe's GPUs with cp ranks per replica (dp = probe.dp /
+    cp, the probe's placement and links: its rank-equivalent plan) and the expert-parallel sizes `experts`
+    ({ep: all-to-all links}; {1: None} for a dense model)."""
+    gpus, tps = tuple(st.gpu for st in probe.stages), tuple(st.tp for st in probe.stages)
+    dp = probe.dp // cp
+    return [
         Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
                p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do,
                sequence_parallel=sp, virtual_stages=v, wrap_gbps=wrap, precision=precision, expert_parallel=ep,
-               a2a_links=a2a)
+               a2a_links=a2a, context_parallel=cp, cp_links=ring)
         for mb in space.micro_batch_options
         if space.global_batch % (dp * mb) == 0
-        for do in _effective(space.distributed_optimizer, dp > 1)
+        for do in _effective(space.distributed_optimizer, probe.dp > 1)  # the optimizer shards over dp·cp ranks
         for sp in _effective(space.sequence_parallel, max(tps) > 1)
         for v in interleavings(space, len(gpus), space.global_batch // (dp * mb), model.layers)
         for wrap in [wrap_gbps(cluster, probe) if v > 1 else None]
         for ep, a2a in experts.items()
         if ep == 1 or sp or max(tps) == 1  # Megatron: ep > 1 with tp > 1 needs sequence parallelism
-    ] if 1 in space.context_parallel_options else []
-    return plain + context_parallel_layouts(cluster, model, space, probe, links, precision)
+    ]
 
 
 def context_sizes(space: SearchSpace, replicas: int, seq_len: int) -> list[int]:
@@ -217,22 +228,12 @@ def context_parallel_layouts(cluster, model, space, probe: Plan, links, precisio
     with cp ranks each — the same placement and links (its rank-equivalent plan), m = global_batch / (dp·mb).
     None for a mixture-of-experts model: cp with expert parallelism is not modelled yet (memx.domain.plan
     refuses the combination, moe_problems)."""
-    out: list[Layout] = []
-    gpus, tps = tuple(st.gpu for st in probe.stages), tuple(st.tp for st in probe.stages)
-    if model.is_moe or not launcher_runs_cp(space.launcher, [cluster.gpu(g) for g in dict.fromkeys(gpus)]):
-        return out
-    for cp in context_sizes(space, probe.dp, probe.seq_len):
-        dp = probe.dp // cp
-        ring = cp_links(cluster, dataclasses.replace(probe, dp=dp, context_parallel=cp))
-        out += [Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
-                       p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do,
-                       sequence_parallel=sp, virtual_stages=v, precision=precision, context_parallel=cp, cp_links=ring,
-                       wrap_gbps=wrap_gbps(cluster, probe) if v > 1 else None)
-                for mb in space.micro_batch_options if space.global_batch % (dp * mb) == 0
-                for do in _effective(space.distributed_optimizer, probe.dp > 1)
-                for sp in _effective(space.sequence_parallel, max(tps) > 1)
-                for v in interleavings(space, len(gpus), space.global_batch // (dp * mb), model.layers)]
-    return out
+    gpus = [cluster.gpu(g) for g in dict.fromkeys(st.gpu for st in probe.stages)]
+    if model.is_moe or not launcher_runs_cp(space.launcher, gpus):
+        return []
+    return [layout for cp in context_sizes(space, probe.dp, probe.seq_len)
+            for layout in _layouts(cluster, model, space, probe, links, precision, {1: None}, cp,
+                                   cp_links(cluster, dataclasses.replace(probe, dp=probe.dp // cp, context_parallel=cp)))]
 
 
 def interleavings(space: SearchSpace, pp: int, micro_batches: int, layers: int) -> list[int]:
