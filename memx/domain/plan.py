@@ -381,20 +381,20 @@ def moe_problems(plan: Plan, model: ModelArch) -> list[str]:
     megatron/training/arguments.py: 'Number of experts should be a multiple of expert model parallel_size';
     megatron/core/parallel_state.py: world_size divisible by expert_tensor_parallel × ep × pp, the expert tensor
     parallel size defaulting to tp — per stage of tp × dp GPUs that is ep dividing dp; model_parallel_config.py:
-    'When using expert parallelism and tensor parallelism … sequence parallelism must be used')."""
-    ep = plan.expert_parallel
-    if model.is_moe and plan.context_parallel > 1:  # issue #27: the two are not modelled together yet
-        return [f"field 'context_parallel' ({plan.context_parallel}) with a mixture-of-experts model ({model.name}): "
-                f"not supported yet (allowed: 1); expert and context parallelism are modelled one at a time"]
+    'When using expert parallelism and tensor parallelism … sequence parallelism must be used'). With context
+    parallelism the expert grid has no cp axis (parallel_state.py: the expert RankGenerator's cp=1, expert dp =
+    world / (etp × ep × pp)), so ep groups are carved from the dp × cp ranks: ep divides dp × cp."""
+    ep, cp = plan.expert_parallel, plan.context_parallel
     if ep == 1:
         return []
     if not model.is_moe:
         return [f"field 'expert_parallel' ({ep}) needs a mixture-of-experts model; {model.name} has no 'num_experts'"]
     out = [] if model.num_experts % ep == 0 else [
         f"field 'expert_parallel' ({ep}) does not divide num_experts ({model.num_experts}) of model {model.name}"]
-    if plan.dp % ep:
-        out.append(f"field 'expert_parallel' ({ep}) does not divide dp ({plan.dp}): each stage's tp × dp GPUs must "
-                   f"split into expert tp (= tp) × ep × expert dp")
+    if plan.dp * cp % ep:
+        ranks = f"dp × context_parallel ({plan.dp} × {cp})" if cp > 1 else f"dp ({plan.dp})"
+        out.append(f"field 'expert_parallel' ({ep}) does not divide {ranks}: each stage's tp × dp{' × cp' * (cp > 1)} "
+                   f"GPUs must split into expert tp (= tp) × ep × expert dp")
     if any(s.tp > 1 for s in plan.stages) and not plan.sequence_parallel:
         out.append(f"field 'expert_parallel' ({ep}) with tp > 1 needs 'sequence_parallel': true")
     return out

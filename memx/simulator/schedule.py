@@ -223,22 +223,26 @@ def _prepare(plan: Plan, where: list[list[int]], cluster: Cluster, model: ModelA
     """A group's costs on its given placement (p2p and DP links follow `where`); `plan` with cp > 1 is the
     rank-equivalent plan, its stages running the ring attention (memx.simulator.context_parallel)."""
     sigs = stage_signatures(plan, model)
-    rings = cp_ring_links(plan, cluster, where, tr, context_parallel) if context_parallel > 1 else None
-
-    def cost(s: int, sig: StageSignature) -> StageCost:
-        c, t = stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param), tr[sig.gpu]
-        if rings is None:
-            return c
-        return with_ring(c, sig, context_parallel, Device.of(cluster.gpu(sig.gpu), t, sig.precision), *rings[s],
-                         t.recompute_penalty_factor)
-
-    costs = [cost(s, sig) for s, sig in enumerate(sigs)]
-    chunks = None if plan.virtual_stages == 1 else [
-        [cost(s, c) for c in chunk_signatures(sig, s, plan.pp, plan.virtual_stages)] for s, sig in enumerate(sigs)]
+    costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
+    chunk_sigs = None if plan.virtual_stages == 1 else [chunk_signatures(sig, s, plan.pp, plan.virtual_stages)
+                                                        for s, sig in enumerate(sigs)]
+    chunks = None if chunk_sigs is None else [
+        [stage_cost(c, cluster.gpu(c.gpu), tr[c.gpu], static_bytes_per_param) for c in cs] for cs in chunk_sigs]
     expert_dp = [0.0] * plan.pp
     if plan_model(plan, model).is_moe:  # routed experts, router, all-to-all (memx.simulator.moe)
         costs, chunks, expert_dp = moe_stage_costs(plan, plan_model(plan, model), cluster, where, sigs, costs, chunks, tr,
                                                    static_bytes_per_param)
+    if context_parallel > 1:  # the ring's steps on top of the rank's costs, MoE layers' included (with_ring adds)
+        rings = cp_ring_links(plan, cluster, where, tr, context_parallel)
+
+        def ring(s: int, sig: StageSignature, c: StageCost) -> StageCost:
+            t = tr[sig.gpu]
+            return with_ring(c, sig, context_parallel, Device.of(cluster.gpu(sig.gpu), t, sig.precision), *rings[s],
+                             t.recompute_penalty_factor)
+
+        costs = [ring(s, sig, c) for s, (sig, c) in enumerate(zip(sigs, costs))]
+        if chunks is not None:
+            chunks = [[ring(s, sig, c) for sig, c in zip(chunk_sigs[s], chunks[s])] for s in range(plan.pp)]
     dp_ar = [a + b for a, b in zip(_dp_allreduce_ms(plan, cluster, where, costs, tr), expert_dp)]
     return _Group(plan=plan, where=where, sigs=sigs, costs=costs, p2p=_p2p_ms(plan, model, cluster, where, tr),
                   dp_ar=dp_ar, chunks=chunks)
