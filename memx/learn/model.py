@@ -117,8 +117,7 @@ def fit_calibration(a, g, names: np.ndarray, y_time: np.ndarray, y_mem: np.ndarr
 
 
 def _per_row(coef: Mapping[str, list[float]], groups: tuple[np.ndarray, np.ndarray], bases: np.ndarray) -> np.ndarray:
-    """Row i's bases @ the coefficients of its GPU type; `groups` = np.unique(names, return_inverse=True)."""
-    uniq, inv = groups
+    uniq, inv = groups  # np.unique(names, return_inverse=True): row i's bases @ its GPU type's coefficients
     out = np.empty(len(inv))
     for i, u in enumerate(uniq):
         theta = np.asarray(coef.get(str(u), coef[GLOBAL]))
@@ -135,9 +134,8 @@ def apply_calibration(cal: Calibration, a, g, names: np.ndarray, analytic: pd.Da
         m = np.maximum(_per_row(cal.mem_coef, groups, memory_bases(a)), 1.0)
     else:
         m = analytic["peak_mem_mib"].to_numpy(dtype=np.float64)
-    uniq, inv = groups
-    ratio = np.array([cal.static_ratio.get(str(n), cal.static_ratio.get(GLOBAL, 1.0)) for n in uniq])
-    s = analytic["static_mem_mib"].to_numpy(dtype=np.float64) * (ratio[inv] if len(ratio) else 1.0)
+    ratio = np.array([cal.static_ratio.get(str(n), cal.static_ratio.get(GLOBAL, 1.0)) for n in groups[0]])
+    s = analytic["static_mem_mib"].to_numpy(dtype=np.float64) * (ratio[groups[1]] if len(ratio) else 1.0)
     return t, m, s
 
 
