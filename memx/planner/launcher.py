@@ -53,7 +53,14 @@ def launcher_search(cluster: Cluster, model: ModelArch, space: SearchSpace, pred
     `level_sets(space)` (InfeasibleError naming each level's reason when none has a plan). With
     `stage_data_parallel` (opt-in, issue #27) the per-stage-dp space is searched beside it under the same level
     sets and its best plan is the pick when it beats this one (memx.planner.stage_dp_search)."""
-    result = _launcher_search(cluster, model, space, predictor, **kw)
+    return stage_dp_option(_launcher_search(cluster, model, space, predictor, **kw), cluster, model, space, predictor)
+
+
+def stage_dp_option(result: SearchResult, cluster: Cluster, model: ModelArch, space: SearchSpace,
+                    predictor) -> SearchResult:
+    """`result` unchanged, or with `stage_data_parallel` (opt-in, issue #27) the per-stage-dp space searched
+    beside it under `level_sets(space)` and its best plan the pick when it beats `result`'s
+    (memx.planner.stage_dp_search.with_stage_dp)."""
     if not space.stage_data_parallel:
         return result
     return with_stage_dp(result, cluster, model, space, predictor, level_sets(space))
