@@ -1,11 +1,13 @@
 """A data-parallel degree per stage (issue #27): MemX with and without `stage_data_parallel` on Metis' side-by-side
 problem, the closed form against the virtual cluster on random per-stage-dp plans, and the search time ratio.
 
-Side by side: 4 × A100-80G + 12 × V100-32G (conf/clusters/a100-v100-16.yaml) / llama2-7b, conf/search/default.yaml
+Side by side: 4 × A100-80G + 12 × V100-32G (conf/clusters/a100-v100-16.yaml) / llama2-7b (Metis' problem), and
+h100-h20-16 / llama2-7b, conf/search/default.yaml
 with `stage_data_parallel` false (today's space) and true (the opt-in per-stage-dp space beside it), both
 through memx.planner.launcher.launcher_search (what `memx plan` runs) with the runtime-aware closed form; each
 pick simulated on the virtual cluster (memx.simulator.simulate_plan, 3 seeds). Also the best per-stage-dp plan on
-its own (memx.planner.stage_dp_search.search_stage_dp), predicted and simulated.
+its own (memx.planner.stage_dp_search.search_stage_dp) and the five fastest the per-stage-dp search re-scores,
+predicted and simulated.
 
 Accuracy: random per-stage-dp plans — a random layout of the per-stage-dp space (stage_dp_search.layouts: a
 (tp, dp) per GPU type with different dp, any type order and micro batch), a uniformly random layer split and a
@@ -32,15 +34,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
-from memx.domain.plan import Recompute, plan_to_json  # noqa: E402
+from memx.domain.plan import Recompute, plan_to_dict, plan_to_json  # noqa: E402
 from memx.planner.cost import AnalyticStageModel  # noqa: E402
 from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.planner.launcher import launcher_search  # noqa: E402
-from memx.planner.stage_dp_search import layouts, search_stage_dp  # noqa: E402
+from memx.planner.stage_dp_search import candidates, layouts, search_stage_dp  # noqa: E402
+from memx.report.notation import compact_stages, dp_text  # noqa: E402
 from memx.simulator import draw_plans, simulate_plan  # noqa: E402
 
 from bench.interleave import errors  # noqa: E402  (the accuracy figures of issue #27's other benches)
 
+SIDE_BY_SIDE = (("a100-v100-16", "llama2-7b"), ("h100-h20-16", "llama2-7b"))
 CASES = (("a100-v100-16", "llama2-7b"), ("h100-h20-16", "llama2-7b"), ("a100-t4-16", "llama2-7b"))
 
 
@@ -70,8 +74,9 @@ def simulated(plan, cluster, model) -> str:
     return f"simulated {t:,.0f} ms, peak {max(runs[0].peak_mem_mib) / 1024:.1f} GiB"
 
 
-def side_by_side() -> None:
-    cluster, model, space = load_cluster("a100-v100-16"), load_model("llama2-7b"), load_search("default")
+def side_by_side(cname: str, mname: str) -> None:
+    cluster, model, space = load_cluster(cname), load_model(mname), load_search("default")
+    print(f"== {cname} / {mname}, conf/search/default.yaml", flush=True)
     pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
     times = {}
     for on in (False, True):
@@ -92,6 +97,12 @@ def side_by_side() -> None:
     m, high = search_stage_dp(cluster, model, space, pred)
     print(f"best per-stage-dp plan alone: {m.iteration_time_ms:,.0f} ms predicted, margin {high:.1%}; "
           f"{simulated(m.plan, cluster, model)}\n  {plan_to_json(m.plan)}", flush=True)
+    plans, _ = candidates(cluster, model, space, pred)
+    top = sorted((e for e in estimate_plans(plans, cluster, model, pred) if e.feasible),
+                 key=lambda e: e.iteration_time_ms)[:5]
+    for i, e in enumerate(top):
+        print(f"  per-stage-dp #{i + 1}: {e.iteration_time_ms:,.0f} ms predicted; {simulated(e.plan, cluster, model)}; "
+              f"{compact_stages(plan_to_dict(e.plan))}, dp {dp_text(plan_to_dict(e.plan))}", flush=True)
 
 
 def main() -> None:
@@ -99,7 +110,8 @@ def main() -> None:
     ap.add_argument("--plans", type=int, default=150)
     ap.add_argument("--seed", type=int, default=5)
     args = ap.parse_args()
-    side_by_side()
+    for cname, mname in SIDE_BY_SIDE:
+        side_by_side(cname, mname)
     for cname, mname in CASES:
         cluster, model = load_cluster(cname), load_model(mname)
         plans = random_plans(cluster, model, load_search("default"), args.plans, args.seed)
