@@ -42,11 +42,11 @@ from memx.domain.plan import Plan, plan_model
 from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.cross_sync import flat_stage_ms, schedule_sync, segment_ms, segments
 from memx.simulator.interleave import chunk_signatures, interleaved_replicas, peak_held_mib
-from memx.simulator.links import dp_ring, link, shared_nic
+from memx.simulator.links import link, shared_nic
 from memx.simulator.moe import dense_ffn, moe_stage_costs
 from memx.domain.stage_dp import has_stage_dp
-from memx.simulator.stage_dp import simulate_meshes
-from memx.simulator.physics import BF16_BYTES, Device, GRAD_BYTES_OF, ring_allreduce_ms, ring_collective_ms
+from memx.simulator.stage_dp import dp_step_ms, simulate_meshes
+from memx.simulator.physics import BF16_BYTES, Device
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
     StageCost,
@@ -173,19 +173,10 @@ def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs
                      tr: dict[str, GpuTraits]) -> list[float]:
     """Ring all-reduce of each stage's fp32 gradients over its dp replicas (the T_dp term,
     docs/architecture.md §1F1B assembly); with the distributed optimizer a reduce-scatter of the fp32
-    gradients plus an all-gather of the bf16 parameters: 6 B instead of 8 B per parameter × (r−1)/r
-    on the wire (Megatron-LM docs, "Distributed Optimizer", key steps). When the replicas span nodes,
-    the stage's tp concurrent rings share the node's network link (simulator assumption)."""
-    out = []
-    for s, st in enumerate(plan.stages):
-        per_ring, step = dp_ring(plan, cluster, where, s, tr[st.gpu])
-        grad = GRAD_BYTES_OF[plan.precision]  # fp32 main grads, or fp16 grads under fp16 (physics.GRAD_BYTES_OF)
-        if plan.distributed_optimizer:
-            out.append(ring_collective_ms(grad * costs[s].params, plan.dp, per_ring, step)
-                       + ring_collective_ms(BF16_BYTES * costs[s].params, plan.dp, per_ring, step))
-        else:
-            out.append(ring_allreduce_ms(grad * costs[s].params, plan.dp, per_ring, step))
-    return out
+    gradients plus an all-gather of the bf16 parameters (memx.simulator.stage_dp.dp_step_ms, over the replicas'
+    nodes). When the replicas span nodes, the stage's tp concurrent rings share the node's network link
+    (simulator assumption)."""
+    return dp_step_ms(plan, cluster, [[where[r][s] for r in range(plan.dp)] for s in range(plan.pp)], costs, tr)
 
 
 def _memory(plan: Plan, sigs: list[StageSignature], costs: list[StageCost],

@@ -135,14 +135,17 @@ def _deliver(s: int, j: int, kind: int, pp: int, end_f, end_b, ready_f, ready_b,
             ready_b[s - 1][dst, j] = t
 
 
-def dp_step_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs: list[StageCost],
+def dp_step_ms(plan: Plan, cluster: Cluster, nodes: list[list[int]], costs: list[StageCost],
                tr: dict[str, GpuTraits]) -> list[float]:
-    """Per stage: its gradient ring all-reduce over its own dp_s groups (reduce-scatter + all-gather with the
-    distributed optimizer), the stage's tp_s rings at once (links.ring)."""
+    """Per stage: the ring all-reduce of its gradients over its data-parallel groups on `nodes[s]` (one node per
+    group; a stage's replicas, or its dp_s groups), reduce-scatter + all-gather with the distributed optimizer (6 B
+    instead of 8 B per parameter × (r − 1)/r on the wire: Megatron-LM docs, "Distributed Optimizer"); the stage's
+    tp_s rings at once share the nodes' network links (links.ring)."""
     out = []
-    for s, (st, dp) in enumerate(zip(plan.stages, stage_dps(plan))):
-        per_ring, step = ring(cluster, where[s], [tr[st.gpu]] * dp, st.tp)
-        grad = GRAD_BYTES_OF[plan.precision]
+    for s, st in enumerate(plan.stages):
+        dp = len(nodes[s])
+        per_ring, step = ring(cluster, nodes[s], [tr[st.gpu]] * dp, st.tp)
+        grad = GRAD_BYTES_OF[plan.precision]  # fp32 main grads, or fp16 grads under fp16 (physics.GRAD_BYTES_OF)
         if plan.distributed_optimizer:
             out.append(ring_collective_ms(grad * costs[s].params, dp, per_ring, step)
                        + ring_collective_ms(BF16_BYTES * costs[s].params, dp, per_ring, step))
@@ -183,7 +186,7 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
                 over.append(len(demand))
             demand.append(peak)
     pieces = [boundary_pieces(plan, model, cluster, where, s, tr) for s in range(plan.pp - 1)]
-    dp_ar = dp_step_ms(plan, cluster, where, costs, tr)
+    dp_ar = dp_step_ms(plan, cluster, where, costs, tr)  # `where`: each stage's dp_s group nodes
     common = dict(demand_mem_mib=tuple(demand), oom_gpus=tuple(over), stage_time_ms=tuple(c.time_ms for c in costs),
                   p2p_ms=tuple(max(ms for _, _, ms in p) for p in pieces), dp_allreduce_ms=tuple(dp_ar),
                   optimizer_ms=tuple(c.optimizer_ms for c in costs))

@@ -115,3 +115,22 @@ def test_closed_form_tracks_the_virtual_cluster_on_a_mixed_plan(env):
     assert not run.oom and len(run.peak_mem_mib) == 16
     assert est.iteration_time_ms == pytest.approx(run.iteration_time_ms, rel=0.10)
     assert max(est.peak_mem_mib) == pytest.approx(max(run.peak_mem_mib), rel=0.10)
+
+
+def test_any_stage_predictor_sees_each_stage_at_its_per_rank_micro_batch(env):
+    """A learned predictor is reached through `predict(DataFrame)` (memx.planner.signatures.predict_arrays): each
+    stage's signature is an ordinary one at micro batch b_s with dp_s optimizer shards, nothing new to learn."""
+    cluster, model, pred = env
+    seen = []
+
+    class Recording:  # a predictor with `predict` only, as the learned stack's wrappers are
+        name = "recording"
+
+        def predict(self, sigs):
+            seen.append(sigs[["micro_batch", "dp"]].to_numpy().tolist())
+            return pred.predict(sigs)
+
+    plan = dataclasses.replace(plan_from_dict(MIXED), distributed_optimizer=True)
+    got = estimate_plans([plan], cluster, model, Recording())[0]
+    assert seen[0] == [[1, 2], [2, 1], [1, 2]]  # (b_s, dp_s) per stage
+    assert got.iteration_time_ms == estimate_plans([plan], cluster, model, pred)[0].iteration_time_ms
