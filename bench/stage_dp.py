@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
 from memx.domain.plan import Recompute, plan_to_dict, plan_to_json  # noqa: E402
+from memx.planner.baselines.metis import METIS  # noqa: E402
 from memx.planner.cost import AnalyticStageModel  # noqa: E402
 from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.planner.launcher import launcher_search  # noqa: E402
@@ -97,6 +98,11 @@ def side_by_side(cname: str, mname: str) -> None:
     m, high = search_stage_dp(cluster, model, space, pred)
     print(f"best per-stage-dp plan alone: {m.iteration_time_ms:,.0f} ms predicted, margin {high:.1%}; "
           f"{simulated(m.plan, cluster, model)}\n  {plan_to_json(m.plan)}", flush=True)
+    for on in (False, True):  # the Metis-like baseline (its memory estimate, no recompute, time only)
+        pk = METIS.plan(cluster, model, dataclasses.replace(space, stage_data_parallel=on), pred)
+        d = plan_to_dict(pk.plan)
+        print(f"Metis-like, stage_data_parallel={on!s:5}: {pk.predicted_time_ms:,.0f} ms predicted; "
+              f"{simulated(pk.plan, cluster, model)}; {compact_stages(d)}, dp {dp_text(d)}", flush=True)
     plans, _ = candidates(cluster, model, space, pred)
     top = sorted((e for e in estimate_plans(plans, cluster, model, pred) if e.feasible),
                  key=lambda e: e.iteration_time_ms)[:5]
