@@ -102,3 +102,15 @@ def test_notation_shows_each_stages_dp():
     d = plan_to_dict(plan_from_dict(MIXED))
     assert dp_text(d) == "2/1/2"
     assert compact_stages(d) == "a100-80g×2·dp2 [12] → v100-32g×4·dp1 [10] full → v100-32g×4·dp2 [10] full"
+
+
+@pytest.mark.slow
+def test_metis_like_searches_per_stage_dp_only_when_the_space_asks():
+    from memx.planner.baselines.metis import METIS
+
+    cluster, model, space = load_cluster("h100-h20-16"), load_model("llama-6l"), load_search("small")
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    off = METIS.plan(cluster, model, space, pred)
+    on = METIS.plan(cluster, model, dataclasses.replace(space, stage_data_parallel=True), pred)
+    assert on.predicted_time_ms <= off.predicted_time_ms
+    assert has_stage_dp(on.plan) == (on.predicted_time_ms < off.predicted_time_ms)
