@@ -53,7 +53,7 @@ def stage_dp_problems(plan: Any, model: Any) -> list[str]:
     hetero_process_meshes_dp[0]`); every dp_i divides B = dp × micro_batch; with tied embeddings and the
     distributed optimizer, dp_0 and dp_last divide one another. What MemX does not model together with it
     (FlagScale refuses the first two: 'virtual pipeline not support now!', 'Context parallelism is not
-    supported.'): virtual_stages > 1, context_parallel > 1, expert_parallel > 1."""
+    supported.'): virtual_stages > 1, context_parallel > 1, expert_parallel > 1, a mixture-of-experts model."""
     raw = [getattr(st, "data_parallel", None) for st in plan.stages]
     if all(d is None for d in raw):
         return []
@@ -74,6 +74,9 @@ def stage_dp_problems(plan: Any, model: Any) -> list[str]:
         if value > 1:
             out.append(f"field '{field}' ({value}) with a per-stage data_parallel: not supported ({runtime}); "
                        f"allowed: 1")
+    if getattr(model, "is_moe", False):
+        out.append(f"a per-stage data_parallel with a mixture-of-experts model ({model.name}): not supported yet "
+                   "(the experts' all-to-all and expert-dp groups are modelled for one dp)")
     dps = stage_dps(plan)
     if (getattr(model, "tied_embeddings", False) and plan.distributed_optimizer
             and dps[0] % dps[-1] and dps[-1] % dps[0]):

@@ -62,6 +62,8 @@ def _meshes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: str) ->
 
 def layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) -> list[Plan]:
     """One probe plan (1 layer per stage) per layout of the per-stage-dp space (module docstring), deterministic."""
+    if model.is_moe:  # not modelled with a per-stage dp (memx.domain.stage_dp.stage_dp_problems)
+        return []
     seq = space.seq_len or model.seq_len
     subsets = [s for s in gpu_subsets(cluster, space) if len(s) > 1]
     precisions = subset_precisions(cluster, space, subsets) if subsets else {}

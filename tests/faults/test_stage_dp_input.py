@@ -30,6 +30,9 @@ CASES = [
      ("'virtual_stages' (2)", "per-stage data_parallel")),
     ("with-context-parallel", {"context_parallel": 2, "micro_batch": 2, "stages": _dps(2, 1, 1)},
      ("'context_parallel' (2)", "per-stage data_parallel")),
+    ("mixture-of-experts", {"model": "qwen1.5-moe-a2.7b", "stages": [dict(s, layers=n) for s, n in
+                                                                     zip(_dps(2, 1, 2), (8, 8, 8))]},
+     ("mixture-of-experts", "qwen1.5-moe-a2.7b")),
     ("zero", {"stages": _dps(2, 0, 2)}, ("stages[1]", "'data_parallel'", "≥ 1")),
     ("not-an-integer", {"stages": _dps(2, "1", 2)}, ("stages[1]", "'data_parallel'")),
 ]
