@@ -33,6 +33,10 @@ CASES = [
     ("mixture-of-experts", {"model": "qwen1.5-moe-a2.7b", "stages": [dict(s, layers=n) for s, n in
                                                                      zip(_dps(2, 1, 2), (8, 8, 8))]},
      ("mixture-of-experts", "qwen1.5-moe-a2.7b")),
+    ("tied-embeddings-ends-do-not-divide", {"model": "gpt2-1024", "seq_len": 1024, "micro_batch": 3, "global_batch": 48,
+                                            "distributed_optimizer": True,
+                                            "stages": [dict(s, layers=n, tp=2) for s, n in zip(_dps(2, 1, 3), (8, 8, 8))]},
+     ("tied embeddings", "(2, 3)")),
     ("zero", {"stages": _dps(2, 0, 2)}, ("stages[1]", "'data_parallel'", "≥ 1")),
     ("not-an-integer", {"stages": _dps(2, "1", 2)}, ("stages[1]", "'data_parallel'")),
 ]

@@ -114,3 +114,18 @@ def test_metis_like_searches_per_stage_dp_only_when_the_space_asks():
     on = METIS.plan(cluster, model, dataclasses.replace(space, stage_data_parallel=True), pred)
     assert on.predicted_time_ms <= off.predicted_time_ms
     assert has_stage_dp(on.plan) == (on.predicted_time_ms < off.predicted_time_ms)
+
+
+def test_flagscale_shared_embedding_rule_with_tied_embeddings():
+    """Tied embeddings + the distributed optimizer + a different first and last dp: FlagScale asserts
+    use_partial_reduce_for_shared_embedding (and one dp dividing the other, which validation checks)."""
+    cluster, model = load_cluster("a100-v100-16"), load_model("gpt2-1024")
+    doc = {"model": "gpt2-1024", "cluster": "a100-v100-16", "global_batch": 32, "micro_batch": 1, "seq_len": 1024,
+           "dp": 2, "precision": "fp16", "distributed_optimizer": True,
+           "stages": [{"gpu": "a100-80g", "tp": 2, "layers": 12, "recompute": "none", "data_parallel": 2},
+                      {"gpu": "v100-32g", "tp": 2, "layers": 12, "recompute": "none", "data_parallel": 1}]}
+    plan = plan_from_dict(doc)
+    validate_plan(plan, cluster, model)
+    cfg = yaml.safe_load(render_flagscale(plan, model, cluster))
+    assert cfg["train"]["system"]["use_partial_reduce_for_shared_embedding"] is True
+    assert fixture_problems(cfg, world=plan.gpus_used) == []
