@@ -16,8 +16,9 @@ flow through the stages in 1F1B order. What changes against memx.planner.schedul
   (hetero/p2p_communication.py `recv_forward_hetero` / `send_forward_hetero` loop over the slices). So one
   boundary's transfer takes
       p2p_s = max(b_a, b_b) · s · h · 2 B / bw + max(fan_in, fan_out) · latency
-  (the busiest rank moves its whole slice and pays one latency per piece), bw the slowest of the pieces'
-  concurrent flows, each cross-node piece one flow through both nodes' NICs (memx.planner.network.slowest_hop).
+  (the busiest rank moves its whole slice and pays one latency per piece), bw the slowest piece's link, a node's
+  NICs shared by its ranks that send (receive) across nodes at once, one flow each — a rank's own pieces follow one
+  another (memx.planner.network.pair_link, nic_share_gbps).
   Equal dp on both sides: fan 1, b_a = b_b — the paper's p2p_s exactly. The gradient goes back the same way.
 - the tail: stage s all-reduces its gradients over its own dp_s ranks (ring, Patarasuk & Yuan 2009; the T_dp of
   paper §3.1.2; distributed optimizer: reduce-scatter + all-gather over dp_s, memx.planner.cost.dp_step_ms) on
@@ -41,7 +42,7 @@ from memx.domain.plan import Plan
 from memx.domain.specs import Cluster, ModelArch
 from memx.domain.stage_dp import handoff, place_stage_groups, stage_dps, stage_micro_batches
 from memx.planner.metrics import PlanMetrics, plan_metrics
-from memx.planner.network import ring_link, slowest_hop
+from memx.planner.network import nic_share_gbps, pair_link, ring_link
 from memx.planner.schedule import (
     AssemblyCalibration,
     blocking_transfers,
@@ -67,8 +68,18 @@ def boundary(cluster: Cluster, plan: Plan, where: list[list[int]], s: int) -> tu
     b_a, b_b = stage_micro_batches(plan)[s], stage_micro_batches(plan)[s + 1]
     pieces = handoff(dp_a, dp_b)
     fan = max(max(Counter(a for a, _, _ in pieces).values()), max(Counter(b for _, b, _ in pieces).values()))
-    bw, lat = slowest_hop(cluster, [(where[s][a], where[s + 1][b]) for a, b, _ in pieces])
-    return max(b_a, b_b), fan, bw, lat
+    hops = [(a, b, where[s][a], where[s + 1][b]) for a, b, _ in pieces]
+    # a rank sends (receives) its pieces one after another: the flows through a node's NICs at once are its
+    # ranks that send out of (receive into) it, one each
+    out = Counter(x for x, _ in {(x, a) for a, _, x, y in hops if x != y})
+    into = Counter(y for y, _ in {(y, b) for _, b, x, y in hops if x != y})
+    bw, lat = np.inf, 0.0
+    for _, _, x, y in hops:
+        link_bw, link_lat = pair_link(cluster, x, y)
+        if x != y:
+            link_bw = min(link_bw, nic_share_gbps(cluster, x, out[x]), nic_share_gbps(cluster, y, into[y]))
+        bw, lat = min(bw, link_bw), max(lat, link_lat)
+    return max(b_a, b_b), fan, float(bw), lat
 
 
 def p2p_total_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]]) -> float:

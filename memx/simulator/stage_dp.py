@@ -7,9 +7,9 @@ and backward of every group its own noise draw. A group's forward of micro batch
 every piece of its rows has arrived from the previous stage's groups (memx.domain.stage_dp.handoff); the pieces
 of a receiver come in one after another (FlagScale's recv_forward_hetero loops over the slices, each a blocking
 receive), and a sender's pieces leave one after another too, each piece rows · (B / lcm) · s · h · 2 B at the
-link's achieved rate (the sender GPU's link efficiency) plus the link latency and the per-transfer overhead; the
-concurrent cross-node pieces of one boundary share the nodes' NICs (links.shared_nic). Gradients go back the
-same way. After its last backward each stage's groups ring all-reduce their gradients over the stage's dp_s
+link's achieved rate (the sender GPU's link efficiency) plus the link latency and the per-transfer overhead; a
+node's NICs are shared by its ranks that send (take) pieces across nodes, one flow each (links.shared_nic).
+Gradients go back the same way. After its last backward each stage's groups ring all-reduce their gradients over the stage's dp_s
 groups (tp_s rings at once; reduce-scatter + all-gather with the distributed optimizer), then run the Adam step;
 the iteration ends when the last stage has.
 Memory per GPU: stage s holds min(pp − s, m) micro batches of its b_s-sample activations (1F1B), GPUs
@@ -49,8 +49,9 @@ def boundary_pieces(plan: Plan, model: ModelArch, cluster: Cluster, where: list[
     unit = samples_per_micro_batch(plan) / math.lcm(dp_a, dp_b)  # samples per row of handoff
     pieces = handoff(dp_a, dp_b)
     nodes = [(where[s][a], where[s + 1][b]) for a, b, _ in pieces]
-    out_flows = Counter(x for x, y in nodes if x != y)
-    in_flows = Counter(y for x, y in nodes if x != y)
+    # each rank sends (takes) its pieces in turn: one flow per rank through its node's NICs at a time
+    out_flows = Counter(x for x, _ in {(x, a) for (a, _, _), (x, y) in zip(pieces, nodes) if x != y})
+    in_flows = Counter(y for y, _ in {(y, b) for (_, b, _), (x, y) in zip(pieces, nodes) if x != y})
     t = tr[plan.stages[s].gpu]
     out = []
     for (a, b, rows), (x, y) in zip(pieces, nodes):
