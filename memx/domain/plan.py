@@ -13,7 +13,8 @@ job, `plan_model` gives the model the plan trains), `virtual_stages` (issue #27,
 plain 1F1B; v > 1: the interleaved 1F1B schedule, `interleave_problems`) and `precision` (absent: bf16, what
 every plan meant before issue #23; memx.domain.precision), `context_parallel` (issue #27, absent: 1; cp > 1:
 Megatron-LM's context parallelism, memx.domain.context_parallel) and `expert_parallel` (issue #27, absent: 1,
-every rank holds every expert; `moe_problems`).
+every rank holds every expert; `moe_problems`). A stage's `data_parallel` (issue #27, absent: the plan's dp) is
+FlagScale's per-mesh dp (memx.domain.stage_dp: the plan's `dp` and `micro_batch` are then the first stage's).
 """
 
 from __future__ import annotations
