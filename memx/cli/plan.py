@@ -97,6 +97,7 @@ def plan_cmd(
     log: LogOpt = None,
 ) -> None:
     """Search the plan space and recommend a plan."""
+    from memx.planner.launcher import stage_dp_option
     from memx.planner.replica_search import replica_search as run_search  # schema 2 when max_replica_groups ≥ 2
     from memx.planner.result import search_result_to_dict
     from memx.report.check import load_baseline
@@ -118,7 +119,8 @@ def plan_cmd(
 
         pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
         with delayed_progress(show, "search") as cb:
-            res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb)
+            res = stage_dp_option(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb), cl, mo, sp,
+                                  pred)  # opt-in per-stage dp (issue #27)
         obj = search_result_to_dict(res, "analytic")
     elif mode == "registered":
         from memx.pipeline import registry
@@ -133,7 +135,8 @@ def plan_cmd(
             name += f", {cal.headline()}"
             typer.echo(f"plan calibration: {cal.summary()}", err=True)
         with delayed_progress(show, "search") as cb:
-            res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb)
+            res = stage_dp_option(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb), cl, mo, sp,
+                                  pred)
         obj = search_result_to_dict(res, name)
     else:
         from memx.cli.profile import profile_options

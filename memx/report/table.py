@@ -91,7 +91,8 @@ def _stage_table(obj: dict[str, Any]) -> list[str]:
               "|---|---|---|---|---|---|---|---|---|"])
     for (g, s, st, dp), d in zip(stage_rows(p), obj["stages"]):
         cap = d["capacity_mib"]
-        head = f"| {g} | {s} | {st['gpu']} | {st['tp']} × {dp} |" if grouped else f"| {s} | {st['gpu']} | {st['tp']} |"
+        tp = f"{st['tp']} × {dp}" if grouped or "data_parallel" in st else st["tp"]  # issue #27: a stage's own dp
+        head = f"| {g} | {s} | {st['gpu']} | {tp} |" if grouped else f"| {s} | {st['gpu']} | {tp} |"
         lines.append(f"{head} {st['layers']} | {recompute_text(st, long=True)} | {d['time_ms']:.1f} | "
                      f"{d['peak_mib'] / GIB:.1f} | {cap / GIB:.0f} | {(cap - d['peak_mib']) / cap:.1%} |")
     return lines
