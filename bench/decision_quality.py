@@ -35,7 +35,6 @@ import argparse
 import dataclasses
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
