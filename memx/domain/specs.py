@@ -425,11 +425,12 @@ class SearchSpace:
     """The balanced rules pick among plans that clear margin_floor within (1 + this) × the fastest of them
     (a fraction in [0, 1); issue #22, memx.planner.pick)."""
     pick_rule: Literal["phi", "phi-bounded", "fastest-above-floor", "balanced-phi",
-                       "balanced-margin"] = "balanced-margin"
+                       "balanced-margin", "balanced-front"] = "balanced-front"
     """How the pick is chosen: phi (the paper's Φ alone), phi-bounded (Φ within max_time_ratio, margin
     floor, never dominated), fastest-above-floor (the fastest plan that clears the floor), balanced-phi /
-    balanced-margin (least Φ / largest margin within balance_tolerance of it; balanced-margin is the
-    default, by docs/results.md §Balance where it is free). memx.planner.pick, docs/planner.md §The pick."""
+    balanced-margin (least Φ / largest margin within balance_tolerance of it), balanced-front (least Φ among
+    those no plan dominates on time and margin; the default, by docs/results.md §Balance where it is free).
+    memx.planner.pick, docs/planner.md §The pick."""
     extra: dict[str, object] = field(default_factory=dict)
     """Free-form additions carried with the space (not searched)."""
     # Replica groups (issue #15, memx.planner.replica_search; docs/planner.md §Replica groups):
