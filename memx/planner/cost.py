@@ -42,6 +42,7 @@ from memx.planner.runtime_terms import (
     layer_elementwise_bytes,
     layer_gemms_ms,
     logits_bytes,
+    name_codes,
     ring_ms,
     shapes,
 )
@@ -92,26 +93,27 @@ def _by_precision(precision, values: Mapping[str, float]) -> np.ndarray:
         if first not in values:
             raise KeyError(f"unknown precision {first!r}; allowed: {', '.join(PRECISIONS)}")
         return np.full(p.shape, values[first], dtype=np.float64)
-    bad = set(np.unique(p.astype(str))) - set(PRECISIONS)
+    uniq, inv = name_codes(p.reshape(-1))
+    bad = set(uniq.tolist()) - set(PRECISIONS)
     if bad:
         raise KeyError(f"unknown precision(s) {sorted(bad)}; allowed: {', '.join(PRECISIONS)}")
-    return np.select([p == k for k in PRECISIONS], [values[k] for k in PRECISIONS], default=np.nan).astype(np.float64)
+    return np.array([values[k] for k in uniq.tolist()], dtype=np.float64)[inv].reshape(p.shape)
 
 
 def gemm_peak_tflops(names: np.ndarray, precision, gpus: Mapping[str, GpuType]) -> np.ndarray:
     """Dense tensor peak of each row's GPU in its precision (GpuType.peak_tflops; spec sheets in conf/gpus)."""
-    n = np.asarray(names).astype(str)
+    n = np.asarray(names)
     if not n.size:
         return np.zeros(0)
     p = np.broadcast_to(np.asarray(precision, dtype=object), n.shape)
+    uniq, inv = name_codes(n.reshape(-1))
     if (p == p.flat[0]).all():  # one precision (the usual case): per GPU name only
-        uniq, inv = np.unique(n, return_inverse=True)
-        return np.array([gpus[g].peak_tflops(str(p.flat[0]), strict=False) for g in uniq])[inv.reshape(-1)]
-    p = p.astype(str)
-    pairs, inv = np.unique(np.char.add(np.char.add(n, "|"), p), return_inverse=True)  # "|": not in GPU names
+        return np.array([gpus[g].peak_tflops(str(p.flat[0]), strict=False) for g in uniq])[inv].reshape(n.shape)
+    prec, p_inv = name_codes(p.reshape(-1))
+    pairs, pair_inv = np.unique(inv * len(prec) + p_inv, return_inverse=True)  # each (GPU, precision) once
     # a 16-bit precision a part lacks reads as its own 16-bit mode (GpuType.peak_tflops); plans are checked
-    peak = [gpus[g].peak_tflops(q, strict=False) for g, q in (str(k).split("|") for k in pairs)]
-    return np.asarray(peak, dtype=np.float64)[inv.reshape(-1)]
+    peak = [gpus[str(uniq[k // len(prec)])].peak_tflops(str(prec[k % len(prec)]), strict=False) for k in pairs.tolist()]
+    return np.asarray(peak, dtype=np.float64)[pair_inv.reshape(-1)].reshape(n.shape)
 
 
 def optimizer_shards(distributed_optimizer, dp) -> np.ndarray:
@@ -313,7 +315,7 @@ class AnalyticStageModel:
 
 
 def _gpu_columns(names: np.ndarray, gpus: Mapping[str, GpuType]) -> dict[str, np.ndarray]:
-    uniq, inv = np.unique(names.astype(str), return_inverse=True)
+    uniq, inv = name_codes(names)
     missing = [u for u in uniq if u not in gpus]
     if missing:
         raise KeyError(f"no GPU spec for {missing}")

@@ -21,6 +21,23 @@ BF16, FP32 = 2.0, 4.0
 MIB = 1024.0 * 1024.0
 
 
+def name_codes(values) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(np.asarray(values).astype(str), return_inverse=True)` of a 1-D column of names (GPU,
+    precision), sorting only the first value of each run of equal ones: the signature columns hold a
+    context's names on consecutive rows (memx.planner.signatures.signature_columns), so a search's 10⁵
+    rows are a few hundred runs. A run of equal str objects has one str() — the same result; any other
+    column (numbers, None, not 1-D) takes np.unique itself."""
+    a = np.asarray(values)
+    if a.ndim == 1 and len(a) and a.dtype.kind in "UO":
+        starts = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])
+        heads = a[starts]
+        if a.dtype.kind == "U" or all(type(h) is str for h in heads.tolist()):
+            uniq, inv = np.unique(heads.astype(str), return_inverse=True)
+            return uniq, np.repeat(inv.reshape(-1), np.diff(np.r_[starts, len(a)]))
+    uniq, inv = np.unique(a.astype(str), return_inverse=True)
+    return uniq, inv.reshape(-1)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RuntimeColumns:
     """Spec-sheet and runtime numbers broadcast to one entry per signature row."""
@@ -46,7 +63,7 @@ class RuntimeColumns:
 
     @classmethod
     def of(cls, names: np.ndarray, gpus: Mapping[str, GpuType], profiles: Mapping[str, RuntimeProfile]) -> RuntimeColumns:
-        uniq, inv = np.unique(np.asarray(names).astype(str), return_inverse=True)
+        uniq, inv = name_codes(names)
         missing = [u for u in uniq if u not in gpus or u not in profiles]
         if missing:
             raise KeyError(f"no GPU spec or runtime profile for {missing}")
