@@ -204,20 +204,16 @@ class BoxBounds:
         return T * (1 - SLACK)
 
     def corner(self, a: np.ndarray, b: np.ndarray, li: np.ndarray, time_lb: np.ndarray) -> Corner:
-        from memx.planner import candidates  # candidates imports this module
-
         r = self.rows_of(li)
         mins = self.mins.query_rows(r, a, b)
         lo, used = mins[:, :, 1], mins[:, :, 2]
         hi = self.m1_max.query_rows(r, a, b)
         m_lb = np.maximum(lo.max(axis=1), suffix_minmax(self.env_m, r, a, b, self.total))
         used_lb = np.maximum(used.max(axis=1), suffix_minmax(self.env_used, r, a, b, self.total))
-        weight = self.weight[li]
-        joint = candidates.KEPT_FRONT_VARIANCE  # only the (T, margin, V) front reads the joint bound's inputs
         return Corner(time_ms=time_lb, max_mib=m_lb * (1 - SLACK),
-                      var_mib2=_safe_variance(box_variance_lb(lo, hi, weight), hi),
+                      var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight[li]), hi),
                       margin_ub=1.0 - used_lb + MARGIN_SLACK, margin_high_ub=self.margin_high_ub(r, a, b),
-                      **(dict(stage_lo_mib=lo, stage_hi_mib=hi, weight=weight, capacity_mib=self.capacity[li]) if joint else {}))
+                      stage_lo_mib=lo, stage_hi_mib=hi, weight=self.weight[li], capacity_mib=self.capacity[li])
 
     def margin_high_ub(self, r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
         """An upper bound of each box's smallest upper-bound margin (issue #22), as margin_ub: a stage's final
