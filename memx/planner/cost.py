@@ -17,7 +17,7 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -388,7 +388,8 @@ def model_static_bytes(model: ModelArch) -> float:
     return float(total) * BYTES_PER_PARAM_STATIC
 
 
-def _end_layers_ms(x: Shapes, rc: RuntimeColumns, first: np.ndarray, last: np.ndarray) -> dict[str, np.ndarray]:
+def _end_layers_ms(x: Shapes, rc: RuntimeColumns, first: np.ndarray, last: np.ndarray,
+                   t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Embedding (first stage) and output layer + cross entropy (last stage): device ms, host ops
     and TP communication of the forward and backward passes.
 
@@ -397,18 +398,50 @@ def _end_layers_ms(x: Shapes, rc: RuntimeColumns, first: np.ndarray, last: np.nd
     into the fp32 gradient rows (read-modify-write). Output: final norm, the logits GEMM
     [b·s × h]·[h × v/t], Megatron's vocab-parallel cross entropy in fp32 (reads bf16 logits, writes
     fp32, max / exp / sum passes: ~18 B per logit forward, ~10 B backward) with three small
-    all-reduces (max, sum-exp, target logit)."""
+    all-reduces (max, sum-exp, target logit). `t`: `_layer_terms` (the logits GEMM, the all-reduces)."""
     T, th = x.tokens, x.tokens * x.h / x.rep
     logits = T * x.v / x.t
-    out_f, out_b = gemm_fwd_bwd_ms(T, x.v / x.t, x.h, rc)
+    out_f, out_b = t["out_f"], t["out_b"]
     mb = rc.membw_bytes_per_ms
     return {
         "fwd": first * ((4.0 + 6.0 * x.dropout) * th / mb) + last * (out_f + (4.0 * th + 18.0 * logits) / mb),
         "bwd": first * (10.0 * th / mb) + last * (out_b + (8.0 * th + 10.0 * logits) / mb),
         "ops_fwd": first * 3.0 + last * 7.0,
         "ops_bwd": first * 3.0 + last * 5.0,
-        "comm": first * ring_ms(BF16 * T * x.h, x.t, rc) + last * 3.0 * ring_ms(FP32 * T, x.t, rc),
+        "comm": first * t["ring_act"] + last * 3.0 * t["ring_loss"],
     }
+
+
+def _layer_terms(x: Shapes, rc: RuntimeColumns, rc_linear: RuntimeColumns) -> dict[str, np.ndarray]:
+    """What one layer costs (GEMMs, attention core, memory-bound kernels, TP all-reduce) and the output
+    layer's logits GEMM: functions of the row's shapes and GPU columns alone, not of its layer count,
+    recomputation or place in the pipeline."""
+    g_f, g_b = layer_gemms_ms(x, rc_linear)
+    a_f, a_b, a_ops = attention_core_ms(x, rc)
+    ew_ops = 6.0 + x.swiglu  # 2 norms, 2 bias-dropout-adds, activation, 2 layout copies (+ RoPE)
+    ew = layer_elementwise_bytes(x) / rc.membw_bytes_per_ms + ew_ops * rc.launch_ms
+    out_f, out_b = gemm_fwd_bwd_ms(x.tokens, x.v / x.t, x.h, rc)
+    ring_act = ring_ms(BF16 * x.tokens * x.h, x.t, rc)  # one all-reduce of the b·s·h activation
+    return {"g_f": g_f, "g_b": g_b, "a_f": a_f, "a_b": a_b, "a_ops": a_ops, "ew": ew, "comm": 2.0 * ring_act,
+            "ring_act": ring_act, "ring_loss": ring_ms(FP32 * x.tokens, x.t, rc), "out_f": out_f, "out_b": out_b}
+
+
+def _per_run(terms, *columns: Any) -> dict[str, np.ndarray]:
+    """terms(*columns) for rows given as dataclasses of equal-length arrays, computed once per run of
+    consecutive rows equal in every field (a search's signature rows come context by context: ~10⁵ rows,
+    a few hundred runs) and spread back to the rows — the same elementwise arithmetic on the same values."""
+    arrays = [getattr(c, f.name) for c in columns for f in fields(c)]
+    n = len(arrays[0])
+    change = np.ones(n, dtype=bool)
+    change[1:] = False
+    for a in arrays:
+        change[1:] |= a[1:] != a[:-1]
+    heads = np.flatnonzero(change)
+    if len(heads) == n:
+        return terms(*columns)
+    take = [replace(c, **{f.name: getattr(c, f.name)[heads] for f in fields(c)}) for c in columns]
+    run = np.cumsum(change) - 1
+    return {k: v[run] for k, v in terms(*take).items()}
 
 
 def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, last,
@@ -422,14 +455,12 @@ def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, 
     goes around (Narayanan 2021 §2.2): 2 transfers per micro batch, latency + b·s·h/t bytes (scatter-
     gather over TP) at the intra-node link, a lower bound the assembly completes with the real link.
     `rc_linear`: the columns the layers' linear GEMMs run at (their precision's peak); default `rc`."""
-    g_f, g_b = layer_gemms_ms(x, rc if rc_linear is None else rc_linear)
-    a_f, a_b, a_ops = attention_core_ms(x, rc)
+    t = _per_run(_layer_terms, x, rc, rc if rc_linear is None else rc_linear)
+    a_f, a_ops, ew, comm = t["a_f"], t["a_ops"], t["ew"], t["comm"]
     ew_ops = 6.0 + x.swiglu  # 2 norms, 2 bias-dropout-adds, activation, 2 layout copies (+ RoPE)
-    ew = layer_elementwise_bytes(x) / rc.membw_bytes_per_ms + ew_ops * rc.launch_ms
-    comm = 2.0 * ring_ms(BF16 * x.tokens * x.h, x.t, rc)
-    lay_f, lay_b = g_f + a_f + ew, g_b + a_b + 2.0 * ew
+    lay_f, lay_b = t["g_f"] + a_f + ew, t["g_b"] + t["a_b"] + 2.0 * ew
     ops_f = 4.0 + a_ops + ew_ops + 2.0 * (x.t > 1)
-    end = _end_layers_ms(x, rc, first, last)
+    end = _end_layers_ms(x, rc, first, last, t)
     sel = selective * L
     dev_f = L * lay_f + end["fwd"]
     dev_b = L * lay_b + n_rec * lay_f + sel * a_f + end["bwd"]
