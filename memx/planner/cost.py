@@ -17,7 +17,7 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ from memx.planner.runtime_terms import (
     layer_gemms_ms,
     logits_bytes,
     name_codes,
+    per_run,
     ring_ms,
     shapes,
 )
@@ -422,26 +423,9 @@ def _layer_terms(x: Shapes, rc: RuntimeColumns, rc_linear: RuntimeColumns) -> di
     ew = layer_elementwise_bytes(x) / rc.membw_bytes_per_ms + ew_ops * rc.launch_ms
     out_f, out_b = gemm_fwd_bwd_ms(x.tokens, x.v / x.t, x.h, rc)
     ring_act = ring_ms(BF16 * x.tokens * x.h, x.t, rc)  # one all-reduce of the b·s·h activation
-    return {"g_f": g_f, "g_b": g_b, "a_f": a_f, "a_b": a_b, "a_ops": a_ops, "ew": ew, "comm": 2.0 * ring_act,
-            "ring_act": ring_act, "ring_loss": ring_ms(FP32 * x.tokens, x.t, rc), "out_f": out_f, "out_b": out_b}
-
-
-def _per_run(terms, *columns: Any) -> dict[str, np.ndarray]:
-    """terms(*columns) for rows given as dataclasses of equal-length arrays, computed once per run of
-    consecutive rows equal in every field (a search's signature rows come context by context: ~10⁵ rows,
-    a few hundred runs) and spread back to the rows — the same elementwise arithmetic on the same values."""
-    arrays = [getattr(c, f.name) for c in columns for f in fields(c)]
-    n = len(arrays[0])
-    change = np.ones(n, dtype=bool)
-    change[1:] = False
-    for a in arrays:
-        change[1:] |= a[1:] != a[:-1]
-    heads = np.flatnonzero(change)
-    if len(heads) == n:
-        return terms(*columns)
-    take = [replace(c, **{f.name: getattr(c, f.name)[heads] for f in fields(c)}) for c in columns]
-    run = np.cumsum(change) - 1
-    return {k: v[run] for k, v in terms(*take).items()}
+    return {"g_f": g_f, "g_b": g_b, "a_f": a_f, "a_b": a_b, "a_ops": a_ops, "ew_ops": ew_ops, "ew": ew,
+            "comm": 2.0 * ring_act, "ring_act": ring_act, "ring_loss": ring_ms(FP32 * x.tokens, x.t, rc),
+            "out_f": out_f, "out_b": out_b}
 
 
 def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, last,
@@ -455,9 +439,8 @@ def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, 
     goes around (Narayanan 2021 §2.2): 2 transfers per micro batch, latency + b·s·h/t bytes (scatter-
     gather over TP) at the intra-node link, a lower bound the assembly completes with the real link.
     `rc_linear`: the columns the layers' linear GEMMs run at (their precision's peak); default `rc`."""
-    t = _per_run(_layer_terms, x, rc, rc if rc_linear is None else rc_linear)
-    a_f, a_ops, ew, comm = t["a_f"], t["a_ops"], t["ew"], t["comm"]
-    ew_ops = 6.0 + x.swiglu  # 2 norms, 2 bias-dropout-adds, activation, 2 layout copies (+ RoPE)
+    t = per_run(_layer_terms, x, rc, rc if rc_linear is None else rc_linear)
+    a_f, a_ops, ew_ops, ew, comm = t["a_f"], t["a_ops"], t["ew_ops"], t["ew"], t["comm"]
     lay_f, lay_b = t["g_f"] + a_f + ew, t["g_b"] + t["a_b"] + 2.0 * ew
     ops_f = 4.0 + a_ops + ew_ops + 2.0 * (x.t > 1)
     end = _end_layers_ms(x, rc, first, last, t)

@@ -1,7 +1,8 @@
 """Issue #26, plan CPU fixed costs: the faster forms give exactly what they replace — names factorised by
 runs (runtime_terms.name_codes) as np.unique, the static bounds of all contexts at once (predictions.
 static_bounds) as static_bound one context at a time, the sampler's row-by-row inverse (compositions.
-upper_bound_rows) as np.searchsorted. (The sampler's draws themselves: tests/unit/test_search_batched.py.)"""
+upper_bound_rows) as np.searchsorted, one layer's closed-form terms per run of rows (runtime_terms.per_run)
+as per row. (The sampler's draws themselves: tests/unit/test_search_batched.py.)"""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.planner.compositions import upper_bound_rows
+from memx.planner.cost import AnalyticStageModel
 from memx.planner.predictions import static_bound, static_bounds, with_twins
 from memx.planner.prepared import layout_contexts
 from memx.planner.runtime_terms import name_codes
+from memx.planner.signatures import signature_columns
 from memx.planner.space import enumerate_layouts
 
 NAMES = ["a100-80g", "v100-32g", "h100-80g"]
@@ -55,3 +58,22 @@ def test_upper_bound_rows_is_searchsorted_row_by_row():
         q[:3] = row[:3] + 1.0  # j + u rounded up to j + 1
         want = [np.searchsorted(e[r], x, side="right") for r, x in zip(row, q)]
         assert upper_bound_rows(e, row, q).tolist() == want
+
+
+def test_closed_form_per_run_gives_each_row_its_own_numbers():
+    """The closed form computes one layer's terms once per run of equal rows (runtime_terms.per_run): the
+    same rows in any order — runs broken up, one row each — give the same numbers, bit for bit."""
+    cluster, model = load_cluster("three-vendor-20"), load_model("llama2-7b")
+    space = load_search("default")
+    contexts = list(layout_contexts(enumerate_layouts(cluster, model, space), model.layers))[:40]
+    ci = np.repeat(np.arange(len(contexts)), 24)
+    layers = np.tile(np.repeat([1, 4, 8, 16], 6), len(contexts))
+    codes = np.tile(np.tile([-2, -1, 1, 2, 3, 16], 4), len(contexts))
+    codes = np.where(codes > layers, layers, codes)
+    sigs = signature_columns(contexts, layers, codes, ci, model, model.seq_len)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    grouped = pred.predict_columns(sigs)
+    order = np.random.default_rng(0).permutation(len(ci))
+    shuffled = pred.predict_columns({k: v[order] for k, v in sigs.items()})
+    for k, v in grouped.items():
+        assert np.array_equal(v[order], shuffled[k]), k
