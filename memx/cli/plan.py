@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from memx.cli.options import (DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_SEARCH, ClusterOpt, CommandOpt, ConfOpt,
     JobsOpt, ModelOpt, RecordsOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt, check_out_dir, in_panel, load_specs)
@@ -342,6 +341,8 @@ def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | N
 
         typer.echo(render_flagscale(plan_obj, model, cluster))  # NotLaunchable (exit 6) with the reason
     else:
+        from rich.console import Console  # rich only for the table (not for JSON, Markdown, scripts)
+
         print_table(obj, Console(width=160))
     if out is not None:
         from memx.cli.orchestration import matplotlib_env

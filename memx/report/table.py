@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.table import Table
-
 from memx.planner.result import search_result_to_dict
 from memx.report.notation import (
     MARGIN_POINT, compact_stages, dp_text, group_line, is_grouped, listed_plans, margin_cells, margin_columns,
@@ -117,6 +115,8 @@ def to_markdown(obj: dict[str, Any]) -> str:
 
 
 def print_table(obj: dict[str, Any], console) -> None:
+    from rich.table import Table  # rich only for the terminal table: `--format json` and Markdown never load it
+
     p, f = obj["plan"], obj["fastest"]
     console.print(f"[bold]MemX[/] {p['model']} on {p['cluster']} — {_headline(obj)}")
     head, rows = plan_rows(obj)
@@ -191,6 +191,8 @@ def _pareto_rows(obj: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 def _print_pareto(obj: dict[str, Any], console) -> None:
+    from rich.table import Table
+
     head, rows = _pareto_rows(obj)
     if not rows:
         return
