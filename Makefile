@@ -3,7 +3,8 @@
 # transitive ones included), installed by uv (pip installs uv into .venv first; plain pip where uv cannot
 # be had; bytecode compiled at install, as pip does, so that every later import and subprocess — the
 # tests, the Prefect and MLflow servers — loads .pyc instead of compiling source), then MemX itself without
-# dependencies. `make lock` re-resolves pyproject.toml into the lock.
+# dependencies, and an empty Prefect database migrated once for this environment (a first run copies it into
+# $MEMX_HOME/prefect; memx.cli.orchestration.build_prefect_template). `make lock` re-resolves pyproject.toml into the lock.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -22,6 +23,8 @@ $(STAMP): pyproject.toml $(LOCK)
 	else \
 	  $(BIN)/python -m pip install -q -r $(LOCK) && $(BIN)/python -m pip install -q --no-deps -e .; \
 	fi
+	@$(BIN)/python -c 'from memx.cli.orchestration import build_prefect_template as b; b()' || \
+	  echo "no migrated Prefect database template: a first run migrates its own (about 9 s more)"
 	@touch $(STAMP)
 
 install: $(STAMP)

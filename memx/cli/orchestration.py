@@ -8,10 +8,15 @@ holds for matplotlib (MPLCONFIGDIR, `matplotlib_env()`).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 from memx.domain.home import memx_home, telemetry_off
+from memx.domain.io import atomic_write_bytes
 from memx.pipeline import lifeline
 
 
@@ -30,6 +35,45 @@ def prefect_env() -> None:
     os.environ.setdefault("PREFECT_API_BLOCKS_REGISTER_ON_START", "false")
 
 
+def prefect_template() -> Path:
+    """Where `make install` keeps an empty Prefect database already migrated by this environment's Prefect
+    (`build_prefect_template`); named by Prefect's version, so another version never reads it."""
+    from importlib.metadata import version
+
+    return Path(sys.prefix) / "share" / "memx" / f"prefect-{version('prefect')}.db"
+
+
+def build_prefect_template() -> Path:
+    """Migrate an empty Prefect database once per environment (`make install`): a first run copies it into its
+    fresh $MEMX_HOME/prefect instead of running Prefect's ~100 Alembic migrations while its temporary server
+    starts (~9 s of a first `make plan`, docs/benchmarks.md §First make plan). Written to a temporary name, then
+    renamed."""
+    path = prefect_template()
+    if path.is_file():
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "PREFECT_HOME": tmp, "PREFECT_LOGGING_LEVEL": "WARNING"}
+        env.pop("PREFECT_API_DATABASE_CONNECTION_URL", None)
+        subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"], env=env, check=True,
+                       stdout=subprocess.DEVNULL, timeout=600)
+        atomic_write_bytes(path, (Path(tmp) / "prefect.db").read_bytes())
+    return path
+
+
+def _seed_prefect_db() -> None:
+    """A fresh MemX Prefect home gets a copy of the migrated template (`build_prefect_template`), when there is one
+    for this Prefect and the database is MemX's own (not a PREFECT_HOME or database URL the user set). Called under
+    the $MEMX_HOME lock, before the server starts, so no running server's database is ever replaced."""
+    home = memx_home() / "prefect"
+    db = home / "prefect.db"
+    if (os.environ.get("PREFECT_HOME") != str(home) or "PREFECT_API_DATABASE_CONNECTION_URL" in os.environ
+            or db.exists()):
+        return
+    template = prefect_template()
+    if template.is_file():
+        atomic_write_bytes(db, template.read_bytes())
+
+
 def matplotlib_env() -> None:
     """matplotlib keeps its config and font cache under $MEMX_HOME, not ~/.config and ~/.cache (set before
     matplotlib is imported)."""
@@ -42,6 +86,7 @@ def run_pipeline(**params: Any) -> dict[str, Any]:
     prefect_env()
     # the $MEMX_HOME lock before Prefect's temporary server starts on $MEMX_HOME/prefect; SIGTERM exits cleanly
     with lifeline.guarded():
+        _seed_prefect_db()
         starting = _start_temporary_server()
         from flows.pipeline import pipeline_flow  # Prefect reads its settings at import: after prefect_env()
 
