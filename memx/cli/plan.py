@@ -59,7 +59,7 @@ PredictorOpt = Annotated[Optional[str], typer.Option("--predictor", rich_help_pa
 BackendOpt = Annotated[str, typer.Option("--backend", rich_help_panel=PREDICTOR, help=(
     "analytic (no profiling), or a profiling backend — simulated|command|torch|records — for the learned "
     "predictor via the Prefect pipeline (--predictor pipeline)."))]
-DaskOpt = Annotated[Optional[str], typer.Option("--dask", help="Shard the search on Dask: 'local' (2 workers) or a scheduler address.", rich_help_panel=PREDICTOR)]
+DaskOpt = Annotated[Optional[str], typer.Option("--dask", help="Explore the branch-and-bound's boxes on Dask workers (same answer): 'local' (2 worker processes), 'local:N', or a running scheduler's address (tcp://host:8786).", rich_help_panel=PREDICTOR)]
 CheckOpt = Annotated[Optional[Path], typer.Option("--check", help="Baseline plan JSON: exit 4 if the new plan is worse or its margin is below --min-margin.", rich_help_panel=CI)]
 MinMarginOpt = Annotated[float, typer.Option("--min-margin", help="With --check: the smallest acceptable memory margin.", rich_help_panel=CI)]
 MaxSlowdownOpt = Annotated[float, typer.Option("--max-slowdown", help="With --check: when the baseline became infeasible, exit 4 if the new plan is more than this fraction slower (0.1 = 10 %; ≥ 0).", rich_help_panel=CI)]
@@ -97,6 +97,7 @@ def plan_cmd(
     log: LogOpt = None,
 ) -> None:
     """Search the plan space and recommend a plan."""
+    from memx.planner.distributed import search_pool
     from memx.planner.replica_search import replica_search as run_search  # schema 2 when max_replica_groups ≥ 2
     from memx.planner.result import search_result_to_dict
     from memx.report.check import load_baseline
@@ -117,8 +118,8 @@ def plan_cmd(
         from memx.planner.cost import AnalyticStageModel
 
         pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
-        with delayed_progress(show, "search") as cb:
-            res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb)
+        with search_pool(dask) as pool, delayed_progress(show, "search") as cb:
+            res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb, pool=pool)
         obj = search_result_to_dict(res, "analytic")
     elif mode == "registered":
         from memx.pipeline import registry
@@ -132,8 +133,8 @@ def plan_cmd(
         if cal is not None:
             name += f", {cal.headline()}"
             typer.echo(f"plan calibration: {cal.summary()}", err=True)
-        with delayed_progress(show, "search") as cb:
-            res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb)
+        with search_pool(dask) as pool, delayed_progress(show, "search") as cb:
+            res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb, pool=pool)
         obj = search_result_to_dict(res, name)
     else:
         from memx.cli.profile import profile_options
