@@ -97,7 +97,7 @@ def plan_cmd(
     log: LogOpt = None,
 ) -> None:
     """Search the plan space and recommend a plan."""
-    from memx.planner.distributed import search_pool
+    from memx.planner.distributed import parse_dask, search_pool
     from memx.planner.replica_search import replica_search as run_search  # schema 2 when max_replica_groups ≥ 2
     from memx.planner.result import search_result_to_dict
     from memx.report.check import load_baseline
@@ -109,6 +109,8 @@ def plan_cmd(
     if max_slowdown < 0:
         raise InputError(f"--max-slowdown {max_slowdown:g}: allowed range ≥ 0 (a fraction: 0.1 = 10 % slower)")
     baseline = load_baseline(check, mo) if check is not None else None
+    if dask is not None:
+        parse_dask(dask)  # a malformed --dask: exit 2 before any work (an unreachable one: when connecting)
     warn_batch(cl, sp)
     warn_tp(mo, sp)
     show = progress_enabled(progress, json_output=fmt is Fmt.json)

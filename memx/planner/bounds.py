@@ -32,6 +32,7 @@ from memx.planner.tables import StackedTables
 SLACK = 1e-5  # relative: float32 totals of ≤ 64 stages are within ~64·2⁻²⁴ ≈ 4e−6 of exact arithmetic
 SCORE_SLACK = 1e-4  # absolute, in log Φ (float32 log of values ≈ 10: error ≤ a few 1e−6)
 MARGIN_SLACK = 1e-5  # absolute, on a margin in [0, 1) computed in float32 (error ≤ a few 1e−7)
+JOINT_STEPS = 32  # front steps the joint (T, margin) bound tests at most (front_covers_by_time)
 _LOG2 = np.floor(np.log2(np.maximum(np.arange(1 << 12), 1))).astype(np.int64)  # ⌊log2 w⌋ of a range width w ≥ 1
 
 
@@ -256,6 +257,32 @@ class BoxBounds:
         """About the memory of the tables of `layouts` layouts of ≤ pp stages (sparse tables: ⌈log2 rows⌉ levels)."""
         levels = int(np.ceil(np.log2(max(rows, 2)))) + 1
         return layouts * pp * rows * 8 * (levels * (4 + multipliers) + 12)
+
+
+def front_covers_by_time(front: np.ndarray, window_ms: float, c: Corner, rows: np.ndarray,
+                         margin_ub: np.ndarray) -> np.ndarray:
+    """Boxes `rows` every plan of which a kept (T, margin) front point strictly dominates, by the joint (T, margin)
+    bound (issue #26; memx.planner.candidates.Keeper.needs): with the front's points (T, −margin, ·) by T,
+    T_1 ≤ … ≤ T_F, and M_j the largest margin among the first j, a plan of T in (T_j, T_{j+1}] (T_{F+1}: the
+    window's end, past which the front keeps nothing) is dominated (strictly faster, no wider) unless its margin
+    is > M_j; so a box is covered when, for every j, its plans of margin > M_j are all slower than T_{j+1}
+    (Corner.time_above: the T bound on the box cut to such margins), and none is faster than T_1. The corner
+    test is the step that holds the box's T bound. `margin_ub`: the boxes' margin upper bounds (rows)."""
+    f = front[np.argsort(front[:, 0], kind="stable")]
+    t = c.time_ms[rows]
+    if not len(f):
+        return np.zeros(len(rows), dtype=bool)
+    covered = t > f[0, 0]
+    steps = np.arange(len(f)) if len(f) <= JOINT_STEPS else np.unique(
+        np.linspace(0, len(f) - 1, JOINT_STEPS).astype(np.int64))  # fewer steps: each covers up to the next (valid)
+    ends = np.append(f[steps[1:], 0], window_ms)  # T_{j+1}: the next tested step's T, then the window's end
+    best = np.maximum.accumulate(-f[:, 1])[steps]  # M_j
+    for end, m in zip(ends, best):
+        act = covered & (t <= end) & (margin_ub > m)
+        if act.any():
+            idx = np.nonzero(act)[0]
+            covered[idx] = c.time_above(rows[idx], np.full(len(idx), m)) > end
+    return covered
 
 
 class MinMax:

@@ -31,14 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memx.planner.bounds import SCORE_SLACK, Corner
+from memx.planner.bounds import SCORE_SLACK, Corner, front_covers_by_time
 from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
 
 BLOCK = 4096  # rows checked against the kept sets at once (the sets tighten between blocks)
 FIRST_BLOCK = 64  # the first block of an offer (then doubling up to BLOCK)
 JOINT_GRID = 8  # margins on the chain of the joint (margin, V) front bound (Keeper._front_covers)
-JOINT_STEPS = 32  # front steps the joint (T, margin) bound tests at most (Keeper._front_covers_by_time)
 # The kept front's third dimension (issue #22): False keeps the exact (T, floor margin) front (of equal points
 # the least V); True the exact (T, floor margin, V) front. Off by default: on mixed-1024 / llama3-405b the
 # third dimension makes the search score 26.8 M plans instead of 3.1 M (8.5×, docs/benchmarks.md §Issue #22:
@@ -196,28 +195,8 @@ class Keeper:
             only[rows] = ~self._front_covers(c, rows)
         elif not self.front_variance and only.any() and c.time_above is not None:
             rows = np.nonzero(only)[0]
-            only[rows] = ~self._front_covers_by_time(c, rows)
+            only[rows] = ~front_covers_by_time(self._front, self.window_ms(), c, rows, _floor_ub(c)[rows])
         return other | only
-
-    def _front_covers_by_time(self, c: Corner, rows: np.ndarray) -> np.ndarray:
-        """Boxes `rows` every plan of which a kept (T, margin) front point strictly dominates, by the joint
-        (T, margin) bound (issue #26): with the front's points by T, T_1 ≤ … ≤ T_F, and M_j the largest margin
-        among the first j, a plan of T in (T_j, T_{j+1}] (T_{F+1}: the window's end) is dominated unless its
-        margin is > M_j; so a box is covered when, for every j, the box's plans of margin > M_j are all slower
-        than T_{j+1} (Corner.time_above: the T bound on the box cut to such margins). The corner test is
-        the step that holds the box's T bound."""
-        f = self._front[np.argsort(self._front[:, 0], kind="stable")]
-        t, ub = c.time_ms[rows], _floor_ub(c)[rows]
-        covered = t > f[0, 0] if len(f) else np.zeros(len(rows), dtype=bool)  # a plan faster than every point: kept
-        steps = _steps(len(f))
-        ends = np.append(f[steps[1:], 0], self.window_ms())  # T_{j+1}: the next tested step's T, then the window's end
-        best = np.maximum.accumulate(-f[:, 1])[steps]  # M_j
-        for end, m in zip(ends, best):
-            act = covered & (t <= end) & (ub > m)
-            if act.any():
-                idx = np.nonzero(act)[0]
-                covered[idx] = c.time_above(rows[idx], np.full(len(idx), m)) > end
-        return covered
 
     def _front_covers(self, c: Corner, rows: np.ndarray) -> np.ndarray:
         """Boxes `rows` every plan of which a kept front point dominates, by the joint (margin, V) bound (issue
@@ -435,12 +414,6 @@ class FrontIndex:
         """(strictly dominated, unsure) masks of rows of pts (N, 3)."""
         least = self.least(pts[:, 0], pts[:, 1])
         return least < pts[:, 2], least == pts[:, 2]
-
-
-def _steps(n: int) -> np.ndarray:
-    """The front steps the joint (T, margin) bound tests: all of them, or JOINT_STEPS spread ones on a long front
-    (a step j then covers (T_j, T_{j'}] up to the next tested j' with M_j: weaker, still valid)."""
-    return np.arange(n) if n <= JOINT_STEPS else np.unique(np.linspace(0, n - 1, JOINT_STEPS).astype(np.int64))
 
 
 def _front_point(time_ms, margin, var_mib2) -> list:

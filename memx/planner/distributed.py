@@ -142,7 +142,9 @@ class ThreadPool(Pool):
 
 class DaskPool(Pool):
     """A dask.distributed client: tasks go to the cluster's workers, whose scheduler balances them (work
-    stealing moves queued tasks from busy workers to idle ones); the Problem is scattered to every worker once."""
+    stealing moves queued tasks from busy workers to idle ones); the Problem is scattered to every worker once.
+    `owned`: what `close` closes (the client and the LocalCluster this pool started; nothing for a client lent
+    by a Dask worker, `distributed.worker_client`)."""
 
     def __init__(self, client, owned: tuple = ()):
         self.client, self._owned = client, owned
@@ -160,7 +162,6 @@ class DaskPool(Pool):
         return list(dask_wait(futures, return_when="FIRST_COMPLETED").done)
 
     def close(self) -> None:
-        self.client.close()
         for x in self._owned:
             x.close()
 
@@ -179,14 +180,15 @@ def dask_pool(spec: str, connect_s: float | None = None) -> DaskPool:
     if workers:
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                                dashboard_address=None)
-        return DaskPool(Client(cluster), owned=(cluster,))
+        client = Client(cluster)
+        return DaskPool(client, owned=(client, cluster))
     connect_s = CONNECT_S if connect_s is None else connect_s
     try:
         client = Client(address, timeout=connect_s)
     except (OSError, TimeoutError, ValueError) as exc:
         raise InputError(f"--dask {spec}: no Dask scheduler answered at {address} within {connect_s:g} s "
                          f"({type(exc).__name__}); start one with `dask scheduler` or use --dask local") from None
-    return DaskPool(client)
+    return DaskPool(client, owned=(client,))
 
 
 def parse_dask(spec: str) -> tuple[int, str | None]:

@@ -51,7 +51,7 @@ def test_boxes_on_a_dask_local_cluster_give_the_serial_answer(problem, tiny_task
 
     cl, mo, sp, pred, ref = problem
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            DaskPool(Client(cluster)) as pool:
+            Client(cluster) as client, DaskPool(client) as pool:
         assert pool.threads == 2
         got = search(cl, mo, sp, pred, top_k=5, pool=pool)
     assert _answer(got) == _answer(ref)
