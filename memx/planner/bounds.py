@@ -33,6 +33,7 @@ SLACK = 1e-5  # relative: float32 totals of ≤ 64 stages are within ~64·2⁻²
 SCORE_SLACK = 1e-4  # absolute, in log Φ (float32 log of values ≈ 10: error ≤ a few 1e−6)
 MARGIN_SLACK = 1e-5  # absolute, on a margin in [0, 1) computed in float32 (error ≤ a few 1e−7)
 JOINT_STEPS = 32  # front steps the joint (T, margin) bound tests at most (front_covers_by_time)
+JOINT_TIME = True  # issue #26: the front test's joint (T, margin) bound (Corner.time_above); read in BoxBounds.corner
 _LOG2 = np.floor(np.log2(np.maximum(np.arange(1 << 12), 1))).astype(np.int64)  # ⌊log2 w⌋ of a range width w ≥ 1
 
 
@@ -241,7 +242,7 @@ class BoxBounds:
                       var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight[li]), hi),
                       margin_ub=1.0 - used_lb + MARGIN_SLACK, margin_high_ub=self.margin_high_ub(r, a, b),
                       stage_lo_mib=lo, stage_hi_mib=hi, weight=self.weight[li], capacity_mib=self.capacity[li],
-                      time_above=lambda rows, mu: self.time_lb_above(a[rows], b[rows], li[rows], mu))
+                      time_above=(lambda rows, mu: self.time_lb_above(a[rows], b[rows], li[rows], mu)) if JOINT_TIME else None)
 
     def margin_high_ub(self, r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
         """An upper bound of each box's smallest upper-bound margin (issue #22), as margin_ub: a stage's final
