@@ -8,6 +8,9 @@ is started before the clock starts; its start-up is printed apart). Wall seconds
 plus the workers' processes) and plans scored; ratio = serial wall / pool wall. The load average is printed
 before and after: the machine is shared.
 Last lines: one `workers=N wall_s=… ratio=…` line per N, then `same answer: yes|no`.
+On a loaded machine the serial run can be done once and reused: `--save PATH` stores its answer and wall
+time (pickle), `--reference PATH` compares against them instead of running it again (the ratio is then
+against a run in another process: say so with the figures).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import pickle
 import time
 
 
@@ -38,6 +42,8 @@ def main() -> None:
     ap.add_argument("--max-pp", type=int, default=16)
     ap.add_argument("--workers", default="1,2,4", help="comma-separated local worker counts")
     ap.add_argument("--without-joint", action="store_true", help="also time one process without the joint bound")
+    ap.add_argument("--save", help="store the serial answer and wall time here")
+    ap.add_argument("--reference", help="the serial answer and wall time stored by --save (no serial run)")
     args = ap.parse_args()
 
     from distributed import Client, LocalCluster
@@ -62,14 +68,23 @@ def main() -> None:
               f"{r.chosen.iteration_time_ms:.0f} front={len(r.pareto)} load={os.getloadavg()[0]:.1f}", flush=True)
         return r, wall
 
-    ref, serial = timed("serial")
+    if args.reference:
+        with open(args.reference, "rb") as fh:
+            answer, serial = pickle.load(fh)
+        print(f"serial (stored, {args.reference}) wall_s={serial:.1f}", flush=True)
+    else:
+        ref, serial = timed("serial")
+        answer = _answer(ref)
+        if args.save:
+            with open(args.save, "wb") as fh:
+                pickle.dump((answer, serial), fh)
     same = True
     if args.without_joint:
         bounds.JOINT_TIME = False
         r, wall = timed("serial_without_joint")
         bounds.JOINT_TIME = True
-        print(f"joint bound: {wall / serial:.2f}x faster, same answer: {_answer(r) == _answer(ref)}", flush=True)
-        same &= _answer(r) == _answer(ref)
+        print(f"joint bound: {wall / serial:.2f}x faster, same answer: {_answer(r) == answer}", flush=True)
+        same &= _answer(r) == answer
     lines = []
     for n in [int(x) for x in args.workers.split(",")]:
         t0 = time.perf_counter()
@@ -80,7 +95,7 @@ def main() -> None:
             w0 = worker_cpu()
             with DaskPool(client) as pool:
                 r, wall = timed(f"workers={n}", pool=pool)
-            ok = _answer(r) == _answer(ref)
+            ok = _answer(r) == answer
             same &= ok
             lines.append(f"workers={n} wall_s={wall:.1f} ratio={serial / wall:.2f} workers_cpu_s={worker_cpu() - w0:.1f} "
                          f"same={'yes' if ok else 'no'}")

@@ -45,6 +45,7 @@ def test_boxes_on_worker_threads_give_the_serial_answer(problem, tiny_tasks):
         assert _answer(got) == _answer(one)
 
 
+@pytest.mark.slow  # ~1.6 CPU s (importing distributed); the thread-pool test above is the default set's check
 def test_boxes_on_a_dask_local_cluster_give_the_serial_answer(problem, tiny_tasks):
     """A real dask.distributed LocalCluster (two in-process workers: no process start-up)."""
     from distributed import Client, LocalCluster
@@ -61,3 +62,11 @@ def test_a_pool_and_a_mapper_are_refused(problem):
     cl, mo, sp, pred, _ = problem
     with ThreadPool(1) as pool, pytest.raises(ValueError, match="not both"):
         search(cl, mo, sp, pred, pool=pool, mapper=lambda f, xs: [f(x) for x in xs])
+
+
+def test_dask_specs_parse_to_local_workers_or_a_scheduler_address():
+    from memx.planner.distributed import parse_dask
+
+    assert parse_dask("local") == (2, None) and parse_dask("local:4") == (4, None)
+    assert parse_dask("127.0.0.1:8786") == (0, "tcp://127.0.0.1:8786")
+    assert parse_dask("tls://[::1]:8786") == (0, "tls://[::1]:8786")
