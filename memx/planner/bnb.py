@@ -26,6 +26,8 @@ LEAF = 512  # a box with at most this many splits (an upper bound: Σ n = L fixe
 BATCH = 1024  # boxes bounded at once (the least time bounds first)
 POOL = 1 << 16  # pending boxes beyond which the smallest go first (their leaves are scored and leave the pool)
 FLUSH = 1 << 15  # leaf splits scored at once
+SHRINK = 16  # past POOL pending boxes a round takes 1/SHRINK of them (`take`), up to MAX_BATCH
+MAX_BATCH = 16 * BATCH
 
 
 @dataclass(kw_only=True)
@@ -72,13 +74,19 @@ def advance(bounds: BoxBounds, keeper: Keeper, evaluate: Evaluate, weights: Weig
 
 def take(bounds: BoxBounds, keeper: Keeper, boxes: Boxes, n: int) -> tuple[Boxes, Boxes | None]:
     """(the n boxes that go first, the rest) of the boxes the keeper's time thresholds do not rule out: the
-    least time bounds; past POOL boxes the smallest boxes, so the pool shrinks (their leaves leave it)."""
+    least time bounds; past POOL boxes the smallest boxes, so the pool shrinks (their leaves leave it), and
+    1/SHRINK of the pool (at most MAX_BATCH boxes) instead of n: the pool's upkeep — its time filter, order and
+    copies, O(pool) a round — is then spread over as many boxes (issue #26: it was 40 % of the 405B deep
+    search's time, its pool holding millions of boxes)."""
     a, b, li, t = boxes
     keep = keeper.time_needed(t)
-    a, b, li, t = a[keep], b[keep], li[keep], t[keep]
+    if not keep.all():
+        a, b, li, t = a[keep], b[keep], li[keep], t[keep]
     if len(a) <= n:
         return (a, b, li, t), None
-    order = t if len(a) <= POOL else bounds.leaf_size(a, b)
+    order = t
+    if len(a) > POOL:
+        n, order = min(max(n, len(a) // SHRINK), MAX_BATCH), bounds.leaf_size(a, b)
     first = np.zeros(len(a), dtype=bool)
     first[np.argpartition(order, n - 1)[:n]] = True
     return (a[first], b[first], li[first], t[first]), (a[~first], b[~first], li[~first], t[~first])

@@ -33,7 +33,7 @@ import numpy as np
 
 from memx.domain.errors import InputError
 from memx.domain.specs import SearchSpace, Weights
-from memx.planner.bnb import BATCH, Boxes, Work, advance, concat, roots, take
+from memx.planner.bnb import BATCH, Boxes, Work, advance, roots, take
 from memx.planner.bounds import BoxBounds
 from memx.planner.candidates import Keeper
 from memx.planner.prepared import score_rows
@@ -75,14 +75,22 @@ def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, wei
     the Problem as `pool.share` returned it); the kept sets end in `keeper`, as the serial search's."""
     work = Work()
     pending = roots(bounds, layouts)
+    ready: list[Boxes] = []  # batches taken, not yet sent (a large pool yields many tasks at one take)
+    back: list[Boxes] = []  # boxes tasks returned, joined to the pool at the next take (one copy for many)
     running: dict[Any, None] = {}
     slots = max(1, pool.threads * IN_FLIGHT)
-    while len(pending[0]) or running:
-        while len(running) < slots and len(pending[0]):
-            batch, rest = take(bounds, keeper, pending, TASK_BOXES)
-            pending = rest if rest is not None else _empty(batch)
-            if len(batch[0]):
-                running[pool.submit(run_task, shared, weights, space, copy.copy(keeper), batch)] = None
+    while len(pending[0]) or back or ready or running:
+        while len(running) < slots and (ready or back or len(pending[0])):
+            if not ready:
+                if back:
+                    pending = tuple(np.concatenate(parts) for parts in zip(*back, pending))
+                    back = []
+                batch, rest = take(bounds, keeper, pending, TASK_BOXES)
+                pending = rest if rest is not None else _empty(batch)
+                ready = [tuple(x[i:i + TASK_BOXES] for x in batch) for i in range(0, len(batch[0]), TASK_BOXES)]
+                if not ready:
+                    continue
+            running[pool.submit(run_task, shared, weights, space, copy.copy(keeper), ready.pop(0))] = None
         if not running:
             break
         for fut in pool.first_done(list(running)):
@@ -90,7 +98,8 @@ def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, wei
             kept, w, left = fut.result()
             keeper.merge(kept)
             work.add(w)
-            pending = concat(left, pending)
+            if len(left[0]):
+                back.append(left)
     return work
 
 
