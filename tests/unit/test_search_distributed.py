@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from memx.domain.catalog import load_cluster, load_model, load_search
-from memx.planner import distributed
+from memx.planner import bnb, distributed
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.distributed import DaskPool, ThreadPool
 from memx.planner.search import search
@@ -33,6 +33,7 @@ def problem(conf_root):
 def tiny_tasks(monkeypatch):
     monkeypatch.setattr(distributed, "TASK_BOXES", 32)
     monkeypatch.setattr(distributed, "TASK_ROUNDS", 1)
+    monkeypatch.setattr(bnb, "POOL", 64)  # a "large" pool: rounds take 1/SHRINK of it, in several tasks
 
 
 def test_boxes_on_worker_threads_give_the_serial_answer(problem, tiny_tasks):
@@ -43,6 +44,7 @@ def test_boxes_on_worker_threads_give_the_serial_answer(problem, tiny_tasks):
         with ThreadPool(3) as pool:
             got = search(cl, mo, sp, pred, top_k=5, weights=weights, pool=pool)
         assert _answer(got) == _answer(one)
+    assert _answer(search(cl, mo, sp, pred, top_k=5)) == _answer(ref)  # one process, with the large-pool rounds
 
 
 @pytest.mark.slow  # ~1.6 CPU s (importing distributed); the thread-pool test above is the default set's check
