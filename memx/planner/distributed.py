@@ -11,17 +11,18 @@ subset of the plans already prove that none of its plans can enter them — whic
 superset, so a worker pruning against an older copy only does more work. Only the count of plans scored
 (work, not the answer) depends on the timing of the tasks.
 
-Granularity (docs/planner.md §Distributed boxes): TASK_BOXES boxes explored for TASK_ROUNDS rounds make a
-task of ~0.1–1 s on the 405B deep case — long enough that sending the kept sets (tens of kB) and the boxes
-back costs little, short enough that the coordinator's thresholds reach the workers often and that Dask's
-scheduler holds several tasks per worker to steal from. The coordinator keeps IN_FLIGHT tasks per worker
-thread queued.
+Granularity (docs/planner.md §Distributed boxes): a task takes TASK_BOXES boxes and runs rounds on them for
+TASK_S seconds (or until none is left) — long enough that sending the kept sets and the boxes and merging
+them costs little (a few ms a task), short enough that the coordinator's thresholds reach the workers
+often and that Dask's scheduler holds several tasks per worker to balance. The coordinator keeps IN_FLIGHT
+tasks per worker thread queued.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -40,7 +41,7 @@ from memx.planner.prepared import score_rows
 from memx.planner.tables import StackedTables
 
 TASK_BOXES = BATCH  # boxes a task takes from the pool
-TASK_ROUNDS = 4  # rounds of the serial engine a task runs on its boxes (then it returns what is left)
+TASK_S = 0.5  # seconds a task runs rounds of the serial engine on its boxes (at least one; then it returns the rest)
 IN_FLIGHT = 2  # tasks queued per worker thread (so a free worker always finds one, and Dask can steal)
 CONNECT_S = 10.0  # seconds to reach a Dask scheduler before `--dask ADDR` is refused (exit 2)
 
@@ -56,16 +57,17 @@ class Problem:
 
 
 def run_task(problem: Problem, weights: Weights | None, space: SearchSpace, keeper: Keeper, boxes: Boxes,
-             rounds: int = TASK_ROUNDS) -> tuple[Keeper, Work, Boxes]:
-    """A worker's task: `rounds` rounds of the serial engine on `boxes` with its own copy of `keeper`;
-    returns (the kept sets, the work, the boxes left)."""
+             seconds: float | None = None) -> tuple[Keeper, Work, Boxes]:
+    """A worker's task: rounds of the serial engine on `boxes` with its own copy of `keeper` for `seconds`
+    (TASK_S; at least one round); returns (the kept sets, the work, the boxes left)."""
     keeper = copy.copy(keeper)  # the coordinator's snapshot may be shared (in-process workers): never mutated
     evaluate = partial(score_rows, problem.tables, weights=weights, space=space, keys=problem.keys)
     work = Work()
-    for _ in range(rounds):
-        if not len(boxes[0]):
-            break
+    end = time.perf_counter() + (TASK_S if seconds is None else seconds)
+    while len(boxes[0]):
         boxes = advance(problem.bounds, keeper, evaluate, weights, space.epsilon_mib2, boxes, work)
+        if time.perf_counter() >= end:
+            break
     return keeper, work, boxes
 
 

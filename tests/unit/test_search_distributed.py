@@ -1,6 +1,6 @@
 """The branch-and-bound's boxes on a pool of workers (memx.planner.distributed, issue #26) give exactly the
 one-process answer: weights, medians, pick, top-k by Φ and by time, Pareto front and safe sets. Tasks are made
-tiny here (a few boxes, one round) so that many run at once against stale copies of the kept sets."""
+tiny here (32 boxes, one round) so that many run at once against stale copies of the kept sets."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def problem(conf_root):
 @pytest.fixture
 def tiny_tasks(monkeypatch):
     monkeypatch.setattr(distributed, "TASK_BOXES", 32)
-    monkeypatch.setattr(distributed, "TASK_ROUNDS", 1)
+    monkeypatch.setattr(distributed, "TASK_S", 0.0)  # one round a task
     monkeypatch.setattr(bnb, "POOL", 64)  # a "large" pool: rounds take 1/SHRINK of it, in several tasks
 
 
