@@ -42,18 +42,21 @@ def main() -> None:
     ap.add_argument("--max-pp", type=int, default=16)
     ap.add_argument("--workers", default="1,2,4", help="comma-separated local worker counts")
     ap.add_argument("--without-joint", action="store_true", help="also time one process without the joint bound")
+    ap.add_argument("--task-s", type=float, help="seconds a task runs (memx.planner.distributed.TASK_S)")
     ap.add_argument("--save", help="store the serial answer and wall time here")
     ap.add_argument("--reference", help="the serial answer and wall time stored by --save (no serial run)")
     args = ap.parse_args()
 
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from memx.domain.catalog import load_cluster, load_model, load_search
-    from memx.planner import bounds
+    from memx.planner import bounds, distributed
     from memx.planner.cost import AnalyticStageModel
-    from memx.planner.distributed import DaskPool
+    from memx.planner.distributed import DaskPool, local_cluster
     from memx.planner.search import search
 
+    if args.task_s is not None:
+        distributed.TASK_S = args.task_s
     cl, mo = load_cluster(args.cluster), load_model(args.model)
     sp = dataclasses.replace(load_search(args.search), max_pp=args.max_pp)
     pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
@@ -88,8 +91,7 @@ def main() -> None:
     lines = []
     for n in [int(x) for x in args.workers.split(",")]:
         t0 = time.perf_counter()
-        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                          dashboard_address=None) as lc, Client(lc) as client:
+        with local_cluster(n) as lc, Client(lc) as client:
             print(f"LocalCluster of {n}: started in {time.perf_counter() - t0:.1f} s", flush=True)
             worker_cpu = lambda: sum(client.run(_cpu).values())  # noqa: E731
             w0 = worker_cpu()

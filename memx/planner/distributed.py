@@ -92,7 +92,7 @@ def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, wei
                 ready = [tuple(x[i:i + TASK_BOXES] for x in batch) for i in range(0, len(batch[0]), TASK_BOXES)]
                 if not ready:
                     continue
-            running[pool.submit(run_task, shared, weights, space, copy.copy(keeper), ready.pop(0))] = None
+            running[pool.submit(run_task, shared, weights, space, copy.copy(keeper), ready.pop(0), TASK_S)] = None
         if not running:
             break
         for fut in pool.first_done(list(running)):
@@ -186,11 +186,10 @@ def dask_pool(spec: str, connect_s: float | None = None) -> DaskPool:
     address of a running dask.distributed scheduler ('tcp://host:8786', 'host:8786'). InputError (exit 2) with
     one line when the address is malformed or nothing answers there within `connect_s` seconds (CONNECT_S)."""
     workers, address = parse_dask(spec)
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     if workers:
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                               dashboard_address=None)
+        cluster = local_cluster(workers)
         client = Client(cluster)
         return DaskPool(client, owned=(client, cluster))
     connect_s = CONNECT_S if connect_s is None else connect_s
@@ -200,6 +199,20 @@ def dask_pool(spec: str, connect_s: float | None = None) -> DaskPool:
         raise InputError(f"--dask {spec}: no Dask scheduler answered at {address} within {connect_s:g} s "
                          f"({type(exc).__name__}); start one with `dask scheduler` or use --dask local") from None
     return DaskPool(client, owned=(client,))
+
+
+def local_cluster(workers: int):
+    """A LocalCluster of single-threaded worker processes on 127.0.0.1, without the workers' statistical
+    profiler (a stack sample every 10 ms, of no use here) and without Dask's MALLOC_TRIM_THRESHOLD_ for them:
+    setting it turns off glibc's dynamic mmap threshold (mallopt(3)), so every large numpy temporary is
+    mapped and unmapped afresh — the workers spent 2.2× the one-process CPU on the same boxes."""
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set({"distributed.worker.profile.enabled": False,
+                          "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                            dashboard_address=None)
 
 
 def parse_dask(spec: str) -> tuple[int, str | None]:
