@@ -46,7 +46,7 @@ IN_FLIGHT = 2  # tasks queued per worker thread (so a free worker always finds o
 CONNECT_S = 10.0  # seconds to reach a Dask scheduler before `--dask ADDR` is refused (exit 2)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Problem:
     """What every task of a chunk of layouts needs, sent to each worker once (and kept for both phases of a
     search): the layouts' stacked stage tables and bound tables and their keys (layout indices of the search)."""
