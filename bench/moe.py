@@ -5,8 +5,10 @@ Plans: memx.simulator.draw_plans from conf/search/default.yaml, each given a ran
 those that divide dp and the model's experts (sequence parallelism on, as Megatron needs with ep > 1 and tp > 1),
 measured once each with memx.simulator.simulate_plan (memx.simulator.moe: its own grouped-GEMM experts and
 all-to-all on the placement's links); predicted by memx.planner.estimate.estimate_plans with the runtime-aware
-closed form (memx.planner.moe). The same plans at ep = 1 are printed beside them. Search: conf/search/default.yaml
-with expert_parallel_options [1] (as is) vs [1, 2, 4, 8] (those dividing the experts).
+closed form (memx.planner.moe). The same plans at ep = 1 are printed beside them, and the drawn plans read with
+context parallelism (dp/cp replicas of cp = 2 or 4 ranks) and an ep dividing dp·cp ("cp and ep"). Search: conf/search/default.yaml
+with expert_parallel_options [1] (as is) vs [1, 2, 4, 8] (those dividing the experts), and the latter with
+context_parallel_options [1, 2] too.
 
 Usage: PYTHONPATH=. .venv/bin/python bench/moe.py [--plans 40] [--seed 3]
 Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case, search ratio ≤ 3×.
@@ -43,6 +45,18 @@ def with_experts(plan: Plan, experts: int, rnd: random.Random) -> Plan:
     return dataclasses.replace(plan, expert_parallel=rnd.choice(eps) if eps else 1, sequence_parallel=True)
 
 
+def with_cp_and_experts(plan: Plan, experts: int, rnd: random.Random) -> Plan | None:
+    """`plan`'s dp replicas read as dp/cp replicas of cp context-parallel ranks (cp 2, else 4; dividing dp and
+    seq_len/2), with a random ep dividing the dp·cp ranks and the experts — ep need not divide dp (the expert grid
+    spans dp × cp, memx.domain.plan.moe_problems) — or None where no cp divides."""
+    cp = next((c for c in (2, 4) if plan.dp % c == 0 and plan.seq_len % (2 * c) == 0), None)
+    if cp is None:
+        return None
+    eps = [e for e in range(2, plan.dp + 1) if plan.dp % e == 0 and experts % e == 0]
+    return dataclasses.replace(plan, dp=plan.dp // cp, global_batch=plan.global_batch // cp, context_parallel=cp,
+                               idle_gpus=None, expert_parallel=rnd.choice(eps) if eps else 1, sequence_parallel=True)
+
+
 def errors(plans, cluster, model) -> str:
     runs = [simulate_plan(p, cluster, model, seed=i) for i, p in enumerate(plans)]
     est = estimate_plans(plans, cluster, model, AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types},
@@ -76,6 +90,8 @@ def main() -> None:
         print(f"{cname} {mname} random ep  {errors(plans, cluster, model)}", flush=True)
         plain = [dataclasses.replace(p, expert_parallel=1) for p in plans]
         print(f"{cname} {mname} same, ep=1 {errors(plain, cluster, model)}", flush=True)
+        both = [q for q in (with_cp_and_experts(p, model.num_experts, rnd) for p in drawn) if q is not None]
+        print(f"{cname} {mname} cp and ep  {errors(both, cluster, model)}", flush=True)
     for cname, mname in CASES[:2]:
         cluster, model, space = load_cluster(cname), load_model(mname), load_search("default")
         off, t_off, _ = search_seconds(cluster, model, space)
@@ -83,6 +99,10 @@ def main() -> None:
         on, t_on, ep = search_seconds(cluster, model, dataclasses.replace(space, expert_parallel_options=options))
         print(f"search {cname} {mname}: off {off:.2f}s (fastest {t_off:.0f} ms)  on {list(options)} {on:.2f}s "
               f"(fastest {t_on:.0f} ms, ep {ep})  ratio {on / off:.2f}×", flush=True)
+        both = dataclasses.replace(space, expert_parallel_options=options, context_parallel_options=(1, 2))
+        on_cp, t_cp, ep_cp = search_seconds(cluster, model, both)
+        print(f"search {cname} {mname}: ep {list(options)} and cp [1, 2] {on_cp:.2f}s (fastest {t_cp:.0f} ms, "
+              f"ep {ep_cp})  ratio to ep only {on_cp / on:.2f}×, to off {on_cp / off:.2f}×", flush=True)
 
 
 if __name__ == "__main__":

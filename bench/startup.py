@@ -4,7 +4,9 @@ measured in the same run.
 CPU s = user + system time of the child process (resource.getrusage(RUSAGE_CHILDREN) deltas), the
 minimum over --repeat runs; wall s beside it. Bytecode goes to a temporary PYTHONPYCACHEPREFIX and one
 warm-up run compiles it first (an installed package ships its .pyc: compiling is not start-up). MEMX_HOME
-is a temporary folder. Commands:
+is a temporary folder, shared by the runs: from the warm-up on, the validated catalog entries are read from its
+cache (memx.domain.spec_cache), as on a user's second and later runs; --cold gives every run an empty one (the
+first run after a catalog or MemX change). Commands:
   numpy       python -c "import numpy"                                   (the baseline)
   help        memx --help
   peer        memx plan --predictor analytic --cluster a100-v100-16 --format json   (4 × A100-80G + 12 × V100-32G;
@@ -46,9 +48,13 @@ nodes:
 WORK_DONE = ("search_s", "timings", "predict_s", "scored", "discarded_by_bound")  # not part of the answer
 
 
-def run(argv: list[str], env: dict[str, str], out: list | None = None) -> tuple[float, float]:
+def run(argv: list[str], env: dict[str, str], out: list | None = None, cold: bool = False) -> tuple[float, float]:
     """(CPU s, wall s) of one child process, run in the checkout first on env's PYTHONPATH (`python -m` puts
-    the working folder first on sys.path); it must succeed. `out`: its stdout is appended."""
+    the working folder first on sys.path); it must succeed. `out`: its stdout is appended. `cold`: an empty
+    MEMX_HOME of its own."""
+    if cold:
+        with tempfile.TemporaryDirectory() as home:
+            return run(argv, {**env, "MEMX_HOME": home}, out)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.PIPE if out is not None else subprocess.DEVNULL,
@@ -85,6 +91,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", nargs="*", help="run only these commands (names as in the docstring)")
     ap.add_argument("--baseline", type=Path, help="another checkout to run the same commands with, interleaved")
+    ap.add_argument("--cold", action="store_true", help="every run with an empty MEMX_HOME (no cached catalog entries)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Path(tmp) / "a100-v100-4x4.yaml"
@@ -117,7 +124,7 @@ def main() -> None:
             for name, argv in commands.items():
                 for side, e in envs.items():
                     out = outputs[side].setdefault(name, []) if name not in ("numpy", "help") else None
-                    cpu, wall = run(argv, e, out)
+                    cpu, wall = run(argv, e, out, cold=args.cold)
                     if name not in best[side] or cpu < best[side][name][0]:
                         best[side][name] = (cpu, wall)
         for name in commands:

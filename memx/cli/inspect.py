@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from memx.cli.options import DEFAULT_SEARCH, ConfOpt, load_specs
 from memx.cli.simulate import _read_input, read_plan
@@ -31,7 +29,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-# pandas, the planner's estimates and the learned predictor are imported inside the commands.
+# pandas, rich, the planner's estimates and the learned predictor are imported inside the commands.
 
 GIB = 1024.0
 PREDICTORS = ("analytic", "registered")
@@ -48,6 +46,9 @@ def inspect_cmd(file: PlanArg,
                 model: Annotated[Optional[str], typer.Option("--model", help="Model name or YAML path (default: the plan's).")] = None,
                 conf: ConfOpt = None, predictor: PredictorOpt = "analytic") -> None:
     """A plan you run today (either plan schema): per-GPU peak, margin and memory variance as predicted."""
+    from rich.console import Console
+    from rich.table import Table
+
     from memx.planner.cost import AnalyticStageModel
     from memx.planner.replicas import estimate_any_plans
 
@@ -119,6 +120,9 @@ def measured_ranking(df: pd.DataFrame, weights: str) -> pd.DataFrame:
 def rank_cmd(measured: MeasuredOpt, weights: RankWeightsOpt = "default",
              top: Annotated[int, typer.Option("--top", min=1, help="How many plans to list.")] = 10) -> None:
     """Re-rank plans you already measured by Φ (paper §3.1.2) and compare the top one with the fastest."""
+    from rich.console import Console
+    from rich.table import Table
+
     from memx.report.evaluate import read_config_runs
 
     r = measured_ranking(read_config_runs(measured, ("plan", "iteration_time_ms", "peak_mem_mib")), weights)

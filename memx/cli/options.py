@@ -18,6 +18,7 @@ import typer
 import typer.core
 from typer._click import exceptions as click_errors  # typer vendors click: its own exception classes
 
+from memx.domain import spec_cache
 from memx.domain.errors import InputError, MemxError
 from memx.domain.home import telemetry_off
 
@@ -35,13 +36,20 @@ class MemxGroup(typer.core.TyperGroup):
 
     def invoke(self, ctx):  # noqa: D401 - click API
         telemetry_off()  # this process and every process it starts (memx.domain.home.TELEMETRY_OFF)
+        done = False
         try:
-            return super().invoke(ctx)
+            result, done = super().invoke(ctx), True
         except MemxError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             raise typer.Exit(INTERRUPTED_EXIT) from None
+        finally:  # the catalog entries this command validated are cached once it succeeded: bad input writes nothing
+            if done:
+                spec_cache.flush()
+            else:
+                spec_cache.discard()
+        return result
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):  # noqa: D401 - click API
         """Usage errors (an unknown option, a missing or malformed value) as one `error: …` line and exit 2,

@@ -8,6 +8,7 @@ holds for matplotlib (MPLCONFIGDIR, `matplotlib_env()`).
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from memx.domain.home import memx_home, telemetry_off
@@ -24,6 +25,9 @@ def prefect_env() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # The temporary server needs ~15 s on 2 busy cores; Prefect waits 20 s by default.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # MemX's flows use no Prefect blocks: a new server need not register Prefect's block types (~3 CPU s on a
+    # fresh $MEMX_HOME/prefect, docs/benchmarks.md §First make plan)
+    os.environ.setdefault("PREFECT_API_BLOCKS_REGISTER_ON_START", "false")
 
 
 def matplotlib_env() -> None:
@@ -36,8 +40,36 @@ def run_pipeline(**params: Any) -> dict[str, Any]:
     """`flows.pipeline.pipeline_flow(**params)`: profile → augment → train → search, each stage a
     versioned artifact reused when its inputs are unchanged (docs/architecture.md §Artifact store)."""
     prefect_env()
-    from flows.pipeline import pipeline_flow  # Prefect reads its settings at import: after prefect_env()
-
     # the $MEMX_HOME lock before Prefect's temporary server starts on $MEMX_HOME/prefect; SIGTERM exits cleanly
     with lifeline.guarded():
+        starting = _start_temporary_server()
+        from flows.pipeline import pipeline_flow  # Prefect reads its settings at import: after prefect_env()
+
+        import mlflow  # noqa: F401  (the pipeline's tracking: imported while the server starts)
+
+        if starting is not None:
+            starting.join()
         return pipeline_flow(**params)
+
+
+def _start_temporary_server() -> threading.Thread | None:
+    """Without PREFECT_API_URL the first flow call starts Prefect's temporary server (a subprocess, ~10 CPU s)
+    and waits for it. Started here in a thread instead, the server boots on a second core while this process
+    imports the flows and MLflow (~6 CPU s); the flow call then finds the same server (Prefect keeps one per
+    process). The server module is imported here, not in the thread: both imports hold the GIL. A start that
+    fails here is left to the flow call, which starts it again and reports Prefect's own error."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer  # the client imports it anyway (get_client)
+
+    def start() -> None:
+        try:
+            SubprocessASGIServer().start()
+        except Exception:  # noqa: BLE001 — the flow call retries and raises Prefect's own message
+            pass
+
+    thread = threading.Thread(target=start, name="memx-prefect-server", daemon=True)
+    thread.start()
+    return thread

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from memx.cli.options import (DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_SEARCH, ClusterOpt, CommandOpt, ConfOpt,
     JobsOpt, ModelOpt, RecordsOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt, check_out_dir, in_panel, load_specs)
@@ -98,6 +97,7 @@ def plan_cmd(
 ) -> None:
     """Search the plan space and recommend a plan."""
     from memx.planner.distributed import parse_dask, search_pool
+    from memx.planner.launcher import stage_dp_option
     from memx.planner.replica_search import replica_search as run_search  # schema 2 when max_replica_groups ≥ 2
     from memx.planner.result import search_result_to_dict
     from memx.report.check import load_baseline
@@ -121,7 +121,8 @@ def plan_cmd(
 
         pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
         with search_pool(dask) as pool, delayed_progress(show, "search") as cb:
-            res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb, pool=pool)
+            res = stage_dp_option(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb, pool=pool),
+                                  cl, mo, sp, pred)  # opt-in per-stage dp (issue #27)
         obj = search_result_to_dict(res, "analytic")
     elif mode == "registered":
         from memx.pipeline import registry
@@ -136,7 +137,8 @@ def plan_cmd(
             name += f", {cal.headline()}"
             typer.echo(f"plan calibration: {cal.summary()}", err=True)
         with search_pool(dask) as pool, delayed_progress(show, "search") as cb:
-            res = run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb, pool=pool)
+            res = stage_dp_option(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb, pool=pool),
+                                  cl, mo, sp, pred)
         obj = search_result_to_dict(res, name)
     else:
         from memx.cli.profile import profile_options
@@ -342,6 +344,8 @@ def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | N
 
         typer.echo(render_flagscale(plan_obj, model, cluster))  # NotLaunchable (exit 6) with the reason
     else:
+        from rich.console import Console  # rich only for the table (not for JSON, Markdown, scripts)
+
         print_table(obj, Console(width=160))
     if out is not None:
         from memx.cli.orchestration import matplotlib_env

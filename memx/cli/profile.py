@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 import typer.core
-from rich.markup import escape  # typer renders help as Rich markup: "[mbs][tp]" would vanish
 
 from memx.cli.options import (DEFAULT_SEARCH, ClusterOpt, CommandOpt, ConfOpt, JobsOpt, ModelOpt, RecordsOpt,
     SearchOpt, SeedOpt, StoreOpt, check_out_dir, load_specs, split_command)
@@ -221,6 +220,8 @@ def _ingest_command(fmt: str, about: str):
     def cmd(path: ImportPathArg, model: ImportModelOpt, gpu: ImportGpuOpt = None, out: ImportOutOpt = None,
             conf: ConfOpt = None) -> None:
         ingest_profiles(fmt, path, model, gpu, out, conf)
+
+    from rich.markup import escape  # typer renders help as Rich markup: "[mbs][tp]" would vanish
 
     cmd.__name__ = f"ingest_{fmt}_cmd"
     one = typer.Typer(add_completion=False)

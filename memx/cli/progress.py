@@ -8,9 +8,6 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
-
 SHOW_AFTER_S = 2.0
 
 
@@ -29,6 +26,9 @@ def delayed_progress(enabled: bool, label: str, *, delay_s: float | None = None,
     if not enabled:
         yield lambda done, total: None
         return
+    from rich.console import Console  # rich only where a bar may show (not for `--format json`)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
     t0, delay_s = time.monotonic(), SHOW_AFTER_S if delay_s is None else delay_s
     # force_terminal: a bar (not just its final line) also where stderr is a pipe, as `--progress` asks for
     console = Console(stderr=True, force_terminal=force_terminal if force_terminal is not None else True)

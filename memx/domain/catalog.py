@@ -9,17 +9,17 @@ one `InputError` (exit code 2). See docs/architecture.md §Catalogs.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from memx.domain.errors import InputError, SpecError, short_repr
 from memx.domain.home import home_path
 from memx.domain.io import load_yaml, path_kind
+from memx.domain.spec_cache import validated
 from memx.domain.specs import MAX_CLUSTER_GPUS, Cluster, GpuType, ModelArch, SearchSpace
 
 T = TypeVar("T")
@@ -154,24 +154,20 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-@functools.cache
-def _adapter(spec_type: type[T]) -> TypeAdapter[T]:
-    return TypeAdapter(spec_type)
-
-
 def validate_entry(spec_type: type[T], data: dict[str, Any], path: Path, *,
                    problems: dict[str, str] | None = None) -> T:
     """Validate a YAML mapping against a spec type; one InputError naming the file and every bad field.
 
     The `notes:` key is allowed everywhere (free text, not part of the spec). `problems` (field →
-    message) are found by the caller (e.g. unknown GPU names) and reported with pydantic's."""
+    message) are found by the caller (e.g. unknown GPU names) and reported with pydantic's. A mapping validated
+    before by the same code comes from the cache (memx.domain.spec_cache)."""
     data = dict(data)
     notes = data.pop("notes", None)
     lines = {k: _line(k, v) for k, v in (problems or {}).items()}
     if notes is not None and not isinstance(notes, str):
         lines["notes"] = _line("notes", "must be text", notes)
     try:
-        spec = _adapter(spec_type).validate_python(data)
+        spec = validated(spec_type, data)
     except ValidationError as exc:
         for loc, line in _error_lines(exc, spec_type).items():
             lines.setdefault(loc, line)

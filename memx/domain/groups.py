@@ -207,9 +207,12 @@ def _group_from_dict(raw: Any, where: str) -> ReplicaGroup:
     extra = sorted(set(raw) - set(_GROUP_KEYS))
     if extra:
         raise InputError(f"{where}: unknown field(s) {', '.join(extra)}; allowed: {', '.join(_GROUP_KEYS)}")
+    stages = _stages_from_list(raw["stages"], where)
+    if any(st.data_parallel is not None for st in stages):  # issue #27: a replica group has one dp
+        raise InputError(f"{where}: field 'data_parallel' on a stage of a replica group; a group has one 'dp' "
+                         "(a per-stage data_parallel is a schema-1 plan's)")
     return ReplicaGroup(dp=_need_int(where, "dp", raw["dp"]), micro_batch=_need_int(where, "micro_batch", raw["micro_batch"]),
-                        micro_batches=_need_int(where, "micro_batches", raw["micro_batches"]),
-                        stages=_stages_from_list(raw["stages"], where))
+                        micro_batches=_need_int(where, "micro_batches", raw["micro_batches"]), stages=stages)
 
 
 def any_plan_from_json(text: str, source: str = "plan") -> AnyPlan:

@@ -13,7 +13,8 @@ job, `plan_model` gives the model the plan trains), `virtual_stages` (issue #27,
 plain 1F1B; v > 1: the interleaved 1F1B schedule, `interleave_problems`) and `precision` (absent: bf16, what
 every plan meant before issue #23; memx.domain.precision), `context_parallel` (issue #27, absent: 1; cp > 1:
 Megatron-LM's context parallelism, memx.domain.context_parallel) and `expert_parallel` (issue #27, absent: 1,
-every rank holds every expert; `moe_problems`).
+every rank holds every expert; `moe_problems`). A stage's `data_parallel` (issue #27, absent: the plan's dp) is
+FlagScale's per-mesh dp (memx.domain.stage_dp: the plan's `dp` and `micro_batch` are then the first stage's).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from memx.domain.errors import InputError, short_repr
 from memx.domain.precision import DEFAULT_PRECISION, check_precision
 from memx.domain.recompute import PLAN_RECOMPUTE, SEARCH_BLOCK, Recompute  # noqa: F401  (re-exported)
 from memx.domain.specs import MAX_CLUSTER_GPUS, Cluster, ModelArch
+from memx.domain.stage_dp import has_stage_dp, place_stage_groups, stage_dp_problems, stage_dps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +39,9 @@ class Stage:
     layers: int
     recompute: Recompute = Recompute.NONE  # a plain string is converted; an unknown one raises ValueError
     recompute_layers: int | None = None  # with full: Megatron's block method, first N layers
+    data_parallel: int | None = None
+    """This stage's own data-parallel degree dp_i (issue #27, FlagScale's per-mesh dp, memx.domain.stage_dp):
+    each micro batch of dp × micro_batch samples is split dp_i ways here. None: the plan's dp."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", Recompute(self.recompute))
@@ -102,12 +107,13 @@ class Plan:
 
     @property
     def gpus_used(self) -> int:
-        return self.dp * self.context_parallel * sum(s.tp for s in self.stages)
+        """dp × cp × Σ tp; with a per-stage dp, cp × Σ tp_i · dp_i (memx.domain.stage_dp)."""
+        return sum(self.gpus_per_type().values())
 
     def gpus_per_type(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for s in self.stages:
-            out[s.gpu] = out.get(s.gpu, 0) + self.dp * self.context_parallel * s.tp
+        for s, dp in zip(self.stages, stage_dps(self)):
+            out[s.gpu] = out.get(s.gpu, 0) + dp * self.context_parallel * s.tp
         return out
 
 
@@ -129,6 +135,8 @@ def stage_to_dict(stage: Stage) -> dict[str, Any]:
     d: dict[str, Any] = {"gpu": stage.gpu, "tp": stage.tp, "layers": stage.layers, "recompute": stage.recompute.value}
     if stage.recompute_layers is not None:
         d["recompute_layers"] = stage.recompute_layers
+    if stage.data_parallel is not None:
+        d["data_parallel"] = stage.data_parallel
     return d
 
 
@@ -245,7 +253,7 @@ def _stages_from_list(raw_stages: Any, source: str) -> tuple[Stage, ...]:
         miss = [k for k in _STAGE_KEYS if k not in raw]
         if miss:
             raise InputError(f"{where}: missing field(s) {', '.join(miss)}")
-        extra = set(raw) - {"gpu", "tp", "layers", "recompute", "recompute_layers"}
+        extra = set(raw) - {"gpu", "tp", "layers", "recompute", "recompute_layers", "data_parallel"}
         if extra:
             raise InputError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
         recompute = raw.get("recompute", Recompute.NONE.value)
@@ -259,9 +267,10 @@ def _stages_from_list(raw_stages: Any, source: str) -> tuple[Stage, ...]:
                 raise InputError(
                     f"{where}: field 'recompute_layers' ({rl}) needs recompute 'full' and at most 'layers' ({layers})"
                 )
+        dp = None if raw.get("data_parallel") is None else _need_int(where, "data_parallel", raw["data_parallel"])
         stages.append(
             Stage(gpu=str(raw["gpu"]), tp=_need_int(where, "tp", raw["tp"]), layers=layers, recompute=recompute,
-                  recompute_layers=rl)
+                  recompute_layers=rl, data_parallel=dp)
         )
     return tuple(stages)
 
@@ -317,12 +326,15 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
     # fewer GPUs than the cluster has is a valid plan (the rest stay idle); more is not
     for gpu, used in plan.gpus_per_type().items():
         if gpu in known and used > cluster.gpu_count(gpu):
-            problems.append(f"plan uses {used} × {gpu} (dp × cp × Σ tp), cluster {cluster.name} has {cluster.gpu_count(gpu)}")
+            problems.append(f"plan uses {used} × {gpu} ({'Σ tp_i × dp_i' if has_stage_dp(plan) else 'dp × cp × Σ tp'}), "
+                            f"cluster {cluster.name} has {cluster.gpu_count(gpu)}")
     problems += _idle_record_problems(plan, cluster)
     problems += interleave_problems(plan)
     problems += context_problems(plan)
     problems += moe_problems(plan, model)
-    if not problems and place_plan(plan, cluster) is None:
+    problems += stage_dp_problems(plan, model)
+    placed = place_stage_groups(plan, cluster) if has_stage_dp(plan) else place_plan(plan, cluster)
+    if not problems and placed is None:
         problems.append("the stages' TP groups cannot be placed on the cluster's nodes (a TP group must fit in one node)")
     if problems:
         raise InputError(f"{source}: invalid plan: " + "; ".join(problems))
@@ -381,20 +393,20 @@ def moe_problems(plan: Plan, model: ModelArch) -> list[str]:
     megatron/training/arguments.py: 'Number of experts should be a multiple of expert model parallel_size';
     megatron/core/parallel_state.py: world_size divisible by expert_tensor_parallel × ep × pp, the expert tensor
     parallel size defaulting to tp — per stage of tp × dp GPUs that is ep dividing dp; model_parallel_config.py:
-    'When using expert parallelism and tensor parallelism … sequence parallelism must be used')."""
-    ep = plan.expert_parallel
-    if model.is_moe and plan.context_parallel > 1:  # issue #27: the two are not modelled together yet
-        return [f"field 'context_parallel' ({plan.context_parallel}) with a mixture-of-experts model ({model.name}): "
-                f"not supported yet (allowed: 1); expert and context parallelism are modelled one at a time"]
+    'When using expert parallelism and tensor parallelism … sequence parallelism must be used'). With context
+    parallelism the expert grid has no cp axis (parallel_state.py: the expert RankGenerator's cp=1, expert dp =
+    world / (etp × ep × pp)), so ep groups are carved from the dp × cp ranks: ep divides dp × cp."""
+    ep, cp = plan.expert_parallel, plan.context_parallel
     if ep == 1:
         return []
     if not model.is_moe:
         return [f"field 'expert_parallel' ({ep}) needs a mixture-of-experts model; {model.name} has no 'num_experts'"]
     out = [] if model.num_experts % ep == 0 else [
         f"field 'expert_parallel' ({ep}) does not divide num_experts ({model.num_experts}) of model {model.name}"]
-    if plan.dp % ep:
-        out.append(f"field 'expert_parallel' ({ep}) does not divide dp ({plan.dp}): each stage's tp × dp GPUs must "
-                   f"split into expert tp (= tp) × ep × expert dp")
+    if plan.dp * cp % ep:
+        ranks = f"dp × context_parallel ({plan.dp} × {cp})" if cp > 1 else f"dp ({plan.dp})"
+        out.append(f"field 'expert_parallel' ({ep}) does not divide {ranks}: each stage's tp × dp{' × cp' * (cp > 1)} "
+                   f"GPUs must split into expert tp (= tp) × ep × expert dp")
     if any(s.tp > 1 for s in plan.stages) and not plan.sequence_parallel:
         out.append(f"field 'expert_parallel' ({ep}) with tp > 1 needs 'sequence_parallel': true")
     return out
@@ -423,6 +435,8 @@ def place_plan(plan: Plan, cluster: Cluster, free: list[int] | None = None) -> l
     (GPUs free per node, updated in place) lets several replica groups share one cluster
     (memx.domain.groups.place_groups); None: the whole cluster is free.
     """
+    if has_stage_dp(plan):
+        raise ValueError("a plan with a per-stage data_parallel has no replicas: memx.domain.stage_dp.place_stage_groups")
     free = [n.count for n in cluster.nodes] if free is None else free
     n_rep = plan.dp * getattr(plan, "context_parallel", 1)  # cp > 1: dp·cp TP groups per stage, cp-major
     where = [[-1] * plan.pp for _ in range(n_rep)]

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, ValidationError
 
 from memx.domain.errors import InputError
 from memx.domain.io import load_yaml
+from memx.domain.spec_cache import validated
 
 DEFAULT_ENTRY = "default"
 _META_KEYS = ("name", "extends", "notes")
@@ -71,7 +72,6 @@ class RuntimeProfile:
     """Fixed cost of one pipeline send/recv (launch, handshake, synchronisation)."""
 
 
-_ADAPTER = TypeAdapter(RuntimeProfile)
 NUMBER_FIELDS = tuple(f.name for f in fields(RuntimeProfile) if f.name != "name")
 
 
@@ -146,7 +146,7 @@ def _check_ranges(path: Path, p: RuntimeProfile) -> None:
 def _load_entry(name: str, folder: str) -> RuntimeProfile:
     values, path = _merged(Path(folder), name)
     try:
-        profile = _ADAPTER.validate_python({"name": name, **values})
+        profile = validated(RuntimeProfile, {"name": name, **values})  # cached: memx.domain.spec_cache
     except ValidationError as exc:
         raise InputError(_format(path, exc)) from exc
     _check_ranges(path, profile)

@@ -382,6 +382,11 @@ class SearchSpace:
     `--expert-model-parallel-size`, one for every stage; each ≤ 4,096); [1] (default): every rank holds every
     expert. A value ep > 1 is tried on layouts whose dp it divides (memx.planner.space.expert_parallelisms);
     each must divide the model's num_experts (exit 2 otherwise); a dense model searches ep 1 only."""
+    stage_data_parallel: bool = False
+    """Opt-in (issue #27): also search plans whose GPU types run different data-parallel degrees (FlagScale's
+    per-mesh dp, Metis' per-stage dp; plan stages carry `data_parallel`, memx.domain.stage_dp), scored by the
+    per-stage-dp closed form outside the batched engine (memx.planner.stage_dp_search); the faster pick that
+    clears the margin floor wins. false (default): today's space exactly. Not with launcher megatron (one dp)."""
     weights: str = "auto"
     """Φ weights: a profile name (`auto`, `default`, `safety`, `throughput`) or "wT,wM,wV"."""
     precision: Literal[SEARCH_PRECISIONS] = "auto"  # type: ignore[valid-type]  # memx.domain.precision
@@ -420,11 +425,12 @@ class SearchSpace:
     """The balanced rules pick among plans that clear margin_floor within (1 + this) × the fastest of them
     (a fraction in [0, 1); issue #22, memx.planner.pick)."""
     pick_rule: Literal["phi", "phi-bounded", "fastest-above-floor", "balanced-phi",
-                       "balanced-margin"] = "balanced-margin"
+                       "balanced-margin", "balanced-front"] = "balanced-front"
     """How the pick is chosen: phi (the paper's Φ alone), phi-bounded (Φ within max_time_ratio, margin
     floor, never dominated), fastest-above-floor (the fastest plan that clears the floor), balanced-phi /
-    balanced-margin (least Φ / largest margin within balance_tolerance of it; balanced-margin is the
-    default, by docs/results.md §Balance where it is free). memx.planner.pick, docs/planner.md §The pick."""
+    balanced-margin (least Φ / largest margin within balance_tolerance of it), balanced-front (least Φ among
+    those no plan dominates on time and margin; the default, by docs/results.md §Balance where it is free).
+    memx.planner.pick, docs/planner.md §The pick."""
     extra: dict[str, object] = field(default_factory=dict)
     """Free-form additions carried with the space (not searched)."""
     # Replica groups (issue #15, memx.planner.replica_search; docs/planner.md §Replica groups):
@@ -475,6 +481,9 @@ class SearchSpace:
             problems.append(("max_replica_groups", f"must be 1 with launcher: {self.launcher} (replica groups with "
                              f"different pipelines and micro batches cannot run as one {self.launcher} job)",
                              self.max_replica_groups))
+        if self.launcher == "megatron" and self.stage_data_parallel:
+            problems.append(("stage_data_parallel", "must be false with launcher: megatron (Megatron-LM runs one "
+                             "--data-parallel size for every stage)", True))
         if self.launcher == "megatron" and set(self.recompute_levels) <= {SEARCH_BLOCK}:
             problems.append(("recompute_levels", "must list none, selective or full with launcher: megatron (one "
                              "setting for every stage; block is searched per stage)", list(self.recompute_levels)))

@@ -113,7 +113,8 @@ def run(out: Path, *, scale: str = "small", seed: int = 0, predictor: str | None
 RULE_SCENARIOS = [("v100-t4-6", "llama-6l"), ("three-vendor-20", "llama2-7b"), ("h100-h20-16", "llama2-13b"),
                   ("h100-mi300x-32", "llama2-70b"), ("a100-v100-16", "llama2-7b")]  # the last two: mixed capacities
 # rule → the max_time_ratio it searches with (the safe sets the floor rules pick from do not depend on it)
-RULES = {"phi": 0.0, "phi-bounded": 1.25, "fastest-above-floor": 0.0, "balanced-phi": 1.25, "balanced-margin": 1.25}
+RULES = {"phi": 0.0, "phi-bounded": 1.25, "fastest-above-floor": 0.0, "balanced-phi": 1.25, "balanced-margin": 1.25,
+         "balanced-front": 1.25}
 
 
 def _measured_balance(run, m, r) -> dict:

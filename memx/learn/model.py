@@ -116,9 +116,9 @@ def fit_calibration(a, g, names: np.ndarray, y_time: np.ndarray, y_mem: np.ndarr
     return Calibration(time_coef=tc, mem_coef=mc, static_ratio=sr)
 
 
-def _per_row(coef: Mapping[str, list[float]], names: np.ndarray, bases: np.ndarray) -> np.ndarray:
-    out = np.empty(len(names))
-    uniq, inv = np.unique(names, return_inverse=True)
+def _per_row(coef: Mapping[str, list[float]], groups: tuple[np.ndarray, np.ndarray], bases: np.ndarray) -> np.ndarray:
+    uniq, inv = groups  # np.unique(names, return_inverse=True): row i's bases @ its GPU type's coefficients
+    out = np.empty(len(inv))
     for i, u in enumerate(uniq):
         theta = np.asarray(coef.get(str(u), coef[GLOBAL]))
         sel = inv == i
@@ -128,14 +128,14 @@ def _per_row(coef: Mapping[str, list[float]], names: np.ndarray, bases: np.ndarr
 
 def apply_calibration(cal: Calibration, a, g, names: np.ndarray, analytic: pd.DataFrame):
     """(time_ms, peak_mem_mib, static_mem_mib) of the calibrated prior; analytic memory without data."""
-    t = np.maximum(_per_row(cal.time_coef, names, time_bases(a, g)), 1e-3)
+    groups = np.unique(names, return_inverse=True)  # once: a sort of the names, the costliest step here
+    t = np.maximum(_per_row(cal.time_coef, groups, time_bases(a, g)), 1e-3)
     if cal.mem_coef:
-        m = np.maximum(_per_row(cal.mem_coef, names, memory_bases(a)), 1.0)
+        m = np.maximum(_per_row(cal.mem_coef, groups, memory_bases(a)), 1.0)
     else:
         m = analytic["peak_mem_mib"].to_numpy(dtype=np.float64)
-    ratio = np.array([cal.static_ratio.get(str(n), cal.static_ratio.get(GLOBAL, 1.0)) for n in np.unique(names)])
-    _, inv = np.unique(names, return_inverse=True)
-    s = analytic["static_mem_mib"].to_numpy(dtype=np.float64) * (ratio[inv] if len(ratio) else 1.0)
+    ratio = np.array([cal.static_ratio.get(str(n), cal.static_ratio.get(GLOBAL, 1.0)) for n in groups[0]])
+    s = analytic["static_mem_mib"].to_numpy(dtype=np.float64) * (ratio[groups[1]] if len(ratio) else 1.0)
     return t, m, s
 
 

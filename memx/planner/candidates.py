@@ -18,7 +18,10 @@ and does not depend on the order plans are scored in, the batches, the shards or
   plan beats while being no slower, once by (log Φ, key) and once by (−margin, key) — restricted to
   (1 + balance_tolerance) × the fastest safe plan: the fastest safe plan and the best-by-Φ and
   best-by-margin safe plans within the tolerance of it are among them, whatever the fastest safe plan
-  turns out to be, and they do not depend on r (the safe pick may lie outside the Φ window);
+  turns out to be, and they do not depend on r (the safe pick may lie outside the Φ window); and the
+  *safe front* (issue #22, session 3): their (T, −margin) front, of equal points the least log Φ (a plan that
+  dominates a safe one is safe and no slower: the `balanced-front` pick is exact), pruned by the by-margin
+  staircase's test (the two have the same prefix-best margins);
 * the widest plan (largest smallest margin, then (T, key)): the answer when no plan clears the floor.
 Log Φ up to the median constant (memx.planner.objective.log_score) ranks plans, so no set needs the
 medians. `Keeper.needs` is the pruning test of the branch-and-bound search on a box's lower bounds.
@@ -123,6 +126,7 @@ class Keeper:
         self.front: list[Cand] = []
         self.safe_phi: list[Cand] = []  # staircase by (log Φ, key) among safe plans
         self.safe_margin: list[Cand] = []  # staircase by (−margin, key) among safe plans
+        self.safe_front: list[Cand] = []  # (T, −margin) front of the safe plans, equal points: least log Φ
         self.widest: Cand | None = None
         self._refresh()
 
@@ -292,6 +296,7 @@ class Keeper:
             new = _cands(sc, rows[by_phi | by_margin])
             self.safe_phi = self._safe_stair(self.safe_phi + new, _by_score)
             self.safe_margin = self._safe_stair(self.safe_margin + new, _by_margin)
+            self.safe_front = self._safe_stair(self.safe_front + new, _by_margin, front=True)
             changed = True
         return changed
 
@@ -306,6 +311,7 @@ class Keeper:
             self.fastest_safe_ms = min(self.fastest_safe_ms, other.fastest_safe_ms)
             self.safe_phi = self._safe_stair(self.safe_phi + other.safe_phi, _by_score)
             self.safe_margin = self._safe_stair(self.safe_margin + other.safe_margin, _by_margin)
+            self.safe_front = self._safe_stair(self.safe_front + other.safe_front, _by_margin, front=True)
             ws = [w for w in (self.widest, other.widest) if w is not None]
             self.widest = min(ws, key=lambda c: (-c.floor_margin, c.time_ms, c.var_mib2, c.key)) if ws else None
         self._refresh()
@@ -335,14 +341,16 @@ class Keeper:
         keep = non_dominated(np.array([self._point(c.time_ms, c.floor_margin, c.var_mib2) for c in cands]).reshape(-1, 3))
         return [c for c, k in zip(cands, keep) if k]
 
-    def _safe_stair(self, cands: list[Cand], rank) -> list[Cand]:
-        """Safe plans within the tolerance that no no-slower safe plan beats by `rank` (then V, then key)."""
+    def _safe_stair(self, cands: list[Cand], rank, front: bool = False) -> list[Cand]:
+        """Safe plans within the tolerance that no no-slower safe plan beats by `rank` (then V, then key); with
+        `front`, that no no-slower one matches on `rank` either, ties by (log Φ, key): the (T, rank) front, of
+        equal points the least log Φ (the safe front)."""
         window = self.safe_window_ms()
         out: list[Cand] = []
         best = None
         for c in sorted((c for c in _unique(cands) if c.time_ms <= window),
-                        key=lambda c: (c.time_ms, rank(c), c.var_mib2, c.key)):
-            if best is None or (rank(c), c.var_mib2, c.key) < best:
+                        key=lambda c: (c.time_ms, rank(c), c.score if front else c.var_mib2, c.key)):
+            if best is None or (rank(c) < best[0] if front else (rank(c), c.var_mib2, c.key) < best):
                 out.append(c)
                 best = (rank(c), c.var_mib2, c.key)
         return out
@@ -367,7 +375,7 @@ class Keeper:
         if not np.isfinite(self.fastest_safe_ms):
             return [self.widest] if self.widest is not None else []
         window = self.safe_window_ms()
-        return _unique([c for c in self.safe_margin + self.safe_phi if c.time_ms <= window])
+        return _unique([c for c in self.safe_margin + self.safe_phi + self.safe_front if c.time_ms <= window])
 
 
 def _dominated_by(f: np.ndarray, pts: np.ndarray) -> np.ndarray:

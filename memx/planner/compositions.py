@@ -91,7 +91,10 @@ def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.ran
     uniform up to float rounding (relative 1e−16); a draw that rounding sends to an impossible value is
     dropped. The uniforms are taken layout by layout, stage by stage (n[l] per stage), and each layout's
     inverse is one search in the sorted array of its rows offset by their rank j (cw + j, at j + u): the
-    same draws whether one layout or many are sampled; the weights of all layouts are formed together."""
+    same draws whether one layout or many are sampled; the weights of all layouts are formed together. The
+    search runs row by row (`upper_bound_rows`) with the same result: every entry of the layout's earlier rows
+    is ≤ j ≤ j + u, every entry of its later rows ≥ j + 1 > j + u, and where j + u rounds up to j + 1 the draw
+    counts its whole row (> total) and is clipped to total either way."""
     suffix = suffix if suffix is not None else [suffix_counts(total, ok) for ok in allowed]
     live = [li for li, (m, suf) in enumerate(zip(n, suffix)) if m > 0 and suf[0, total] > 0]
     out = [np.zeros((0, ok.shape[0]), dtype=np.int16) for ok in allowed]
@@ -101,23 +104,29 @@ def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.ran
     P, T = int(pp.max()), total + 1
     counts = np.array([n[li] for li in live])
     uniform = rng.random(int((counts * pp).sum()))
-    # draw d of layout l at stage s: uniform[start_l + s·n_l + d]
-    start = np.concatenate([[0], np.cumsum(counts * pp)[:-1]])
+    start = np.concatenate([[0], np.cumsum(counts * pp)[:-1]])  # draw d of layout l at stage s: uniform[start_l + s·n_l + d]
+    # The layouts are worked through with the most stages first, so the draws still open at stage s are a prefix.
+    order = np.argsort(-pp, kind="stable")
+    live, pp, counts, start = [live[i] for i in order], pp[order], counts[order], start[order]
     owner = np.repeat(np.arange(len(live)), counts)
-    draw = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+    first_draw = np.cumsum(counts) - counts
+    u_at = np.repeat(start, counts) + (np.arange(len(owner)) - np.repeat(first_draw, counts))
+    u_step = np.repeat(counts, counts)
+    open_at = [int(counts[pp > s].sum()) for s in range(P)]
     suf = np.zeros((len(live), P + 1, T))
     ok = np.zeros((len(live), P, T))
     for r, li in enumerate(live):
         suf[r, :pp[r] + 1] = suffix[li]
         ok[r, :pp[r]] = allowed[li][:, :T]
+    allowed_at = ok.astype(bool)
     left = np.full(len(owner), total, dtype=np.int64)
     res = np.zeros((len(owner), P), dtype=np.int16)
     valid = np.ones(len(owner), dtype=bool)
     k = np.arange(T)
     for s in range(P):
-        at = np.nonzero(pp[owner] > s)[0]
-        key = owner[at] * T + left[at]
-        keys, inv = _unique_small(key, len(live) * T - 1)
+        m = open_at[s]
+        own, rem = owner[:m], left[:m]
+        keys, inv = _unique_small(own * T + rem, len(live) * T - 1)
         kl, kr = keys // T, keys % T
         first = np.searchsorted(kl, kl, side="left")  # each layout's rows: j = rank among its remaining counts
         j = (np.arange(len(keys)) - first).astype(np.float64)
@@ -127,23 +136,32 @@ def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.ran
         tot = cw[:, -1:]
         cw = cw / np.where(tot > 0, tot, 1.0)
         e = cw + j[:, None]
-        q = j[inv] + uniform[start[owner[at]] + s * counts[owner[at]] + draw[at]]
-        pos = np.empty(len(at), dtype=np.int64)
-        here = np.unique(kl)
-        row_lo, row_hi = np.searchsorted(kl, here), np.searchsorted(kl, here, side="right")
-        draw_lo, draw_hi = np.searchsorted(owner[at], here), np.searchsorted(owner[at], here, side="right")
-        for rl, rh, dl, dh in zip(row_lo, row_hi, draw_lo, draw_hi):  # one sorted array per layout, as alone
-            pos[dl:dh] = np.searchsorted(e[rl:rh].ravel(), q[dl:dh], side="right") - (inv[dl:dh] - rl) * T
-        pos = np.clip(pos, 0, total)
-        valid[at] &= ok[owner[at], s, pos].astype(bool) & (pos <= left[at])
-        res[at, s] = pos
-        left[at] = np.maximum(left[at] - pos, 0)
+        q = j[inv] + uniform[u_at[:m] + s * u_step[:m]]
+        pos = np.minimum(upper_bound_rows(e, inv, q), total)
+        valid[:m] &= allowed_at[own, s, pos] & (pos <= rem)
+        res[:m, s] = pos
+        left[:m] = np.maximum(rem - pos, 0)
     valid &= left == 0
-    ends = np.cumsum(counts)  # owner is sorted: each layout's draws are one run
     for r, li in enumerate(live):
-        lo = ends[r] - counts[r]
-        out[li] = res[lo:ends[r]][valid[lo:ends[r]], :pp[r]]
+        lo, hi = first_draw[r], first_draw[r] + counts[r]
+        out[li] = res[lo:hi][valid[lo:hi], :pp[r]]
     return out
+
+
+def upper_bound_rows(e: np.ndarray, row: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """np.searchsorted(e[row[i]], q[i], side="right") for every i (each row of e non-decreasing, q finite): the
+    number of entries of row row[i] that are ≤ q[i], by binary lifting vectorised over i — the rows padded with
+    +inf to a power of two 2^b, then b rounds: step 2^(b−1), …, 1 is added where the entry it reaches is ≤ q."""
+    width = 1 << int(e.shape[1]).bit_length()
+    padded = np.full((e.shape[0], width), np.inf)
+    padded[:, :e.shape[1]] = e
+    flat, at = padded.ravel(), row.astype(np.int64) * width - 1  # at + count: the last entry counted
+    count = np.zeros(len(q), dtype=np.int64)
+    step = width >> 1
+    while step:
+        count += step * (flat[at + count + step] <= q)
+        step >>= 1
+    return count
 
 
 def _unique_small(values: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:

@@ -42,6 +42,8 @@ from memx.planner.runtime_terms import (
     layer_elementwise_bytes,
     layer_gemms_ms,
     logits_bytes,
+    name_codes,
+    per_run,
     ring_ms,
     shapes,
 )
@@ -92,26 +94,27 @@ def _by_precision(precision, values: Mapping[str, float]) -> np.ndarray:
         if first not in values:
             raise KeyError(f"unknown precision {first!r}; allowed: {', '.join(PRECISIONS)}")
         return np.full(p.shape, values[first], dtype=np.float64)
-    bad = set(np.unique(p.astype(str))) - set(PRECISIONS)
+    uniq, inv = name_codes(p.reshape(-1))
+    bad = set(uniq.tolist()) - set(PRECISIONS)
     if bad:
         raise KeyError(f"unknown precision(s) {sorted(bad)}; allowed: {', '.join(PRECISIONS)}")
-    return np.select([p == k for k in PRECISIONS], [values[k] for k in PRECISIONS], default=np.nan).astype(np.float64)
+    return np.array([values[k] for k in uniq.tolist()], dtype=np.float64)[inv].reshape(p.shape)
 
 
 def gemm_peak_tflops(names: np.ndarray, precision, gpus: Mapping[str, GpuType]) -> np.ndarray:
     """Dense tensor peak of each row's GPU in its precision (GpuType.peak_tflops; spec sheets in conf/gpus)."""
-    n = np.asarray(names).astype(str)
+    n = np.asarray(names)
     if not n.size:
         return np.zeros(0)
     p = np.broadcast_to(np.asarray(precision, dtype=object), n.shape)
+    uniq, inv = name_codes(n.reshape(-1))
     if (p == p.flat[0]).all():  # one precision (the usual case): per GPU name only
-        uniq, inv = np.unique(n, return_inverse=True)
-        return np.array([gpus[g].peak_tflops(str(p.flat[0]), strict=False) for g in uniq])[inv.reshape(-1)]
-    p = p.astype(str)
-    pairs, inv = np.unique(np.char.add(np.char.add(n, "|"), p), return_inverse=True)  # "|": not in GPU names
+        return np.array([gpus[g].peak_tflops(str(p.flat[0]), strict=False) for g in uniq])[inv].reshape(n.shape)
+    prec, p_inv = name_codes(p.reshape(-1))
+    pairs, pair_inv = np.unique(inv * len(prec) + p_inv, return_inverse=True)  # each (GPU, precision) once
     # a 16-bit precision a part lacks reads as its own 16-bit mode (GpuType.peak_tflops); plans are checked
-    peak = [gpus[g].peak_tflops(q, strict=False) for g, q in (str(k).split("|") for k in pairs)]
-    return np.asarray(peak, dtype=np.float64)[inv.reshape(-1)]
+    peak = [gpus[str(uniq[k // len(prec)])].peak_tflops(str(prec[k % len(prec)]), strict=False) for k in pairs.tolist()]
+    return np.asarray(peak, dtype=np.float64)[pair_inv.reshape(-1)].reshape(n.shape)
 
 
 def optimizer_shards(distributed_optimizer, dp) -> np.ndarray:
@@ -313,7 +316,7 @@ class AnalyticStageModel:
 
 
 def _gpu_columns(names: np.ndarray, gpus: Mapping[str, GpuType]) -> dict[str, np.ndarray]:
-    uniq, inv = np.unique(names.astype(str), return_inverse=True)
+    uniq, inv = name_codes(names)
     missing = [u for u in uniq if u not in gpus]
     if missing:
         raise KeyError(f"no GPU spec for {missing}")
@@ -386,7 +389,8 @@ def model_static_bytes(model: ModelArch) -> float:
     return float(total) * BYTES_PER_PARAM_STATIC
 
 
-def _end_layers_ms(x: Shapes, rc: RuntimeColumns, first: np.ndarray, last: np.ndarray) -> dict[str, np.ndarray]:
+def _end_layers_ms(x: Shapes, rc: RuntimeColumns, first: np.ndarray, last: np.ndarray,
+                   t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Embedding (first stage) and output layer + cross entropy (last stage): device ms, host ops
     and TP communication of the forward and backward passes.
 
@@ -395,18 +399,33 @@ def _end_layers_ms(x: Shapes, rc: RuntimeColumns, first: np.ndarray, last: np.nd
     into the fp32 gradient rows (read-modify-write). Output: final norm, the logits GEMM
     [b·s × h]·[h × v/t], Megatron's vocab-parallel cross entropy in fp32 (reads bf16 logits, writes
     fp32, max / exp / sum passes: ~18 B per logit forward, ~10 B backward) with three small
-    all-reduces (max, sum-exp, target logit)."""
+    all-reduces (max, sum-exp, target logit). `t`: `_layer_terms` (the logits GEMM, the all-reduces)."""
     T, th = x.tokens, x.tokens * x.h / x.rep
     logits = T * x.v / x.t
-    out_f, out_b = gemm_fwd_bwd_ms(T, x.v / x.t, x.h, rc)
+    out_f, out_b = t["out_f"], t["out_b"]
     mb = rc.membw_bytes_per_ms
     return {
         "fwd": first * ((4.0 + 6.0 * x.dropout) * th / mb) + last * (out_f + (4.0 * th + 18.0 * logits) / mb),
         "bwd": first * (10.0 * th / mb) + last * (out_b + (8.0 * th + 10.0 * logits) / mb),
         "ops_fwd": first * 3.0 + last * 7.0,
         "ops_bwd": first * 3.0 + last * 5.0,
-        "comm": first * ring_ms(BF16 * T * x.h, x.t, rc) + last * 3.0 * ring_ms(FP32 * T, x.t, rc),
+        "comm": first * t["ring_act"] + last * 3.0 * t["ring_loss"],
     }
+
+
+def _layer_terms(x: Shapes, rc: RuntimeColumns, rc_linear: RuntimeColumns) -> dict[str, np.ndarray]:
+    """What one layer costs (GEMMs, attention core, memory-bound kernels, TP all-reduce) and the output
+    layer's logits GEMM: functions of the row's shapes and GPU columns alone, not of its layer count,
+    recomputation or place in the pipeline."""
+    g_f, g_b = layer_gemms_ms(x, rc_linear)
+    a_f, a_b, a_ops = attention_core_ms(x, rc)
+    ew_ops = 6.0 + x.swiglu  # 2 norms, 2 bias-dropout-adds, activation, 2 layout copies (+ RoPE)
+    ew = layer_elementwise_bytes(x) / rc.membw_bytes_per_ms + ew_ops * rc.launch_ms
+    out_f, out_b = gemm_fwd_bwd_ms(x.tokens, x.v / x.t, x.h, rc)
+    ring_act = ring_ms(BF16 * x.tokens * x.h, x.t, rc)  # one all-reduce of the b·s·h activation
+    return {"g_f": g_f, "g_b": g_b, "a_f": a_f, "a_b": a_b, "a_ops": a_ops, "ew_ops": ew_ops, "ew": ew,
+            "comm": 2.0 * ring_act, "ring_act": ring_act, "ring_loss": ring_ms(FP32 * x.tokens, x.t, rc),
+            "out_f": out_f, "out_b": out_b}
 
 
 def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, last,
@@ -420,14 +439,11 @@ def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, 
     goes around (Narayanan 2021 §2.2): 2 transfers per micro batch, latency + b·s·h/t bytes (scatter-
     gather over TP) at the intra-node link, a lower bound the assembly completes with the real link.
     `rc_linear`: the columns the layers' linear GEMMs run at (their precision's peak); default `rc`."""
-    g_f, g_b = layer_gemms_ms(x, rc if rc_linear is None else rc_linear)
-    a_f, a_b, a_ops = attention_core_ms(x, rc)
-    ew_ops = 6.0 + x.swiglu  # 2 norms, 2 bias-dropout-adds, activation, 2 layout copies (+ RoPE)
-    ew = layer_elementwise_bytes(x) / rc.membw_bytes_per_ms + ew_ops * rc.launch_ms
-    comm = 2.0 * ring_ms(BF16 * x.tokens * x.h, x.t, rc)
-    lay_f, lay_b = g_f + a_f + ew, g_b + a_b + 2.0 * ew
+    t = per_run(_layer_terms, x, rc, rc if rc_linear is None else rc_linear)
+    a_f, a_ops, ew_ops, ew, comm = t["a_f"], t["a_ops"], t["ew_ops"], t["ew"], t["comm"]
+    lay_f, lay_b = t["g_f"] + a_f + ew, t["g_b"] + t["a_b"] + 2.0 * ew
     ops_f = 4.0 + a_ops + ew_ops + 2.0 * (x.t > 1)
-    end = _end_layers_ms(x, rc, first, last)
+    end = _end_layers_ms(x, rc, first, last, t)
     sel = selective * L
     dev_f = L * lay_f + end["fwd"]
     dev_b = L * lay_b + n_rec * lay_f + sel * a_f + end["bwd"]

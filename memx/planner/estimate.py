@@ -14,7 +14,8 @@ import numpy as np
 from memx.domain.context_parallel import rank_equivalent
 from memx.domain.plan import Plan, plan_model, validate_plan
 from memx.domain.specs import Cluster, ModelArch
-from memx.planner import moe
+from memx.domain.stage_dp import has_stage_dp
+from memx.planner import moe, stage_dp
 from memx.planner.context_parallel import add_ring_terms, cp_links
 from memx.planner.interleave import context_twins, wrap_gbps
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
@@ -72,10 +73,13 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
 
 def _contexts(plan: Plan, model: ModelArch, cluster: Cluster | None):
     ctxs = plan_contexts(plan, cp_links(cluster, plan) if plan.context_parallel > 1 and cluster else None)
+    if has_stage_dp(plan):  # each stage at its per-rank micro batch (memx.planner.stage_dp; no cp, ep, v)
+        return stage_dp.contexts(plan, ctxs)
     if not model.is_moe:
         return ctxs
     if cluster is None:  # memory only: the all-to-all link does not change it
-        return moe.with_experts(ctxs, plan.expert_parallel, plan.dp // plan.expert_parallel, [(0.0, 0.0, 1.0)] * plan.pp)
+        edp = plan.dp * plan.context_parallel // plan.expert_parallel  # the expert grid spans dp·cp (moe_problems)
+        return moe.with_experts(ctxs, plan.expert_parallel, edp, [(0.0, 0.0, 1.0)] * plan.pp)
     return moe.plan_expert_contexts(ctxs, plan, model, cluster)
 
 
@@ -128,6 +132,8 @@ def upper_margins(cands: list[PlanMetrics], model: ModelArch, predictor: StagePr
 def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: np.ndarray, static: np.ndarray,
               params: np.ndarray, reserve_gib: float, assembly: AssemblyCalibration) -> PlanMetrics:
     """One plan through the search's assembly, as a one-column batch."""
+    if has_stage_dp(p):  # one pipeline, dp_s groups per stage (memx.planner.stage_dp)
+        return stage_dp.assemble(p, cluster, model, t, mem, static, params, reserve_gib, assembly)
     plan, p = p, rank_equivalent(p)  # cp > 1: dp·cp replicas of s/cp (memx.domain.context_parallel)
     p2p_gbps, dp_gbps, p2p_latency_ms = plan_links(cluster, p)
     pipe = pipeline(cluster, model, stage_gpus=[st.gpu for st in p.stages], stage_tp=[st.tp for st in p.stages],

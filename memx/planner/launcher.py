@@ -31,6 +31,7 @@ from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.planner.replica_search import _better, replica_search
 from memx.planner.result import SearchResult, plan_key
 from memx.planner.search import search
+from memx.planner.stage_dp_search import with_stage_dp
 
 
 def level_sets(space: SearchSpace) -> tuple[tuple[str, ...], ...]:
@@ -49,7 +50,23 @@ def _margin(r: SearchResult) -> float:
 
 def launcher_search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, **kw: Any) -> SearchResult:
     """The search under `space.launcher`: `any` is `replica_search` unchanged; otherwise the best pick over
-    `level_sets(space)` (InfeasibleError naming each level's reason when none has a plan)."""
+    `level_sets(space)` (InfeasibleError naming each level's reason when none has a plan). With
+    `stage_data_parallel` (opt-in, issue #27) the per-stage-dp space is searched beside it under the same level
+    sets and its best plan is the pick when it beats this one (memx.planner.stage_dp_search)."""
+    return stage_dp_option(_launcher_search(cluster, model, space, predictor, **kw), cluster, model, space, predictor)
+
+
+def stage_dp_option(result: SearchResult, cluster: Cluster, model: ModelArch, space: SearchSpace,
+                    predictor) -> SearchResult:
+    """`result` unchanged, or with `stage_data_parallel` (opt-in, issue #27) the per-stage-dp space searched
+    beside it under `level_sets(space)` and its best plan the pick when it beats `result`'s
+    (memx.planner.stage_dp_search.with_stage_dp)."""
+    if not space.stage_data_parallel:
+        return result
+    return with_stage_dp(result, cluster, model, space, predictor, level_sets(space))
+
+
+def _launcher_search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, **kw: Any) -> SearchResult:
     if space.launcher == "any":
         return replica_search(cluster, model, space, predictor, **kw)
     best: SearchResult | None = None

@@ -102,12 +102,11 @@ def sampled_medians(allowed: list[np.ndarray], total: int, n: int, seed: int,
     suffix = [suffix_counts(total, ok) for ok in allowed]
     weight = np.array([suf[0, total] for suf in suffix])
     draws = rng.multinomial(n, weight / weight.sum())
-    width = max(ok.shape[0] for ok in allowed)
-    parts, owner = [], []
-    for li, S in enumerate(sample_many(total, allowed, [int(d) for d in draws], rng, suffix)):  # layout order
-        if draws[li]:
-            parts.append(np.pad(S, ((0, 0), (0, width - S.shape[1]))))
-            owner.append(np.full(len(S), li))
-    got = score(np.concatenate(owner), np.concatenate(parts)) if parts else None
+    drawn = sample_many(total, allowed, [int(d) for d in draws], rng, suffix)  # layout order
+    sizes = np.array([len(S) for S in drawn])
+    splits = np.zeros((int(sizes.sum()), max(ok.shape[0] for ok in allowed)), dtype=np.int16)  # padded with 0
+    for S, end in zip(drawn, np.cumsum(sizes).tolist()):
+        splits[end - len(S):end, :S.shape[1]] = S
+    got = score(np.repeat(np.arange(len(drawn)), sizes), splits) if len(splits) else None
     values = [got] if got is not None else []
     return exact_medians(values), sum(len(v[0]) for v in values)

@@ -42,6 +42,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from memx.domain.context_parallel import rank_equivalent
 from memx.domain.plan import Plan, place_plan
 from memx.domain.records import nullable_floats
 from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
@@ -273,13 +274,15 @@ def plan_expert_contexts(ctxs: Sequence, plan: Plan, model: ModelArch, cluster: 
     """`ctxs` (memx.planner.tables.plan_contexts) of a plan of a MoE model with its experts; others unchanged."""
     if not model.is_moe:
         return tuple(ctxs)
-    return with_experts(ctxs, plan.expert_parallel, plan.dp // plan.expert_parallel, a2a_links(cluster, plan))
+    ranks = rank_equivalent(plan)  # cp > 1: the expert grid spans the dp·cp ranks (memx.domain.plan.moe_problems)
+    return with_experts(ctxs, plan.expert_parallel, ranks.dp // plan.expert_parallel, a2a_links(cluster, ranks))
 
 
 def expert_parallelisms(space: SearchSpace, model: ModelArch, dp: int) -> list[int]:
-    """The ep values searched for a layout of data-parallel size dp (SearchSpace.expert_parallel_options): 1
-    for a dense model; else those that divide dp (memx.domain.plan.moe_problems; that they divide num_experts
-    is checked on the space, `expert_option_problems`)."""
+    """The ep values searched for a layout of `dp` replicas (dp·cp with context parallelism;
+    SearchSpace.expert_parallel_options): 1 for a dense model; else those that divide it
+    (memx.domain.plan.moe_problems; that they divide num_experts is checked on the space,
+    `expert_option_problems`)."""
     if not model.is_moe:
         return [1]
     return [ep for ep in space.expert_parallel_options if dp % ep == 0]

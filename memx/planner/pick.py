@@ -15,6 +15,10 @@ among them:
 * `balanced-phi` / `balanced-margin` (issue #22) — among the plans that clear the floor within
   (1 + `balance_tolerance`) × the fastest of them, the one of least Φ / of largest smallest margin (ties:
   the faster): balance where it costs at most the tolerance; if none clears it, as fastest-above-floor.
+* `balanced-front` (issue #22, session 3; the default) — as balanced-phi, among those of these plans that
+  no plan dominates on (time, smallest margin): least Φ on the (T, margin) front within the tolerance.
+  Φ alone buys balance with margin (balanced-phi may take a plan another one beats on time and margin at
+  once); the front keeps it from that (docs/results.md §Balance where it is free).
 
 Every rule but `phi` respects the floor. The search keeps the safe sets exactly over the whole space
 (memx.planner.candidates.Keeper.safe: the fastest plan above the floor and the balanced picks), so "no
@@ -41,7 +45,8 @@ from memx.planner.result import SearchResult
 from memx.planner.result import plan_key as result_plan_key
 from memx.planner.signatures import StagePredictor
 
-PICK_RULES = ("phi", "phi-bounded", "fastest-above-floor", "balanced-phi", "balanced-margin")
+PICK_RULES = ("phi", "phi-bounded", "fastest-above-floor", "balanced-phi", "balanced-margin", "balanced-front")
+FLOOR_RULES = ("fastest-above-floor", "balanced-phi", "balanced-margin", "balanced-front")  # respect the floor
 FLOOR_RULE = "fastest-above-floor"  # what `phi` puts beside a below-floor pick
 
 
@@ -87,7 +92,7 @@ def choose(by_phi: Sequence[PlanMetrics], others: Sequence[PlanMetrics], *, rule
     widest = max(pool, key=lambda c: (mg(c), -c.iteration_time_ms, -c.mem_variance_mib2))
     below = "" if clears else none_clears(widest, margin_floor, mg)
     warnings: list[str] = []
-    if rule in ("fastest-above-floor", "balanced-phi", "balanced-margin"):
+    if rule in FLOOR_RULES:
         if not clears:
             return Pick(plan=widest, rule=rule, warnings=(below + "; showing the plan of largest smallest margin",))
         return Pick(plan=_safe_pick(clears, rule, mg, balance_tolerance), rule=rule)
@@ -126,12 +131,16 @@ def choose(by_phi: Sequence[PlanMetrics], others: Sequence[PlanMetrics], *, rule
 def _safe_pick(clears: list[PlanMetrics], rule: str, mg: Callable[[PlanMetrics], float],
                tolerance: float) -> PlanMetrics:
     """fastest-above-floor: the fastest plan that clears the floor (ties: larger margin, smaller V); the
-    balanced rules: of the plans within (1 + tolerance) × it, least Φ or largest margin (ties: the faster)."""
+    balanced rules: of the plans within (1 + tolerance) × it, least Φ or largest margin (ties: the faster);
+    balanced-front: least Φ of those no plan dominates on (time, margin) (a plan that dominates one of them
+    clears the floor and is no slower, so it is one of them too)."""
     fastest = min(clears, key=lambda c: (c.iteration_time_ms, -mg(c), c.mem_variance_mib2))
     if rule == FLOOR_RULE:
         return fastest
     near = [c for c in clears if c.iteration_time_ms <= (1.0 + tolerance) * fastest.iteration_time_ms]
-    if rule == "balanced-phi":
+    if rule == "balanced-front":
+        near = [c for c in near if not any(dominates(o, c, mg) for o in near)]
+    if rule in ("balanced-phi", "balanced-front"):
         return min(near, key=lambda c: (c.phi if c.phi is not None else float("inf"), c.iteration_time_ms,
                                         c.mem_variance_mib2))
     return min(near, key=lambda c: (-mg(c), c.iteration_time_ms, c.mem_variance_mib2))

@@ -51,6 +51,24 @@ def static_bound(ctx: StageContext, model: ModelArch, limit_mib: float, n_cap: i
     return int(n[fits].max()) if fits.any() else 0
 
 
+def static_bounds(contexts: dict[StageContext, int], model: ModelArch, limits: dict[str, float]) -> dict[StageContext, int]:
+    """`static_bound` of every context (its layer cap from `contexts`, its GPU's limit from `limits`): one
+    (context, n) broadcast of the same elementwise arithmetic for a dense model, context by context for MoE."""
+    ctx = list(contexts)
+    if model.is_moe or not ctx:
+        return {c: static_bound(c, model, limits[c.gpu], contexts[c]) for c in ctx}
+    caps = np.array([contexts[c] for c in ctx])
+    n = np.arange(1, int(caps.max()) + 1)[None, :]
+    col = {f: np.array([getattr(c, f) for c in ctx])[:, None] for f in ("tp", "first", "last", "distributed_optimizer", "dp")}
+    per_param = static_bytes_per_param(col["distributed_optimizer"], col["dp"],
+                                       np.array([[c.precision] for c in ctx], dtype=object))
+    params = stage_params_per_rank(n, col["tp"], col["first"], col["last"], model.hidden, model.ffn_hidden, model.heads,
+                                   model.query_groups, model.vocab, model.mlp)
+    limit = np.array([limits[c.gpu] for c in ctx])[:, None]
+    fits = (params * per_param / MIB <= limit) & (n <= caps[:, None])
+    return dict(zip(ctx, np.where(fits, n, 0).max(axis=1).tolist()))
+
+
 def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: ModelArch, seq_len: int,
                    levels: tuple[str, ...], reserve_gib: float, predictor: StagePredictor) -> PredictedTables:
     """contexts maps each context to the most layers any layout may give it. Vectorised over contexts,
@@ -58,7 +76,7 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     (memx.planner.tables.ladders)."""
     limits = {g.name: g.memory_mib - reserve_gib * 1024.0 for g in cluster.gpu_types}
     contexts = with_twins(contexts)  # interleaved contexts' ⌊k/v⌋ + 1 twins (memx.planner.interleave)
-    bounds = {c: static_bound(c, model, limits[c.gpu], cap) for c, cap in contexts.items()}
+    bounds = static_bounds(contexts, model, limits)
     ctx_list = [c for c in contexts if bounds[c] > 0]
     if not ctx_list:
         return PredictedTables(tables={}, max_layers=bounds, signatures=0, predict_s=0.0)

@@ -51,11 +51,19 @@ class Prepared:
         return self.build()
 
     def allowed(self, *, feasible: bool) -> np.ndarray:
-        """(pp, rows) layer counts each stage may take: within the caps, and (feasible) fitting at some level."""
+        """(pp, rows) layer counts each stage may take: within the caps, and (feasible) fitting at some level
+        (read-only: built once per layout, a search asks three times)."""
+        return self._allowed[feasible]
+
+    @cached_property
+    def _allowed(self) -> tuple[np.ndarray, np.ndarray]:
         fit = np.stack([st.fit for st in self.stages])
         n = np.arange(fit.shape[1])
         ok = (n[None, :] >= 1) & (n[None, :] <= self.hi[:, None])
-        return ok & (fit >= 0) if feasible else ok
+        out = (ok, ok & (fit >= 0))
+        for a in out:
+            a.flags.writeable = False
+        return out
 
     def counts(self, total: int) -> tuple[int, int]:
         """(splits within the caps, feasible plans among them), exactly."""

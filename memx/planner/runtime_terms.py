@@ -9,8 +9,8 @@ memx.planner.cost.predict_runtime_frame assembles them into stage predictions (d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -19,6 +19,41 @@ from memx.domain.specs import GpuType
 
 BF16, FP32 = 2.0, 4.0
 MIB = 1024.0 * 1024.0
+
+
+def name_codes(values) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(np.asarray(values).astype(str), return_inverse=True)` of a 1-D column of names (GPU,
+    precision), sorting only the first value of each run of equal ones: the signature columns hold a
+    context's names on consecutive rows (memx.planner.signatures.signature_columns), so a search's 10⁵
+    rows are a few hundred runs. A run of equal str objects has one str() — the same result; any other
+    column (numbers, None, not 1-D) takes np.unique itself."""
+    a = np.asarray(values)
+    if a.ndim == 1 and len(a) and a.dtype.kind in "UO":
+        starts = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])
+        heads = a[starts]
+        if a.dtype.kind == "U" or all(type(h) is str for h in heads.tolist()):
+            uniq, inv = np.unique(heads.astype(str), return_inverse=True)
+            return uniq, np.repeat(inv.reshape(-1), np.diff(np.r_[starts, len(a)]))
+    uniq, inv = np.unique(a.astype(str), return_inverse=True)
+    return uniq, inv.reshape(-1)
+
+
+def per_run(terms: Callable[..., dict[str, np.ndarray]], *columns) -> dict[str, np.ndarray]:
+    """terms(*columns) for rows given as dataclasses of equal-length arrays, computed once per run of
+    consecutive rows equal in every field (a search's signature rows come context by context: ~10⁵ rows,
+    a few hundred runs) and spread back to the rows — the same elementwise arithmetic on the same values."""
+    arrays = [getattr(c, f.name) for c in columns for f in fields(c)]
+    n = len(arrays[0])
+    change = np.ones(n, dtype=bool)
+    change[1:] = False
+    for a in arrays:
+        change[1:] |= a[1:] != a[:-1]
+    heads = np.flatnonzero(change)
+    if len(heads) == n:
+        return terms(*columns)
+    take = [replace(c, **{f.name: getattr(c, f.name)[heads] for f in fields(c)}) for c in columns]
+    run = np.cumsum(change) - 1
+    return {k: v[run] for k, v in terms(*take).items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +81,7 @@ class RuntimeColumns:
 
     @classmethod
     def of(cls, names: np.ndarray, gpus: Mapping[str, GpuType], profiles: Mapping[str, RuntimeProfile]) -> RuntimeColumns:
-        uniq, inv = np.unique(np.asarray(names).astype(str), return_inverse=True)
+        uniq, inv = name_codes(names)
         missing = [u for u in uniq if u not in gpus or u not in profiles]
         if missing:
             raise KeyError(f"no GPU spec or runtime profile for {missing}")

@@ -64,7 +64,9 @@ class Layout:
                               context_parallel=self.context_parallel, cp_links=self.cp_links)
         if self.a2a_links is None:
             return ctxs
-        return with_experts(ctxs, self.expert_parallel, self.dp // self.expert_parallel, self.a2a_links)
+        # the expert grid spans the dp·cp ranks (memx.domain.plan.moe_problems): expert dp = dp·cp / ep
+        return with_experts(ctxs, self.expert_parallel, self.dp * self.context_parallel // self.expert_parallel,
+                            self.a2a_links)
 
     def to_plan(self, model: ModelArch, cluster: Cluster, global_batch: int, seq_len: int,
                 layers: tuple[int, ...], recompute: tuple[tuple[Recompute, int | None], ...]) -> Plan:
@@ -189,9 +191,7 @@ def _with_micro_batches(cluster, model, space, gpus, tps, dp, seq, precision=DEF
         return []
     out: list[Layout] = []
     if 1 in space.context_parallel_options:
-        experts = {ep: a2a_links(cluster, dataclasses.replace(probe, expert_parallel=ep)) if model.is_moe else None
-                   for ep in expert_parallelisms(space, model, dp)}  # MoE: ep and its all-to-all links per stage
-        out += _layouts(cluster, model, space, probe, links, precision, experts)
+        out += _layouts(cluster, model, space, probe, links, precision, _experts(cluster, model, space, probe))
     return out + context_parallel_layouts(cluster, model, space, probe, links, precision)
 
 
@@ -226,14 +226,22 @@ def context_sizes(space: SearchSpace, replicas: int, seq_len: int) -> list[int]:
 def context_parallel_layouts(cluster, model, space, probe: Plan, links, precision) -> list[Layout]:
     """The layouts of the probe's GPUs with context parallelism: `probe` (dp = r replicas) read as dp = r/cp
     with cp ranks each — the same placement and links (its rank-equivalent plan), m = global_batch / (dp·mb).
-    None for a mixture-of-experts model: cp with expert parallelism is not modelled yet (memx.domain.plan
-    refuses the combination, moe_problems)."""
+    A mixture-of-experts model's ep groups are carved from the r = dp·cp ranks (memx.domain.plan.moe_problems):
+    the ep values and all-to-all links are the rank-equivalent probe's."""
     gpus = [cluster.gpu(g) for g in dict.fromkeys(st.gpu for st in probe.stages)]
-    if model.is_moe or not launcher_runs_cp(space.launcher, gpus):
+    if not launcher_runs_cp(space.launcher, gpus):
         return []
+    experts = _experts(cluster, model, space, probe)
     return [layout for cp in context_sizes(space, probe.dp, probe.seq_len)
-            for layout in _layouts(cluster, model, space, probe, links, precision, {1: None}, cp,
+            for layout in _layouts(cluster, model, space, probe, links, precision, experts, cp,
                                    cp_links(cluster, dataclasses.replace(probe, dp=probe.dp // cp, context_parallel=cp)))]
+
+
+def _experts(cluster, model, space, probe: Plan) -> dict:
+    """{ep: its all-to-all links per stage} of the probe's replicas (memx.planner.moe.a2a_links); {1: None} for a
+    dense model."""
+    return {ep: a2a_links(cluster, dataclasses.replace(probe, expert_parallel=ep)) if model.is_moe else None
+            for ep in expert_parallelisms(space, model, probe.dp)}
 
 
 def interleavings(space: SearchSpace, pp: int, micro_batches: int, layers: int) -> list[int]:

@@ -15,7 +15,8 @@ The file is one Hydra config: `experiment` (task, runner, envs), `action`, and `
 checkpoint folder and hostfile are `${oc.env:NAME}`: OmegaConf stops with "Environment variable 'NAME' not
 found" when one is unset.
 
-Mapping: the stages of one GPU type (contiguous, one tp: memx.planner.space) are one mesh [tp, cp=1, ep, dp,
+Mapping: the stages of one GPU type (contiguous, one tp: memx.planner.space; one dp, or the stages' own
+`data_parallel`, issue #27: FlagScale's per-mesh dp, micro_batch_size the first mesh's) are one mesh [tp, cp=1, ep, dp,
 stages] (ep: the plan's `expert_parallel`, the same on every mesh — FlagScale's ProcessMesh takes it per mesh, the
 expert tp defaulting to the mesh's tp: flagscale/train/hetero/parallel_context.py build_all_process_meshes); `hetero_pipeline_layer_split` is the plan's layer split; per-stage recomputation is FlagScale's
 `recompute_*_per_stage_micro_batch` (granularity 1 = full on / 0 = off, method 0 uniform / 1 block, num layers).
@@ -33,6 +34,7 @@ from memx.domain.errors import NotLaunchable
 from memx.domain.groups import AnyPlan, GroupedPlan, simplest
 from memx.domain.plan import Plan, Recompute, place_plan
 from memx.domain.specs import Cluster, ModelArch
+from memx.domain.stage_dp import has_stage_dp, place_stage_groups, stage_dps
 from memx.report.megatron import (EXAMPLE_TRAINING_ARGS, _attention_args, _data_args, _gpu_types, _model_args,
                                   precision_args)
 
@@ -68,12 +70,14 @@ class Mesh:
 
 
 def meshes(plan: Plan) -> list[Mesh]:
+    """Consecutive stages of one GPU type, tp and dp (a per-stage `data_parallel` is its mesh's dp: issue #27,
+    memx.domain.stage_dp) are one mesh."""
     out: list[Mesh] = []
-    for st in plan.stages:
-        if out and (out[-1].gpu, out[-1].tp) == (st.gpu, st.tp):
-            out[-1] = Mesh(gpu=st.gpu, tp=st.tp, dp=plan.dp, stages=out[-1].stages + 1, ep=plan.expert_parallel)
+    for st, dp in zip(plan.stages, stage_dps(plan)):
+        if out and (out[-1].gpu, out[-1].tp, out[-1].dp) == (st.gpu, st.tp, dp):
+            out[-1] = Mesh(gpu=st.gpu, tp=st.tp, dp=dp, stages=out[-1].stages + 1, ep=plan.expert_parallel)
         else:
-            out.append(Mesh(gpu=st.gpu, tp=st.tp, dp=plan.dp, stages=1, ep=plan.expert_parallel))
+            out.append(Mesh(gpu=st.gpu, tp=st.tp, dp=dp, stages=1, ep=plan.expert_parallel))
     return out
 
 
@@ -156,15 +160,32 @@ def _recompute(plan: Plan, micro_batches: int) -> dict[str, Any]:
 
 def hostfile_lines(plan: Plan, cluster: Cluster | None) -> list[str]:
     """`HOST slots=N type=GPU` per node the plan uses (first-fit placement), in mesh order."""
-    where = place_plan(plan, cluster) if cluster is not None else None
-    if where is None:
+    groups = _stage_nodes(plan, cluster) if cluster is not None else None
+    if groups is None:
         return [f"node-{m.gpu}-{i} slots={m.tp} type={m.gpu}" for m in meshes(plan) for i in range(m.dp * m.stages)]
     used: dict[int, int] = {}
-    for r in range(plan.dp):
-        for s, st in enumerate(plan.stages):
-            used[where[r][s]] = used.get(where[r][s], 0) + st.tp
+    for st, nodes in zip(plan.stages, groups):
+        for n in nodes:
+            used[n] = used.get(n, 0) + st.tp
     order = sorted(used, key=lambda n: ([m.gpu for m in meshes(plan)].index(cluster.nodes[n].gpu.name), n))
     return [f"node{n} slots={used[n]} type={cluster.nodes[n].gpu.name}" for n in order]
+
+
+def _stage_nodes(plan: Plan, cluster: Cluster) -> list[list[int]] | None:
+    """Per stage, the node of each of its TP groups (memx.domain.plan.place_plan's replicas, or a per-stage dp's
+    groups: memx.domain.stage_dp.place_stage_groups)."""
+    if has_stage_dp(plan):
+        return place_stage_groups(plan, cluster)
+    where = place_plan(plan, cluster)
+    return None if where is None else [[where[r][s] for r in range(plan.dp)] for s in range(plan.pp)]
+
+
+def _shared_embedding(plan: Plan, model: ModelArch) -> dict[str, Any]:
+    """FlagScale asserts `use_partial_reduce_for_shared_embedding` when tied embeddings meet different first and
+    last mesh dp with the distributed optimizer (train/arguments.py pre_validate_args); {} otherwise."""
+    dps = stage_dps(plan)
+    need = model.tied_embeddings and plan.distributed_optimizer and dps[0] != dps[-1]
+    return {"use_partial_reduce_for_shared_embedding": True} if need else {}
 
 
 def flagscale_config(plan: AnyPlan, model: ModelArch, cluster: Cluster | None = None) -> dict[str, Any]:
@@ -181,7 +202,8 @@ def flagscale_config(plan: AnyPlan, model: ModelArch, cluster: Cluster | None = 
     precision = _take(keys, PRECISION_KEYS)
     system: dict[str, Any] = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": plan.pp,
                               "sequence_parallel": bool(plan.sequence_parallel and tp > 1),
-                              "use_distributed_optimizer": bool(plan.distributed_optimizer), **_take(keys, SYSTEM_KEYS)}
+                              "use_distributed_optimizer": bool(plan.distributed_optimizer), **_take(keys, SYSTEM_KEYS),
+                              **_shared_embedding(plan, model)}
     vendors = {g.vendor for g in gpus.values() if g is not None}
     if len(vendors) > 1:  # FlagCX: FlagOpen's cross-vendor collectives (Megatron-LM patch: --distributed-backend)
         system["distributed_backend"] = "flagcx"
@@ -224,7 +246,9 @@ def render_flagscale(plan: AnyPlan, model: ModelArch, cluster: Cluster | None = 
     plan = simplest(plan)
     placeholders = (*_data_args(model)[1], HOSTFILE_PLACEHOLDER)
     lines = [f"# FlagScale heterogeneous training for {plan.model} on {plan.cluster} (MemX plan): "
-             f"{len(meshes(plan))} process mesh(es), pp {plan.pp}, dp {plan.dp}, {plan.gpus_used} GPUs.",
+             f"{len(meshes(plan))} process mesh(es), pp {plan.pp}, "
+             f"dp {'/'.join(str(m.dp) for m in meshes(plan)) if has_stage_dp(plan) else plan.dp}, "
+             f"{plan.gpus_used} GPUs.",
              "# Meshes [tp, cp, ep, dp, pp]: " + "; ".join(f"{m.gpu} {m.values()}" for m in meshes(plan)),
              f"# Field names and constraints: FlagOpen/FlagScale at {FLAGSCALE_COMMIT[:10]} (flagscale/train/arguments.py).",
              "# Launch from a FlagScale checkout (README \"Train\"):",

@@ -28,6 +28,7 @@ from memx.domain.groups import AnyPlan, GroupedPlan, any_plan_to_dict, group_pla
 from memx.domain.plan import Plan, Recompute, Stage, idle_gpus, plan_model
 from memx.domain.precision import MEGATRON_FLAGS
 from memx.domain.attention import FLASH_ATTENTION_FAMILIES, has_flash_attention  # noqa: F401  (re-exported)
+from memx.domain.stage_dp import has_stage_dp, stage_dps
 from memx.domain.specs import Cluster, GpuType, ModelArch
 
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"  # NVIDIA/Megatron-LM, read 2026-08 (core 0.20)
@@ -249,6 +250,10 @@ def megatron_problems(plan: Plan, gpus: dict[str, GpuType | None]) -> list[str]:
                         + "): stock Megatron-LM applies one --recompute-granularity / --recompute-method / "
                         "--recompute-num-layers to every stage")
     problems += context_parallel_problems(plan, gpus)
+    if has_stage_dp(plan):  # issue #27: FlagScale's per-mesh dp (memx.domain.stage_dp)
+        problems.append(f"stages use different data-parallel sizes {list(stage_dps(plan))}: Megatron-LM needs one "
+                        "--data-parallel size for all stages (its world is tp × pp × dp with one dp, parallel_state.py); "
+                        "FlagScale runs a dp per process mesh (--format flagscale)")
     vendors = sorted({g.vendor for g in gpus.values() if g is not None})
     if len(vendors) > 1:
         problems.append(f"stages span GPU vendors ({', '.join(vendors)}): one NCCL job cannot join them (NCCL, RCCL "

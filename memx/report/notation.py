@@ -2,7 +2,8 @@
 
 Consecutive stages with the same GPU, tensor-parallel degree and recomputation form a run, written
 `GPU×tp [layers of each stage] recompute`; runs are joined by ` → ` in pipeline order, e.g.
-`a100-80g×2 [1] → vendor-b-32g×4 [3,3,3,3] sel → vendor-c-32g×4 [2,2] full:1`.
+`a100-80g×2 [1] → vendor-b-32g×4 [3,3,3,3] sel → vendor-c-32g×4 [2,2] full:1`; a stage with its own
+data-parallel degree (issue #27) writes it after tp, `a100-80g×2·dp2 [12] → v100-32g×4·dp1 [10]`.
 A schema-2 plan (replica groups, docs/architecture.md §Plan JSON, schema 2) writes each group's pipeline
 so, groups joined by ` ‖ ` in group order; its dp and micro batch cells list the groups' values joined
 by `+` and `/`.
@@ -27,8 +28,10 @@ def recompute_label(stage: Mapping[str, Any]) -> str:
     return _RECOMPUTE.get(stage["recompute"], str(stage["recompute"]))
 
 
-def _run_key(stage: Mapping[str, Any]) -> tuple[str, int, str]:
-    return stage["gpu"], int(stage["tp"]), recompute_label(stage)
+def _run_key(stage: Mapping[str, Any]) -> tuple[str, str, str]:
+    """A run's GPU×tp (`GPU×tp·dpN` when the stage carries its own data_parallel, issue #27) and recomputation."""
+    dp = stage.get("data_parallel")
+    return stage["gpu"], f"{int(stage['tp'])}" + (f"·dp{dp}" if dp is not None else ""), recompute_label(stage)
 
 
 GROUP_SEPARATOR = " ‖ "
@@ -42,8 +45,8 @@ def is_grouped(plan: Mapping[str, Any]) -> bool:
 def stage_rows(plan: Mapping[str, Any]) -> list[tuple[int | None, int, Mapping[str, Any], int]]:
     """(group or None, stage index in its pipeline, stage dict, the pipeline's dp) for every stage, group
     order then pipeline order — the order of the JSON report's `stages` rows."""
-    if not is_grouped(plan):
-        return [(None, s, st, int(plan["dp"])) for s, st in enumerate(plan["stages"])]
+    if not is_grouped(plan):  # a stage's own data_parallel (issue #27) where it has one
+        return [(None, s, st, int(st.get("data_parallel") or plan["dp"])) for s, st in enumerate(plan["stages"])]
     return [(g, s, st, int(grp["dp"])) for g, grp in enumerate(plan["groups"]) for s, st in enumerate(grp["stages"])]
 
 
@@ -52,6 +55,8 @@ def dp_text(plan: Mapping[str, Any]) -> str:
     with expert parallelism (issue #27) `4 (ep 4)`."""
     if is_grouped(plan):
         return "+".join(str(g["dp"]) for g in plan["groups"])
+    if any("data_parallel" in st for st in plan["stages"]):  # issue #27: per stage, e.g. 2/1/2
+        return "/".join(str(st.get("data_parallel", plan["dp"])) for st in plan["stages"])
     cp, ep = int(plan.get("context_parallel", 1)), int(plan.get("expert_parallel", 1))
     return str(plan["dp"]) + (f"·cp{cp}" if cp > 1 else "") + (f" (ep {ep})" if ep > 1 else "")
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.table import Table
-
 from memx.planner.result import search_result_to_dict
 from memx.report.notation import (
     MARGIN_POINT, compact_stages, dp_text, group_line, is_grouped, listed_plans, margin_cells, margin_columns,
@@ -91,7 +89,8 @@ def _stage_table(obj: dict[str, Any]) -> list[str]:
               "|---|---|---|---|---|---|---|---|---|"])
     for (g, s, st, dp), d in zip(stage_rows(p), obj["stages"]):
         cap = d["capacity_mib"]
-        head = f"| {g} | {s} | {st['gpu']} | {st['tp']} × {dp} |" if grouped else f"| {s} | {st['gpu']} | {st['tp']} |"
+        tp = f"{st['tp']} × {dp}" if grouped or "data_parallel" in st else st["tp"]  # issue #27: a stage's own dp
+        head = f"| {g} | {s} | {st['gpu']} | {tp} |" if grouped else f"| {s} | {st['gpu']} | {tp} |"
         lines.append(f"{head} {st['layers']} | {recompute_text(st, long=True)} | {d['time_ms']:.1f} | "
                      f"{d['peak_mib'] / GIB:.1f} | {cap / GIB:.0f} | {(cap - d['peak_mib']) / cap:.1%} |")
     return lines
@@ -116,6 +115,8 @@ def to_markdown(obj: dict[str, Any]) -> str:
 
 
 def print_table(obj: dict[str, Any], console) -> None:
+    from rich.table import Table  # rich only for the terminal table: `--format json` and Markdown never load it
+
     p, f = obj["plan"], obj["fastest"]
     console.print(f"[bold]MemX[/] {p['model']} on {p['cluster']} — {_headline(obj)}")
     head, rows = plan_rows(obj)
@@ -190,6 +191,8 @@ def _pareto_rows(obj: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 def _print_pareto(obj: dict[str, Any], console) -> None:
+    from rich.table import Table
+
     head, rows = _pareto_rows(obj)
     if not rows:
         return

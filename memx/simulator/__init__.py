@@ -10,6 +10,7 @@ from memx.simulator.runs import (
     CONFIG_RUN_COLUMNS,
     STAGE_RUN_COLUMNS,
     config_runs_frame,
+    measure_stage_rows,
     measure_stages,
     stage_runs_frame,
 )
@@ -27,7 +28,8 @@ from memx.simulator.traits import GpuTraits, load_traits
 
 __all__ = [
     "CONFIG_RUN_COLUMNS", "STAGE_RUN_COLUMNS", "GpuTraits", "PlanRun", "StageCost", "StageRun",
-    "StageSignature", "config_runs_frame", "draw_plans", "load_traits", "measure_stage", "measure_stages",
+    "StageSignature", "config_runs_frame", "draw_plans", "load_traits", "measure_stage", "measure_stage_rows",
+    "measure_stages",
     "run_1f1b", "sample_plans", "signature_from_dict", "simulate_plan", "stage_cost", "stage_runs_frame",
     "stage_signatures",
 ]

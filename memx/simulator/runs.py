@@ -26,8 +26,8 @@ from memx.simulator.stage import (
 )
 from memx.simulator.traits import GpuTraits, load_traits
 
-__all__ = ["CONFIG_RUN_COLUMNS", "STAGE_RUN_COLUMNS", "config_run_row", "config_runs_frame", "measure_stages",
-           "now_iso", "stage_runs_frame"]
+__all__ = ["CONFIG_RUN_COLUMNS", "STAGE_RUN_COLUMNS", "config_run_row", "config_runs_frame", "measure_stage_rows",
+           "measure_stages", "now_iso", "stage_runs_frame"]
 
 BACKEND = "simulated"
 SOURCE = "memx.simulator"
@@ -67,6 +67,18 @@ def measure_stages(signatures: pd.DataFrame | Sequence[Mapping[str, Any]], *, se
     GPUs come from `gpus` (a Cluster, a name→GpuType mapping or GpuTypes) or, when None, from the
     catalog under `conf_root`. Deterministic for a seed; each measurement gets its own noise draw.
     """
+    return stage_runs_frame(measure_stage_rows(signatures, seed=seed, gpus=gpus, conf_root=conf_root,
+                                               traits=traits, repeats=repeats,
+                                               static_bytes_per_param=static_bytes_per_param, source=source))
+
+
+def measure_stage_rows(signatures: pd.DataFrame | Sequence[Mapping[str, Any]], *, seed: int,
+                       gpus: GpuCatalog = None, conf_root: Path | None = None,
+                       traits: Mapping[str, GpuTraits] | None = None, repeats: int = 1,
+                       static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM,
+                       source: str = SOURCE) -> list[dict[str, Any]]:
+    """`measure_stages` as stage_runs rows (dicts, not yet a typed table): the profiler's per-point
+    backend calls this, since building a one-row DataFrame per point cost more than the measurement."""
     records = signatures.to_dict("records") if isinstance(signatures, pd.DataFrame) else list(signatures)
     get_gpu, given = _gpu_lookup(gpus, conf_root), dict(traits or {})
     rng = np.random.default_rng(seed)
@@ -83,7 +95,7 @@ def measure_stages(signatures: pd.DataFrame | Sequence[Mapping[str, Any]], *, se
             rows.append(stage_run_row(sig.to_dict(), status=run.status, backend=BACKEND, time_ms=run.time_ms,
                                       peak_mem_mib=run.peak_mem_mib, static_mem_mib=run.static_mem_mib,
                                       reason=run.reason, measured_at=stamp, source=source))
-    return stage_runs_frame(rows)
+    return rows
 
 
 def config_run_row(plan: AnyPlan, run: PlanRun, *, seed: int, measured_at: str, source: str = SOURCE) -> dict[str, Any]:

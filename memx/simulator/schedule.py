@@ -42,9 +42,11 @@ from memx.domain.plan import Plan, plan_model
 from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.cross_sync import flat_stage_ms, schedule_sync, segment_ms, segments
 from memx.simulator.interleave import chunk_signatures, interleaved_replicas, peak_held_mib
-from memx.simulator.links import dp_ring, link, shared_nic
+from memx.simulator.links import link, shared_nic
 from memx.simulator.moe import dense_ffn, moe_stage_costs
-from memx.simulator.physics import BF16_BYTES, Device, GRAD_BYTES_OF, ring_allreduce_ms, ring_collective_ms
+from memx.domain.stage_dp import has_stage_dp
+from memx.simulator.stage_dp import dp_step_ms, simulate_meshes
+from memx.simulator.physics import BF16_BYTES, Device
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
     StageCost,
@@ -171,19 +173,10 @@ def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs
                      tr: dict[str, GpuTraits]) -> list[float]:
     """Ring all-reduce of each stage's fp32 gradients over its dp replicas (the T_dp term,
     docs/architecture.md §1F1B assembly); with the distributed optimizer a reduce-scatter of the fp32
-    gradients plus an all-gather of the bf16 parameters: 6 B instead of 8 B per parameter × (r−1)/r
-    on the wire (Megatron-LM docs, "Distributed Optimizer", key steps). When the replicas span nodes,
-    the stage's tp concurrent rings share the node's network link (simulator assumption)."""
-    out = []
-    for s, st in enumerate(plan.stages):
-        per_ring, step = dp_ring(plan, cluster, where, s, tr[st.gpu])
-        grad = GRAD_BYTES_OF[plan.precision]  # fp32 main grads, or fp16 grads under fp16 (physics.GRAD_BYTES_OF)
-        if plan.distributed_optimizer:
-            out.append(ring_collective_ms(grad * costs[s].params, plan.dp, per_ring, step)
-                       + ring_collective_ms(BF16_BYTES * costs[s].params, plan.dp, per_ring, step))
-        else:
-            out.append(ring_allreduce_ms(grad * costs[s].params, plan.dp, per_ring, step))
-    return out
+    gradients plus an all-gather of the bf16 parameters (memx.simulator.stage_dp.dp_step_ms, over the replicas'
+    nodes). When the replicas span nodes, the stage's tp concurrent rings share the node's network link
+    (simulator assumption)."""
+    return dp_step_ms(plan, cluster, [[where[r][s] for r in range(plan.dp)] for s in range(plan.pp)], costs, tr)
 
 
 def _memory(plan: Plan, sigs: list[StageSignature], costs: list[StageCost],
@@ -223,22 +216,26 @@ def _prepare(plan: Plan, where: list[list[int]], cluster: Cluster, model: ModelA
     """A group's costs on its given placement (p2p and DP links follow `where`); `plan` with cp > 1 is the
     rank-equivalent plan, its stages running the ring attention (memx.simulator.context_parallel)."""
     sigs = stage_signatures(plan, model)
-    rings = cp_ring_links(plan, cluster, where, tr, context_parallel) if context_parallel > 1 else None
-
-    def cost(s: int, sig: StageSignature) -> StageCost:
-        c, t = stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param), tr[sig.gpu]
-        if rings is None:
-            return c
-        return with_ring(c, sig, context_parallel, Device.of(cluster.gpu(sig.gpu), t, sig.precision), *rings[s],
-                         t.recompute_penalty_factor)
-
-    costs = [cost(s, sig) for s, sig in enumerate(sigs)]
-    chunks = None if plan.virtual_stages == 1 else [
-        [cost(s, c) for c in chunk_signatures(sig, s, plan.pp, plan.virtual_stages)] for s, sig in enumerate(sigs)]
+    costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
+    chunk_sigs = None if plan.virtual_stages == 1 else [chunk_signatures(sig, s, plan.pp, plan.virtual_stages)
+                                                        for s, sig in enumerate(sigs)]
+    chunks = None if chunk_sigs is None else [
+        [stage_cost(c, cluster.gpu(c.gpu), tr[c.gpu], static_bytes_per_param) for c in cs] for cs in chunk_sigs]
     expert_dp = [0.0] * plan.pp
     if plan_model(plan, model).is_moe:  # routed experts, router, all-to-all (memx.simulator.moe)
         costs, chunks, expert_dp = moe_stage_costs(plan, plan_model(plan, model), cluster, where, sigs, costs, chunks, tr,
                                                    static_bytes_per_param)
+    if context_parallel > 1:  # the ring's steps on top of the rank's costs, MoE layers' included (with_ring adds)
+        rings = cp_ring_links(plan, cluster, where, tr, context_parallel)
+
+        def ring(s: int, sig: StageSignature, c: StageCost) -> StageCost:
+            t = tr[sig.gpu]
+            return with_ring(c, sig, context_parallel, Device.of(cluster.gpu(sig.gpu), t, sig.precision), *rings[s],
+                             t.recompute_penalty_factor)
+
+        costs = [ring(s, sig, c) for s, (sig, c) in enumerate(zip(sigs, costs))]
+        if chunks is not None:
+            chunks = [[ring(s, sig, c) for sig, c in zip(chunk_sigs[s], chunks[s])] for s in range(plan.pp)]
     dp_ar = [a + b for a, b in zip(_dp_allreduce_ms(plan, cluster, where, costs, tr), expert_dp)]
     return _Group(plan=plan, where=where, sigs=sigs, costs=costs, p2p=_p2p_ms(plan, model, cluster, where, tr),
                   dp_ar=dp_ar, chunks=chunks)
@@ -266,6 +263,8 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
     """Run one training iteration of a schema-1 or schema-2 `plan` (validated first: InputError on a
     bad plan). Groups are placed jointly and run on one seeded noise stream, group after group."""
     validate_any_plan(plan, cluster, model)
+    if has_stage_dp(plan):  # one pipeline, dp_s groups per stage (memx.simulator.stage_dp)
+        return _meshes_run(plan, cluster, model, seed, conf_root, traits, static_bytes_per_param)
     plans = group_plans(plan)
     placement = place_groups(plan, cluster)
     assert placement is not None  # validate_any_plan checked placement
@@ -311,6 +310,22 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
     busy = [x for _, b in runs for x in b.mean(axis=0) / iteration]
     return PlanRun(iteration_time_ms=iteration, peak_mem_mib=tuple(demand), oom=False, reason="", oom_gpus=(),
                    stage_busy_fraction=tuple(float(x) for x in busy), **breakdown, **extra)
+
+
+def _meshes_run(plan: Plan, cluster: Cluster, model: ModelArch, seed: int, conf_root: Path | None,
+                traits: Mapping[str, GpuTraits] | None, static_bytes_per_param: float) -> PlanRun:
+    """simulate_plan of a plan with a per-stage dp (memx.simulator.stage_dp.simulate_meshes)."""
+    tr = _traits_for({s.gpu for s in plan.stages}, traits, conf_root)
+    run = simulate_meshes(plan, cluster, model, stage_signatures(plan, model), tr, static_bytes_per_param, seed,
+                          one_f1b_order)
+    fields = {f: getattr(run, f) for f in ("demand_mem_mib", "oom_gpus", "stage_time_ms", "stage_busy_fraction",
+                                           "p2p_ms", "dp_allreduce_ms", "optimizer_ms")}
+    if run.oom_gpus:
+        first = run.oom_gpus[0]
+        return PlanRun(iteration_time_ms=None, peak_mem_mib=None, oom=True,
+                       reason=f"out of memory on GPU {first}: needs {run.demand_mem_mib[first]:.0f} MiB", **fields)
+    return PlanRun(iteration_time_ms=run.iteration_time_ms, peak_mem_mib=run.demand_mem_mib, oom=False, reason="",
+                   **fields)
 
 
 def _replicas(plan: Plan, costs: list[StageCost], p2p: np.ndarray, tr: dict[str, GpuTraits],

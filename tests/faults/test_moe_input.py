@@ -41,6 +41,8 @@ CASES = [
                                                    stages=[dict(s, tp=2) for s in PLAN["stages"]]),
      ("expert_parallel' (3)", "num_experts (8)")),
     ("ep-does-not-divide-dp", lambda t: _plan(t, expert_parallel=8), ("does not divide dp (4)",)),
+    ("ep-does-not-divide-dp-times-cp", lambda t: _plan(t, expert_parallel=8, dp=2, global_batch=32, context_parallel=2),
+     ("does not divide dp × context_parallel (2 × 2)",)),
     ("every-factor-at-once", lambda t: _plan(t, expert_parallel=3, sequence_parallel=False),
      ("num_experts (8)", "dp (4)", "'sequence_parallel'")),
     ("ep-zero", lambda t: _plan(t, expert_parallel=0), ("'expert_parallel'", "≥ 1")),

@@ -33,7 +33,8 @@ def test_profile_is_stored_in_memx_home_artifacts(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     manifests = sorted((tmp_path / "artifacts" / "profile").glob("*/manifest.json"))
     assert len(manifests) == 2  # one profile version per GPU type of xy-2
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name not in ("mlflow.db", ".lock")) == ["artifacts"]  # .lock: one run per home
+    # .lock: one run per home; cache/: the validated catalog entries (memx.domain.spec_cache)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name not in ("mlflow.db", ".lock", "cache")) == ["artifacts"]
     again = CliRunner().invoke(_app(), ["profile", "--cluster", "xy-2", "--model", "llama-6l", "--search", "small"])
     assert again.exit_code == 0 and again.output.count("reused") == 2  # --progress does not re-version
 

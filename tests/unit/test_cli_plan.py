@@ -21,17 +21,25 @@ def test_json_contract():
     assert len(out["predicted"]["peak_mem_mib"]) == 20
     assert out["weights"]["profile"] in ("default", "safety", "throughput") and len(out["weights"]["w"]) == 3
     assert out["space"]["total"] >= out["space"]["feasible"] > 0
-    assert len(out["top"]) == 3 and out["pick"] == {"rule": "balanced-margin", "margin_floor": 0.1}
+    assert len(out["top"]) == 3 and out["pick"] == {"rule": "balanced-front", "margin_floor": 0.1}
     # the pick is Φ's best unless a guard set it aside: then it is on the (T, margin, V) front
     assert out["top"][0]["plan"] == out["plan"] or out["plan"] in [e["plan"] for e in out["pareto"]]
-    assert out["explanation"][0].startswith("pick rule `balanced-margin`")
-    # balanced-margin: clears the floor, within 2 % of the fastest kept plan that clears it, and no kept plan
-    # that clears it within those 2 % has a larger margin
+    assert out["explanation"][0].startswith("pick rule `balanced-front`")
+    # balanced-front: clears the floor, within 2 % of the fastest kept plan that clears it, no kept plan
+    # dominates it on (time, margin), and no undominated kept plan within those 2 % has a smaller Φ
     q, kept = out["predicted"], [*out["top"], out["fastest"], *out["pareto"]]
     safe = [e["predicted"] for e in kept if e["predicted"]["min_margin"] >= 0.1]
     t_safe = min(e["iteration_time_ms"] for e in safe)
     assert q["min_margin"] >= 0.1 and q["iteration_time_ms"] <= 1.02 * t_safe * (1 + 1e-6)
-    assert not any(e["iteration_time_ms"] <= 1.02 * t_safe and e["min_margin"] > q["min_margin"] + 1e-4 for e in safe)
+
+    def dominated(p):
+        return any(e["iteration_time_ms"] <= p["iteration_time_ms"] and e["min_margin"] >= p["min_margin"]
+                   and (e["iteration_time_ms"] < p["iteration_time_ms"] or e["min_margin"] > p["min_margin"])
+                   for e in safe)
+
+    assert not dominated(q)
+    near = [e for e in safe if e["iteration_time_ms"] <= 1.02 * t_safe and not dominated(e)]
+    assert not any(e["phi"] < q["phi"] * (1 - 1e-9) for e in near)
     assert any("closed form only" in w for w in out["warnings"])
     assert sum(s["layers"] for s in out["plan"]["stages"]) == 6
 

@@ -278,3 +278,18 @@ def test_moe_first_dense_layers_become_a_layer_pattern():
              sequence_parallel=True, expert_parallel=4)
     ns = parse(script_args(render_megatron(p, model)))
     assert ns.moe_layer_freq == "([0]*1+[1]*23)"  # Megatron's moe_freq_type: 1 dense layer, then 23 MoE layers
+
+
+def test_moe_with_context_parallel_arguments():
+    """Issue #27: cp and ep together — ep 4 divides dp × cp = 2 × 2, not dp; the command carries both sizes and the
+    world size splits into expert tp × ep × pp (Megatron's expert grid spans dp × cp, core/parallel_state.py)."""
+    model = load_model("mixtral-8x7b")
+    p = plan([("h100-80g", 2, model.layers // 2, "none", None)] * 2, dp=2, gb=32, model="mixtral-8x7b",
+             cluster="h100-mi300x-32", sequence_parallel=True, distributed_optimizer=True, expert_parallel=4,
+             context_parallel=2)
+    args = script_args(render_megatron(p, model))
+    assert rule_problems(args) == []
+    ns = parse(args)
+    assert (ns.context_parallel_size, ns.expert_model_parallel_size) == (2, 4)
+    world = ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size * ns.context_parallel_size * p.dp
+    assert world == p.gpus_used and world % (ns.tensor_model_parallel_size * 4 * ns.pipeline_model_parallel_size) == 0

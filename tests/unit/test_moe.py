@@ -220,3 +220,64 @@ def test_first_dense_layers_closed_form_and_virtual_cluster_agree():
         dataclasses.replace(model, moe_first_dense_layers=24)
     with pytest.raises(InputError, match="moe_first_dense_layers.*needs 'num_experts'"):
         dataclasses.replace(load_model("llama-6l"), moe_first_dense_layers=1)
+
+
+def test_context_and_expert_parallel_together_agree_with_the_virtual_cluster():
+    """cp and ep at once (Megatron's expert grid spans the dp × cp ranks, parallel_state.py): ep 8 divides
+    dp × cp = 4 × 2 but not dp — the plan the search picks for Mixtral on h100-mi300x-32 with both options on
+    (docs/results.md §12). The closed form and the virtual cluster (each with its own ring and all-to-all) agree
+    within 10 %, as close as on the rank-equivalent plan without the ring, and the ring costs time in both."""
+    from memx.domain.context_parallel import rank_equivalent
+
+    cluster, model = load_cluster("h100-mi300x-32"), load_model("mixtral-8x7b")
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    st = tuple(Stage(gpu=g, tp=1, layers=n) for g, n in (("h100-80g", 9), ("h100-80g", 9), ("mi300x-192g", 7),
+                                                         ("mi300x-192g", 7)))
+    p = Plan(model=model.name, cluster=cluster.name, global_batch=64, micro_batch=1, seq_len=4096, dp=4, stages=st,
+             distributed_optimizer=True, sequence_parallel=True, expert_parallel=8, context_parallel=2)
+    validate_plan(p, cluster, model)
+    with pytest.raises(InputError, match=r"does not divide dp × context_parallel \(2 × 2\)"):
+        validate_plan(dataclasses.replace(p, dp=2, global_batch=32, stages=tuple(
+            dataclasses.replace(s, tp=2) for s in p.stages)), cluster, model)
+    flat = rank_equivalent(p)  # the same ranks without the ring
+    (est, est_flat), (run, run_flat) = estimate_plans([p, flat], cluster, model, pred), \
+        (simulate_plan(p, cluster, model), simulate_plan(flat, cluster, model))
+    ratio, ratio_flat = est.iteration_time_ms / run.iteration_time_ms, est_flat.iteration_time_ms / run_flat.iteration_time_ms
+    assert ratio == pytest.approx(1.0, abs=0.10) and ratio == pytest.approx(ratio_flat, abs=0.03)
+    assert np.allclose(est.stage_peak_mib, [run.demand_mem_mib[s] for s in range(4)], rtol=0.10)
+    assert est.iteration_time_ms > est_flat.iteration_time_ms and run.iteration_time_ms > run_flat.iteration_time_ms
+
+
+def test_ring_kept_on_dense_first_layers_in_the_virtual_cluster():
+    """A MoE model with dense first layers under cp: the simulator's stage time is its rank-equivalent's plus the
+    ring, the dense layers' ring included (the MoE terms are applied before the ring, memx.simulator.schedule)."""
+    cluster = load_cluster("h100-mi300x-32")
+    model = dataclasses.replace(load_model("qwen1.5-moe-a2.7b"), moe_first_dense_layers=3, ffn_hidden=10944)
+    st = (Stage(gpu="h100-80g", tp=2, layers=12), Stage(gpu="mi300x-192g", tp=2, layers=12))
+    p = Plan(model=model.name, cluster=cluster.name, global_batch=32, micro_batch=1, seq_len=4096, dp=4, stages=st,
+             distributed_optimizer=True, sequence_parallel=True, expert_parallel=4, context_parallel=2)
+    from memx.domain.context_parallel import rank_equivalent
+
+    with_ring, without = simulate_plan(p, cluster, model), simulate_plan(rank_equivalent(p), cluster, model)
+    dense_only = dataclasses.replace(model, moe_first_dense_layers=0)
+    gap = [a - b for a, b in zip(with_ring.stage_time_ms, without.stage_time_ms)]
+    gap_moe = [a - b for a, b in zip(simulate_plan(p, cluster, dense_only).stage_time_ms,
+                                     simulate_plan(rank_equivalent(p), cluster, dense_only).stage_time_ms)]
+    assert all(g > 0 for g in gap) and gap == pytest.approx(gap_moe, rel=1e-9)  # the ring is per layer, any MLP
+
+
+def test_search_with_context_and_expert_parallel_options():
+    """Both options on: the search returns cp × ep plans (ep dividing dp·cp, not always dp) that estimate as the
+    search scored them."""
+    cluster = load_cluster("three-vendor-20")
+    model = dataclasses.replace(load_model("llama-6l"), num_experts=4, moe_router_topk=2, moe_ffn_hidden=1024)
+    space = dataclasses.replace(load_search("small"), global_batch=16, micro_batch_options=(1,), max_pp=3,
+                                expert_parallel_options=(1, 2, 4), context_parallel_options=(1, 2))
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
+    r = search(cluster, model, space, pred, top_k=20)
+    both = [c for c in r.top_time + r.top if c.plan.context_parallel > 1 and c.plan.expert_parallel > 1]
+    assert any(c.plan.dp % c.plan.expert_parallel for c in both)  # ep over dp·cp ranks, beyond dp
+    for c, est in zip(both, estimate_plans([c.plan for c in both], cluster, model, pred)):
+        validate_plan(c.plan, cluster, model)
+        assert est.iteration_time_ms == pytest.approx(c.iteration_time_ms, rel=1e-4)
+        assert est.max_mem_mib == pytest.approx(c.max_mem_mib, rel=1e-4)

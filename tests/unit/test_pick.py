@@ -83,6 +83,22 @@ def test_upper_bound_margins_decide_the_floor():
     assert p.plan is b
 
 
+def test_balanced_front_takes_least_phi_among_undominated_plans_within_the_tolerance():
+    a = cand(5, 30_000, 0.30, 0.90)  # the fastest plan above the floor
+    b = cand(6, 30_300, 0.20, 0.80)  # least Φ within 2 %, but a is faster and roomier: dominated
+    c = cand(7, 30_500, 0.35, 0.85)  # least Φ on the (time, margin) front within 2 %
+    e = cand(8, 30_550, 0.50, 0.95)  # the largest margin within 2 %
+    d = cand(9, 31_000, 0.40, 0.70)  # least Φ overall, 3.3 % slower: outside the tolerance
+    kw = dict(margin_floor=0.10, balance_tolerance=0.02)
+    picks = {r: choose([d, b, c, a, e], [], rule=r, **kw).plan
+             for r in ("fastest-above-floor", "balanced-phi", "balanced-margin", "balanced-front")}
+    assert picks == {"fastest-above-floor": a, "balanced-phi": b, "balanced-margin": e, "balanced-front": c}
+    # below the floor b and c drop out; nothing clears it: as every floor rule, the widest plan with a warning
+    assert choose([d, b, c, a, e], [], rule="balanced-front", margin_floor=0.36, balance_tolerance=0.02).plan is e
+    none = choose([a, b], [], rule="balanced-front", margin_floor=0.6)
+    assert none.plan is a and "no plan clears the margin floor 60%" in none.warnings[0]
+
+
 def test_unknown_rule():
     with pytest.raises(ValueError, match="allowed values"):
         choose([FASTEST], [], rule="best", margin_floor=0.1)

@@ -25,7 +25,8 @@ GIB = 1024.0
 
 
 @pytest.fixture(scope="module")
-def obj(conf_root):
+def parts(conf_root):
+    """A one-group search result and a two-group plan estimated on the same cluster."""
     cluster, model = load_cluster("three-vendor-20", conf_root), load_model("llama-6l", conf_root)
     pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
     res = search(cluster, model, load_search("small", conf_root), pred, top_k=3)
@@ -36,8 +37,31 @@ def obj(conf_root):
                              Stage(gpu="vendor-c-32g", tp=4, layers=3, recompute="full")))))
     (m,) = estimate_any_plans([grouped], cluster, model, pred)
     m = dataclasses.replace(m, phi=1.0)  # estimate_any_plans does not score; the search would
-    res = dataclasses.replace(res, pick=m, top=[*res.top, m])
-    return annotate(to_json_obj(res, "analytic"))
+    return res, m
+
+
+@pytest.fixture(scope="module")
+def obj(parts):
+    res, m = parts
+    return annotate(to_json_obj(dataclasses.replace(res, pick=m, top=[*res.top, m]), "analytic"))
+
+
+def test_a_one_group_pick_has_the_best_grouped_plan_beside_it_in_every_table(parts):
+    """max_replica_groups > 1 and a one-group pick (memx.planner.replica_search): the grouped plan is listed
+    second in the terminal, Markdown and HTML tables, under its own label (issue #22)."""
+    from memx.report.html import comparison_table
+    from memx.report.notation import listed_plans
+
+    res, m = parts
+    one = annotate(to_json_obj(dataclasses.replace(res, best_grouped=m), "analytic"))
+    rows = listed_plans(one)
+    assert [s for _l, s, _e in rows][:2] == ["pick", "best_grouped"] and rows[1][0] == "best with replica groups"
+    assert "best with replica groups" in to_markdown(one)
+    out = io.StringIO()
+    print_table(one, Console(file=out, width=250))
+    assert "best with replica groups" in out.getvalue()
+    html = comparison_table(one)
+    assert [c.split('"')[0] for c in html.split('data-source="')[1:]][:2] == ["pick", "best_grouped"]
 
 
 def test_markdown_shows_one_block_per_group_and_the_cross_group_sync(obj):

@@ -41,6 +41,13 @@ def test_light_commands_import_no_heavy_stack(args, tmp_path):
     assert heavy(mods) == []
 
 
+def test_a_json_plan_draws_nothing_with_rich(tmp_path):
+    """rich is imported where a table or a progress bar is drawn (memx.cli.progress, memx.report.table), not for
+    the JSON a script reads (issue #26, session 3: ~0.02 CPU s of every `memx plan --format json`)."""
+    mods = imported_modules((*SMALL_PLAN, "--format", "json"), tmp_path)
+    assert "memx.report.table" in mods and not any(m == "rich" or m.startswith("rich.") for m in mods)
+
+
 
 def _columns():
     from memx.domain.catalog import load_cluster, load_model

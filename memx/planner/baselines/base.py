@@ -37,6 +37,7 @@ from memx.planner.objective import EPSILON_MIB2, log_score, parse_weights
 from memx.planner.replica_search import search_replicas
 from memx.planner.result import SearchResult
 from memx.planner.search import search
+from memx.planner.stage_dp_search import candidates as stage_dp_candidates
 from memx.planner.signatures import StagePredictor
 
 MemoryModel = Callable[[pd.DataFrame], pd.DataFrame]  # sigs → DataFrame(peak_mem_mib, static_mem_mib)
@@ -161,6 +162,10 @@ class Planner:
     baselines whose originals search such forms (AMP, Metis). The faster of the two picks wins."""
     distributed_optimizer: tuple[bool, ...] | None = None
     sequence_parallel: tuple[bool, ...] | None = None
+    stage_data_parallel: bool = False
+    """True: also search a dp per GPU type (issue #27, memx.planner.stage_dp_search) when the space asks for it
+    (`SearchSpace.stage_data_parallel`), with the planner's own memory estimate and a time objective — for the
+    baselines whose originals search per-stage dp (Metis)."""
 
     def job_options(self, space: SearchSpace) -> dict[str, tuple[bool, ...]]:
         """The `distributed_optimizer` / `sequence_parallel` settings this planner searches in `space`."""
@@ -206,6 +211,8 @@ class Planner:
         cands = _select(results, space)
         if self.replica_groups > 1:
             cands = self._with_groups(cands, cluster, model, space, pred, w_spec, sets)
+        if self.stage_data_parallel and space.stage_data_parallel:
+            cands = self._with_stage_dp(cands, cluster, model, space, pred, sets)
         best = cands[0]
         return Pick(method=self.name, plan=best.plan, predicted_time_ms=best.iteration_time_ms,
                     predicted_peak_mib=None if self.memory is None else tuple(best.peak_mem_mib),
@@ -225,6 +232,18 @@ class Planner:
                 continue
             if g is not None and (best is None or g.iteration_time_ms < best.iteration_time_ms):
                 best = g
+        return [best, *cands] if best is not None and best.iteration_time_ms < cands[0].iteration_time_ms else cands
+
+    def _with_stage_dp(self, cands: list[PlanMetrics], cluster: Cluster, model: ModelArch, space: SearchSpace,
+                       pred: StagePredictor, sets) -> list[PlanMetrics]:
+        """The candidates with the fastest feasible per-stage-dp plan first when it is faster (a time objective)."""
+        best = None
+        for levels in sets:
+            sp = dataclasses.replace(space, recompute_levels=tuple(levels), **self.job_options(space))
+            plans, _ = stage_dp_candidates(cluster, model, sp, pred, tuple(levels), cands[0].iteration_time_ms)
+            for e in estimate_plans(plans, cluster, model, pred, reserve_gib=space.reserve_gib) if plans else []:
+                if e.feasible and (best is None or e.iteration_time_ms < best.iteration_time_ms):
+                    best = e
         return [best, *cands] if best is not None and best.iteration_time_ms < cands[0].iteration_time_ms else cands
 
     def estimate(self, plans: Sequence[Plan], cluster: Cluster, model: ModelArch, predictor: StagePredictor,

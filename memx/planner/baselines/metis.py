@@ -27,6 +27,11 @@ objective), and keeps the faster pick. It differs from Metis in that a group is 
 Metis mixes types inside ONE stage's replicas with one layer partition for all, where schema 2
 gives each type its own pipeline (partition, depth, tp, micro batch) and pays a cross-group
 gradient exchange (memx.planner.replicas) instead of a mixed-type ring inside the stage.
+
+Per-stage dp (issue #27): Metis' plans give each device group its own dp and tp (Um et al. 2024 §4), which a plan
+stage's `data_parallel` now writes (memx.domain.stage_dp, FlagScale's per-mesh dp). With `stage_data_parallel: true`
+in the space the Metis-like planner also searches that form (memx.planner.stage_dp_search, its own memory estimate,
+no recomputation, time only) and keeps the fastest pick; off (the default space) it searches as before.
 """
 
 from memx.planner.baselines.base import NO_RECOMPUTE, TIME_ONLY, Planner, no_recompute_view
@@ -37,4 +42,4 @@ MEMORY_FACTOR = 1.15
 METIS = Planner(name="metis", label="Metis-like", level_sets=NO_RECOMPUTE,
                 memory=lambda gpus: analytic_memory(gpus, MEMORY_FACTOR), weights=TIME_ONLY,
                 view=no_recompute_view, doc=__doc__, distributed_optimizer=(False,), sequence_parallel=(False,),
-                replica_groups=2)
+                replica_groups=2, stage_data_parallel=True)

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from memx.domain.records import signature_key
 from memx.domain.specs import Cluster
-from memx.simulator import load_traits, measure_stages
+from memx.simulator import load_traits, measure_stage_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,9 +30,7 @@ class SimulatedBackend:
 
     def measure(self, point: Mapping[str, Any]) -> dict[str, Any]:
         seed = (self.seed * 1_000_003 + int(signature_key(point), 16)) % 2**63
-        df = measure_stages([dict(point)], seed=seed, gpus=self.cluster, conf_root=self.conf_root,
-                            traits={point["gpu"]: self._traits_for(point["gpu"])},
-                            source=point.get("source", ""))
-        row = df.iloc[0].to_dict()
-        row["source"] = point.get("source", "")
+        (row,) = measure_stage_rows([dict(point)], seed=seed, gpus=self.cluster, conf_root=self.conf_root,
+                                    traits={point["gpu"]: self._traits_for(point["gpu"])},
+                                    source=point.get("source", ""))
         return row

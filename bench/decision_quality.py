@@ -1,0 +1,296 @@
+"""Decision quality of the pick rules on the virtual cluster (issue #22): which rule should be the default.
+
+  python bench/decision_quality.py [--space catalog|paper] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
+                                   [--reach 1.10] [--slack 0.10] [--seed 0]
+
+For each scenario (cluster / model, the catalog's `default` search, closed-form predictor, weights auto):
+1. every rule of memx.planner.pick.PICK_RULES picks by its own search (the paper's `phi` and
+   fastest-above-floor without a time window, the others with max_time_ratio 1.25, as docs/results.md);
+2. the *population*: every plan the same search can score whose predicted time ≤ `reach` × the fastest
+   predicted plan that clears the floor and whose predicted margin ≥ floor − `slack` (the search's keeper
+   widened to keep them all, `Population`), plus every rule's pick. It holds every plan any floor rule can
+   pick (those lie within (1 + balance_tolerance) × the fastest safe plan, above the floor), so a new rule
+   is measured exactly by applying it to the population's predicted metrics (`rule_pick`);
+3. every population plan is run on the virtual cluster (memx.simulator, which never imports the cost model)
+   in four worlds: nominal; `spike` (+10 % activations on every GPU, time unchanged; the stage costs of
+   memx.simulator as in memx.experiments.robustness.headroom); `mb2` (micro batch × 2, global batch kept);
+   `seq2` (sequence length × 2);
+4. per world, safe = measured smallest margin ≥ margin_floor (and no OOM); the fastest safe plan T*; the
+   *window* = safe plans with T ≤ (1 + balance_tolerance) × T*. Per rule and world: OOM, measured margin,
+   T / T*, dominated (another population plan no slower and no tighter, one strictly, measured), and the rank
+   of the pick's measured Φ in the window (1 = lowest; "—" when the pick is not in the window; Φ's medians
+   only scale it, so the rank needs none: memx.planner.objective.log_score), and its rank among the window's
+   plans that no plan dominates (where the lowest-Φ plan is dominated, no pick can be both).
+`--oracle` adds the floor rules applied to the measured nominal metrics of the population ("oracle RULE": the
+pick of a perfect predictor), which separates what the rule decides from what the predictor gets wrong.
+`--allowances 0.05,0.1` adds the robustness-allowance variant (`allowance_pick`, not a planner rule): least Φ
+among the window's plans whose predicted margin clears floor + allowance (none: as balanced-margin).
+Output: one table row per (scenario, rule) with the four worlds side by side, then the totals per rule
+(misses counted in the nominal world).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+import numpy as np
+
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.planner import candidates as cand_module
+from memx.planner import search as search_module
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.objective import log_score
+from memx.planner.pick import FLOOR_RULES, PICK_RULES, choose, plan_key
+from memx.simulator import load_traits, simulate_plan, stage_cost, stage_signatures
+
+SCENARIOS = ("v100-t4-6/llama-6l", "three-vendor-20/llama2-7b", "h100-h20-16/llama2-13b",
+             "h100-mi300x-32/llama2-70b", "a100-v100-16/llama2-7b")  # the last two: mixed capacities
+WORLDS = ("nominal", "spike", "mb2", "seq2")
+SPIKE = 0.10  # memx.experiments.robustness.SPIKE
+WINDOW = {"phi": 0.0, "fastest-above-floor": 0.0}  # rules searched without a time window; the rest at 1.25
+
+
+class Population(cand_module.Keeper):
+    """The search's keeper, widened: it also keeps every scored plan with time ≤ reach × the fastest safe plan
+    and floor margin ≥ low (boxes that may hold one are not pruned); `safe()` returns them."""
+
+    reach, low = 1.10, 0.0
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.kept: dict = {}
+
+    def _bound(self) -> float:
+        return self.reach * self.fastest_safe_ms if self.floor is not None else -np.inf  # step 1 (timed only): as is
+
+    def time_needed(self, time_lb):
+        return super().time_needed(time_lb) | (time_lb <= self._bound())
+
+    def needs(self, c, score_lb):
+        return super().needs(c, score_lb) | ((c.time_ms <= self._bound()) & (cand_module._floor_ub(c) >= self.low))
+
+    def _offer_block(self, sc, rows):
+        super()._offer_block(sc, rows)
+        if self.floor is None:
+            return
+        t = sc.assignment.time_ms[rows].astype(np.float64)
+        ok = rows[(t <= self._bound()) & (sc.floor_margins(rows) >= self.low)]
+        for c in cand_module._cands(sc, ok):
+            self.kept[c.key] = c
+
+    def safe(self):
+        bound = self._bound()
+        return [c for c in self.kept.values() if c.time_ms <= bound]
+
+
+def searched(cluster, model, sp, pred, keeper=None):
+    """One search, optionally with another keeper class (the population)."""
+    if keeper is None:
+        return search_module.search(cluster, model, sp, pred, top_k=10)
+    old = search_module.Keeper
+    search_module.Keeper = keeper
+    try:
+        return search_module.search(cluster, model, sp, pred, top_k=10)
+    finally:
+        search_module.Keeper = old
+
+
+def _spike_margin(plan, cluster, model) -> float:
+    """Smallest margin with every stage's activations × (1 + SPIKE) (memx.simulator stage costs)."""
+    worst = np.inf
+    for sig in stage_signatures(plan, model):
+        c = stage_cost(sig, cluster.gpu(sig.gpu), load_traits(sig.gpu))
+        worst = min(worst, 1.0 - c.peak_mem_mib(sig.inflight * (1.0 + SPIKE)) / c.capacity_mib)
+    return float(worst)
+
+
+def _variant(plan, world):
+    if world == "mb2":
+        return dataclasses.replace(plan, micro_batch=2 * plan.micro_batch)
+    if world == "seq2":
+        return dataclasses.replace(plan, seq_len=2 * plan.seq_len)
+    return plan
+
+
+def measure(plans, cluster, model, seed: int) -> dict:
+    """{world: (N, 4) array of measured T, smallest margin, M, V; NaN T = OOM; all NaN = not applicable}."""
+    caps = {g.name: g.memory_mib for g in cluster.gpu_types}
+    out = {w: np.full((len(plans), 4), np.nan) for w in WORLDS}
+    for i, p in enumerate(plans):
+        cap = np.array([caps[st.gpu] for _ in range(p.dp) for st in p.stages for _ in range(st.tp)], dtype=float)
+        for w in WORLDS:
+            if w == "spike":
+                t, d = out["nominal"][i, 0], None
+                m = _spike_margin(p, cluster, model)
+                d0 = out["nominal"][i]
+                out[w][i] = (t if m >= 0 else np.nan, m, d0[2] * (1 + SPIKE), d0[3])  # M, V: of the nominal run
+                continue
+            try:
+                r = simulate_plan(_variant(p, w), cluster, model, seed=seed)
+            except Exception:  # the variant is not a valid plan (e.g. the micro batches no longer divide)
+                continue
+            d = np.asarray(r.demand_mem_mib, dtype=float)
+            out[w][i] = (r.iteration_time_ms if not r.oom else np.nan, float(np.min((cap - d) / cap)),
+                         float(d.max()), float(d.var()))
+    return out
+
+
+def judge(x: np.ndarray, i: int, floor: float, tol: float, weights, eps: float) -> dict:
+    """The pick i in one world's measurements x (N, 4)."""
+    t, m = x[:, 0], x[:, 1]
+    if np.isnan(m[i]):
+        return {"na": True}
+    oom = bool(np.isnan(t[i]))
+    ok = ~np.isnan(t)
+    safe = ok & (m >= floor)
+    row = {"na": False, "oom": oom, "margin": float(m[i])}
+    if not safe.any():
+        return {**row, "ratio": np.nan, "dominated": False, "rank": None, "window": 0}
+    t_star = t[safe].min()
+    window = safe & (t <= (1 + tol) * t_star)
+    score = np.where(window, log_score(np.where(ok, t, 1.0), np.maximum(x[:, 2], 1.0), x[:, 3], weights, eps), np.inf)
+    dominated = (not oom) and bool(np.any(ok & (t <= t[i]) & (m >= m[i]) & ((t < t[i]) | (m > m[i]))))
+    rank = int(np.sum(score < score[i]) + 1) if window[i] else None
+    front = [j for j in np.nonzero(window)[0]  # the window's plans no plan dominates on (T, margin)
+             if not np.any(ok & (t <= t[j]) & (m >= m[j]) & ((t < t[j]) | (m > m[j])))]
+    front_rank = int(sum(score[j] < score[i] for j in front) + 1) if i in front else None
+    return {**row, "ratio": float(t[i] / t_star) if not oom else np.nan, "dominated": dominated, "rank": rank,
+            "window": int(window.sum()), "front_rank": front_rank}
+
+
+def base_space(kind: str):
+    """`catalog`: conf/search/default.yaml as `memx plan` runs it; `paper`: the same without the distributed
+    optimizer and sequence parallelism (memx.experiments.common.space, the earlier comparisons' space)."""
+    if kind == "paper":
+        from memx.experiments.common import space
+        return space("default")
+    return load_search("default")
+
+
+def scenario(name: str, *, reach: float, slack: float, seed: int, space: str = "catalog", rules=PICK_RULES,
+             oracle: bool = False, allowances: tuple[float, ...] = ()):
+    cl_name, mo_name = name.split("/")
+    cl, mo = load_cluster(cl_name), load_model(mo_name)
+    sp0 = base_space(space)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    t0 = time.perf_counter()
+    picks, results = {}, {}
+    for rule in rules:
+        sp = dataclasses.replace(sp0, pick_rule=rule, max_time_ratio=WINDOW.get(rule, 1.25))
+        results[rule] = searched(cl, mo, sp, pred)
+        picks[rule] = results[rule].chosen
+    Population.reach, Population.low = reach, sp0.margin_floor - slack
+    pop_r = searched(cl, mo, dataclasses.replace(sp0, pick_rule="fastest-above-floor"), pred, Population)
+    pool = {plan_key(c): c for c in pop_r.safe}
+    for m in picks.values():
+        pool.setdefault(plan_key(m), m)
+    keys = list(pool)
+    plans = [pool[k].plan for k in keys]
+    t1 = time.perf_counter()
+    meas = measure(plans, cl, mo, seed)
+    t2 = time.perf_counter()
+    w, eps = pop_r.weights, sp0.epsilon_mib2
+    rows = []
+    if oracle:  # the floor rules on the measured nominal metrics: what each would pick with a perfect predictor
+        known = [dataclasses.replace(pool[k], iteration_time_ms=float(x[0]), min_margin=float(x[1]), max_mem_mib=float(x[2]),
+                                     mem_variance_mib2=float(x[3]), min_margin_high=None,
+                                     phi=float(np.exp(log_score(x[0], x[2], x[3], w, eps))))
+                 for k, x in zip(keys, meas["nominal"]) if not np.isnan(x[0])]
+        for rule in FLOOR_RULES:
+            picks[f"oracle {rule}"] = rule_pick(known, sp0, rule)
+    for a in allowances:  # not a planner rule: least Φ among the window's plans whose margin clears floor + a
+        picks[f"allowance {a:g}"] = allowance_pick(list(pool.values()), sp0, a)
+    for rule, m in picks.items():
+        i = keys.index(plan_key(m))
+        rows.append({"scenario": name, "rule": rule, "pred_margin": m.min_margin, "pred_ms": m.iteration_time_ms,
+                     **{wd: judge(meas[wd], i, sp0.margin_floor, sp0.balance_tolerance, w, eps) for wd in WORLDS}})
+    info = {"scenario": name, "population": len(keys), "search_s": t1 - t0, "simulate_s": t2 - t1, "weights": w}
+    return rows, info, (keys, pool, meas)
+
+
+def rule_pick(pool, sp, rule: str):
+    """A planner rule applied to the population's predicted metrics (memx.planner.pick.choose)."""
+    return choose(pool[:1], pool[1:], rule=rule, margin_floor=sp.margin_floor,
+                  balance_tolerance=sp.balance_tolerance).plan
+
+
+def allowance_pick(pool, sp, allowance: float):
+    """The robustness-allowance variant (issue #22 brief): least predicted Φ among the plans that clear the floor
+    within the tolerance of the fastest of them whose margin ≥ floor + allowance; none: as balanced-margin."""
+    near = [c for c in pool if c.min_margin >= sp.margin_floor]
+    fastest = min(c.iteration_time_ms for c in near)
+    near = [c for c in near if c.iteration_time_ms <= (1 + sp.balance_tolerance) * fastest]
+    roomy = [c for c in near if c.min_margin >= sp.margin_floor + allowance]
+    if not roomy:
+        return rule_pick(near, sp, "balanced-margin")
+    return min(roomy, key=lambda c: (c.phi, c.iteration_time_ms, c.mem_variance_mib2))
+
+
+def _cell(j: dict) -> str:
+    if j.get("na"):
+        return "n/a"
+    if j["oom"]:
+        return "**OOM**"
+    rank = "—" if j["rank"] is None else f"{j['rank']}/{j['window']}"
+    dom = " dom" if j["dominated"] else ""
+    ratio = "—" if np.isnan(j["ratio"]) else f"{j['ratio']:.3f}"
+    return f"{j['margin']:.1%} · {ratio} · {rank}{dom}"
+
+
+def table(rows) -> str:
+    head = "| scenario | rule | pred. margin | " + " | ".join(WORLDS) + " |"
+    out = [head, "|" + "---|" * (3 + len(WORLDS))]
+    for r in rows:
+        out.append(f"| {r['scenario']} | {r['rule']} | {r['pred_margin']:.1%} | "
+                   + " | ".join(_cell(r[w]) for w in WORLDS) + " |")
+    return "\n".join(out)
+
+
+def totals(rows) -> str:
+    """Per rule over the scenarios: OOMs per world, goal misses (nominal world), worst ratio."""
+    out = ["| rule | OOM nominal / spike / mb2 / seq2 | nominal: ratio > 1.05 | dominated | not Φ-best | "
+           "not Φ-best of the undominated | worst ratio |", "|---|---|---|---|---|---|---|"]
+    for rule in dict.fromkeys(r["rule"] for r in rows):
+        rs = [r for r in rows if r["rule"] == rule]
+        ooms = " / ".join(str(sum(1 for r in rs if not r[w].get("na") and r[w]["oom"])) for w in WORLDS)
+        nom = [r["nominal"] for r in rs]
+        slow = sum(1 for j in nom if not j["oom"] and j["ratio"] > 1.05)
+        dom = sum(1 for j in nom if j["dominated"])
+        notbest = sum(1 for j in nom if j["rank"] != 1)
+        notfront = sum(1 for j in nom if j.get("front_rank") != 1)
+        worst = max((j["ratio"] for j in nom if not j["oom"]), default=np.nan)
+        out.append(f"| {rule} | {ooms} | {slow} | {dom} | {notbest} | {notfront} | {worst:.3f} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--reach", type=float, default=1.10)
+    ap.add_argument("--slack", type=float, default=0.10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--space", choices=("catalog", "paper"), default="catalog")
+    ap.add_argument("--oracle", action="store_true", help="also the floor rules applied to the measured metrics")
+    ap.add_argument("--allowances", default="", help="e.g. 0.05,0.1: also least Φ above floor + allowance")
+    args = ap.parse_args(argv)
+    rows, infos = [], []
+    for name in args.scenarios.split(","):
+        r, info, _ = scenario(name, reach=args.reach, slack=args.slack, seed=args.seed, space=args.space,
+                               oracle=args.oracle,
+                               allowances=tuple(float(a) for a in args.allowances.split(",") if a))
+        rows += r
+        infos.append(info)
+        print(f"{name}: population {info['population']}, search {info['search_s']:.1f} s, "
+              f"simulate {info['simulate_s']:.1f} s", file=sys.stderr, flush=True)
+    print("cell = measured margin · T / T* (fastest safe) · Φ rank in the window / window size [dom = dominated]\n")
+    print(table(rows))
+    print()
+    print(totals(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

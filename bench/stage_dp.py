@@ -1,0 +1,130 @@
+"""A data-parallel degree per stage (issue #27): MemX with and without `stage_data_parallel` on Metis' side-by-side
+problem, the closed form against the virtual cluster on random per-stage-dp plans, and the search time ratio.
+
+Side by side: 4 × A100-80G + 12 × V100-32G (conf/clusters/a100-v100-16.yaml) / llama2-7b (Metis' problem), and
+h100-h20-16 / llama2-7b, conf/search/default.yaml
+with `stage_data_parallel` false (today's space) and true (the opt-in per-stage-dp space beside it), both
+through memx.planner.launcher.launcher_search (what `memx plan` runs) with the runtime-aware closed form; each
+pick simulated on the virtual cluster (memx.simulator.simulate_plan, 3 seeds). Also the best per-stage-dp plan on
+its own (memx.planner.stage_dp_search.search_stage_dp) and the five fastest the per-stage-dp search re-scores,
+predicted and simulated.
+
+Accuracy: random per-stage-dp plans — a random layout of the per-stage-dp space (stage_dp_search.layouts: a
+(tp, dp) per GPU type with different dp, any type order and micro batch), a uniformly random layer split and a
+random recomputation per stage — predicted by estimate_plans (memx.planner.stage_dp) and simulated once each
+(memx.simulator.stage_dp, its own hand-off and schedule). Baseline: as many plans with one dp drawn by
+memx.simulator.draw_plans from the same search on the same cluster — the stage model's own error there.
+
+Usage: PYTHONPATH=. .venv/bin/python bench/stage_dp.py [--plans 150] [--seed 5]
+Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
+from memx.domain.plan import Recompute, plan_to_dict, plan_to_json  # noqa: E402
+from memx.planner.baselines.metis import METIS  # noqa: E402
+from memx.planner.cost import AnalyticStageModel  # noqa: E402
+from memx.planner.estimate import estimate_plans  # noqa: E402
+from memx.planner.launcher import launcher_search  # noqa: E402
+from memx.planner.stage_dp_search import candidates, layouts, search_stage_dp  # noqa: E402
+from memx.report.notation import compact_stages, dp_text  # noqa: E402
+from memx.simulator import draw_plans, simulate_plan  # noqa: E402
+
+from bench.interleave import errors  # noqa: E402  (the accuracy figures of issue #27's other benches)
+
+SIDE_BY_SIDE = (("a100-v100-16", "llama2-7b"), ("h100-h20-16", "llama2-7b"))
+CASES = (("a100-v100-16", "llama2-7b"), ("h100-h20-16", "llama2-7b"), ("a100-t4-16", "llama2-7b"))
+
+
+def random_plans(cluster, model, space, n: int, seed: int):
+    rnd = random.Random(seed)
+    probes = layouts(cluster, model, space)
+    out = []
+    while len(out) < n:
+        probe = rnd.choice(probes)
+        cuts = sorted(rnd.sample(range(1, model.layers), probe.pp - 1))
+        split = [b - a for a, b in zip([0, *cuts], [*cuts, model.layers])]
+        stages = []
+        for st, k in zip(probe.stages, split):
+            kind = rnd.choice(["none", "selective", "full", "block"])
+            rc = (Recompute.FULL, rnd.randint(1, k - 1)) if kind == "block" and k > 1 else (
+                Recompute(kind if kind != "block" else "full"), None)
+            stages.append(dataclasses.replace(st, layers=k, recompute=rc[0], recompute_layers=rc[1]))
+        out.append(dataclasses.replace(probe, stages=tuple(stages)))
+    return out
+
+
+def simulated(plan, cluster, model) -> str:
+    runs = [simulate_plan(plan, cluster, model, seed=s) for s in range(3)]
+    if any(r.oom for r in runs):
+        return "OOM on the virtual cluster"
+    t = np.mean([r.iteration_time_ms for r in runs])
+    return f"simulated {t:,.0f} ms, peak {max(runs[0].peak_mem_mib) / 1024:.1f} GiB"
+
+
+def side_by_side(cname: str, mname: str) -> None:
+    cluster, model, space = load_cluster(cname), load_model(mname), load_search("default")
+    print(f"== {cname} / {mname}, conf/search/default.yaml", flush=True)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
+    times = {}
+    for on in (False, True):
+        sp = dataclasses.replace(space, stage_data_parallel=on)
+        best, r = float("inf"), None
+        for _ in range(3):
+            t0 = time.perf_counter()
+            r = launcher_search(cluster, model, sp, pred)
+            best = min(best, time.perf_counter() - t0)
+        times[on] = best
+        c = r.chosen
+        print(f"stage_data_parallel={on!s:5} search {best:6.2f} s  pick {c.iteration_time_ms:,.0f} ms predicted, "
+              f"margin {c.min_margin:.1%}; {simulated(c.plan, cluster, model)}"
+              + (f"; per-stage-dp layouts {r.timings['stage_dp_layouts']:.0f}, re-scored {r.timings['stage_dp_plans']:.0f}"
+                 if on else ""), flush=True)
+        print(f"  {plan_to_json(c.plan)}", flush=True)
+    print(f"search time ratio (with / without) {times[True] / times[False]:.2f}x", flush=True)
+    m, high = search_stage_dp(cluster, model, space, pred)
+    print(f"best per-stage-dp plan alone: {m.iteration_time_ms:,.0f} ms predicted, margin {high:.1%}; "
+          f"{simulated(m.plan, cluster, model)}\n  {plan_to_json(m.plan)}", flush=True)
+    for on in (False, True):  # the Metis-like baseline (its memory estimate, no recompute, time only)
+        pk = METIS.plan(cluster, model, dataclasses.replace(space, stage_data_parallel=on), pred)
+        d = plan_to_dict(pk.plan)
+        print(f"Metis-like, stage_data_parallel={on!s:5}: {pk.predicted_time_ms:,.0f} ms predicted; "
+              f"{simulated(pk.plan, cluster, model)}; {compact_stages(d)}, dp {dp_text(d)}", flush=True)
+    plans, _ = candidates(cluster, model, space, pred)
+    top = sorted((e for e in estimate_plans(plans, cluster, model, pred) if e.feasible),
+                 key=lambda e: e.iteration_time_ms)[:5]
+    for i, e in enumerate(top):
+        print(f"  per-stage-dp #{i + 1}: {e.iteration_time_ms:,.0f} ms predicted; {simulated(e.plan, cluster, model)}; "
+              f"{compact_stages(plan_to_dict(e.plan))}, dp {dp_text(plan_to_dict(e.plan))}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--plans", type=int, default=150)
+    ap.add_argument("--seed", type=int, default=5)
+    args = ap.parse_args()
+    for cname, mname in SIDE_BY_SIDE:
+        side_by_side(cname, mname)
+    for cname, mname in CASES:
+        cluster, model = load_cluster(cname), load_model(mname)
+        plans = random_plans(cluster, model, load_search("default"), args.plans, args.seed)
+        print(f"{cname} {mname} per-stage dp  {errors(plans, cluster, model)}", flush=True)
+        uniform = draw_plans(cluster, model, load_search("default"), n=args.plans, seed=args.seed)
+        print(f"{cname} {mname} one dp (drawn) {errors(uniform, cluster, model)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""A data-parallel degree per stage (issue #27; docs/architecture.md §Plan JSON, docs/planner.md §Data parallel
+per stage).
+
+FlagScale's heterogeneous training gives every process mesh its own [tp, cp, ep, dp, pp]
+(flagscale/train/arguments.py `pre_validate_args`; Metis, Um et al. 2024 §4, and HexiScale search the same
+form): a stage of 4 GPUs at tp 2 × dp 2 may feed a stage at tp 4 × dp 1. FlagScale's rule, which the plan
+follows: the job's `data_parallel_size` and `micro_batch_size` are the FIRST mesh's ("Use the first data
+parallel size as the global data parallel size to loader data"), so one micro batch holds B = dp_0 · b_0
+samples and m = global_batch / B micro batches run through every stage; a mesh with dp_i ranks splits each
+micro batch dp_i ways, per-rank micro batch b_i = B / dp_i (`args.micro_batch_size = data_parallel_size ·
+micro_batch_size // dp`), and FlagScale asserts `data_parallel_size * micro_batch_size % dp_i == 0` for every
+mesh. Between two stages the activation of shape [s, B, h] is re-sliced along the batch (and, with sequence
+parallelism, the sequence): source rank k of dp_a sends each destination rank whose batch segment overlaps its
+own the overlapping rows (flagscale/train/hetero/parallel_context.py `find_overlapped_mapping`,
+`get_inter_mesh_tensor_slices`) — `handoff` below; the gradients come back the same way.
+
+In the plan, `dp` and `micro_batch` keep meaning stage 0's (so m = global_batch / (dp × micro_batch) as
+before) and a stage may carry `data_parallel` (its dp_i; absent: the plan's dp). Older plans have none and
+load unchanged. This module is pure domain (who holds what, who sends to whom): the planner
+(memx.planner.stage_dp) and the virtual cluster (memx.simulator.stage_dp) each put their own costs on it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def stage_dps(plan: Any) -> tuple[int, ...]:
+    """dp_i of every stage: its `data_parallel`, else the plan's dp."""
+    return tuple(plan.dp if getattr(st, "data_parallel", None) is None else st.data_parallel for st in plan.stages)
+
+
+def has_stage_dp(plan: Any) -> bool:
+    """Whether some stage's dp differs from the plan's (a schema-2 plan has none)."""
+    return hasattr(plan, "stages") and any(d != plan.dp for d in stage_dps(plan))
+
+
+def samples_per_micro_batch(plan: Any) -> int:
+    """B = dp_0 · b_0: the samples of one micro batch, split dp_i ways on stage i (FlagScale, module docstring)."""
+    return plan.dp * plan.micro_batch
+
+
+def stage_micro_batches(plan: Any) -> tuple[int, ...]:
+    """b_i = B / dp_i, the per-rank micro batch of every stage (FlagScale pre_validate_args)."""
+    b = samples_per_micro_batch(plan)
+    return tuple(b // d for d in stage_dps(plan))
+
+
+def stage_dp_problems(plan: Any, model: Any) -> list[str]:
+    """One message per factor a per-stage dp breaks (empty for a plan without one). FlagScale's assertions
+    (flagscale/train/arguments.py pre_validate_args): stage 0's dp is the job's (`data_parallel_size =
+    hetero_process_meshes_dp[0]`); every dp_i divides B = dp × micro_batch; with tied embeddings and the
+    distributed optimizer, dp_0 and dp_last divide one another. What MemX does not model together with it
+    (FlagScale refuses the first two: 'virtual pipeline not support now!', 'Context parallelism is not
+    supported.'): virtual_stages > 1, context_parallel > 1, expert_parallel > 1, a mixture-of-experts model."""
+    raw = [getattr(st, "data_parallel", None) for st in plan.stages]
+    if all(d is None for d in raw):
+        return []
+    out = []
+    if raw[0] is not None and raw[0] != plan.dp:
+        out.append(f"stages[0].data_parallel ({raw[0]}) must equal field 'dp' ({plan.dp}): the first stage's dp is "
+                   "the job's data-parallel size (FlagScale: data_parallel_size = the first mesh's dp)")
+    b = samples_per_micro_batch(plan)
+    out += [f"stages[{i}].data_parallel ({d}) does not divide dp × micro_batch ({plan.dp} × {plan.micro_batch} = "
+            f"{b} samples per micro batch; FlagScale asserts data_parallel_size * micro_batch_size % dp_i == 0)"
+            for i, d in enumerate(stage_dps(plan)) if b % d]
+    if not has_stage_dp(plan):
+        return out
+    for field, value, runtime in (("virtual_stages", plan.virtual_stages, "FlagScale: 'virtual pipeline not support now!'"),
+                                  ("context_parallel", plan.context_parallel,
+                                   "FlagScale: 'Context parallelism is not supported.'"),
+                                  ("expert_parallel", plan.expert_parallel, "not modelled together yet")):
+        if value > 1:
+            out.append(f"field '{field}' ({value}) with a per-stage data_parallel: not supported ({runtime}); "
+                       f"allowed: 1")
+    if getattr(model, "is_moe", False):
+        out.append(f"a per-stage data_parallel with a mixture-of-experts model ({model.name}): not supported yet "
+                   "(the experts' all-to-all and expert-dp groups are modelled for one dp)")
+    dps = stage_dps(plan)
+    if (getattr(model, "tied_embeddings", False) and plan.distributed_optimizer
+            and dps[0] % dps[-1] and dps[-1] % dps[0]):
+        out.append(f"tied embeddings with the distributed optimizer need the first and last stage's dp ({dps[0]}, "
+                   f"{dps[-1]}) to divide one another (FlagScale pre_validate_args)")
+    return out
+
+
+def segments(n: int, total: int) -> list[tuple[int, int]]:
+    """The n equal [start, end) segments of `total` rows (FlagScale find_overlapped_mapping)."""
+    step = total // n
+    return [(i * step, (i + 1) * step) for i in range(n)]
+
+
+def handoff(dp_a: int, dp_b: int) -> list[tuple[int, int, int]]:
+    """(source rank, destination rank, rows) of every piece one micro batch's activation moves from a stage of
+    dp_a ranks to one of dp_b ranks, rows counted in units of B / lcm(dp_a, dp_b) samples: rank k of one side
+    holds the k-th of its equal batch segments, and every overlapping pair exchanges the overlap
+    (flagscale/train/hetero/parallel_context.py find_overlapped_mapping). Equal dp: rank k → rank k, whole."""
+    total = math.lcm(dp_a, dp_b)
+    out = []
+    for a, (s1, e1) in enumerate(segments(dp_a, total)):
+        for b, (s2, e2) in enumerate(segments(dp_b, total)):
+            if s1 < e2 and e1 > s2:
+                out.append((a, b, min(e1, e2) - max(s1, s2)))
+    return out
+
+
+def place_stage_groups(plan: Any, cluster: Any, free: list[int] | None = None) -> list[list[int]] | None:
+    """Per stage, the node of each of its dp_i TP groups (first-fit, stage by stage, as
+    memx.domain.plan.place_plan packs replicas), or None when they do not fit."""
+    free = [n.count for n in cluster.nodes] if free is None else free
+    out = []
+    for stage, dp in zip(plan.stages, stage_dps(plan)):
+        row = []
+        for _ in range(dp):
+            node = next((i for i, n in enumerate(cluster.nodes) if n.gpu.name == stage.gpu and free[i] >= stage.tp), None)
+            if node is None:
+                return None
+            free[node] -= stage.tp
+            row.append(node)
+        out.append(row)
+    return out

@@ -1,0 +1,116 @@
+"""A data-parallel degree per stage in the closed form (issue #27; docs/planner.md §Data parallel per stage).
+
+A plan whose stages carry their own dp_i (memx.domain.stage_dp: FlagScale's per-mesh dp) is ONE pipeline whose
+stage s runs on dp_s TP groups in lockstep: every micro batch of B = dp × micro_batch samples is split dp_s
+ways there, so stage s computes a per-rank micro batch b_s = B / dp_s (FlagScale pre_validate_args,
+`micro_batch_size = data_parallel_size · micro_batch_size // dp`), and the m = global_batch / B micro batches
+flow through the stages in 1F1B order. What changes against memx.planner.schedule's assembly:
+
+- stage time and peak: the stage predictor's, at micro batch b_s (its signature: `stage_contexts` with
+  micro_batch b_s and, with the distributed optimizer, the dp_s optimizer shards); the 1F1B in-flight count
+  min(pp − s, m) is unchanged (Narayanan et al. 2021 §2.2.1: m and pp are).
+- the hand-off between stages of different dp: the activation [s, B, h] is re-sliced along the batch; each
+  source rank sends its b_a rows to the fan_out destination ranks whose segments overlap them, each destination
+  receives its b_b rows from fan_in sources (memx.domain.stage_dp.handoff; FlagScale
+  hetero/parallel_context.py `get_inter_mesh_tensor_slices`), one blocking send / receive per piece in turn
+  (hetero/p2p_communication.py `recv_forward_hetero` / `send_forward_hetero` loop over the slices). So one
+  boundary's transfer takes
+      p2p_s = max(b_a, b_b) · s · h · 2 B / bw + max(fan_in, fan_out) · latency
+  (the busiest rank moves its whole slice and pays one latency per piece), bw the slowest piece's link, a node's
+  NICs shared by its ranks that send (receive) across nodes at once, one flow each — a rank's own pieces follow one
+  another (memx.planner.network.pair_link, nic_share_gbps).
+  Equal dp on both sides: fan 1, b_a = b_b — the paper's p2p_s exactly. The gradient goes back the same way.
+- the tail: stage s all-reduces its gradients over its own dp_s ranks (ring, Patarasuk & Yuan 2009; the T_dp of
+  paper §3.1.2; distributed optimizer: reduce-scatter + all-gather over dp_s, memx.planner.cost.dp_step_ms) on
+  the ring of its dp_s groups' nodes, tp_s rings at once (memx.planner.network.ring_link), then its Adam step;
+  the iteration ends with the slowest stage's tail.
+- memory: M, V and the margin over GPUs weight stage s's peak by its tp_s · dp_s GPUs (paper §3.1.2).
+
+T = (m − 1) · max_s t_s + Σ_s t_s + Σ_{s<pp−1} 2 · p2p_s + max_s tail_s (paper §3.1.2, Narayanan et al. 2021
+§2.2.1), the same formula as every other plan; a calibrated predictor's c, o and d apply as in
+schedule.Pipeline.fixed_ms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import numpy as np
+
+from memx.domain.plan import Plan
+from memx.domain.specs import Cluster, ModelArch
+from memx.domain.stage_dp import handoff, place_stage_groups, stage_dps, stage_micro_batches
+from memx.planner.metrics import PlanMetrics, plan_metrics
+from memx.planner.network import nic_share_gbps, pair_link, ring_link
+from memx.planner.schedule import (
+    AssemblyCalibration,
+    blocking_transfers,
+    iteration_time_ms,
+    memory_stats,
+    p2p_ms,
+    stage_tail_ms,
+)
+from memx.planner.tables import StageContext
+
+
+def contexts(plan: Plan, ctxs: tuple[StageContext, ...]) -> tuple[StageContext, ...]:
+    """The plan's stage contexts at each stage's per-rank micro batch b_s and, with the distributed optimizer,
+    its dp_s optimizer shards (module docstring)."""
+    return tuple(dataclasses.replace(c, micro_batch=b, dp=d if c.distributed_optimizer else 1)
+                 for c, b, d in zip(ctxs, stage_micro_batches(plan), stage_dps(plan), strict=True))
+
+
+def boundary(cluster: Cluster, plan: Plan, where: list[list[int]], s: int) -> tuple[int, int, float, float]:
+    """(busiest rank's samples max(b_a, b_b), pieces per rank max(fan_in, fan_out), GB/s, latency ms) of the
+    hand-off from stage s to s + 1 (module docstring)."""
+    dp_a, dp_b = stage_dps(plan)[s], stage_dps(plan)[s + 1]
+    b_a, b_b = stage_micro_batches(plan)[s], stage_micro_batches(plan)[s + 1]
+    pieces = handoff(dp_a, dp_b)
+    fan = max(max(Counter(a for a, _, _ in pieces).values()), max(Counter(b for _, b, _ in pieces).values()))
+    hops = [(a, b, where[s][a], where[s + 1][b]) for a, b, _ in pieces]
+    # a rank sends (receives) its pieces one after another: the flows through a node's NICs at once are its
+    # ranks that send out of (receive into) it, one each
+    out = Counter(x for x, _ in {(x, a) for a, _, x, y in hops if x != y})
+    into = Counter(y for y, _ in {(y, b) for _, b, x, y in hops if x != y})
+    bw, lat = np.inf, 0.0
+    for _, _, x, y in hops:
+        link_bw, link_lat = pair_link(cluster, x, y)
+        if x != y:
+            link_bw = min(link_bw, nic_share_gbps(cluster, x, out[x]), nic_share_gbps(cluster, y, into[y]))
+        bw, lat = min(bw, link_bw), max(lat, link_lat)
+    return max(b_a, b_b), fan, float(bw), lat
+
+
+def p2p_total_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]]) -> float:
+    """Σ_s 2 · p2p_s: each micro batch's activation forward and its gradient backward over every boundary."""
+    total = 0.0
+    for s in range(plan.pp - 1):
+        rows, fan, bw, lat = boundary(cluster, plan, where, s)
+        total += 2.0 * float(p2p_ms(rows, plan.seq_len, model.hidden, np.asarray([bw]), fan * lat)[0])
+    return total
+
+
+def dp_ring_gbps(cluster: Cluster, plan: Plan, where: list[list[int]]) -> np.ndarray:
+    """Per stage, GB/s of its gradient ring over its dp_s groups (tp_s concurrent rings)."""
+    return np.asarray([ring_link(cluster, nodes, st.tp)[0] for nodes, st in zip(where, plan.stages)])
+
+
+def assemble(plan: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: np.ndarray, static: np.ndarray,
+             params: np.ndarray, reserve_gib: float, assembly: AssemblyCalibration) -> PlanMetrics:
+    """One per-stage-dp plan's metrics from its stage predictions (at b_s) and parameters per rank."""
+    where = place_stage_groups(plan, cluster)
+    assert where is not None  # estimate_plans validated the plan
+    gpus = [cluster.gpu(st.gpu) for st in plan.stages]
+    dps = np.asarray(stage_dps(plan), dtype=np.float64)
+    tail = stage_tail_ms(static[:, None], params[:, None], [g.memory_bandwidth_gbps for g in gpus],
+                         dp_ring_gbps(cluster, plan, where), distributed_optimizer=plan.distributed_optimizer,
+                         dp=dps[:, None], precision=plan.precision, comm_scale=assembly.comm_scale)
+    fixed = (assembly.comm_scale * p2p_total_ms(cluster, plan, model, where) + assembly.overhead_ms
+             + assembly.p2p_per_transfer_ms * blocking_transfers(plan.pp, plan.micro_batches))
+    T = iteration_time_ms(t[:, None], plan.micro_batches, fixed, tail)
+    capacity = np.asarray([g.memory_mib for g in gpus], dtype=np.float64)
+    weight = np.asarray([st.tp for st in plan.stages], dtype=np.float64) * dps
+    stats = memory_stats(mem[:, None], weight, capacity)
+    return plan_metrics(plan, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=capacity,
+                        stats=stats, feasible=bool(np.all(mem <= capacity - reserve_gib * 1024.0)))
