@@ -1,49 +1,111 @@
-"""Sharded search on Prefect's DaskTaskRunner: 2 local single-threaded worker processes against 1.
+"""The branch-and-bound's boxes on local Dask workers (issue #26) against one process, same answer checked.
 
-Scenario: three-vendor-20 + llama2-7b + conf/search/default.yaml with the analytic stage model
-(the stage predictor does not matter for the engine's speed). Shards = (pp, GPU-type order).
-Last line: workers1_s=<s> workers2_s=<s> speedup=<x>
+Scenario (docs/planner.md "Where it stops scaling"): llama3-405b on mixed-1024, conf/search/default.yaml with
+max_pp 16, the analytic stage model, top 10. First the one-process search (optionally also without the joint
+(T, margin) front bound, `--without-joint`: the engine before issue #26), then `memx.planner.distributed`
+on a LocalCluster of N single-threaded worker processes on 127.0.0.1 for each N of `--workers` (the cluster
+is started before the clock starts; its start-up is printed apart). Wall seconds, CPU seconds (this process
+plus the workers' processes) and plans scored; ratio = serial wall / pool wall. The load average is printed
+before and after: the machine is shared.
+Last lines: one `workers=N wall_s=… ratio=…` line per N, then `same answer: yes|no`.
+On a loaded machine the serial run can be done once and reused: `--save PATH` stores its answer and wall
+time (pickle), `--reference PATH` compares against them instead of running it again (the ratio is then
+against a run in another process: say so with the figures).
 """
 
 from __future__ import annotations
 
-import json
+import argparse
+import dataclasses
 import os
-import tempfile
+import pickle
 import time
 
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="memx-bench-prefect-"))
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+def _answer(r) -> tuple:
+    keys = lambda cs: [(c.plan, c.iteration_time_ms, c.max_mem_mib, c.mem_variance_mib2, c.phi) for c in cs]  # noqa: E731
+    return (r.weights, r.refs, r.chosen.plan, keys(r.top), keys(r.top_time), keys(r.pareto), keys(r.safe))
+
+
+def _cpu() -> float:
+    import psutil
+
+    t = psutil.Process().cpu_times()
+    return t.user + t.system
 
 
 def main() -> None:
-    from prefect import flow
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cluster", default="mixed-1024")
+    ap.add_argument("--model", default="llama3-405b")
+    ap.add_argument("--search", default="default")
+    ap.add_argument("--max-pp", type=int, default=16)
+    ap.add_argument("--workers", default="1,2,4", help="comma-separated local worker counts")
+    ap.add_argument("--without-joint", action="store_true", help="also time one process without the joint bound")
+    ap.add_argument("--task-s", type=float, help="seconds a task runs (memx.planner.distributed.TASK_S)")
+    ap.add_argument("--save", help="store the serial answer and wall time here")
+    ap.add_argument("--reference", help="the serial answer and wall time stored by --save (no serial run)")
+    args = ap.parse_args()
 
-    from flows.pipeline import dask_runner
-    from flows.search import task_mapper
-    from memx.planner.cost import AnalyticStageModel
+    from distributed import Client
+
     from memx.domain.catalog import load_cluster, load_model, load_search
-    from memx.pipeline.steps import compute_search
+    from memx.planner import bounds, distributed
+    from memx.planner.cost import AnalyticStageModel
+    from memx.planner.distributed import DaskPool, local_cluster
+    from memx.planner.search import search
 
-    cl, mo, sp = load_cluster("three-vendor-20"), load_model("llama2-7b"), load_search("default")
+    if args.task_s is not None:
+        distributed.TASK_S = args.task_s
+    cl, mo = load_cluster(args.cluster), load_model(args.model)
+    sp = dataclasses.replace(load_search(args.search), max_pp=args.max_pp)
     pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
-    timings, plans = {}, {}
-    for workers in (1, 2):
-        @flow(task_runner=dask_runner("local", workers=workers))
-        def sharded():
-            return compute_search(pred, cl, mo, sp, weights=None, top_k=5, mapper=task_mapper, shard_by="pp-order")
+    print(f"case: {mo.name} on {cl.name}, search {sp.name} max_pp {sp.max_pp}; load average {os.getloadavg()[0]:.1f}",
+          flush=True)
 
+    def timed(label: str, **kw):
+        t0, c0 = time.perf_counter(), _cpu()
+        r = search(cl, mo, sp, pred, top_k=10, **kw)
+        wall = time.perf_counter() - t0
+        print(f"{label} wall_s={wall:.1f} cpu_s={_cpu() - c0:.1f} scored={r.space.scored:,} pick_ms="
+              f"{r.chosen.iteration_time_ms:.0f} front={len(r.pareto)} load={os.getloadavg()[0]:.1f}", flush=True)
+        return r, wall
+
+    if args.reference:
+        with open(args.reference, "rb") as fh:
+            answer, serial = pickle.load(fh)
+        print(f"serial (stored, {args.reference}) wall_s={serial:.1f}", flush=True)
+    else:
+        ref, serial = timed("serial")
+        answer = _answer(ref)
+        if args.save:
+            with open(args.save, "wb") as fh:
+                pickle.dump((answer, serial), fh)
+    same = True
+    if args.without_joint:
+        bounds.JOINT_TIME = False
+        r, wall = timed("serial_without_joint")
+        bounds.JOINT_TIME = True
+        print(f"joint bound: {wall / serial:.2f}x faster, same answer: {_answer(r) == answer}", flush=True)
+        same &= _answer(r) == answer
+    lines = []
+    for n in [int(x) for x in args.workers.split(",")]:
         t0 = time.perf_counter()
-        out = sharded()
-        timings[workers] = time.perf_counter() - t0
-        obj = json.loads(out.files["plan.json"])
-        plans[workers] = (obj["plan"], [e["plan"] for e in obj["top"]], obj["fastest"]["plan"], obj["space"])
-        print(f"{workers} worker(s): {timings[workers]:.1f} s (search {out.manifest['search_s']} s, "
-              f"{out.manifest['evaluated']:,} plans)")
-    assert plans[1] == plans[2], "sharded results differ between 1 and 2 workers"
-    print(f"workers1_s={timings[1]:.1f} workers2_s={timings[2]:.1f} speedup={timings[1] / timings[2]:.2f}")
+        with local_cluster(n) as lc, Client(lc) as client:
+            print(f"LocalCluster of {n}: started in {time.perf_counter() - t0:.1f} s", flush=True)
+            worker_cpu = lambda: sum(client.run(_cpu).values())  # noqa: E731
+            w0 = worker_cpu()
+            with DaskPool(client) as pool:
+                r, wall = timed(f"workers={n}", pool=pool)
+            ok = _answer(r) == answer
+            same &= ok
+            lines.append(f"workers={n} wall_s={wall:.1f} ratio={serial / wall:.2f} workers_cpu_s={worker_cpu() - w0:.1f} "
+                         f"same={'yes' if ok else 'no'}")
+            print(lines[-1], flush=True)
+    print(f"serial_s={serial:.1f}")
+    for line in lines:
+        print(line)
+    print(f"same answer: {'yes' if same else 'no'}")
 
 
 if __name__ == "__main__":

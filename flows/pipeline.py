@@ -14,15 +14,18 @@ from flows.train import train_flow
 from memx.pipeline import lifeline
 
 
-def dask_runner(spec: str, workers: int = 2):
-    """DaskTaskRunner on a local cluster of `workers` single-threaded processes, or an existing
-    scheduler (`tcp://127.0.0.1:8786`)."""
+def dask_runner(spec: str, workers: int | None = None):
+    """DaskTaskRunner on a local cluster of single-threaded processes (`--dask local[:N]`; `workers` overrides
+    N), or an existing scheduler (`tcp://127.0.0.1:8786`): memx.planner.distributed.parse_dask."""
     from prefect_dask import DaskTaskRunner
 
-    if spec == "local":
-        return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
+    from memx.planner.distributed import parse_dask
+
+    local, address = parse_dask(spec)
+    if local:
+        return DaskTaskRunner(cluster_kwargs={"n_workers": workers or local, "threads_per_worker": 1, "processes": True,
                                               "host": "127.0.0.1", "dashboard_address": None})
-    return DaskTaskRunner(address=spec)
+    return DaskTaskRunner(address=address)
 
 
 @flow(name="memx-pipeline", log_prints=True)
@@ -31,7 +34,7 @@ def pipeline_flow(cluster: str = "three-vendor-20", model: str = "llama2-7b", se
                   tracking_uri: str | None = None, weights: str | None = None, top_k: int = 10,
                   sharded: bool = False, dask: str | None = None, refresh: list[str] | None = None,
                   refresh_token: str = "", profile_options: dict | None = None) -> dict:
-    """`dask`: "local" (a 2-worker LocalCluster) or a scheduler address; implies a sharded search.
+    """`dask`: "local" (a 2-worker LocalCluster), "local:N" or a scheduler address: the search's boxes on it.
     One run per $MEMX_HOME at a time (lifeline.home_lock); the helper servers started so far (Prefect's
     temporary API server) end with this process, kill -9 included (lifeline.adopt_children)."""
     lifeline.adopt_children()

@@ -1,10 +1,12 @@
-"""search flow: the sharded search by the registry champion on Prefect's task runner (threads, or
-Dask with `dask`), plus Prefect artifacts for people: the plan (Markdown), the top-k (table), a link
-to the champion's MLflow run."""
+"""search flow: the search by the registry champion, plus Prefect artifacts for people: the plan (Markdown),
+the top-k (table), a link to the champion's MLflow run. On Prefect's DaskTaskRunner the search task explores
+the branch-and-bound's boxes on that Dask cluster (memx.planner.distributed, issue #26); elsewhere `sharded`
+runs its layout shards as Prefect tasks (threads)."""
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 from prefect import flow, task, unmapped
 
@@ -23,11 +25,30 @@ def task_mapper(fn, shards):
     return [f.result() for f in search_shard.map(unmapped(fn), shards)]
 
 
+@contextmanager
+def worker_pool():
+    """On a Dask worker (the DaskTaskRunner runs this task there): a pool over its cluster, through the worker's
+    client (`distributed.worker_client`: the task's thread leaves the worker's count while it waits); else None."""
+    try:
+        from distributed import get_worker, worker_client
+
+        get_worker()
+    except (ImportError, ValueError):
+        yield None
+        return
+    from memx.planner.distributed import DaskPool
+
+    with worker_client() as client:
+        yield DaskPool(client)
+
+
 @task(**STEP_RETRIES)
 def search_champion(store_uri, cl, mo, sp, weights, top_k, tracking_uri, sharded: bool, inputs: dict):
-    return steps.search_champion(store(store_uri), cl, mo, sp, tracking_uri=tracking_uri, weights=weights, top_k=top_k,
-                                 mapper=task_mapper if sharded else None, shard_by="pp-order" if sharded else "layout",
-                                 inputs=inputs)
+    with worker_pool() as pool:
+        shards = sharded and pool is None
+        return steps.search_champion(store(store_uri), cl, mo, sp, tracking_uri=tracking_uri, weights=weights,
+                                     top_k=top_k, mapper=task_mapper if shards else None,
+                                     shard_by="pp-order" if shards else "layout", inputs=inputs, pool=pool)
 
 
 @task(**STEP_RETRIES)

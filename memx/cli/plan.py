@@ -58,7 +58,7 @@ PredictorOpt = Annotated[Optional[str], typer.Option("--predictor", rich_help_pa
 BackendOpt = Annotated[str, typer.Option("--backend", rich_help_panel=PREDICTOR, help=(
     "analytic (no profiling), or a profiling backend — simulated|command|torch|records — for the learned "
     "predictor via the Prefect pipeline (--predictor pipeline)."))]
-DaskOpt = Annotated[Optional[str], typer.Option("--dask", help="Shard the search on Dask: 'local' (2 workers) or a scheduler address.", rich_help_panel=PREDICTOR)]
+DaskOpt = Annotated[Optional[str], typer.Option("--dask", help="Explore the branch-and-bound's boxes on Dask workers (same answer): 'local' (2 worker processes), 'local:N', or a running scheduler's address (tcp://host:8786).", rich_help_panel=PREDICTOR)]
 CheckOpt = Annotated[Optional[Path], typer.Option("--check", help="Baseline plan JSON: exit 4 if the new plan is worse or its margin is below --min-margin.", rich_help_panel=CI)]
 MinMarginOpt = Annotated[float, typer.Option("--min-margin", help="With --check: the smallest acceptable memory margin.", rich_help_panel=CI)]
 MaxSlowdownOpt = Annotated[float, typer.Option("--max-slowdown", help="With --check: when the baseline became infeasible, exit 4 if the new plan is more than this fraction slower (0.1 = 10 %; ≥ 0).", rich_help_panel=CI)]
@@ -96,6 +96,7 @@ def plan_cmd(
     log: LogOpt = None,
 ) -> None:
     """Search the plan space and recommend a plan."""
+    from memx.planner.distributed import parse_dask, search_pool
     from memx.planner.launcher import stage_dp_option
     from memx.planner.replica_search import replica_search as run_search  # schema 2 when max_replica_groups ≥ 2
     from memx.planner.result import search_result_to_dict
@@ -108,6 +109,8 @@ def plan_cmd(
     if max_slowdown < 0:
         raise InputError(f"--max-slowdown {max_slowdown:g}: allowed range ≥ 0 (a fraction: 0.1 = 10 % slower)")
     baseline = load_baseline(check, mo) if check is not None else None
+    if dask is not None:
+        parse_dask(dask)  # a malformed --dask: exit 2 before any work (an unreachable one: when connecting)
     warn_batch(cl, sp)
     warn_tp(mo, sp)
     show = progress_enabled(progress, json_output=fmt is Fmt.json)
@@ -117,9 +120,9 @@ def plan_cmd(
         from memx.planner.cost import AnalyticStageModel
 
         pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
-        with delayed_progress(show, "search") as cb:
-            res = stage_dp_option(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb), cl, mo, sp,
-                                  pred)  # opt-in per-stage dp (issue #27)
+        with search_pool(dask) as pool, delayed_progress(show, "search") as cb:
+            res = stage_dp_option(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb, pool=pool),
+                                  cl, mo, sp, pred)  # opt-in per-stage dp (issue #27)
         obj = search_result_to_dict(res, "analytic")
     elif mode == "registered":
         from memx.pipeline import registry
@@ -133,9 +136,9 @@ def plan_cmd(
         if cal is not None:
             name += f", {cal.headline()}"
             typer.echo(f"plan calibration: {cal.summary()}", err=True)
-        with delayed_progress(show, "search") as cb:
-            res = stage_dp_option(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb), cl, mo, sp,
-                                  pred)
+        with search_pool(dask) as pool, delayed_progress(show, "search") as cb:
+            res = stage_dp_option(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb, pool=pool),
+                                  cl, mo, sp, pred)
         obj = search_result_to_dict(res, name)
     else:
         from memx.cli.profile import profile_options

@@ -292,11 +292,11 @@ def train_augmented(store: ArtifactStore, augment_version: str, cluster: Cluster
 
 def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchSpace, *, weights: str | None,
                    top_k: int, mapper=None, shard_by: str = "layout", predictor_name: str = "learned",
-                   on_progress: Progress | None = None) -> StepResult:
-    """The search step's tables, plan.json and manifest; `on_progress(done, total)` as in
-    memx.planner.search.search."""
+                   on_progress: Progress | None = None, pool=None) -> StepResult:
+    """The search step's tables, plan.json and manifest; `on_progress(done, total)`, `mapper` and `pool` (the
+    boxes on workers: memx.planner.distributed) as in memx.planner.search.search."""
     result = launcher_search(cluster, model, space, predictor, weights=weights, top_k=top_k, mapper=mapper, shard_by=shard_by,
-                    on_progress=on_progress)
+                    on_progress=on_progress, pool=pool)
     obj = search_result_to_dict(result, predictor_name)
     top = pd.DataFrame([{"rank": i + 1, "plan": json.dumps(plan_to_dict(c.plan)), "phi": c.phi,
                          "iteration_time_ms": c.iteration_time_ms, "max_mem_mib": c.max_mem_mib,
@@ -314,7 +314,7 @@ def compute_search(predictor, cluster: Cluster, model: ModelArch, space: SearchS
 def search_champion(store: ArtifactStore, cluster: Cluster, model: ModelArch, space: SearchSpace, *,
                     tracking_uri: str | None, weights: str | None, top_k: int, mapper=None,
                     shard_by: str = "layout", inputs: dict[str, Any] | None = None,
-                    on_progress: Progress | None = None) -> StepRun:
+                    on_progress: Progress | None = None, pool=None) -> StepRun:
     """The best plans by the registry champion of the fingerprint; reused when the champion, the specs
     and the options are unchanged (then `on_progress` is not called)."""
     fp = registry.fingerprint(cluster, model, space.global_batch)
@@ -330,7 +330,7 @@ def search_champion(store: ArtifactStore, cluster: Cluster, model: ModelArch, sp
     predictor, _ = champion_predictor(fp.fingerprint, tracking_uri=tracking_uri)
     result = compute_search(predictor, cluster, model, space, weights=weights, top_k=top_k, mapper=mapper,
                             shard_by=shard_by, predictor_name=f"{ref['variant']} v{ref['model_version']}",
-                            on_progress=on_progress)
+                            on_progress=on_progress, pool=pool)
     result.manifest.update(champion=ref, experiment_id=registry.experiment_of(ref["run_id"]))
     return save(store, "search", version, result, {**(inputs or {}), "cluster": cluster.name, "model": model.name},
                 replace=stored)

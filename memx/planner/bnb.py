@@ -26,6 +26,8 @@ LEAF = 512  # a box with at most this many splits (an upper bound: Σ n = L fixe
 BATCH = 1024  # boxes bounded at once (the least time bounds first)
 POOL = 1 << 16  # pending boxes beyond which the smallest go first (their leaves are scored and leave the pool)
 FLUSH = 1 << 15  # leaf splits scored at once
+SHRINK = 16  # past POOL pending boxes a round takes 1/SHRINK of them (`take`), up to MAX_BATCH
+MAX_BATCH = 16 * BATCH
 
 
 @dataclass(kw_only=True)
@@ -39,59 +41,98 @@ class Work:
         self.scored += other.scored
 
 
-def explore(bounds: BoxBounds, keeper: Keeper, evaluate: Callable[[np.ndarray, np.ndarray], Scored | None],
-            weights: Weights | None, epsilon_mib2: float, layouts: np.ndarray) -> Work:
+Boxes = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # (a, b, layout, time bound) of pending boxes
+Evaluate = Callable[[np.ndarray, np.ndarray], Scored | None]
+
+
+def explore(bounds: BoxBounds, keeper: Keeper, evaluate: Evaluate, weights: Weights | None, epsilon_mib2: float,
+            layouts: np.ndarray) -> Work:
     """Find every split of the given layouts (indices into `bounds`) that can enter the keeper's sets; offers
     them to the keeper (`evaluate(layouts, splits)`: splits (N, P) of the layouts (N,), padded with 0, scored).
     Best first: every round takes the BATCH pending boxes of least time bound over all layouts at once (one
     numpy pass per round, whatever the number of layouts), and its leaves are scored together."""
     work = Work()
+    boxes = roots(bounds, layouts)
+    while len(boxes[0]):
+        boxes = advance(bounds, keeper, evaluate, weights, epsilon_mib2, boxes, work)
+    return work
+
+
+def roots(bounds: BoxBounds, layouts: np.ndarray) -> Boxes:
+    """The root box of each layout with its time bound."""
     a, b, li = bounds.root(layouts)
-    t = bounds.time_lb(a, b, li)
+    return a, b, li, bounds.time_lb(a, b, li)
+
+
+def advance(bounds: BoxBounds, keeper: Keeper, evaluate: Evaluate, weights: Weights | None, epsilon_mib2: float,
+            boxes: Boxes, work: Work) -> Boxes:
+    """One round of `explore`: the pending boxes after the best BATCH of `boxes` are bounded, scored or halved."""
+    batch, rest = take(bounds, keeper, boxes, BATCH)
+    children = expand(bounds, keeper, evaluate, weights, epsilon_mib2, batch, work)
+    return children if rest is None else concat(children, rest)
+
+
+def take(bounds: BoxBounds, keeper: Keeper, boxes: Boxes, n: int) -> tuple[Boxes, Boxes | None]:
+    """(the n boxes that go first, the rest) of the boxes the keeper's time thresholds do not rule out: the
+    least time bounds; past POOL boxes the smallest boxes, so the pool shrinks (their leaves leave it), and
+    1/SHRINK of the pool (at most MAX_BATCH boxes) instead of n: the pool's upkeep — its time filter, order and
+    copies, O(pool) a round — is then spread over as many boxes (issue #26: it was 40 % of the 405B deep
+    search's time, its pool holding millions of boxes)."""
+    a, b, li, t = boxes
+    keep = keeper.time_needed(t)
+    if not keep.all():
+        a, b, li, t = a[keep], b[keep], li[keep], t[keep]
+    if len(a) <= n:
+        return (a, b, li, t), None
+    order = t
+    if len(a) > POOL:
+        n, order = min(max(n, len(a) // SHRINK), MAX_BATCH), bounds.leaf_size(a, b)
+    first = np.zeros(len(a), dtype=bool)
+    first[np.argpartition(order, n - 1)[:n]] = True
+    return (a[first], b[first], li[first], t[first]), (a[~first], b[~first], li[~first], t[~first])
+
+
+def concat(x: Boxes, y: Boxes) -> Boxes:
+    return tuple(np.concatenate([u, v]) for u, v in zip(x, y))
+
+
+def expand(bounds: BoxBounds, keeper: Keeper, evaluate: Evaluate, weights: Weights | None, epsilon_mib2: float,
+           boxes: Boxes, work: Work) -> Boxes:
+    """Bound a batch of boxes against the keeper; its leaves are enumerated, scored and offered to the keeper
+    (work.scored counts them), the other boxes it still needs are halved: returns the children."""
+    a, b, li, t = boxes
+    if weights is not None and len(a):
+        corner = bounds.corner(a, b, li, t)
+        need = keeper.needs(corner, corner.score(weights, epsilon_mib2))
+        a, b, li, t = a[need], b[need], li[need], t[need]
+    leaf = bounds.leaf_size(a, b) <= LEAF
     leaves: list[tuple[int, np.ndarray]] = []
     pending = 0
+    for i in np.nonzero(leaf)[0]:
+        pp = int(bounds.pp[li[i]])
+        S = splits(bounds.total, a[i, :pp], b[i, :pp])
+        if len(S):
+            leaves.append((int(li[i]), S))
+            pending += len(S)
+            if pending >= FLUSH:
+                _flush(bounds, keeper, evaluate, leaves, work)
+                pending = 0
+    _flush(bounds, keeper, evaluate, leaves, work)
+    a, b, li = _halve(bounds, a[~leaf], b[~leaf], li[~leaf])
+    return a, b, li, bounds.time_lb(a, b, li)
 
-    def flush() -> None:
-        nonlocal pending
-        if leaves:
-            S = np.concatenate([np.pad(x, ((0, 0), (0, bounds.P - x.shape[1]))) for _, x in leaves])
-            owner = np.concatenate([np.full(len(x), layout) for layout, x in leaves])
-            work.scored += len(S)
-            sc = evaluate(owner, S)
-            if sc is not None:
-                keeper.offer(sc)
-        leaves.clear()
-        pending = 0
 
-    while len(a):
-        keep = keeper.time_needed(t)
-        a, b, li, t = a[keep], b[keep], li[keep], t[keep]
-        rest = None
-        if len(a) > BATCH:  # the least time bounds; past POOL boxes the smallest boxes, so the pool shrinks
-            order = t if len(a) <= POOL else bounds.leaf_size(a, b)
-            take = np.zeros(len(a), dtype=bool)
-            take[np.argpartition(order, BATCH - 1)[:BATCH]] = True
-            rest = (a[~take], b[~take], li[~take], t[~take])
-            a, b, li, t = a[take], b[take], li[take], t[take]
-        if weights is not None and len(a):
-            corner = bounds.corner(a, b, li, t)
-            need = keeper.needs(corner, corner.score(weights, epsilon_mib2))
-            a, b, li, t = a[need], b[need], li[need], t[need]
-        leaf = bounds.leaf_size(a, b) <= LEAF
-        for i in np.nonzero(leaf)[0]:
-            pp = int(bounds.pp[li[i]])
-            S = splits(bounds.total, a[i, :pp], b[i, :pp])
-            if len(S):
-                leaves.append((int(li[i]), S))
-                pending += len(S)
-                if pending >= FLUSH:
-                    flush()
-        flush()
-        a, b, li = _halve(bounds, a[~leaf], b[~leaf], li[~leaf])
-        t = bounds.time_lb(a, b, li)
-        if rest is not None:
-            a, b, li, t = (np.concatenate([x, y]) for x, y in zip((a, b, li, t), rest))
-    return work
+def _flush(bounds: BoxBounds, keeper: Keeper, evaluate: Evaluate, leaves: list[tuple[int, np.ndarray]],
+           work: Work) -> None:
+    """Score the collected leaves' splits in one batch and offer them to the keeper."""
+    if leaves:
+        S = np.concatenate([np.pad(x, ((0, 0), (0, bounds.P - x.shape[1]))) for _, x in leaves])
+        owner = np.concatenate([np.full(len(x), layout) for layout, x in leaves])
+        work.scored += len(S)
+        sc = evaluate(owner, S)
+        if sc is not None:
+            keeper.offer(sc)
+    leaves.clear()
 
 
 def _halve(bounds: BoxBounds, a: np.ndarray, b: np.ndarray, li: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memx.planner.bounds import SCORE_SLACK, Corner
+from memx.planner.bounds import SCORE_SLACK, Corner, front_covers_by_time
 from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
 
@@ -193,10 +193,11 @@ class Keeper:
         phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
         front = window & ~self._dominated(np.stack(self._point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
         other = need | phi | self._safe_needs(c, score_lb)
-        only = front & ~other  # boxes only the front may use: with V, the joint bound may still discard them
-        if self.front_variance and only.any() and c.stage_lo_mib is not None:
+        only = front & ~other  # boxes only the front may use: a joint bound may still discard them
+        if only.any() and (c.stage_lo_mib if self.front_variance else c.time_above) is not None:  # (margin, V) / (T, margin)
             rows = np.nonzero(only)[0]
-            only[rows] = ~self._front_covers(c, rows)
+            only[rows] = ~(self._front_covers(c, rows) if self.front_variance else
+                           front_covers_by_time(self._front, self.window_ms(), c, rows, _floor_ub(c)[rows]))
         return other | only
 
     def _front_covers(self, c: Corner, rows: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,7 @@ from memx.planner.bounds import BoxBounds
 from memx.planner.candidates import Cand, Keeper, pareto_front
 from memx.planner.compositions import count_splits_many
 from memx.planner.cost import model_static_bytes
+from memx.planner.distributed import Pool, Problem, explore_pool
 from memx.planner.exhaustive import exhaustive_search
 from memx.planner.medians import exact_medians, sampled_medians
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
@@ -82,6 +84,7 @@ class _Shard:
         per = max(1, BOUNDS_BYTES // BoxBounds.table_bytes(1, pp, rows))
         self.chunks = [list(range(i, min(i + per, len(items)))) for i in range(0, len(items), per)]
         self._kept: tuple[StackedTables, BoxBounds] | None = None
+        self._shared: dict[int, Any] = {}  # a pool's handle of each kept chunk's tables (memx.planner.distributed)
 
     def stacked(self) -> StackedTables | None:
         """The stacked tables of every layout of the shard when they are kept (one chunk), else None."""
@@ -100,31 +103,48 @@ class _Shard:
             self._kept = out
         return out
 
+    def shared(self, pool: Pool, c: int) -> Any:
+        """Chunk c's tables sent to the pool's workers (once per search when they are kept)."""
+        if c in self._shared:
+            return self._shared[c]
+        chunk = self.chunks[c]
+        st, bounds = self.tables(chunk)
+        handle = pool.share(Problem(tables=st, bounds=bounds, keys=np.array([self.items[j][0] for j in chunk])))
+        if len(self.chunks) == 1:
+            self._shared[c] = handle
+        return handle
+
 
 def _explore_shard(shard: list[tuple[int, Prepared]] | _Shard, *, weights: Weights | None, space: SearchSpace,
-                   top_k: int, total: int, tick: Callable[[int], None] | None = None) -> tuple[Keeper, Work]:
+                   top_k: int, total: int, tick: Callable[[int], None] | None = None,
+                   pool: Pool | None = None) -> tuple[Keeper, Work]:
     """Branch-and-bound over a shard's layouts, their boxes bounded and their leaves scored together
-    (memx.planner.bnb.explore); a layout whose root bound rules it out is discarded in the first round."""
+    (memx.planner.bnb.explore; with a `pool`, its boxes explored by the pool's workers:
+    memx.planner.distributed); a layout whose root bound rules it out is discarded in the first round."""
     keeper = Keeper(top_k=1 if weights is None else top_k, max_time_ratio=space.max_time_ratio,
                     timed_only=weights is None, margin_floor=space.margin_floor,
                     balance_tolerance=space.balance_tolerance)
     work = Work()
     sh = shard if isinstance(shard, _Shard) else _Shard(shard, total, space)
-    for chunk in sh.chunks:
+    for c, chunk in enumerate(sh.chunks):
         st, bounds = sh.tables(chunk)
-        keys = np.array([sh.items[j][0] for j in chunk])
-        evaluate = partial(score_rows, st, weights=weights, space=space, keys=keys)
-        work.add(explore(bounds, keeper, evaluate, weights, space.epsilon_mib2, np.arange(len(chunk))))
+        if pool is not None:
+            work.add(explore_pool(pool, sh.shared(pool, c), bounds, keeper, weights, space, np.arange(len(chunk))))
+        else:
+            keys = np.array([sh.items[j][0] for j in chunk])
+            evaluate = partial(score_rows, st, weights=weights, space=space, keys=keys)
+            work.add(explore(bounds, keeper, evaluate, weights, space.epsilon_mib2, np.arange(len(chunk))))
         if tick is not None:
             tick(len(chunk))
     return keeper, work
 
 
 def _run_phase(prepared: list[Prepared], shards: list[list[int]], run_map, tick, whole: _Shard | None,
-               **kw) -> tuple[Keeper, Work]:
-    """One branch-and-bound phase: in-process with one shared keeper, or through `run_map` per shard."""
+               pool: Pool | None = None, **kw) -> tuple[Keeper, Work]:
+    """One branch-and-bound phase: with one shared keeper (its boxes in this process or on `pool`), or through
+    `run_map` per shard."""
     if run_map is None:
-        return _explore_shard(whole, tick=tick, **kw)
+        return _explore_shard(whole, tick=tick, pool=pool, **kw)
     parts = [[(i, prepared[i]) for i in sh] for sh in shards]
     keeper, work = None, Work()
     for sh, (k, w) in zip(shards, run_map(partial(_explore_shard, **kw), parts)):  # in order: deterministic
@@ -140,19 +160,24 @@ def _run_phase(prepared: list[Prepared], shards: list[list[int]], run_map, tick,
 def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *, weights: str | None = None,
            top_k: int = 10, chunk: int = 1 << 17, workers: int | None = None, mapper=None, shard_by: str = "layout",
            exhaustive: bool = False, on_progress: Progress | None = None, median_sample: int = MEDIAN_SAMPLE,
-           exact_medians_max: int = EXACT_MEDIANS_MAX, refs: tuple[float, float, float] | None = None) -> SearchResult:
+           exact_medians_max: int = EXACT_MEDIANS_MAX, refs: tuple[float, float, float] | None = None,
+           pool: Pool | None = None) -> SearchResult:
     """Search the plan space; raises InfeasibleError (exit 3) with the reason when nothing fits.
 
     `mapper(fn, shards)` (results in order; Prefect's task runner, threads or Dask) runs the shards
     (`shard_by`: "layout" or "pp-order") each with its own kept sets, merged in shard order; without a
     mapper the layouts share one keeper in this process, most promising first (`workers` is accepted
     for compatibility: one shared keeper prunes far more than parallel shards would gain on few cores).
+    `pool` (memx.planner.distributed: threads or a Dask cluster) explores the boxes of that one search on its
+    workers, the kept sets merged here (not with a mapper).
     `on_progress(done, total)` is called as layouts finish (units: layouts per phase, plus the medians).
     The answer is the same in every mode, and the same as `exhaustive=True`. `refs`: given reference values
     for Φ (e.g. another search's medians): this search's medians are then not computed (the ranking and the
     pick never need them: log Φ differs from wT·log T + wM·log M + wV·log(V + ε) by a constant).
     """
     t0 = time.perf_counter()
+    if pool is not None and mapper is not None:
+        raise ValueError("search: a pool distributes one search's boxes; a mapper runs shards: not both")
     given = refs
     variants = model_variants(model, space)  # [the job as given] unless the space lists heads/groups/seq options
     check_space_input(variants[0].model, space)
@@ -202,15 +227,15 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
         whole = _Shard(list(enumerate(prepared)), total, space) if mapper is None else None
         with nullcontext(mapper) as run_map, ThreadPoolExecutor(max_workers=1) as side:
             if chosen is None:  # auto: the fastest plan after step 1 and its smallest margin decide
-                first, _ = _run_phase(prepared, shards, run_map, tick, whole, weights=None, space=space, top_k=1,
-                                      total=total)
+                first, _ = _run_phase(prepared, shards, run_map, tick, whole, pool, weights=None, space=space,
+                                      top_k=1, total=total)
                 chosen = auto_profile(cluster, first.by_time[0].margin if first.by_time else None)
             t_pre = time.perf_counter()
             # The medians need no bound: computed beside the branch-and-bound (numpy releases the GIL).
             medians = None if given is not None else side.submit(
                 _medians, prepared, chosen, space, total, evaluated, median_sample, exact_medians_max,
                 whole.stacked() if whole is not None else None)
-            keeper, work = _run_phase(prepared, shards, run_map, tick, whole, weights=chosen, space=space,
+            keeper, work = _run_phase(prepared, shards, run_map, tick, whole, pool, weights=chosen, space=space,
                                       top_k=top_k, total=total)
             timings["branch_and_bound_s"] = time.perf_counter() - t_pre
             refs, sample = medians.result() if medians is not None else (given, 0)

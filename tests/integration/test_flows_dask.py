@@ -41,3 +41,29 @@ def test_dask_sharded_search_equals_single_process(prefect_api, conf_root):
     assert [e["plan"] for e in plan["top"]] == [plan_to_dict(c.plan) for c in ref.top]
     assert plan["fastest"]["plan"] == plan_to_dict(ref.fastest.plan)
     assert out.manifest["evaluated"] == ref.space.evaluated and out.manifest["feasible"] == ref.space.feasible
+
+
+@pytest.mark.slow  # a Dask LocalCluster of 2 processes under Prefect's DaskTaskRunner (issue #26)
+def test_a_search_task_on_the_dask_task_runner_explores_its_boxes_there(prefect_api, conf_root):
+    from prefect import flow, task
+
+    from flows.pipeline import dask_runner
+    from flows.search import worker_pool
+
+    cl, mo = load_cluster("three-vendor-20", conf_root), dataclasses.replace(load_model("llama-6l", conf_root), layers=24)
+    sp = dataclasses.replace(load_search("small", conf_root), max_pp=4)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+
+    @task
+    def boxes():
+        with worker_pool() as pool:
+            assert pool is not None and pool.threads == 2
+            r = search(cl, mo, sp, pred, top_k=5, pool=pool)
+        return r.chosen.plan, [c.plan for c in r.top], [c.plan for c in r.pareto], r.refs
+
+    @flow(task_runner=dask_runner("local:2"))
+    def distributed():
+        return boxes.submit().result()
+
+    ref = search(cl, mo, sp, pred, top_k=5)
+    assert distributed() == (ref.chosen.plan, [c.plan for c in ref.top], [c.plan for c in ref.pareto], ref.refs)

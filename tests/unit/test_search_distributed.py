@@ -1,0 +1,74 @@
+"""The branch-and-bound's boxes on a pool of workers (memx.planner.distributed, issue #26) give exactly the
+one-process answer: weights, medians, pick, top-k by Φ and by time, Pareto front and safe sets. Tasks are made
+tiny here (32 boxes, one round) so that many run at once against stale copies of the kept sets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.planner import bnb, distributed
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.distributed import DaskPool, ThreadPool
+from memx.planner.search import search
+
+
+def _answer(r):
+    keys = lambda cs: [(c.plan, c.iteration_time_ms, c.max_mem_mib, c.mem_variance_mib2, c.phi) for c in cs]  # noqa: E731
+    return (r.weights, r.refs, r.space, r.chosen.plan, keys(r.top), keys(r.top_time), keys(r.pareto), keys(r.safe))
+
+
+@pytest.fixture(scope="module")
+def problem(conf_root):
+    cl = load_cluster("three-vendor-20", conf_root)
+    mo = dataclasses.replace(load_model("llama-6l", conf_root), layers=24)  # 59,117 splits, 55 % scored
+    sp = dataclasses.replace(load_search("small", conf_root), max_pp=4)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    return cl, mo, sp, pred, search(cl, mo, sp, pred, top_k=5)
+
+
+@pytest.fixture
+def tiny_tasks(monkeypatch):
+    monkeypatch.setattr(distributed, "TASK_BOXES", 32)
+    monkeypatch.setattr(distributed, "TASK_S", 0.0)  # one round a task
+    monkeypatch.setattr(bnb, "POOL", 64)  # a "large" pool: rounds take 1/SHRINK of it, in several tasks
+
+
+def test_boxes_on_worker_threads_give_the_serial_answer(problem, tiny_tasks):
+    cl, mo, sp, pred, ref = problem
+    assert ref.space.scored < ref.space.evaluated  # the bound prunes here: the pool's pruning is exercised
+    for weights in (None, "default"):
+        one = ref if weights is None else search(cl, mo, sp, pred, top_k=5, weights=weights)
+        with ThreadPool(3) as pool:
+            got = search(cl, mo, sp, pred, top_k=5, weights=weights, pool=pool)
+        assert _answer(got) == _answer(one)
+    assert _answer(search(cl, mo, sp, pred, top_k=5)) == _answer(ref)  # one process, with the large-pool rounds
+
+
+@pytest.mark.slow  # ~1.6 CPU s (importing distributed); the thread-pool test above is the default set's check
+def test_boxes_on_a_dask_local_cluster_give_the_serial_answer(problem, tiny_tasks):
+    """A real dask.distributed LocalCluster (two in-process workers: no process start-up)."""
+    from distributed import Client, LocalCluster
+
+    cl, mo, sp, pred, ref = problem
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client, DaskPool(client) as pool:
+        assert pool.threads == 2
+        got = search(cl, mo, sp, pred, top_k=5, pool=pool)
+    assert _answer(got) == _answer(ref)
+
+
+def test_a_pool_and_a_mapper_are_refused(problem):
+    cl, mo, sp, pred, _ = problem
+    with ThreadPool(1) as pool, pytest.raises(ValueError, match="not both"):
+        search(cl, mo, sp, pred, pool=pool, mapper=lambda f, xs: [f(x) for x in xs])
+
+
+def test_dask_specs_parse_to_local_workers_or_a_scheduler_address():
+    from memx.planner.distributed import parse_dask
+
+    assert parse_dask("local") == (2, None) and parse_dask("local:4") == (4, None)
+    assert parse_dask("127.0.0.1:8786") == (0, "tcp://127.0.0.1:8786")
+    assert parse_dask("tls://[::1]:8786") == (0, "tls://[::1]:8786")
