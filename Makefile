@@ -64,7 +64,7 @@ bench: install
 	$(BIN)/python bench/profile_cost.py
 	$(BIN)/python bench/accuracy.py
 	$(BIN)/python bench/cache_growth.py
-	$(BIN)/python bench/dask_search.py
+	$(BIN)/python bench/dask_search.py --max-pp 8  # the max_pp 16 case takes over 30 min on 2 cores (docs/benchmarks.md)
 
 clean:
 	rm -rf $(VENV) .memx .pytest_cache
