@@ -35,8 +35,7 @@ from memx.domain.groups import AnyPlan, GroupedPlan, simplest
 from memx.domain.plan import Plan, Recompute, place_plan
 from memx.domain.specs import Cluster, ModelArch
 from memx.domain.stage_dp import has_stage_dp, place_stage_groups, stage_dps
-from memx.report.megatron import (EXAMPLE_TRAINING_ARGS, _attention_args, _data_args, _gpu_types, _model_args,
-                                  precision_args)
+from memx.report.megatron import EXAMPLE_TRAINING_ARGS, _attention_args, _data_args, _gpu_types, _model_args
 
 FLAGSCALE_COMMIT = "da4935ec60193e735bc70b81e259ed04eefd0132"  # FlagOpen/FlagScale, 2025-11-13
 FLAGSCALE_MEGATRON_COMMIT = "8479eb35fbca9631acb846c3ad5d868e02214227"  # its third_party/Megatron-LM

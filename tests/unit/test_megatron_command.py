@@ -6,9 +6,7 @@ with those arguments once its placeholders are set."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
