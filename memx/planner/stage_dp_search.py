@@ -40,7 +40,7 @@ from memx.planner.objective import phi
 from memx.planner.predictions import params_per_rank
 from memx.planner.replica_search import _better
 from memx.planner.result import SearchResult, plan_key
-from memx.planner.schedule import stage_tail_ms
+from memx.planner.schedule import iteration_time_ms, stage_tail_ms
 from memx.planner.signatures import predict_arrays, signature_columns
 from memx.planner.space import _effective, _ends_ok, gpu_subsets, subset_precisions, valid_tps
 from memx.planner.tables import decode_option, plan_contexts, stage_options
@@ -232,7 +232,7 @@ def _tabled(plan: Plan, tables, split, links, cluster: Cluster, space: SearchSpa
                          links[1], distributed_optimizer=plan.distributed_optimizer,
                          dp=np.asarray(stage_dps(plan), dtype=np.float64)[:, None], precision=plan.precision,
                          comm_scale=1.0)
-    T = (plan.micro_batches - 1) * t.max() + t.sum() + links[0] + tail.max()
+    T = iteration_time_ms(t[:, None], plan.micro_batches, links[0], tail)[0]
     return (bool(np.min((caps - peak) / caps) < space.margin_floor), float(T))
 
 
