@@ -78,7 +78,7 @@ def _contexts(plan: Plan, model: ModelArch, cluster: Cluster | None):
     if not model.is_moe:
         return ctxs
     if cluster is None:  # memory only: the all-to-all link does not change it
-        edp = plan.dp * plan.context_parallel // plan.expert_parallel  # the expert grid spans dp·cp (moe_problems)
+        edp = moe.expert_dp_size(plan.dp, plan.context_parallel, plan.expert_parallel)
         return moe.with_experts(ctxs, plan.expert_parallel, edp, [(0.0, 0.0, 1.0)] * plan.pp)
     return moe.plan_expert_contexts(ctxs, plan, model, cluster)
 

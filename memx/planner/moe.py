@@ -264,6 +264,12 @@ def _stage_a2a(cluster: Cluster, nodes: list[int], ep: int, tp: int) -> tuple[fl
     return (ep - 1) / ep / slowest, lat
 
 
+def expert_dp_size(dp: int, cp: int, ep: int) -> int:
+    """The expert data-parallel size of a stage: its dp × cp ranks over ep (Megatron's expert grid has no cp axis:
+    parallel_state.py, expert dp = world / (etp × ep × pp); memx.domain.plan.moe_problems)."""
+    return dp * cp // ep
+
+
 def with_experts(ctxs: Sequence, ep: int, expert_dp: int, links: Sequence[tuple[float, float, float]]) -> tuple:
     """Stage contexts carrying ep, the expert dp size and each stage's links (`a2a_links`; a MoE model's)."""
     return tuple(dataclasses.replace(c, expert_parallel=ep, expert_dp=expert_dp, a2a_gbps=bw, a2a_latency_ms=lat,
@@ -274,8 +280,9 @@ def plan_expert_contexts(ctxs: Sequence, plan: Plan, model: ModelArch, cluster: 
     """`ctxs` (memx.planner.tables.plan_contexts) of a plan of a MoE model with its experts; others unchanged."""
     if not model.is_moe:
         return tuple(ctxs)
-    ranks = rank_equivalent(plan)  # cp > 1: the expert grid spans the dp·cp ranks (memx.domain.plan.moe_problems)
-    return with_experts(ctxs, plan.expert_parallel, ranks.dp // plan.expert_parallel, a2a_links(cluster, ranks))
+    ep = plan.expert_parallel  # cp > 1: the all-to-all's ep groups are among the rank-equivalent plan's dp·cp replicas
+    return with_experts(ctxs, ep, expert_dp_size(plan.dp, plan.context_parallel, ep),
+                        a2a_links(cluster, rank_equivalent(plan)))
 
 
 def expert_parallelisms(space: SearchSpace, model: ModelArch, dp: int) -> list[int]:

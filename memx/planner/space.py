@@ -23,7 +23,7 @@ from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.planner.context_parallel import cp_links, launcher_runs_cp
 from memx.planner.interleave import wrap_gbps
-from memx.planner.moe import a2a_links, expert_option_problems, expert_parallelisms, with_experts
+from memx.planner.moe import a2a_links, expert_dp_size, expert_option_problems, expert_parallelisms, with_experts
 from memx.planner.network import p2p_link, ring_link
 from memx.planner.tables import StageContext, stage_contexts
 
@@ -64,9 +64,8 @@ class Layout:
                               context_parallel=self.context_parallel, cp_links=self.cp_links)
         if self.a2a_links is None:
             return ctxs
-        # the expert grid spans the dp·cp ranks (memx.domain.plan.moe_problems): expert dp = dp·cp / ep
-        return with_experts(ctxs, self.expert_parallel, self.dp * self.context_parallel // self.expert_parallel,
-                            self.a2a_links)
+        return with_experts(ctxs, self.expert_parallel,
+                            expert_dp_size(self.dp, self.context_parallel, self.expert_parallel), self.a2a_links)
 
     def to_plan(self, model: ModelArch, cluster: Cluster, global_batch: int, seq_len: int,
                 layers: tuple[int, ...], recompute: tuple[tuple[Recompute, int | None], ...]) -> Plan:
