@@ -6,8 +6,7 @@ h100-h20-16 / llama2-7b, conf/search/default.yaml
 with `stage_data_parallel` false (today's space) and true (the opt-in per-stage-dp space beside it), both
 through memx.planner.launcher.launcher_search (what `memx plan` runs) with the runtime-aware closed form; each
 pick simulated on the virtual cluster (memx.simulator.simulate_plan, 3 seeds). Also the best per-stage-dp plan on
-its own (memx.planner.stage_dp_search.search_stage_dp) and the five fastest the per-stage-dp search re-scores,
-predicted and simulated.
+its own (memx.planner.stage_dp_search.search_stage_dp), predicted and simulated.
 
 Accuracy: random per-stage-dp plans — a random layout of the per-stage-dp space (stage_dp_search.layouts: a
 (tp, dp) per GPU type with different dp, any type order and micro batch), a uniformly random layer split and a
@@ -16,6 +15,9 @@ random recomputation per stage — predicted by estimate_plans (memx.planner.sta
 memx.simulator.draw_plans from the same search on the same cluster — the stage model's own error there.
 
 Usage: PYTHONPATH=. .venv/bin/python bench/stage_dp.py [--plans 150] [--seed 5]
+       PYTHONPATH=. .venv/bin/python bench/stage_dp.py --time a100-v100-16 h100-h20-16 three-vendor-20
+(`--time`: only the search time, CPU s, the best of 2 runs each way interleaved in this process, with and without the
+option, and the ratio; goal ≤ 3×.)
 Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case.
 """
 
@@ -37,9 +39,8 @@ from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E
 from memx.domain.plan import Recompute, plan_to_dict, plan_to_json  # noqa: E402
 from memx.planner.baselines.metis import METIS  # noqa: E402
 from memx.planner.cost import AnalyticStageModel  # noqa: E402
-from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.planner.launcher import launcher_search  # noqa: E402
-from memx.planner.stage_dp_search import candidates, layouts, search_stage_dp  # noqa: E402
+from memx.planner.stage_dp_search import layouts, search_stage_dp  # noqa: E402
 from memx.report.notation import compact_stages, dp_text  # noqa: E402
 from memx.simulator import draw_plans, simulate_plan  # noqa: E402
 
@@ -103,19 +104,32 @@ def side_by_side(cname: str, mname: str) -> None:
         d = plan_to_dict(pk.plan)
         print(f"Metis-like, stage_data_parallel={on!s:5}: {pk.predicted_time_ms:,.0f} ms predicted; "
               f"{simulated(pk.plan, cluster, model)}; {compact_stages(d)}, dp {dp_text(d)}", flush=True)
-    plans, _ = candidates(cluster, model, space, pred)
-    top = sorted((e for e in estimate_plans(plans, cluster, model, pred) if e.feasible),
-                 key=lambda e: e.iteration_time_ms)[:5]
-    for i, e in enumerate(top):
-        print(f"  per-stage-dp #{i + 1}: {e.iteration_time_ms:,.0f} ms predicted; {simulated(e.plan, cluster, model)}; "
-              f"{compact_stages(plan_to_dict(e.plan))}, dp {dp_text(plan_to_dict(e.plan))}", flush=True)
+
+
+def timing(cname: str, mname: str = "llama2-7b") -> None:
+    """CPU s of launcher_search with and without stage_data_parallel (conf/search/default.yaml), interleaved."""
+    cluster, model, space = load_cluster(cname), load_model(mname), load_search("default")
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
+    cpu: dict[bool, list[float]] = {False: [], True: []}
+    for on in (False, True, False, True):
+        t0 = time.process_time()
+        r = launcher_search(cluster, model, dataclasses.replace(space, stage_data_parallel=on), pred)
+        cpu[on].append(time.process_time() - t0)
+    off, on = min(cpu[False]), min(cpu[True])
+    print(f"{cname} / {mname}: search {off:.2f} CPU s without, {on:.2f} with (ratio {on / off:.2f}x); pick "
+          f"{r.chosen.iteration_time_ms:,.0f} ms, dp {dp_text(plan_to_dict(r.chosen.plan))}", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=150)
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--time", nargs="+", metavar="CLUSTER", help="only the search-time ratio on these clusters")
     args = ap.parse_args()
+    if args.time:
+        for cname in args.time:
+            timing(cname)
+        return
     for cname, mname in SIDE_BY_SIDE:
         side_by_side(cname, mname)
     for cname, mname in CASES:

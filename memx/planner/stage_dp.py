@@ -34,6 +34,7 @@ schedule.Pipeline.fixed_ms.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 
 import numpy as np
@@ -57,8 +58,14 @@ from memx.planner.tables import StageContext
 def contexts(plan: Plan, ctxs: tuple[StageContext, ...]) -> tuple[StageContext, ...]:
     """The plan's stage contexts at each stage's per-rank micro batch b_s and, with the distributed optimizer,
     its dp_s optimizer shards (module docstring)."""
-    return tuple(dataclasses.replace(c, micro_batch=b, dp=d if c.distributed_optimizer else 1)
+    return tuple(_at_rank(c, b, d if c.distributed_optimizer else 1)
                  for c, b, d in zip(ctxs, stage_micro_batches(plan), stage_dps(plan), strict=True))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _at_rank(ctx: StageContext, micro_batch: int, dp: int) -> StageContext:
+    """A context at a per-rank micro batch and optimizer shards (a search asks for the same few thousand often)."""
+    return dataclasses.replace(ctx, micro_batch=micro_batch, dp=dp)
 
 
 def boundary(cluster: Cluster, plan: Plan, where: list[list[int]], s: int) -> tuple[int, int, float, float]:

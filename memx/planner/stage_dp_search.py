@@ -9,15 +9,15 @@ enumerated here: those with one dp are today's space, which the batched engine s
 
 Scoring stays outside the batched engine (memx.planner.tables / bounds / prepared know one dp and one micro
 batch per layout): one predictor call for every (stage context, layers, recompute option) row of every layout
-(contexts repeat across layouts and are predicted once), then per stage and layer count the fastest recompute
-option whose point margin clears `margin_floor` (else the fastest that fits: the paper's step 1, §3.1.1), and
-per layout the layer split minimising (m − 1) · max_s t_s + Σ_s t_s exactly, by a bottleneck-threshold dynamic
-programme: for each candidate bottleneck τ (every tabled stage time), the least Σ_s t_s over splits whose
-stages all take ≤ τ (a min-plus pass per stage over the layer counts). The best few splits of every layout are
-re-scored by `estimate_plans` — the closed form of memx.planner.stage_dp, the same as `memx evaluate` — and the
-best plan (clears the floor, then fastest: replica_search._better) replaces the pick when it beats it. Not
-exhaustive over recomputation (no step-2 refinement) nor over the tail term in the split (it is in the
-re-score); the bench (bench/stage_dp.py) reports what it finds on the Metis side-by-side problem.
+(contexts repeat across layouts and are predicted once). The search is exact for the floor-then-fastest rule
+(replica_search._better; docs/planner.md §Data parallel per stage): first the fastest plan whose every stage
+clears `margin_floor` (at the upper memory bound where the predictor gives one), then, only when none does, the
+fastest that fits. With T = (m − 1)·max_s t_s + Σ_s t_s + fixed + max_s tail_s (memx.planner.stage_dp), per layout
+the compute part's least value over splits is found by a bottleneck-threshold dynamic programme (`best_splits`:
+for each candidate bottleneck τ the least Σ_s t_s over splits whose stages all take ≤ τ), each stage's option the
+fastest eligible one at its layer count, and the tail term by an ε-constraint walk over the largest tail
+(`_layout_best`); layouts are visited in order of a lower bound and cut off by the best plan so far and by the
+incumbent (the uniform pick). tests/unit/test_stage_dp_exact.py checks it against full enumeration.
 """
 
 from __future__ import annotations
@@ -40,13 +40,10 @@ from memx.planner.objective import phi
 from memx.planner.predictions import params_per_rank
 from memx.planner.replica_search import _better
 from memx.planner.result import SearchResult, plan_key
-from memx.planner.schedule import iteration_time_ms, stage_tail_ms
+from memx.planner.schedule import AssemblyCalibration, assembly_of, blocking_transfers, iteration_time_ms, stage_tail_ms
 from memx.planner.signatures import predict_arrays, signature_columns
 from memx.planner.space import _effective, _ends_ok, gpu_subsets, subset_precisions, valid_tps
 from memx.planner.tables import decode_option, plan_contexts, stage_options
-
-KEEP_PER_LAYOUT = 2  # splits per layout tabled (the best bottleneck thresholds)
-RESCORED = 16  # candidates re-scored by estimate_plans, best tabled first
 
 
 def _meshes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: str) -> list[tuple[int, int, int]]:
@@ -95,37 +92,57 @@ def _probes(cluster, model, space, meshes, seq, precision) -> list[Plan]:
     return out
 
 
-@functools.lru_cache(maxsize=1 << 14)
-def _contexts(probe: Plan):
-    return stage_dp.contexts(probe, plan_contexts(probe))
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Rows:
+    """One stage context's predicted rows (every layer count n and recompute option code) and what depends on n."""
+
+    layers: np.ndarray  # (R,) n
+    codes: np.ndarray  # (R,) recompute option
+    time_ms: np.ndarray  # (R,)
+    static_mib: np.ndarray  # (R,)
+    params: np.ndarray  # (R,) parameters per rank at n layers
+    fits: np.ndarray  # (R,) peak ≤ capacity − reserve
+    margin: np.ndarray  # (R,) (capacity − peak) / capacity, the peak at the upper bound where given
+
+    def eligible(self, floor: float | None) -> np.ndarray:
+        """The rows that fit and, unless floor is None, whose margin clears it."""
+        return self.fits if floor is None else self.fits & (self.margin >= floor)
 
 
-def _tables(probes: list[Plan], model: ModelArch, space: SearchSpace, predictor, levels: tuple[str, ...]):
-    """{context: (time, peak, static, code) arrays over n = 0..L (n = 0 unused: inf)} from one predictor call."""
-    ctxs = list(dict.fromkeys(c for p in probes for c in _contexts(p)))
-    n_max = model.layers
-    rows = [(i, n, code) for i in range(len(ctxs)) for n in range(1, n_max + 1) for code in stage_options(n, levels)]
-    idx, layers, codes = (np.asarray(col, dtype=np.int64) for col in zip(*rows))
+def _tables(per_probe: list[tuple], model: ModelArch, space: SearchSpace, predictor, levels: tuple[str, ...],
+            cluster: Cluster) -> dict:
+    """{context: _Rows} for every stage context of `probes`, from one predictor call. A row's margin is taken at
+    max(upper bound, point peak) — the point peak where the predictor gives no interval
+    (memx.planner.estimate.upper_margins, the margin the pick compares)."""
+    ctxs = list(dict.fromkeys(c for pctx in per_probe for c in pctx))
+    pattern = [(n, code) for n in range(1, model.layers + 1) for code in stage_options(n, levels)]  # every context's
+    per_n, per_code = (np.asarray(col, dtype=np.int64) for col in zip(*pattern))
+    idx = np.repeat(np.arange(len(ctxs)), len(pattern))
+    layers, codes = np.tile(per_n, len(ctxs)), np.tile(per_code, len(ctxs))
     seq = space.seq_len or model.seq_len
     pred = predict_arrays(predictor, signature_columns(ctxs, layers, codes, idx, model, seq))
-    return ctxs, idx, layers, codes, pred
+    peak = pred["peak_mem_mib"]
+    high = pred.get("peak_mem_mib_high", np.full_like(peak, np.nan))
+    top = np.where(np.isnan(high), peak, np.maximum(high, peak))
+    out, edges = {}, np.searchsorted(idx, np.arange(len(ctxs) + 1))  # rows come context by context
+    for i, c in enumerate(ctxs):
+        r, cap = np.arange(edges[i], edges[i + 1]), cluster.gpu(c.gpu).memory_mib
+        fits = peak[r] <= cap - space.reserve_gib * 1024.0
+        params = np.asarray(params_per_rank(c, np.arange(model.layers + 1), model), dtype=np.float64)
+        out[c] = _Rows(layers=layers[r], codes=codes[r], time_ms=pred["time_ms"][r], static_mib=pred["static_mem_mib"][r],
+                       params=params[layers[r]], fits=fits, margin=(cap - top[r]) / cap)
+    return out
 
 
-def _choose(cap_mib: float, reserve_mib: float, floor: float, t, peak, static, codes, layers, n_max: int):
-    """Per layer count, the fastest option clearing the floor (else the fastest that fits): (time, peak, static,
-    code) over n = 0..n_max (inf time where nothing fits)."""
-    best_t, best_p, best_s = (np.full(n_max + 1, np.inf) for _ in range(3))
-    best_c = np.zeros(n_max + 1, np.int64)
-    fits = peak <= cap_mib - reserve_mib
-    clears = fits & ((cap_mib - peak) / cap_mib >= floor)
-    for n in range(1, n_max + 1):
-        at = layers == n
-        for ok in (clears & at, fits & at):
-            if ok.any():
-                j = np.flatnonzero(ok)[np.argmin(t[ok])]
-                best_t[n], best_p[n], best_s[n], best_c[n] = t[j], peak[j], static[j], codes[j]
-                break
-    return best_t, best_p, best_s, best_c
+def _fastest(rows: _Rows, ok: np.ndarray, n_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer count n = 0..n_max, the least time over the rows `ok` and that row (inf / -1 where none)."""
+    t, arg = np.full(n_max + 1, np.inf), np.full(n_max + 1, -1)
+    r = np.flatnonzero(ok)
+    if r.size:
+        r = r[np.lexsort((rows.time_ms[r], rows.layers[r]))]  # by n, then time: the first row of each n is its fastest
+        first = r[np.r_[True, rows.layers[r][1:] != rows.layers[r][:-1]]]
+        t[rows.layers[first]], arg[rows.layers[first]] = rows.time_ms[first], first
+    return t, arg
 
 
 def best_splits(t: np.ndarray, m: int, total: int, keep: int, bound: float = np.inf) -> list[tuple[int, ...]]:
@@ -167,73 +184,169 @@ def best_splits(t: np.ndarray, m: int, total: int, keep: int, bound: float = np.
     return out
 
 
-def candidates(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor,
-               levels: tuple[str, ...] | None = None, bound: float = np.inf) -> tuple[list[Plan], int]:
-    """The per-stage-dp plans to re-score (the RESCORED best by their tabled iteration time, those that clear the
-    floor first; only splits whose compute part (m − 1)·max t + Σ t is below `bound`) and the layouts enumerated."""
-    levels = levels or space.recompute_levels
+def _lower_bounds(t: np.ndarray, m: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lower bounds on (m − 1)·max_s t_s + Σ_s t_s over the splits of layouts of one depth (t: (G, pp, total + 1)),
+    as its two terms. The bottleneck is at least every stage's fastest and at least the least τ at which the stages
+    can hold every layer: stage s holds at most #{n ≥ 1 : g_s(n) ≤ τ} layers, g_s(n) = min_{n' ≥ n} t[s, n'] (non-
+    decreasing in n), so that τ is the total-th smallest g over all stages and counts. Each stage takes at least its
+    fastest (`least_sum` is the sharper, dearer sum bound)."""
+    low = t[:, :, 1:].min(axis=2)  # (G, pp)
+    g = np.minimum.accumulate(t[:, :, :0:-1], axis=2)  # suffix minima over n = total..1
+    flat = g.reshape(len(t), -1)
+    tau = np.partition(flat, total - 1, axis=1)[:, total - 1] if flat.shape[1] >= total else np.full(len(t), np.inf)
+    with np.errstate(invalid="ignore"):  # inf · 0 where m = 1
+        part = np.where(m > 1, (m - 1) * np.maximum(tau, low.max(axis=1)), 0.0)
+    ok = np.isfinite(low).all(axis=1) & np.isfinite(tau)
+    return np.where(ok, part, np.inf), np.where(ok, low.sum(axis=1), np.inf)
+
+
+@functools.lru_cache(maxsize=8)
+def _shifts(total: int) -> tuple[np.ndarray, np.ndarray]:
+    """For every (l, n): the index l − n and 0 where n ≤ l, else 0 and inf (a min-plus step's gather)."""
+    l, n = np.arange(total + 1)[:, None], np.arange(total + 1)[None, :]
+    return np.where(n <= l, l - n, 0), np.where(n <= l, 0.0, np.inf)
+
+
+def least_sum(t: np.ndarray, total: int) -> float:
+    """The least Σ_s t[s, n_s] over splits (n_s ≥ 1, Σ n_s = total) with no bottleneck limit: one min-plus pass per
+    stage; a lower bound on the Σ term of any split."""
+    src, blocked = _shifts(total)
+    cost = t.copy()
+    cost[:, 0] = np.inf  # every stage holds at least one layer
+    least = np.full(total + 1, np.inf)
+    least[0] = 0.0
+    for row in cost:
+        least = (least[src] + blocked + row[None, :]).min(axis=1)
+    return float(least[total])
+
+
+class _Layout:
+    """One probe's stages in a phase: each stage's rows, eligible rows and tail per row (the optimizer step and
+    T_dp over its own dp_s ring, memx.planner.stage_dp), and the plan's fixed Σ 2·p2p + overhead."""
+
+    def __init__(self, probe: Plan, rows: list[_Rows], ok: list[np.ndarray], cluster: Cluster, model: ModelArch,
+                 assembly: AssemblyCalibration, tails: dict):
+        self.probe, self.rows, self.ok = probe, rows, ok
+        where = place_stage_groups(probe, cluster)
+        ring = stage_dp.dp_ring_gbps(cluster, probe, where)
+        self.tail = [_tail(r, probe, st, dp, float(bw), cluster, assembly, tails)
+                     for r, st, dp, bw in zip(rows, probe.stages, stage_dps(probe), ring)]
+        self.fixed_ms = (assembly.comm_scale * stage_dp.p2p_total_ms(cluster, probe, model, where) + assembly.overhead_ms
+                         + assembly.p2p_per_transfer_ms * blocking_transfers(probe.pp, probe.micro_batches))
+        # no split has a smaller largest tail: every stage holds some eligible row
+        self.tail_floor = max(float(tl[o].min()) for tl, o in zip(self.tail, ok))
+
+    def table(self, below: float, n_max: int) -> tuple[np.ndarray, np.ndarray]:
+        """(pp, n_max + 1) least stage times over the eligible rows whose tail is < `below`, and their rows."""
+        got = [_fastest(r, o & (tl < below), n_max) for r, o, tl in zip(self.rows, self.ok, self.tail)]
+        return np.stack([t for t, _ in got]), np.stack([a for _, a in got])
+
+    def plan(self, split: tuple[int, ...], arg: np.ndarray) -> tuple[Plan, float, float]:
+        """(plan, compute part + fixed, its largest tail) of a split with the rows `arg` chose."""
+        picked = [int(arg[s, n]) for s, n in enumerate(split)]
+        stages = tuple(dataclasses.replace(st, layers=n, **_recompute(int(r.codes[j]), n))
+                       for st, r, n, j in zip(self.probe.stages, self.rows, split, picked))
+        t = np.array([r.time_ms[j] for r, j in zip(self.rows, picked)])
+        tail = max(float(tl[j]) for tl, j in zip(self.tail, picked))
+        return dataclasses.replace(self.probe, stages=stages), float(iteration_time_ms(
+            t[:, None], self.probe.micro_batches, self.fixed_ms, np.zeros((len(t), 1)))[0]), tail
+
+
+def _tail(rows: _Rows, probe: Plan, stage: Stage, dp: int, ring_gbps: float, cluster: Cluster,
+          assembly: AssemblyCalibration, cache: dict) -> np.ndarray:
+    """Per row, the stage's tail (optimizer step + T_dp over its dp ranks: schedule.stage_tail_ms), cached per
+    context, ring and dp."""
+    key = (id(rows), ring_gbps, dp)
+    if key not in cache:
+        gpu, k = cluster.gpu(stage.gpu), rows.layers.size
+        cache[key] = stage_tail_ms(rows.static_mib[:, None], rows.params[:, None], np.full(k, gpu.memory_bandwidth_gbps),
+                                   np.full(k, ring_gbps), distributed_optimizer=probe.distributed_optimizer, dp=dp,
+                                   precision=probe.precision, comm_scale=assembly.comm_scale)[:, 0]
+    return cache[key]
+
+
+def _layout_best(lay: _Layout, n_max: int, best: float) -> tuple[Plan, float] | None:
+    """The fastest plan of one layout over its eligible rows if it is faster than `best`, exactly: the tail term
+    max_s tail_s is handled by the ε-constraint walk (docs/planner.md §Data parallel per stage): the least
+    compute part C_k = (m − 1)·max t + Σ t among splits whose rows all have tail < σ_k (σ_0 = ∞) is found by the
+    bottleneck programme (`best_splits`), its plan's largest tail becomes σ_{k+1}; every split whose largest tail lies
+    in [σ_{k+1}, σ_k) takes at least C_k + that tail, so the walk misses none, and it stops once
+    C_k + fixed + the least reachable largest tail cannot beat `best`."""
+    m, found, below = lay.probe.micro_batches, None, np.inf
+    while True:
+        t, arg = lay.table(below, n_max)
+        splits = best_splits(t, m, n_max, keep=1, bound=best - lay.fixed_ms - lay.tail_floor)
+        if not splits:
+            return found
+        plan, compute, tail = lay.plan(splits[0], arg)
+        if compute + tail < best:
+            found, best = (plan, compute + tail), compute + tail
+        if compute + lay.tail_floor >= best:
+            return found
+        below = tail
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Space:
+    """The per-stage-dp space of one recompute level set: its probes and each probe's stage rows."""
+
+    probes: list[Plan]
+    rows: list[list[_Rows]]
+
+
+def _space(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, levels: tuple[str, ...]) -> _Space:
     probes = layouts(cluster, model, space)
-    if not probes:
-        return [], 0
-    ctxs, idx, layers, codes, pred = _tables(probes, model, space, predictor, levels)
-    chosen = {}
-    for i, c in enumerate(ctxs):
-        rows, gpu = np.flatnonzero(idx == i), cluster.gpu(c.gpu)
-        chosen[c] = (*_choose(gpu.memory_mib, space.reserve_gib * 1024.0, space.margin_floor, pred["time_ms"][rows],
-                              pred["peak_mem_mib"][rows], pred["static_mem_mib"][rows], codes[rows], layers[rows],
-                              model.layers),
-                     np.asarray(params_per_rank(c, np.arange(model.layers + 1), model), dtype=np.float64))
-    tables = [(probe, _contexts(probe)) for probe in probes]
-    tables = [(probe, pctx, np.stack([chosen[c][0] for c in pctx])) for probe, pctx in tables]
-    low = [_lower_bound(t, probe.micro_batches, model.layers) for probe, _, t in tables]
-    scored: list[tuple[tuple[bool, float], Plan]] = []
-    for i in np.argsort(low, kind="stable"):  # most promising first; stop where none can enter the kept set
-        probe, pctx, t = tables[i]
-        kept = sorted(sc for sc, _ in scored if not sc[0])[:RESCORED]
-        cut = min(bound, kept[-1][1]) if len(kept) == RESCORED else bound
-        if low[i] >= cut:
+    per_probe = [stage_dp.contexts(p, plan_contexts(p)) for p in probes]
+    tables = _tables(per_probe, model, space, predictor, levels, cluster) if probes else {}
+    return _Space(probes=probes, rows=[[tables[c] for c in pctx] for pctx in per_probe])
+
+
+def _fastest_in(sp: _Space, cluster: Cluster, model: ModelArch, predictor, floor: float | None,
+                bound: float) -> tuple[Plan | None, float]:
+    """The fastest plan of `sp` faster than `bound` whose every stage clears `floor` (fits, where floor is None),
+    and its tabled iteration time: exact over its layouts, splits and recompute options (`_layout_best`)."""
+    unique = {id(r): r for rs in sp.rows for r in rs}.values()
+    ok = {id(r): r.eligible(floor) for r in unique}
+    fastest = {id(r): _fastest(r, ok[id(r)], model.layers)[0] for r in unique}
+    tables = [np.stack([fastest[id(r)] for r in rs]) for rs in sp.rows]
+    part, low = np.full(len(tables), np.inf), np.full(len(tables), np.inf)
+    for pp in {p.pp for p in sp.probes}:
+        at = np.flatnonzero([p.pp == pp for p in sp.probes])
+        part[at], rest = _lower_bounds(np.stack([tables[i] for i in at]),
+                                       np.array([sp.probes[i].micro_batches for i in at]), model.layers)
+        low[at] = part[at] + rest
+    assembly, tails, found = assembly_of(predictor), {}, None
+    slack = min(0.0, assembly.overhead_ms)  # the fixed term's least value (Σ 2·p2p and the tails are ≥ 0)
+    for i in np.argsort(low, kind="stable"):  # most promising first: no later layout's bound is smaller
+        if low[i] + slack >= bound:
             break
-        splits = best_splits(t, probe.micro_batches, model.layers, KEEP_PER_LAYOUT, cut)
-        links = _links(probe, cluster, model) if splits else None
-        for split in splits:
-            stages = tuple(dataclasses.replace(st, layers=n, **_recompute(int(chosen[c][3][n]), n))
-                           for st, c, n in zip(probe.stages, pctx, split))
-            plan = dataclasses.replace(probe, stages=stages)
-            scored.append((_tabled(plan, [chosen[c] for c in pctx], split, links, cluster, space), plan))
-    scored.sort(key=lambda x: x[0])
-    return [p for _, p in scored[:RESCORED]], len(probes)
+        sharper = part[i] + least_sum(tables[i], model.layers)
+        if sharper + slack >= bound:
+            continue
+        lay = _Layout(sp.probes[i], sp.rows[i], [ok[id(r)] for r in sp.rows[i]], cluster, model, assembly, tails)
+        got = _layout_best(lay, model.layers, bound) if sharper + lay.fixed_ms + lay.tail_floor < bound else None
+        if got is not None:
+            found, bound = got
+    return found, bound
 
 
-def _lower_bound(t: np.ndarray, m: int, total: int) -> float:
-    """A lower bound on (m − 1)·max_s t_s + Σ_s t_s over a layout's splits: the bottleneck is at least the least τ
-    at which the stages can hold every layer (stage s at most max{n : t[s, n] ≤ τ}), and each stage takes at least
-    its fastest."""
-    low = t[:, 1:].min(axis=1)
-    taus = np.unique(t[np.isfinite(t)])
-    if not np.isfinite(low).all() or taus.size == 0:
-        return np.inf
-    n = np.arange(t.shape[1])
-    hold = (n[None, None, :] * (t[:, None, :] <= taus[None, :, None])).max(axis=2).sum(axis=0)  # (τ,)
-    ok = np.flatnonzero(hold >= total)
-    return np.inf if ok.size == 0 else float((m - 1) * max(taus[ok[0]], low.max()) + low.sum())
-
-
-def _links(probe: Plan, cluster: Cluster, model: ModelArch) -> tuple[float, np.ndarray]:
-    """(Σ 2·p2p ms, each stage's dp ring GB/s) of a layout: they do not depend on its layer split."""
-    where = place_stage_groups(probe, cluster)
-    return stage_dp.p2p_total_ms(cluster, probe, model, where), stage_dp.dp_ring_gbps(cluster, probe, where)
-
-
-def _tabled(plan: Plan, tables, split, links, cluster: Cluster, space: SearchSpace) -> tuple[bool, float]:
-    """(below the floor, iteration time) of a candidate from the tables (memx.planner.stage_dp's assembly)."""
-    t, peak, static, _, params = (np.array([tb[k][n] for tb, n in zip(tables, split)]) for k in range(5))
-    caps = np.array([cluster.gpu(st.gpu).memory_mib for st in plan.stages])
-    tail = stage_tail_ms(static[:, None], params[:, None], [cluster.gpu(st.gpu).memory_bandwidth_gbps for st in plan.stages],
-                         links[1], distributed_optimizer=plan.distributed_optimizer,
-                         dp=np.asarray(stage_dps(plan), dtype=np.float64)[:, None], precision=plan.precision,
-                         comm_scale=1.0)
-    T = iteration_time_ms(t[:, None], plan.micro_batches, links[0], tail)[0]
-    return (bool(np.min((caps - peak) / caps) < space.margin_floor), float(T))
+def floor_then_fastest(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor,
+                       level_sets: tuple[tuple[str, ...], ...], *, clear_below: float = np.inf,
+                       fit_below: float = np.inf) -> tuple[Plan | None, int]:
+    """The best plan of the per-stage-dp space under the floor-then-fastest rule (replica_search._better) against an
+    incumbent, and the layouts enumerated: the fastest plan whose stages all clear `margin_floor` and that is faster
+    than `clear_below`; when none exists, the fastest plan that fits and is faster than `fit_below` (−inf: none
+    wanted, the incumbent clears the floor). Exact over every level set's layouts, splits and recompute options."""
+    spaces = [_space(cluster, model, space, predictor, tuple(levels)) for levels in level_sets]
+    n = sum(len(sp.probes) for sp in spaces)
+    for floor, below in ((space.margin_floor, clear_below), (None, fit_below)):
+        found = None
+        for sp in spaces:
+            plan, below = _fastest_in(sp, cluster, model, predictor, floor, below)
+            found = plan or found
+        if found is not None:
+            return found, n
+    return None, n
 
 
 def _recompute(code: int, n: int) -> dict:
@@ -245,15 +358,13 @@ def with_stage_dp(result: SearchResult, cluster: Cluster, model: ModelArch, spac
                   level_sets: tuple[tuple[str, ...], ...]) -> SearchResult:
     """`result` with the best per-stage-dp plan as its pick when it beats the pick (floor first, then time)."""
     t0 = time.perf_counter()
-    plans, n_layouts = [], 0
     pick_high = result.margins_high.get(plan_key(result.chosen.plan), result.chosen.min_margin)
-    # only a faster plan can replace a pick that clears the floor (replica_search._better)
-    bound = result.chosen.iteration_time_ms if pick_high >= space.margin_floor else np.inf
-    for levels in level_sets:
-        got, n = candidates(cluster, model, space, predictor, levels, bound)
-        plans, n_layouts = plans + got, n_layouts + n
-    timings = {**result.timings, "stage_dp_layouts": float(n_layouts), "stage_dp_plans": float(len(plans))}
-    best = _best(_estimated(plans, cluster, model, predictor, space), model, predictor, space)
+    # a pick that clears the floor yields only to a faster plan that clears it too (replica_search._better)
+    t_pick, clears = result.chosen.iteration_time_ms, pick_high >= space.margin_floor
+    plan, n_layouts = floor_then_fastest(cluster, model, space, predictor, level_sets,
+                                         clear_below=t_pick if clears else np.inf, fit_below=-np.inf if clears else t_pick)
+    timings = {**result.timings, "stage_dp_layouts": float(n_layouts), "stage_dp_plans": float(plan is not None)}
+    best = _best(_estimated([plan] if plan else [], cluster, model, predictor, space), model, predictor, space)
     timings["stage_dp_s"] = time.perf_counter() - t0
     if best is None:
         return dataclasses.replace(result, timings=timings)
@@ -284,8 +395,8 @@ def _best(est: list[PlanMetrics], model: ModelArch, predictor, space: SearchSpac
 
 def search_stage_dp(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor) -> tuple[PlanMetrics, float]:
     """The best per-stage-dp plan alone (the bench's side of the comparison); InfeasibleError when none fits."""
-    plans, _ = candidates(cluster, model, space, predictor)
-    best = _best(_estimated(plans, cluster, model, predictor, space), model, predictor, space)
+    plan, _ = floor_then_fastest(cluster, model, space, predictor, (space.recompute_levels,))
+    best = _best(_estimated([plan] if plan else [], cluster, model, predictor, space), model, predictor, space)
     if best is None:
         raise InfeasibleError("no feasible plan with a per-stage data-parallel degree")
     return best

@@ -37,7 +37,7 @@ from memx.planner.objective import EPSILON_MIB2, log_score, parse_weights
 from memx.planner.replica_search import search_replicas
 from memx.planner.result import SearchResult
 from memx.planner.search import search
-from memx.planner.stage_dp_search import candidates as stage_dp_candidates
+from memx.planner.stage_dp_search import floor_then_fastest
 from memx.planner.signatures import StagePredictor
 
 MemoryModel = Callable[[pd.DataFrame], pd.DataFrame]  # sigs → DataFrame(peak_mem_mib, static_mem_mib)
@@ -240,8 +240,10 @@ class Planner:
         best = None
         for levels in sets:
             sp = dataclasses.replace(space, recompute_levels=tuple(levels), **self.job_options(space))
-            plans, _ = stage_dp_candidates(cluster, model, sp, pred, tuple(levels), cands[0].iteration_time_ms)
-            for e in estimate_plans(plans, cluster, model, pred, reserve_gib=space.reserve_gib) if plans else []:
+            # its time objective: the fastest plan that fits (no floor), faster than the incumbent
+            plan, _ = floor_then_fastest(cluster, model, sp, pred, (tuple(levels),), clear_below=-np.inf,
+                                         fit_below=cands[0].iteration_time_ms)
+            for e in estimate_plans([plan], cluster, model, pred, reserve_gib=space.reserve_gib) if plan else []:
                 if e.feasible and (best is None or e.iteration_time_ms < best.iteration_time_ms):
                     best = e
         return [best, *cands] if best is not None and best.iteration_time_ms < cands[0].iteration_time_ms else cands
