@@ -1,8 +1,8 @@
 """A data-parallel degree per stage (issue #27): MemX with and without `stage_data_parallel` on Metis' side-by-side
 problem, the closed form against the virtual cluster on random per-stage-dp plans, and the search time ratio.
 
-Side by side: 4 × A100-80G + 12 × V100-32G (conf/clusters/a100-v100-16.yaml) / llama2-7b (Metis' problem), and
-h100-h20-16 / llama2-7b, conf/search/default.yaml
+Side by side: 4 × A100-80G + 12 × V100-32G (conf/clusters/a100-v100-16.yaml) / llama2-7b (Metis' problem), h100-h20-16 and
+/ llama2-7b and v100-t4-6 / llama-6l, conf/search/default.yaml
 with `stage_data_parallel` false (today's space) and true (the opt-in per-stage-dp space beside it), both
 through memx.planner.launcher.launcher_search (what `memx plan` runs) with the runtime-aware closed form; each
 pick simulated on the virtual cluster (memx.simulator.simulate_plan, 3 seeds). Also the best per-stage-dp plan on
@@ -46,7 +46,7 @@ from memx.simulator import draw_plans, simulate_plan  # noqa: E402
 
 from bench.interleave import errors  # noqa: E402  (the accuracy figures of issue #27's other benches)
 
-SIDE_BY_SIDE = (("a100-v100-16", "llama2-7b"), ("h100-h20-16", "llama2-7b"))
+SIDE_BY_SIDE = (("a100-v100-16", "llama2-7b"), ("h100-h20-16", "llama2-7b"), ("v100-t4-6", "llama-6l"))
 CASES = (("a100-v100-16", "llama2-7b"), ("h100-h20-16", "llama2-7b"), ("a100-t4-16", "llama2-7b"))
 
 

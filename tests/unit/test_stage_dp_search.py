@@ -16,6 +16,7 @@ from memx.domain.stage_dp import has_stage_dp, stage_dps
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import estimate_plans
 from memx.planner.launcher import _launcher_search, launcher_search
+from memx.planner.pick import dominates
 from memx.planner.stage_dp_search import best_splits, layouts, search_stage_dp
 from memx.report.flagscale import render_flagscale
 from memx.report.megatron import megatron_launchable
@@ -72,15 +73,23 @@ def test_search_stage_dp_returns_a_valid_plan_its_estimate_scores():
     assert estimate_plans([m.plan], cluster, model, pred)[0].iteration_time_ms == m.iteration_time_ms
 
 
-@pytest.mark.slow
-def test_opt_in_pick_is_per_stage_dp_where_faster_and_default_is_unchanged():
-    cluster, model, space = load_cluster("h100-h20-16"), load_model("llama2-7b"), load_search("small")
+def test_opt_in_plan_joins_the_candidates_and_the_pick_rule_decides():
+    """v100-t4-6 / gpt2-1024: a per-stage-dp plan is the fastest above the floor. With the option off the space and
+    pick are today's; on, the plan joins the kept candidates and each rule picks from them all: the fastest-above-
+    floor pick is that plan, and a balanced-front pick is never one it dominates (ties on both do not dominate)."""
+    cluster, model, space = load_cluster("v100-t4-6"), load_model("gpt2-1024"), load_search("small")
     pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
-    off = launcher_search(cluster, model, space, pred)
-    assert off.chosen.plan == _launcher_search(cluster, model, space, pred).chosen.plan and not has_stage_dp(off.chosen.plan)
-    on = launcher_search(cluster, model, dataclasses.replace(space, stage_data_parallel=True), pred)
+    fast = dataclasses.replace(space, pick_rule="fastest-above-floor")
+    off = launcher_search(cluster, model, fast, pred)
+    assert off.chosen.plan == _launcher_search(cluster, model, fast, pred).chosen.plan and not has_stage_dp(off.chosen.plan)
+    on = launcher_search(cluster, model, dataclasses.replace(fast, stage_data_parallel=True), pred)
     assert has_stage_dp(on.chosen.plan) and on.chosen.iteration_time_ms < off.chosen.iteration_time_ms
-    assert on.chosen.min_margin >= space.margin_floor
+    assert on.chosen.min_margin >= space.margin_floor and any(has_stage_dp(c.plan) for c in on.pareto)
+    bal = launcher_search(cluster, model, dataclasses.replace(space, pick_rule="balanced-front", stage_data_parallel=True),
+                          pred)
+    psdp = next(c for c in bal.safe if has_stage_dp(c.plan))
+    assert psdp.iteration_time_ms == pytest.approx(on.chosen.iteration_time_ms)
+    assert not dominates(psdp, bal.chosen, lambda m: m.min_margin)
 
 
 def test_flagscale_carries_per_mesh_dp_and_megatron_refuses():
