@@ -56,7 +56,7 @@ GPUS_PER_NODE = 8
 def load_data(path: Path = DATA) -> dict:
     import yaml
 
-    return yaml.safe_load(path.read_text())
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def padded_vocab(a: Mapping[str, Any]) -> int:
@@ -87,11 +87,10 @@ def model_of(name: str, a: Mapping[str, Any]) -> ModelArch:
 
 
 def dgx_cluster(gpu: GpuType, gpus: int) -> Cluster:
-    nodes = max(1, gpus // GPUS_PER_NODE)
     nic = DGX_NIC_GBPS[gpu.name]
+    node = Node(gpu=gpu, count=min(gpus, GPUS_PER_NODE), nic_bandwidth_gbps=nic, gpus_per_nic=1)
     return Cluster(name=f"dgx-{gpu.name}-{gpus}", inter_node_bandwidth_gbps=nic,
-                   nodes=tuple(Node(gpu=gpu, count=min(gpus, GPUS_PER_NODE), nic_bandwidth_gbps=nic, gpus_per_nic=1)
-                               for _ in range(nodes)))
+                   nodes=(node,) * max(1, gpus // GPUS_PER_NODE))
 
 
 def global_batch(a: Mapping[str, Any]) -> int:
@@ -130,6 +129,11 @@ def fused_attention(a: Mapping[str, Any]) -> bool:
 
 
 @lru_cache(maxsize=8)
+def _gpu(name: str) -> GpuType:
+    return load_gpu(name)
+
+
+@lru_cache(maxsize=8)
 def _profile(gpu: str, vendor: str, fused: bool) -> RuntimeProfile:
     """The GPU's runtime entry with only what torch.cuda.max_memory_allocated counts: no driver reserve, CUDA
     context, communicator buffers nor allocator overhead (those lie outside allocated bytes; as in
@@ -140,7 +144,7 @@ def _profile(gpu: str, vendor: str, fused: bool) -> RuntimeProfile:
 
 def case_inputs(case: Mapping[str, Any], gpus: int | None = None):
     """(plan, cluster, model, predictor) of one case; `gpus` overrides the case's GPU count (infer_dp)."""
-    a, gpu = case["args"], load_gpu(case["gpu"])
+    a, gpu = case["args"], _gpu(case["gpu"])
     n = gpus or case["gpus"]
     model = model_of(case["case"].split("/")[-1].replace("_", "-")[:60], a)
     cluster = dgx_cluster(gpu, n)
@@ -149,11 +153,21 @@ def case_inputs(case: Mapping[str, Any], gpus: int | None = None):
     return plan_of(a, model, cluster, gpu, n), cluster, model, predictor
 
 
+_INFERRED: dict[tuple[str, str], list[tuple[int, float]]] = {}
+
+
 def infer_dp(case: Mapping[str, Any], max_gpus: int = 1024) -> list[tuple[int, float]]:
     """For a case whose GPU count is not published: every (GPU count, predicted / measured static bytes of the last
     stage) Megatron would start — dp·tp·pp·cp GPUs in whole nodes, ep dividing dp·cp, the global batch a multiple
     of dp·micro batch (megatron/training/arguments.py) — best first. mem-allocated-bytes after an iteration is the
     weights, gradients and optimizer state (activations are freed), which the data-parallel size shards."""
+    key = (case["case"], case["golden"])
+    if key not in _INFERRED:
+        _INFERRED[key] = _candidates(case, max_gpus)
+    return _INFERRED[key]
+
+
+def _candidates(case: Mapping[str, Any], max_gpus: int) -> list[tuple[int, float]]:
     a = case["args"]
     per_replica = int(a.get("tensor-model-parallel-size", 1)) * int(a.get("pipeline-model-parallel-size", 1)) \
         * int(a.get("context-parallel-size", 1))
@@ -209,13 +223,13 @@ class Row(NamedTuple):
         return self.mem_pred_gb / self.mem_meas_gb - 1
 
 
-def evaluate(data: Mapping[str, Any], *, flat: bool = False) -> list[Row]:
-    """One Row per case whose GPU count is known (identified_gpus); `flat`: the earlier flat closed form
-    (AnalyticStageModel runtime="none") instead of the runtime-aware one."""
+def evaluate(data: Mapping[str, Any], *, flat: bool = False, scale: str | None = None) -> list[Row]:
+    """One Row per case whose GPU count is known (identified_gpus), of `scale` (full / proxy) or all; `flat`: the
+    earlier flat closed form (AnalyticStageModel runtime="none") instead of the runtime-aware one."""
     rows = []
     for case in data["cases"]:
         n = identified_gpus(case)
-        if n is None:
+        if n is None or scale not in (None, case["scale"]):
             continue
         plan, cluster, model, predictor = case_inputs(case, n)
         if flat:
