@@ -20,7 +20,8 @@ pytest.importorskip("yaml")
 import megatron_golden as mg  # noqa: E402  (same folder: pytest puts it on sys.path)
 
 # group: (cases, time MAPE bound, memory MAPE bound); measured (session 4): time 15.1 / 19.2 / 12.9 % and memory
-# 0.7 / 2.6 / 1.4 % for the full-size groups; the proxies' time 63 / 62 / 86 / 86 %, memory 7.5 / 7.4 / 15 / 11 %
+# 0.7 / 2.6 / 1.4 % for the full-size groups; the proxies' time 63 / 62 / 86 / 86 %, memory 7.5 / 7.4 / 15 / 3.3 %
+# (moe/proxy memory was 11.3 % before memx.planner.moe counted a GELU expert's two matrices instead of SwiGLU's three)
 BOUNDS = {
     "dense/full": (1, 0.20, 0.03),
     "interleaved/full": (1, 0.25, 0.05),
@@ -28,7 +29,7 @@ BOUNDS = {
     "dense/proxy": (10, 0.70, 0.10),
     "interleaved/proxy": (3, 0.70, 0.10),
     "cp/proxy": (4, 0.92, 0.20),
-    "moe/proxy": (10, 0.90, 0.14),
+    "moe/proxy": (10, 0.90, 0.05),
 }
 
 
