@@ -6,7 +6,7 @@ NVIDIA/Megatron-LM's functional tests, with the commit they were read at. `--ext
 from a clone (or a bare mirror) of NVIDIA/Megatron-LM: only the cases listed in SELECTED, each with the reason it
 was kept; docs/validation.md §Megatron-LM golden values says how they were chosen and which were dropped, why.
 
-Prediction (tests/validation/megatron_golden.py): each case becomes a MemX model, a DGX cluster and the given
+Prediction (tests/validation/megatron_cases.py): each case becomes a MemX model, a DGX cluster and the given
 plan, predicted by memx.planner.estimate.estimate_plans with the runtime-aware closed form; time against the
 iteration time, memory (allocator-only terms, as torch.cuda.max_memory_allocated counts them) against the last
 pipeline stage's peak (the rank Megatron logs). Prints per case predicted vs measured and the MAPE per kind.
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "validation"))
 
-import megatron_golden as mg  # noqa: E402  (tests/validation/megatron_golden.py: the one conversion)
+import megatron_cases as mg  # noqa: E402  (tests/validation/megatron_cases.py: the one conversion)
 
 CASES_DIR = "tests/functional_tests/test_cases"
 RECIPE_1N8G = "tests/test_utils/recipes/h100/{family}.yaml (spec: nodes 1, gpus 8; no per-case override)"
@@ -37,7 +37,7 @@ WARMUP_STEPS = 10  # logged steps ≤ 10 hold the first iterations' warm-up (all
 # (case, kind, scale, GPUs or None when the recipe is not public, why it was kept). "full": the model sizes of real
 # training jobs; "proxy": Megatron's 12-layer, 512-wide CI model, whose iteration is mostly framework overhead.
 # Release tests' recipes live in a private repository (.gitlab/stages/03.convergence-tests.yml at bf7b97888c:
-# megatron-lm-convergence-tests): their GPU count is inferred (tests/validation/megatron_golden.py: identified_gpus).
+# megatron-lm-convergence-tests): their GPU count is inferred (tests/validation/megatron_cases.py: identified_gpus).
 SELECTED = (
     ("gpt/gpt3_7b_tp4_pp1_memory_speed", "dense", "full", 8, "7B GQA model at seq 8192, tp 4, dp 2"),
     ("gpt/gpt3_15b_8t_release", "dense", "full", None, "Nemotron-4 15B, tp 8, dp not published"),

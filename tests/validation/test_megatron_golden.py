@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("yaml")
 
-import megatron_golden as mg  # noqa: E402  (same folder: pytest puts it on sys.path)
+import megatron_cases as mg  # noqa: E402  (same folder: pytest puts it on sys.path)
 
 # group: (cases, time MAPE bound, memory MAPE bound); measured (session 4): time 15.1 / 19.2 / 12.9 % and memory
 # 0.7 / 2.6 / 1.4 % for the full-size groups; the proxies' time 63 / 62 / 86 / 86 %, memory 7.5 / 7.4 / 15 / 3.3 %
@@ -75,7 +75,7 @@ def test_full_size_time_beats_the_flat_form(data, rows):
 
 def test_release_gpu_counts(data):
     """Release recipes are not public: a count is used only when one candidate's static bytes match the measured
-    mem-allocated-bytes within 5 % and no other within 10 % (megatron_golden.identified_gpus). Mixtral 8x7B and
+    mem-allocated-bytes within 5 % and no other within 10 % (megatron_cases.identified_gpus). Mixtral 8x7B and
     8x22B: 128 GPUs on both platforms (the expert state sharded over dp / ep tells dp apart); Nemotron-4 15B: its
     candidates 96–384 GPUs all lie within 10 % (tp 8 leaves only the 12/dp optimizer bytes to tell), left out."""
     got = {(c["case"].split("/")[-1], c["golden"]): mg.identified_gpus(c) for c in data["cases"] if not c["gpus"]}
