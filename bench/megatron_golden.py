@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -134,6 +135,23 @@ def report() -> None:
               f"(flat {old[g][2]:6.1%})")
 
 
+def report_table5() -> None:
+    """The second source, when ../shared/realdata is present: Korthikanti et al. 2022 Table 5 (time only)."""
+    papers = Path(os.environ.get("MEMX_REALDATA", REPO.parent / "shared" / "realdata")) / "papers"
+    if not papers.is_dir():
+        print(f"\nKorthikanti 2022 Table 5: {papers} not present, skipped")
+        return
+    cases = mg.korthikanti_table5_cases(papers)
+    rows, flat = mg.evaluate_time(cases), mg.evaluate_time(cases, flat=True)
+    print("\nKorthikanti et al. 2022 Table 5 (A100-80GB, dp 1): iteration time")
+    print(f"{'model':22s} {'mode':10s} {'kind':12s} {'pred s':>8s} {'meas s':>8s} {'err':>7s} {'flat':>7s}")
+    for (c, mode, kind, p, m), f in zip(rows, flat):
+        print(f"{c:22s} {mode:10s} {kind:12s} {p:8.3f} {m:8.3f} {p / m - 1:+7.1%} {f[3] / m - 1:+7.1%}")
+    mape = sum(abs(p / m - 1) for *_, p, m in rows) / len(rows)
+    mape_flat = sum(abs(p / m - 1) for *_, p, m in flat) / len(flat)
+    print(f"time MAPE {mape:.1%} (flat {mape_flat:.1%}), {len(rows)} cases")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--extract", type=Path, help="a clone or bare mirror of NVIDIA/Megatron-LM: rebuild the data file")
@@ -141,6 +159,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.extract is None:
         report()
+        report_table5()
         return
     import yaml
 

@@ -248,3 +248,41 @@ def mape_by_group(rows: list[Row]) -> dict[str, tuple[int, float, float]]:
         rs = [r for r in rows if r.group == g]
         out[g] = (len(rs), float(np.mean([abs(r.time_err) for r in rs])), float(np.mean([abs(r.mem_err) for r in rs])))
     return out
+
+
+def korthikanti_table5_cases(papers: Path) -> list[dict]:
+    """Korthikanti et al. 2022 Table 5 (end-to-end iteration time, A100-80GB, Megatron-LM; transcribed in
+    ../shared/realdata/papers) as cases of the form above: the Table 3 configuration (tp, pp, GPUs, global and
+    micro batch, seq 2048, vocab 51,200, interleaved stages) with full recomputation, and with sequence parallelism
+    + selective recomputation. GPT layers (GELU, ffn 4h, MHA, tied embeddings, dropout), attention without a
+    fused kernel (2022: Megatron's fused softmax, no FlashAttention); dp = GPUs / (tp·pp) = 1 everywhere."""
+    import pandas as pd
+
+    cfg = pd.read_csv(papers / "korthikanti2022_table3_configs.csv").set_index("model")
+    t5 = pd.read_csv(papers / "korthikanti2022_table5_end_to_end.csv").set_index("model")
+    out = []
+    for name, c in cfg.iterrows():
+        for mode, col in (("full", "iter_time_s_full_recompute"), ("selective", "iter_time_s_seqpar_selective")):
+            a = {"num-layers": int(c.layers), "hidden-size": int(c.hidden), "num-attention-heads": int(c.heads),
+                 "seq-length": int(c.seq), "vocab-size": int(c.vocab), "micro-batch-size": int(c.microbatch),
+                 "global-batch-size": int(c.global_batch), "tensor-model-parallel-size": int(c.tp),
+                 "pipeline-model-parallel-size": int(c.pp), "recompute-granularity": mode,
+                 "sequence-parallel": mode == "selective", "attention-backend": "unfused"}
+            if c.interleave_stages > 1:
+                a["num-layers-per-virtual-pipeline-stage"] = int(c.layers) // int(c.pp) // int(c.interleave_stages)
+            kind = "interleaved" if c.interleave_stages > 1 else "dense"
+            out.append({"case": f"korthikanti2022/{name}", "golden": mode, "kind": kind, "scale": "full",
+                        "gpu": "a100-80g", "gpus": int(c.gpus), "args": a, "iteration_time_s": float(t5.loc[name, col])})
+    return out
+
+
+def evaluate_time(cases: list[dict], *, flat: bool = False) -> list[tuple[str, str, str, float, float]]:
+    """(case, mode, kind, predicted s, measured s) of time-only cases (korthikanti_table5_cases)."""
+    out = []
+    for case in cases:
+        plan, cluster, model, predictor = case_inputs(case)
+        if flat:
+            predictor = dataclasses.replace(predictor, runtime="none")
+        m = estimate_plans([plan], cluster, model, predictor)[0]
+        out.append((case["case"], case["golden"], case["kind"], m.iteration_time_ms / 1e3, case["iteration_time_s"]))
+    return out
