@@ -9,7 +9,9 @@ was kept; docs/validation.md §Megatron-LM golden values says how they were chos
 Prediction (tests/validation/megatron_cases.py): each case becomes a MemX model, a DGX cluster and the given
 plan, predicted by memx.planner.estimate.estimate_plans with the runtime-aware closed form; time against the
 iteration time, memory (allocator-only terms, as torch.cuda.max_memory_allocated counts them) against the last
-pipeline stage's peak (the rank Megatron logs). Prints per case predicted vs measured and the MAPE per kind.
+pipeline stage's peak (the rank Megatron logs). Prints per case predicted vs measured and the MAPE per kind ×
+scale, beside the earlier flat closed form; then, where ../shared/realdata is present ($MEMX_REALDATA), the second
+source: Korthikanti et al. 2022 Table 5 iteration times (tests/validation/test_korthikanti2022_end_to_end.py).
 
 Usage: PYTHONPATH=. .venv/bin/python bench/megatron_golden.py
        PYTHONPATH=. .venv/bin/python bench/megatron_golden.py --extract /path/to/Megatron-LM(.git) [--out FILE]
