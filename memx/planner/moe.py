@@ -14,9 +14,10 @@ token takes (a token's k expert MLPs plus the shared one: per-token FLOPs = k ×
 the average tokens, and every rank waits for it in the combine). `adjust` then adds what a dense layer has not:
 
 - parameters: per rank, attention + norms + shared expert over tp, the router h·E (replicated over tp: its
-  weight is not tensor-parallel), and E/ep experts of 3·h·f_e over tp (SwiGLU: three matrices); the expert
-  weights' optimizer state is sharded over the expert dp group (dp / ep) with the distributed optimizer
-  (Megatron-LM dist_optimizer docs; ZeRO §5.1), the rest over dp (memx.planner.cost.static_bytes_per_param);
+  weight is not tensor-parallel), and E/ep experts of the model's MLP kind over tp (SwiGLU 3·h·f_e, GELU
+  2·h·f_e); the expert weights' optimizer state is sharded over the expert dp group (dp / ep) with the
+  distributed optimizer (Megatron-LM dist_optimizer docs; ZeRO §5.1), the rest over dp
+  (memx.planner.cost.static_bytes_per_param);
 - the gradient step: expert gradients reduced over dp / ep ranks, the rest over dp (`dp_params_per_rank`);
 - time per layer and micro batch: 4 all-to-alls (dispatch and combine, forward and backward; a fully
   recomputed layer repeats its forward 2), each rank sending λ·T·k·h·2 bytes · (ep − 1)/ep with T = b·s/tp
@@ -66,12 +67,14 @@ def dense_equivalent(model: ModelArch) -> ModelArch:
 
 def layer_params_split(model: ModelArch, tp, ep) -> tuple[np.ndarray, np.ndarray]:
     """(non-expert, expert) parameters of one MoE layer held by one rank: attention + norms + shared expert over
-    tp plus the router h·E; E/ep experts of 3·h·f_e over tp (expert tp = tp)."""
+    tp plus the router h·E; E/ep experts over tp (expert tp = tp). An expert is an MLP of the model's kind —
+    SwiGLU three h×f_e matrices, GELU two (memx.planner.cost.layer_params): Megatron-LM's experts double fc1 only
+    with `gated_linear_unit` (megatron/core/transformer/moe/experts.py, as mlp.py does for the dense MLP)."""
     h, t = float(model.hidden), np.asarray(tp, dtype=np.float64)
     attn_norms = layer_params(model.hidden, 0, model.heads, model.query_groups, model.mlp)
-    shared = 3.0 * h * (model.moe_shared_expert_ffn_hidden or 0)
+    shared = _mlp_params(model, model.moe_shared_expert_ffn_hidden or 0, 1)
     dense = (attn_norms + shared) / t + h * model.num_experts
-    expert = model.num_experts / np.asarray(ep, dtype=np.float64) * 3.0 * h * model.expert_ffn_hidden / t
+    expert = model.num_experts / np.asarray(ep, dtype=np.float64) * _mlp_params(model, model.expert_ffn_hidden, 1) / t
     return dense, expert
 
 

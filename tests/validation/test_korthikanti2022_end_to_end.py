@@ -1,0 +1,53 @@
+"""Korthikanti et al. 2022 Table 5 (arXiv:2205.05198; A100-80GB, Megatron-LM): end-to-end iteration time of the
+22B, 175B, 530B and 1T GPT models (Table 3 configurations: tp 8, pp 1–64, dp 1, the 175B and 530B models with the
+interleaved schedule at 3 virtual stages) with full recomputation and with sequence parallelism + selective
+recomputation, read in place from ../shared/realdata/papers (skipped when absent). Each is predicted as a given
+plan by the runtime-aware closed form (tests/validation/megatron_cases.py). Measured (session 4): MAPE 2.0 %
+(every case within −4.4 … +4.5 %; the interleaved 175B and 530B: 2.3 %), the flat form 29.1 % (+13 … +44 %). Table 5 was used by no
+fit: the A100 efficiencies in conf/runtime cite NVIDIA's GEMM guide and FlashAttention-2; of this paper's times only
+Table 4's 22B layer was checked before (test_closed_form_published.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import megatron_cases as mg  # same folder: pytest puts it on sys.path
+
+
+@pytest.fixture(scope="module")
+def cases(realdata):
+    return mg.korthikanti_table5_cases(realdata / "papers")
+
+
+@pytest.fixture(scope="module")
+def rows(cases):
+    return mg.evaluate_time(cases)
+
+
+def _mape(rows, kind=None):
+    errs = [abs(p / m - 1) for _, _, k, p, m in rows if kind in (None, k)]
+    return float(np.mean(errs)), len(errs)
+
+
+def test_table5_iteration_time(rows):
+    mape, n = _mape(rows)
+    assert n == 8
+    assert mape <= 0.04, mape
+    assert _mape(rows, "interleaved")[0] <= 0.05 and _mape(rows, "interleaved")[1] == 4
+    for case, mode, _, p, m in rows:
+        assert p / m - 1 == pytest.approx(0.0, abs=0.06), (case, mode, p, m)
+    # the speed-up of sequence parallelism + selective over full recomputation (Table 5: +29 … +32 %) within 8
+    # points (measured: predicted +34 … +37 %, 2.3–6.8 points high: the closed form's recomputed forward costs
+    # a little more than Megatron's)
+    pred = {(c, mode): p for c, mode, _, p, _ in rows}
+    meas = {(c, mode): m for c, mode, _, _, m in rows}
+    for c in {c for c, _ in pred}:
+        gain = pred[(c, "full")] / pred[(c, "selective")] - meas[(c, "full")] / meas[(c, "selective")]
+        assert 0.0 <= gain <= 0.08, (c, gain)
+
+
+def test_table5_flat_form_is_worse(cases, rows):
+    """Issue #23's before / after on this source: the flat closed form (50 % of peak throughout) is 13–44 % slow."""
+    assert _mape(mg.evaluate_time(cases, flat=True))[0] > 3 * _mape(rows)[0]
