@@ -199,6 +199,8 @@ def apply_pick(r: SearchResult, space: SearchSpace, model: ModelArch, predictor:
     candidates, upper-bound margins where the predictor gives intervals, and the pick's warnings."""
     kept = unique([*r.top, *r.top_time, *r.pareto, *r.safe])
     high = {plan_key(c): c.min_margin_high for c in kept if c.min_margin_high is not None}  # the keeper's
+    # then those the result already carries (a grouped or per-stage-dp candidate's, with_candidate)
+    high |= {k: r.margins_high[k] for k in map(plan_key, kept) if k in r.margins_high and k not in high}
     rest = [c for c in kept if plan_key(c) not in high]
     high |= {plan_key(c): h for c, h in zip(rest, upper_margins(rest, model, predictor)) if h is not None}
 
@@ -212,3 +214,17 @@ def apply_pick(r: SearchResult, space: SearchSpace, model: ModelArch, predictor:
                                warnings=chosen.warnings + tuple(w for w in [bubble_warning(chosen.plan)] if w),
                                margins_high=high, floor_pick=chosen.floor_pick,
                                pareto=pareto_margin(kept, mg))
+
+
+def with_candidate(r: SearchResult, m: PlanMetrics, margin_high: float, space: SearchSpace, model: ModelArch,
+                   predictor: StagePredictor) -> SearchResult:
+    """`r` with one more kept candidate `m` — the best plan of a space the batched search does not cover (replica
+    groups, a data-parallel degree per stage), its smallest margin at the upper bound `margin_high` — in the top-k by
+    Φ and by time where it ranks and in the safe set, and the pick rule applied again to them all (`apply_pick`): the
+    pick obeys the configured rule whichever space it comes from and is never a plan another kept plan dominates."""
+    k, k_time = max(len(r.top), 1), max(len(r.top_time), 1)
+    merged = dataclasses.replace(
+        r, top=sorted([*r.top, m], key=lambda c: c.phi if c.phi is not None else float("inf"))[:k],
+        top_time=sorted([*r.top_time, m], key=lambda c: c.iteration_time_ms)[:k_time],
+        safe=[*r.safe, m], margins_high={**r.margins_high, plan_key(m): margin_high})
+    return apply_pick(merged, space, model, predictor)

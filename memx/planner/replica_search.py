@@ -26,9 +26,10 @@ reaches the best plan's time (T ≥ max_g (T_g − own DP step): groups that sha
 flat collective instead of their own DP steps, memx.planner.replicas.replica_sync_ms; so no plan of that
 split can be better). Job options (distributed optimizer,
 sequence parallelism) are plan-wide in schema 2, so each setting the space allows is searched separately.
-The answer is the better of the one-group (schema-1) pick and the best schema-2 plan — first the one
-whose smallest margin (upper bound where given) clears the floor, then the faster — so turning the
-option on never makes the pick worse by the planner's own estimate.
+The best schema-2 plan (the fastest found) joins the one-group search's kept candidates and the configured
+pick rule chooses among them all (memx.planner.pick.with_candidate): the pick is the rule's over a superset of
+the one-group candidates, never a plan another kept plan dominates; with a one-group pick the best grouped plan
+is shown beside it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from memx.domain.plan import with_idle_gpus
 from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace
 from memx.planner.metrics import PlanMetrics
 from memx.planner.objective import phi
+from memx.planner.pick import with_candidate
 from memx.planner.replicas import combine, group_clusters, own_dp_ms, replica_sync_ms
 from memx.planner.result import SearchResult, plan_key
 from memx.planner.search import search
@@ -299,12 +301,12 @@ def search_replicas(cluster: Cluster, model: ModelArch, space: SearchSpace, pred
     best = dataclasses.replace(best, phi=float(phi(best.iteration_time_ms, best.max_mem_mib, best.mem_variance_mib2,
                                                    refs=one.refs, weights=one.weights, epsilon_mib2=space.epsilon_mib2)))
     out.grouped = best
-    if _better(best, high, one.chosen, one.margins_high.get(plan_key(one.chosen.plan), one.chosen.min_margin), space):
-        out.result = dataclasses.replace(
-            one, pick=best, margins_high={**one.margins_high, plan_key(best.plan): high},
-            warnings=(), search_s=time.perf_counter() - t0, timings={**one.timings, **out.timings})
+    # the grouped plan joins the kept candidates and the pick rule chooses among them all (pick.with_candidate)
+    merged = with_candidate(one, best, high, space, model, predictor)
+    if plan_key(merged.chosen.plan) == plan_key(best.plan):
+        out.result = dataclasses.replace(merged, search_s=time.perf_counter() - t0, timings={**one.timings, **out.timings})
     else:  # a one-group pick: the best grouped plan is shown beside it (issue #22)
-        out.result = dataclasses.replace(one, best_grouped=best, margins_high={**one.margins_high, plan_key(best.plan): high})
+        out.result = dataclasses.replace(merged, best_grouped=best)
     return out
 
 

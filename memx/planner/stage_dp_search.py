@@ -38,7 +38,7 @@ from memx.planner.estimate import estimate_plans, upper_margins
 from memx.planner.metrics import PlanMetrics
 from memx.planner.objective import phi
 from memx.planner.predictions import params_per_rank
-from memx.planner.pick import apply_pick
+from memx.planner.pick import with_candidate
 from memx.planner.replica_search import _better
 from memx.planner.result import SearchResult, plan_key
 from memx.planner.schedule import AssemblyCalibration, assembly_of, blocking_transfers, iteration_time_ms, stage_tail_ms
@@ -357,9 +357,8 @@ def _recompute(code: int, n: int) -> dict:
 
 def with_stage_dp(result: SearchResult, cluster: Cluster, model: ModelArch, space: SearchSpace, predictor,
                   level_sets: tuple[tuple[str, ...], ...]) -> SearchResult:
-    """`result` with the per-stage-dp space's floor-then-fastest plan among its candidates — in the top-k by Φ and
-    by time where it ranks, in the safe set and on the front — and the pick rule applied again to them all
-    (memx.planner.pick.apply_pick), so the pick obeys the configured rule whichever space it comes from. Searched
+    """`result` with the per-stage-dp space's floor-then-fastest plan among its kept candidates and the pick rule
+    applied again to them all (memx.planner.pick.with_candidate). Searched
     only for a plan that could win under floor-then-fastest against the pick: faster than it and clearing the floor
     when the pick clears it."""
     t0 = time.perf_counter()
@@ -375,12 +374,7 @@ def with_stage_dp(result: SearchResult, cluster: Cluster, model: ModelArch, spac
     m, high = best
     m = dataclasses.replace(m, phi=float(phi(m.iteration_time_ms, m.max_mem_mib, m.mem_variance_mib2, refs=result.refs,
                                              weights=result.weights, epsilon_mib2=space.epsilon_mib2)))
-    k, k_time = max(len(result.top), 1), max(len(result.top_time), 1)
-    merged = dataclasses.replace(
-        result, top=sorted([*result.top, m], key=lambda c: c.phi)[:k],
-        top_time=sorted([*result.top_time, m], key=lambda c: c.iteration_time_ms)[:k_time],
-        safe=[*result.safe, m], margins_high={**result.margins_high, plan_key(m.plan): high})
-    return dataclasses.replace(apply_pick(merged, space, model, predictor), timings=timings)
+    return dataclasses.replace(with_candidate(result, m, high, space, model, predictor), timings=timings)
 
 
 def _estimated(plans: list[Plan], cluster: Cluster, model: ModelArch, predictor, space: SearchSpace) -> list[PlanMetrics]:
