@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -28,6 +27,10 @@ if TYPE_CHECKING:
 
 from memx.domain import specs
 from memx.domain.errors import NothingUsable, short_repr
+from memx.domain.experts import MAX_IMBALANCE
+from memx.domain.nulls import is_missing
+from memx.domain.moe_records import (MOE_COLUMNS, MOE_DEFAULTS, MOE_DERIVED, MOE_FLOAT_COLUMNS, MOE_INT_COLUMNS,
+                                     MOE_INT_RANGES, moe_derived, moe_fields)
 from memx.domain.hashing import stable_hash
 from memx.domain.plan import PLAN_RECOMPUTE, Recompute
 from memx.domain.specs import MLP_KINDS, gpu_name_problem
@@ -49,7 +52,7 @@ DEFAULT_PHASE = "forward_backward"
 SPLIT_COLUMNS = ("forward_ms", "backward_ms")
 MEASUREMENT_COLUMNS = ("phase", "micro_batches") + SPLIT_COLUMNS
 STAGE_RUN_COLUMNS = (SIGNATURE_COLUMNS + NUMBER_COLUMNS + ("status", "reason", "backend", "measured_at", "source")
-                     + MEASUREMENT_COLUMNS)
+                     + MEASUREMENT_COLUMNS + MOE_COLUMNS)
 INT_COLUMNS = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads",
                "query_groups", "vocab", "dp")
 BOOL_COLUMNS = ("first", "last", "distributed_optimizer", "sequence_parallel")
@@ -67,6 +70,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "ffn_hidden": (1, specs.MAX_WIDTH), "heads": (1, specs.MAX_HEADS), "query_groups": (1, specs.MAX_HEADS),
     "vocab": (1, specs.MAX_VOCAB), "dp": (1, specs.MAX_CLUSTER_GPUS),
     "micro_batches": (1, specs.MAX_CLUSTER_GPUS * specs.MAX_MICRO_BATCH),  # iteration rows only
+    **MOE_INT_RANGES,
 }
 MAX_TIME_MS = 86_400_000.0  # one micro batch through one stage: at most a day (real: ms to seconds)
 MAX_MEMORY_MIB = specs.MAX_GPU_MEMORY_MIB  # any memory column, when the GPU's own memory is not known
@@ -78,14 +82,6 @@ CONFIG_RUN_COLUMNS = ("plan", "iteration_time_ms", "peak_mem_mib", "oom", "sourc
 def now_iso() -> str:
     """UTC ISO-8601 timestamp (seconds) for `measured_at`."""
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def is_missing(value: Any) -> bool:
-    """None, pandas NA or NaN: a null cell (a value can only be pandas NA once pandas is imported)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return True
-    pd = sys.modules.get("pandas")
-    return pd is not None and value is pd.NA
 
 
 def option_array(table: Any, col: str) -> np.ndarray:
@@ -144,9 +140,10 @@ def stage_options(point: Mapping[str, Any]) -> dict[str, Any]:
 
 def signature_key(point: Mapping[str, Any]) -> str:
     """`stable_hash` of the signature columns (normalised): the resume key, same stage ⇒ same key.
-    Option columns enter only when not default, so keys of rows older than them are unchanged."""
+    Option and MoE columns enter only when not default, so keys of rows older than them are unchanged."""
     base = [_norm(c, point.get(c)) for c in SIGNATURE_COLUMNS if c not in OPTION_DEFAULTS]
     options = [[c, _norm(c, v)] for c, v in stage_options(point).items() if _norm(c, v) != OPTION_DEFAULTS[c]]
+    options += [[c, v] for c, v in moe_fields(point).items() if c in MOE_DEFAULTS and v != MOE_DEFAULTS[c]]
     return stable_hash("stage-signature", base + options if options else base)
 
 
@@ -156,7 +153,7 @@ def stage_run_row(point: Mapping[str, Any], *, status: str, backend: str, time_m
                   micro_batches: int | None = None, forward_ms: float | None = None,
                   backward_ms: float | None = None) -> dict[str, Any]:
     """One stage_runs row: the point's signature columns (options default) plus what was measured."""
-    row = {**{c: point.get(c) for c in SIGNATURE_COLUMNS}, **stage_options(point)}
+    row = {**{c: point.get(c) for c in SIGNATURE_COLUMNS}, **stage_options(point), **moe_fields(point)}
     row.update(time_ms=time_ms, peak_mem_mib=peak_mem_mib, static_mem_mib=static_mem_mib, status=status,
                reason=reason, backend=backend, measured_at=measured_at or now_iso(),
                source=point.get("source", "") if source is None else source, phase=phase,
@@ -185,8 +182,14 @@ def stage_runs_frame(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> pd.Dat
 
     records = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else list(rows)
     df = pd.DataFrame(records, columns=list(STAGE_RUN_COLUMNS))
-    for col, default in {**OPTION_DEFAULTS, "phase": DEFAULT_PHASE}.items():
+    for col, default in {**OPTION_DEFAULTS, **MOE_DEFAULTS, "phase": DEFAULT_PHASE}.items():
         df[col] = df[col].where(df[col].notna(), default)
+    for col in MOE_INT_COLUMNS:
+        df[col] = df[col].astype("int64")
+    for col in MOE_FLOAT_COLUMNS:
+        df[col] = pd.to_numeric(df[col]).astype("float64")
+    for col, values in moe_derived(df).items():
+        df[col] = values
     for col in NUMBER_COLUMNS + SPLIT_COLUMNS:
         df[col] = pd.to_numeric(df[col]).astype("float64")
     for col in ("recompute_layers", "micro_batches"):
@@ -207,8 +210,9 @@ def with_record_defaults(df: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
     missing = {c: (df[c].where(df[c].notna(), v) if c in df.columns else v)
-               for c, v in {**OPTION_DEFAULTS, "phase": DEFAULT_PHASE}.items()
+               for c, v in {**OPTION_DEFAULTS, **MOE_DEFAULTS, "phase": DEFAULT_PHASE}.items()
                if c not in df.columns or df[c].isna().any()}
+    missing.update({c: 0.0 for c in MOE_DERIVED if c not in df.columns})  # dense, or filled by moe_fields
     if "micro_batches" not in df.columns:
         missing["micro_batches"] = pd.Series(pd.NA, index=df.index, dtype="Int64")
     missing.update({c: np.nan for c in SPLIT_COLUMNS if c not in df.columns})
@@ -333,7 +337,29 @@ def row_problems(row: Mapping[str, Any], gpu_memory_mib: Mapping[str, float] | N
                                               f"got {short_repr(rl)}"))
     if int(row["layers"]) == 0 and not (row["first"] or row["last"]):
         problems.append(("layers", "is 0: the row must then measure the embedding (first) or output layer (last)"))
-    return problems + measurement_problems(row, gpu_memory_mib or {})
+    return problems + moe_problems(row) + measurement_problems(row, gpu_memory_mib or {})
+
+
+def moe_problems(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(column, why) for the MoE columns of a row (absent or null: a dense stage): integers in range, finite
+    non-negative numbers, and on a MoE row (num_experts > 0) what memx.domain.experts and Megatron-LM require:
+    1 ≤ moe_router_topk ≤ num_experts, moe_ffn_hidden > 0, 1 ≤ moe_load_imbalance ≤ 64, ep dividing num_experts."""
+    given = {c: row.get(c) for c in MOE_DEFAULTS if not is_missing(row.get(c))}
+    problems = [(c, p) for c in MOE_INT_COLUMNS if c in given and (p := _int_problem(c, given[c]))]
+    problems += [(c, p) for c in MOE_FLOAT_COLUMNS if c in given and (p := _number_problem("a2a", given[c], None))]
+    if problems or not given.get("num_experts"):
+        return problems
+    f = {**MOE_DEFAULTS, **given}
+    e = int(f["num_experts"])
+    if not 1 <= f["moe_router_topk"] <= e:
+        problems.append(("moe_router_topk", f"must be in 1..num_experts ({e}); got {short_repr(f['moe_router_topk'])}"))
+    if not f["moe_ffn_hidden"]:
+        problems.append(("moe_ffn_hidden", "must be > 0 on a row with experts (one routed expert's MLP size)"))
+    if not 1 <= f["moe_load_imbalance"] <= MAX_IMBALANCE:
+        problems.append(("moe_load_imbalance", f"must be in 1..{MAX_IMBALANCE:g}; got {short_repr(f['moe_load_imbalance'])}"))
+    if e % int(f["expert_parallel"]):
+        problems.append(("expert_parallel", f"must divide num_experts ({e}); got {short_repr(f['expert_parallel'])}"))
+    return problems
 
 
 def _clean(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -344,6 +370,7 @@ def _clean(row: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(out.get(col), str) and out[col].lower() in ("true", "false"):
             out[col] = out[col].lower() == "true"
     out.update(stage_options(out))
+    out.update({c: d for c, d in MOE_DEFAULTS.items() if out.get(c) is None})  # a dense stage (older files)
     out["phase"] = out.get("phase") or DEFAULT_PHASE
     out["status"] = out.get("status") or "ok"
     return out

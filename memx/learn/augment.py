@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from memx.domain.moe_records import MOE_DEFAULTS, moe_derived
 from memx.domain.records import with_record_defaults
 from memx.planner.signatures import SIGNATURE_COLUMNS
 
@@ -104,7 +105,7 @@ def _new_values(x0: float, x1: float, max_new: int) -> np.ndarray:
 
 
 def _interpolate_param(measured: pd.DataFrame, param: str, lo: float, hi: float, max_new: int) -> list[pd.DataFrame]:
-    keys = [c for c in SIGNATURE_COLUMNS if c != param]
+    keys = [c for c in (*SIGNATURE_COLUMNS, *MOE_DEFAULTS) if c != param]  # a MoE stage's expert columns too (#27)
     frame = measured.assign(recompute_layers=measured["recompute_layers"].astype("Float64").fillna(-1.0))
     out = []
     for _, grp in frame.groupby(keys, sort=False, dropna=False):
@@ -139,9 +140,10 @@ def augment(stage_runs: pd.DataFrame, *, r2_threshold: float = R2_THRESHOLD, max
     if parts:
         new = pd.concat(parts, ignore_index=True)
         new["recompute_layers"] = new["recompute_layers"].astype("Float64").replace(-1.0, pd.NA).astype("Int64")
-        new = new.assign(source=INTERPOLATED, status="ok", reason="")
-        seen = set(map(tuple, measured[list(SIGNATURE_COLUMNS)].astype(str).to_numpy()))
-        new = new[[tuple(r) not in seen for r in new[list(SIGNATURE_COLUMNS)].astype(str).to_numpy()]]
-        new = new.drop_duplicates(subset=list(SIGNATURE_COLUMNS))
+        new = new.assign(source=INTERPOLATED, status="ok", reason="", **moe_derived(new))  # tokens per expert
+        key = [*SIGNATURE_COLUMNS, *MOE_DEFAULTS]
+        seen = set(map(tuple, measured[key].astype(str).to_numpy()))
+        new = new[[tuple(r) not in seen for r in new[key].astype(str).to_numpy()]]
+        new = new.drop_duplicates(subset=key)
         out = pd.concat([stage_runs, new.astype(stage_runs.dtypes.to_dict(), errors="ignore")], ignore_index=True)
     return AugmentResult(stage_runs=out, gates=gates, rows_before=len(stage_runs), rows_after=len(out))

@@ -38,12 +38,17 @@ import numpy as np
 import pandas as pd
 
 from memx.domain.io import atomic_write_bytes
+from memx.domain.moe_records import MOE_DEFAULTS, MOE_STAGE_COLUMNS
 from memx.domain.records import with_record_defaults
+from memx.learn.experts import predict_columns
 from memx.planner.cost import precision_column
 from memx.planner.signatures import INTERVAL_COLUMNS, PREDICTION_COLUMNS, PREDICTOR_INPUT_COLUMNS, StagePredictor
 
 # What an entry is keyed on: the signature and the training precision (issue #23: fp16 and bf16 stages differ)
 KEY_COLUMNS = PREDICTOR_INPUT_COLUMNS
+# and a MoE stage's expert columns (issue #27: a learned predictor reads ep and the all-to-all link,
+# memx.learn.experts), hashed only on rows where one is not default, so a dense entry keeps its key
+STORED_COLUMNS = (*KEY_COLUMNS, *MOE_STAGE_COLUMNS)
 
 # What is cached per signature: the prediction and, when the predictor gives one, its interval (NaN otherwise).
 CACHED_COLUMNS = PREDICTION_COLUMNS + INTERVAL_COLUMNS
@@ -66,18 +71,29 @@ def canonical_signatures(sigs: pd.DataFrame) -> pd.DataFrame:
     for c in ("gpu", "recompute", "mlp"):
         out[c] = sigs[c].astype(str).to_numpy(dtype=object)
     out["precision"] = precision_column(sigs)  # bf16 where a frame has none
-    return pd.DataFrame({c: out[c] for c in KEY_COLUMNS})
+    out.update({c: sigs[c].to_numpy(dtype=np.float64) for c in MOE_STAGE_COLUMNS})
+    return pd.DataFrame({c: out[c] for c in STORED_COLUMNS})
 
 
 _EMPTY_SIGS = pd.DataFrame({c: pd.Series(dtype=object if c in ("gpu", "recompute", "mlp", "precision") else
                                       bool if c in ("first", "last", "distributed_optimizer", "sequence_parallel")
-                                      else np.int64) for c in KEY_COLUMNS})
+                                      else np.int64) for c in KEY_COLUMNS}).assign(
+    **{c: pd.Series(dtype=np.float64) for c in MOE_STAGE_COLUMNS})
 
 
 def signature_keys(sigs: pd.DataFrame, version: str) -> np.ndarray:
-    """uint64 key per row: hash of the full signature, with the predictor version as the hash key."""
+    """uint64 key per row: hash of the full signature, with the predictor version as the hash key; a MoE stage's
+    expert columns enter only where one is not default (a dense entry's key is the one it always had)."""
     hash_key = (version + "0" * 16)[:16]
-    return pd.util.hash_pandas_object(canonical_signatures(sigs), index=False, hash_key=hash_key).to_numpy(np.uint64)
+    canon = canonical_signatures(sigs)
+    keys = pd.util.hash_pandas_object(canon.loc[:, list(KEY_COLUMNS)], index=False, hash_key=hash_key)
+    keys = keys.to_numpy(np.uint64).copy()
+    moe = np.zeros(len(canon), dtype=bool)
+    for c in MOE_STAGE_COLUMNS:
+        moe |= canon[c].to_numpy() != float(MOE_DEFAULTS[c])
+    if moe.any():
+        keys[moe] = pd.util.hash_pandas_object(canon.loc[moe], index=False, hash_key=hash_key).to_numpy(np.uint64)
+    return keys
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +146,7 @@ class CachedPredictor:
             df = df[df["version"].astype(str) == self.version].reset_index(drop=True)
             keys = pd.Index(df["key"].to_numpy(np.uint64))
             values = df.loc[:, list(CACHED_COLUMNS)].to_numpy(np.float64)
+            df = with_record_defaults(df)  # a cache from before the expert columns: a dense stage's
             self._verify(df, keys.to_numpy(np.uint64), values)
         except (OSError, ValueError, KeyError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             log.warning("memx: prediction cache %s discarded (%s); it is rebuilt from the predictor",
@@ -138,13 +155,13 @@ class CachedPredictor:
             self.hash_path.unlink(missing_ok=True)
             return
         self._keys, self._values = keys, values
-        self._sigs = df.loc[:, list(KEY_COLUMNS)]
+        self._sigs = df.loc[:, list(STORED_COLUMNS)]
 
     def _verify(self, df: pd.DataFrame, keys: np.ndarray, values: np.ndarray) -> None:
         """ValueError unless the stored entries are what this predictor gives (see the module doc)."""
         if not len(df):
             return
-        sigs = df.loc[:, list(KEY_COLUMNS)]  # a cache from before the precision column: KeyError, rebuilt
+        sigs = df.loc[:, list(STORED_COLUMNS)]  # a cache from before the precision column: KeyError, rebuilt
         if not np.array_equal(signature_keys(sigs, self.version), keys):
             raise ValueError("a key is not the hash of its stored signature")
         rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
@@ -175,6 +192,10 @@ class CachedPredictor:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def predict_columns(self, cols) -> pd.DataFrame:
+        """`predict` on the search's numpy columns, a MoE stage's expert columns kept (memx.learn.experts)."""
+        return predict_columns(self, cols)
+
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
         keys = signature_keys(sigs, self.version)
         pos = self._keys.get_indexer(keys) if len(self._keys) else np.full(len(keys), -1)
@@ -185,7 +206,7 @@ class CachedPredictor:
             miss_keys, first = np.unique(keys[~hit], return_index=True)
             rows = np.flatnonzero(~hit)[first]
             miss = with_record_defaults(sigs.iloc[rows])
-            pred = self.inner.predict(miss.assign(precision=precision_column(miss)).loc[:, list(KEY_COLUMNS)])
+            pred = self.inner.predict(miss.assign(precision=precision_column(miss)).loc[:, list(STORED_COLUMNS)])
             vals = pred.reindex(columns=list(CACHED_COLUMNS)).to_numpy(np.float64)
             self._keys = self._keys.append(pd.Index(miss_keys))
             self._values = np.vstack([self._values, vals])

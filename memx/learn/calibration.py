@@ -56,6 +56,7 @@ from memx.domain.groups import any_plan_from_dict, simplest
 from memx.domain.hashing import stable_hash
 from memx.domain.plan import Plan, json_document
 from memx.domain.specs import MAX_GPU_MEMORY_MIB, Cluster, ModelArch
+from memx.learn.experts import predict_columns
 from memx.learn.guard import Guard
 from memx.learn.peak_calibration import LOSS_SCALE, fit_memory, mem_errors
 from memx.learn.residual import PlanResidual, fit_residual, residual_from_dict
@@ -210,6 +211,10 @@ class CalibratedStagePredictor:
         if attr.startswith("__") or attr in ("base", "plan_calibration"):
             raise AttributeError(attr)
         return getattr(self.base, attr)
+
+    def predict_columns(self, cols) -> pd.DataFrame:
+        """`predict` on the search's numpy columns, a MoE stage's expert columns kept (memx.learn.experts)."""
+        return predict_columns(self, cols)
 
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
         out = self.base.predict(sigs).copy()

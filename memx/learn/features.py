@@ -12,6 +12,10 @@ layers and in-flight micro batches, so the prior extrapolates along those axes w
 Sources: Narayanan et al. 2021 §5.1 (GEMM FLOPs), Korthikanti et al. 2022 §4–5 (activation bytes,
 recomputation), Patarasuk & Yuan 2009 (ring all-reduce); the split into bases is our choice.
 
+Mixture of experts (issue #27): a MoE stage's signature — ep, experts per GPU, tokens per local expert and the
+all-to-all's GB/s (memx.learn.experts.MOE_FEATURES) — is a feature group of its own; the bases stay the dense
+equivalent's, as the labels of MoE rows are (memx.learn.experts).
+
 Job options (issue #14). Sequence parallelism (active only at tp > 1) is a feature, and the bases
 follow it: the LayerNorm/dropout regions and layer inputs (the s·b·h terms) are sharded over tp, and
 each TP all-reduce becomes a reduce-scatter + all-gather — the same ring volume in twice the
@@ -40,6 +44,7 @@ from memx.planner.cost import (
     static_bytes_per_param,
 )
 from memx.domain.specs import GpuType
+from memx.learn.experts import MOE_FEATURES, feature_arrays as expert_features
 
 RECOMPUTE_CODE = {"none": 0.0, "selective": 1.0, "full": 2.0}
 GPU_FEATURES = ("peak_tflops_bf16", "memory_gib", "memory_bandwidth_gbps", "intra_node_bandwidth_gbps")
@@ -48,7 +53,8 @@ SIGNATURE_FEATURES = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hid
 FEATURE_NAMES = SIGNATURE_FEATURES + (
     "recompute_code", "recompute_fraction", "recomputed_layers", "first", "last", "gelu", "sequence_parallel",
 ) + GPU_FEATURES + ("log_analytic_time_ms", "log_analytic_mem_mib", "log_analytic_static_mib",
-                    "log_prior_time_ms", "log_prior_mem_mib")
+                    "log_prior_time_ms", "log_prior_mem_mib") + MOE_FEATURES  # issue #27: last, so older boosters
+# (trained without them) take the matrix without its last len(MOE_FEATURES) columns (memx.learn.boosters.columns_for)
 
 
 def signature_arrays(sigs: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -75,6 +81,7 @@ def signature_arrays(sigs: pd.DataFrame) -> dict[str, np.ndarray]:
     # the measured precision's bytes; the trees never see the precision itself
     prec = precision_column(sigs)
     a["static_bpp"] = BYTES_PER_PARAM_STATIC * static_bytes_per_param(do, dp, prec) / static_bytes_per_param(False, 1, prec)
+    a.update(expert_features(sigs))  # a MoE stage's signature (issue #27; 0 / 1 on dense rows)
     return a
 
 
@@ -149,8 +156,10 @@ def static_basis(a: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 def feature_matrix(a: Mapping[str, np.ndarray], g: Mapping[str, np.ndarray], analytic: pd.DataFrame,
-                   prior_time_ms: np.ndarray, prior_mem_mib: np.ndarray) -> np.ndarray:
-    """(n, len(FEATURE_NAMES)) float32, C-contiguous (what Booster.inplace_predict wants)."""
+                   prior_time_ms: np.ndarray, prior_mem_mib: np.ndarray, moe: bool = False) -> np.ndarray:
+    """(n, len(FEATURE_NAMES)) float32, C-contiguous (what Booster.inplace_predict wants); without the MoE features
+    (the last len(MOE_FEATURES)) unless `moe`: a dense predictor's columns, sampled by colsample_bytree, stay
+    those it always had (four constant columns more change which the trees draw)."""
     L = a["layers"]
     frac = np.divide(a["n_rec"], L, out=np.zeros_like(L), where=L > 0)
     cols = [a[k] for k in SIGNATURE_FEATURES] + [a["recompute_code"], frac, a["n_rec"], a["first"], a["last"],
@@ -159,4 +168,5 @@ def feature_matrix(a: Mapping[str, np.ndarray], g: Mapping[str, np.ndarray], ana
     cols += [np.log(np.maximum(analytic[c].to_numpy(dtype=np.float64), 1e-6))
              for c in ("time_ms", "peak_mem_mib", "static_mem_mib")]
     cols += [np.log(np.maximum(prior_time_ms, 1e-6)), np.log(np.maximum(prior_mem_mib, 1e-6))]
+    cols += [a[k] for k in MOE_FEATURES] if moe else []
     return np.ascontiguousarray(np.column_stack(cols), dtype=np.float32)

@@ -252,6 +252,12 @@ class BoundView:
     def name(self) -> str:
         return f"{getattr(self.inner, 'name', type(self.inner).__name__)}[{self.end}]"
 
+    def predict_columns(self, cols) -> pd.DataFrame:
+        """`predict` on the search's numpy columns, a MoE stage's expert columns kept (memx.learn.experts)."""
+        from memx.learn.experts import predict_columns  # memx.learn.experts imports the planner; this module need not
+
+        return predict_columns(self, cols)
+
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
         out = self.inner.predict(sigs)
         return pd.DataFrame({"time_ms": out[f"time_ms_{self.end}"], "peak_mem_mib": out[f"peak_mem_mib_{self.end}"],

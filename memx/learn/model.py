@@ -37,9 +37,13 @@ from memx.learn.phases import ITERATION, BackwardModel, fit_backward, forward_on
 from memx.learn.transfer import (micro_batch_transfer, micro_batches_seen, seen_micro_batch, seen_value, seq_len_transfer,
                                   seq_lens_seen, sequence_parallel_seen, sequence_parallel_transfer,
                                   unseen_sequence_parallel)
-from memx.learn.features import (FEATURE_NAMES, feature_matrix, gpu_arrays, memory_bases, signature_arrays,
+from memx.learn.boosters import booster_from_b64 as _booster, columns_for, train as _train
+from memx.learn.features import (feature_matrix, gpu_arrays, memory_bases, signature_arrays,
                                   static_basis, time_bases, without_distributed_optimizer)
+from memx.learn.experts import (labels as moe_labels, predict_columns as expert_predict_columns, structures_seen,
+                                with_structures)
 from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS, SIGNATURE_COLUMNS
+from memx.domain.moe_records import MOE_COLUMNS
 from memx.domain.hashing import bytes_hash, stable_hash
 from memx.domain.plan import Recompute
 from memx.domain.runtime import RuntimeProfile
@@ -163,7 +167,10 @@ def _prior(cal: Calibration | None, a, g, names: np.ndarray, an: pd.DataFrame):
     return tuple(an[c].to_numpy(dtype=np.float64) for c in ("time_ms", "peak_mem_mib", "static_mem_mib"))
 
 
-def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: Calibration | None) -> Prepared:
+def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: Calibration | None,
+            moe: bool = False) -> Prepared:
+    """The rows' features and prior; `moe`: the predictor learned MoE stages (memx.learn.experts), so the matrix
+    has the MoE features too — a dense predictor's matrix is the one it always had."""
     a = signature_arrays(sigs)
     names = sigs["gpu"].astype(str).to_numpy()
     g = gpu_arrays(names, gpus)
@@ -196,7 +203,7 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
         pt, pm, offset = np.maximum(an_t, 1e-3), an_m_off, (static_basis(a) - static_basis(a_off)) * plain
     else:
         pt, pm, offset = ct, cm_off, cm - cm_off
-    X = feature_matrix(a_off, g, an_off, ct, cm_off)
+    X = feature_matrix(a_off, g, an_off, ct, cm_off, moe)
     return Prepared(X=X, prior_time_ms=pt, prior_mem_mib=pm, static_mem_mib=cs, analytic_mem_mib=an_m,
                     mem_offset_mib=offset)
 
@@ -232,13 +239,22 @@ class LearnedStagePredictor:
     # type, the profile of the stack that was measured (e.g. eager attention where the catalog assumes a
     # fused kernel) — the same argument as memx.planner.cost.AnalyticStageModel's `runtime`.
     runtime: str | Mapping[str, RuntimeProfile] = "catalog"
+    # issue #27: the expert fields of the MoE models of the training rows, by their dense equivalent's model columns
+    # (memx.learn.experts.structures_seen): the search's MoE rows get them back; {} = none (dense, earlier versions)
+    moe_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
     name: str = ""
 
     def __post_init__(self):
         if not self.name:
             object.__setattr__(self, "name", f"memx-{self.variant}")
 
+    def predict_columns(self, cols: Mapping[str, np.ndarray]) -> pd.DataFrame:
+        """`predict` on the search's numpy columns, a MoE stage's expert columns kept (memx.learn.experts)."""
+        return expert_predict_columns(self, cols)
+
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
+        """Time, peak, static memory and bands per stage (a MoE stage's less the closed form's expert terms)."""
+        sigs = with_structures(sigs, self.moe_seen)
         seen_mb = seen_micro_batch(self, sigs)
         moved = seen_mb != sigs["micro_batch"].to_numpy(np.float64) if len(sigs) else np.zeros(0, dtype=bool)
         out = self._predict_options(sigs)
@@ -291,16 +307,16 @@ class LearnedStagePredictor:
 
     def _heads(self, sigs: pd.DataFrame):
         """(prepared rows, time, memory) of the prior × the boosters' corrections, row by row."""
-        p = prepare(sigs, self.gpus, self.variant, self.calibration)
+        p = prepare(sigs, self.gpus, self.variant, self.calibration, bool(self.moe_seen))
         t, m = p.prior_time_ms, p.prior_mem_mib
         if self.booster is not None and len(sigs):
-            r = np.asarray(self.booster.inplace_predict(_columns_for(self.booster, p.X)),
+            r = np.asarray(self.booster.inplace_predict(columns_for(self.booster, p.X)),
                            dtype=np.float64).reshape(len(sigs), -1)
             t = t * np.exp(r[:, 0])
             if r.shape[1] > 1:
                 m = m * np.exp(r[:, 1])
         if self.mem_booster is not None and len(sigs):
-            m = m * np.exp(np.asarray(self.mem_booster.inplace_predict(_columns_for(self.mem_booster, p.X)),
+            m = m * np.exp(np.asarray(self.mem_booster.inplace_predict(columns_for(self.mem_booster, p.X)),
                                       dtype=np.float64).reshape(-1))
         return p, t, np.maximum(m + p.mem_offset_mib, 1.0)  # the distributed optimizer's static saving (prepare)
 
@@ -355,6 +371,7 @@ class LearnedStagePredictor:
                 **({"micro_batch_seen": {g: list(v) for g, v in sorted(self.micro_batch_seen.items())}}
                    if self.micro_batch_seen else {}),
                 **({"seq_len_seen": {g: list(v) for g, v in sorted(self.seq_len_seen.items())}} if self.seq_len_seen else {}),
+                **({"moe_seen": dict(sorted(self.moe_seen.items()))} if self.moe_seen else {}),
                 **({} if isinstance(self.runtime, str) else  # their hash
                    {"runtime": {k: asdict(v) for k, v in sorted(self.runtime.items())}})}
 
@@ -380,25 +397,8 @@ def from_json(meta: Mapping[str, Any], booster: Any | None) -> LearnedStagePredi
         micro_batch_seen={g: tuple(int(b) for b in v) for g, v in (meta.get("micro_batch_seen") or {}).items()},
         seq_len_seen={g: tuple(int(s) for s in v) for g, v in (meta.get("seq_len_seen") or {}).items()},
         runtime={k: RuntimeProfile(**v) for k, v in meta["runtime"].items()} if meta.get("runtime") else "catalog",
+        moe_seen={k: dict(v) for k, v in (meta.get("moe_seen") or {}).items()},
         gpus={k: GpuType(**v) for k, v in meta["gpus"].items()})
-
-
-def _columns_for(booster, X: np.ndarray) -> np.ndarray:
-    """X as `booster` was trained: boosters from before the sequence_parallel feature (issue #14) take
-    the matrix without it."""
-    if booster.num_features() == X.shape[1] - 1:
-        return np.ascontiguousarray(np.delete(X, FEATURE_NAMES.index("sequence_parallel"), axis=1))
-    return X
-
-
-def _booster(b64: str | None):
-    if not b64:
-        return None
-    import xgboost as xgb  # heavy: only when a memory head was stored
-
-    b = xgb.Booster()
-    b.load_model(bytearray(base64.b64decode(b64)))
-    return b
 
 
 def training_rows(stage_runs: pd.DataFrame) -> pd.DataFrame:
@@ -411,10 +411,13 @@ def training_rows(stage_runs: pd.DataFrame) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def _targets(df: pd.DataFrame, backward: BackwardModel | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(stage time — forward rows × (1 + backward/forward) —, peak memory, static memory); NaN where absent."""
+def _targets(df: pd.DataFrame, backward: BackwardModel | None = None,
+             gpus: Mapping[str, GpuType] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(stage time — forward rows × (1 + backward/forward) —, peak memory, static memory); NaN where absent. A MoE
+    row's less the closed form's expert terms (`gpus` given; memx.learn.experts.labels)."""
     col = lambda c: pd.to_numeric(df[c], errors="coerce").to_numpy(np.float64) if c in df else np.full(len(df), np.nan)
-    return stage_time_labels(df, backward or BackwardModel()), col("peak_mem_mib"), col("static_mem_mib")
+    return moe_labels(df, gpus, stage_time_labels(df, backward or BackwardModel()), col("peak_mem_mib"),
+                      col("static_mem_mib"))
 
 
 def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, variant: str = "hybrid-calibrated",
@@ -431,7 +434,7 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
     if df.empty:
         raise ValueError("no usable stage_runs rows (all failed or without time)")
     backward = fit_backward(df)
-    yt, ym, ys = _targets(df, backward)
+    yt, ym, ys = _targets(df, backward, gpus)
     names = df["gpu"].astype(str).to_numpy()
     has_mem = np.isfinite(ym) & (ym > 0)
     measured = set(names[has_mem])
@@ -449,10 +452,11 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
                                  per_layer=bool(df["layers"].max() <= 1),  # per-layer records (Metis, Sailor)
                                  sequence_parallel_seen=sequence_parallel_seen(df),
                                  micro_batch_seen=micro_batches_seen(df), seq_len_seen=seq_lens_seen(df),
+                                 moe_seen=structures_seen(df),
                                  runtime=runtime if isinstance(runtime, str) else dict(runtime))
     if variant == "calibrated":
         return base
-    p = prepare(df, gpus, variant, cal)
+    p = prepare(df, gpus, variant, cal, bool(base.moe_seen))
     lt = np.log(yt / p.prior_time_ms)
     ym = np.where(has_mem, np.maximum(ym - p.mem_offset_mib, 1.0), np.nan)  # as without the distributed optimizer
     if has_mem.all():  # every row carries both labels: one dual-output booster (paper §3.2)
@@ -465,17 +469,13 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
     return replace(base, booster=booster, mem_booster=mem_booster)
 
 
-def _train(xgb, params: XgbParams, seed: int, X: np.ndarray, Y: np.ndarray):
-    return xgb.train(params.booster_params(seed, Y.shape[1]), xgb.DMatrix(X, label=Y), num_boost_round=params.n_rounds)
-
-
 def conformalize(predictor: LearnedStagePredictor, held_out: pd.DataFrame, *, coverage: float = 0.9,
                  source: str = "held-out residuals", grouped: bool = True) -> LearnedStagePredictor:
     """The predictor with split-conformal bands from rows it never trained on (memx.learn.intervals);
     `grouped` adds the group-conditional memory bands (Mondrian; False: per GPU type only, as before)."""
     df = training_rows(held_out)
-    yt, ym, _ = _targets(df, predictor.backward)
-    pr = predictor.predict(df.loc[:, list(SIGNATURE_COLUMNS)])
+    yt, ym, _ = _targets(df, predictor.backward, predictor.gpus)
+    pr = predictor.predict(df.loc[:, [c for c in (*SIGNATURE_COLUMNS, *MOE_COLUMNS) if c in df]])
     pm = pr["peak_mem_mib"].to_numpy(np.float64)
     iv = fit_intervals(df["gpu"].to_numpy(), pr["time_ms"].to_numpy(np.float64), yt, pm, ym, coverage=coverage,
                        source=source, static_mem_mib=pr["static_mem_mib"].to_numpy(np.float64),  # dynamic scale
@@ -486,8 +486,8 @@ def conformalize(predictor: LearnedStagePredictor, held_out: pd.DataFrame, *, co
 def stage_errors(predictor, rows: pd.DataFrame) -> dict[str, float]:
     """Held-out stage errors (fractions): time MAPE and, where measured, memory MAPE."""
     df = training_rows(rows)
-    yt, ym, _ = _targets(df, getattr(predictor, "backward", None))
-    pr = predictor.predict(df.loc[:, list(SIGNATURE_COLUMNS)])
+    yt, ym, _ = _targets(df, getattr(predictor, "backward", None), getattr(predictor, "gpus", None))
+    pr = predictor.predict(df.loc[:, [c for c in (*SIGNATURE_COLUMNS, *MOE_COLUMNS) if c in df]])
     out = {"time_mape": float(np.mean(np.abs(pr["time_ms"].to_numpy() - yt) / yt))}
     ok = np.isfinite(ym)
     out["mem_mape"] = float(np.mean(np.abs(pr["peak_mem_mib"].to_numpy()[ok] - ym[ok]) / ym[ok])) if ok.any() else float("nan")

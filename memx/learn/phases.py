@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from memx.domain.moe_records import MOE_DEFAULTS
 from memx.planner.signatures import SIGNATURE_COLUMNS
 
 FORWARD, FORWARD_BACKWARD, ITERATION = "forward", "forward_backward", "iteration"
@@ -84,7 +85,7 @@ def _measured_ratios(df: pd.DataFrame, phase: np.ndarray) -> pd.DataFrame:
                                    "ratio": (b[ok] / f[ok]).to_numpy()}))
     fwd, fb = df[phase == FORWARD], df[phase == FORWARD_BACKWARD]
     if len(fwd) and len(fb):
-        keys = list(SIGNATURE_COLUMNS)
+        keys = [c for c in (*SIGNATURE_COLUMNS, *MOE_DEFAULTS) if c in df]  # a MoE stage's expert columns too (#27)
         k = lambda d: ["|".join(map(str, row)) for row in d.loc[:, keys].itertuples(index=False)]
         a = pd.DataFrame({"key": k(fwd), "f": pd.to_numeric(fwd["time_ms"], errors="coerce").to_numpy(),
                           "recompute": fwd["recompute"].astype(str).to_numpy(), "gpu": fwd["gpu"].astype(str).to_numpy()})

@@ -239,8 +239,8 @@ def log_predictor(predictor, example: pd.DataFrame) -> LoggedPredictor:
     from memx.learn.features import FEATURE_NAMES
     from memx.learn.model import prepare
 
-    X = prepare(example, predictor.gpus, predictor.variant, predictor.calibration).X
-    frame = pd.DataFrame(X, columns=list(FEATURE_NAMES))
+    X = prepare(example, predictor.gpus, predictor.variant, predictor.calibration, bool(predictor.moe_seen)).X
+    frame = pd.DataFrame(X, columns=list(FEATURE_NAMES[:X.shape[1]]))  # a dense predictor: no MoE features
     out = predictor.booster.inplace_predict(X)
     # explicit requirements: mlflow's requirement inference costs seconds per model
     info = mlflow.xgboost.log_model(predictor.booster, name="model", input_example=frame.head(5),

@@ -29,8 +29,9 @@ from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.profiling.backends import BACKENDS, Backend, check_backend
 from memx.planner.variants import model_variants
 from memx.planner.moe import dense_equivalent
-from memx.profiling.design import (axis_points, dense_points, full_grid_size, gpu_axes, grid_points, inflight_points,
-                                   profile_precision, representative_gpu, with_precision)
+from memx.profiling.design import (axis_points, context_points, dense_points, ep_points, full_grid_size, gpu_axes,
+                                   grid_points, inflight_points, profile_precision, representative_gpu, with_precision)
+from memx.profiling.experts import ExpertDesign, expert_design, with_experts
 from memx.profiling.runner import load_existing, run_points
 from memx.profiling.sensitivity import (sensitivity_frame, sensitivity_markdown, sensitivity_rows, sweep_plan,
                                         sweep_points)
@@ -144,15 +145,19 @@ def _import_records(records: Path | None, out_path: Path | None, cluster: Cluste
 def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: str = "simulated",
             out_dir: Path | None = None, seed: int = 0, jobs: int = 1, command: list[str] | None = None,
             records: Path | None = None, timeout_s: float = 600.0, retries: int = 1,
-            conf_root: Path | None = None, progress: bool = False) -> ProfileResult:
-    """Profile every GPU type of `cluster` for `model` over `space`; see the module docstring."""
+            conf_root: Path | None = None, progress: bool = False, moe_layers: str = "points") -> ProfileResult:
+    """Profile every GPU type of `cluster` for `model` over `space`; see the module docstring. `moe_layers` (a
+    MoE model, memx.profiling.experts.MOE_LAYERS): "points" (the default) the dense equivalent's design plus MoE
+    points at every searched ep and tp, "all" every point a MoE stage, "none" the dense equivalent only (the design
+    before issue #27); measured side by side in bench/moe_learned.py (docs/results.md §15)."""
     check_backend(backend)
     if not 1 <= jobs <= MAX_JOBS:
         raise InputError(f"--jobs must be in 1..{MAX_JOBS}, got {jobs!r}")
+    experts = expert_design(cluster, model, space, moe_layers if backend != "torch" else "none")  # issue #27
     model = profiled_model(model)
     if backend == "torch":
         model = _torch_model(model)
-    axes = {g.name: gpu_axes(cluster, model, space, g) for g in cluster.gpu_types}
+    axes = {g.name: gpu_axes(cluster, model, space, g, experts) for g in cluster.gpu_types}
     full_by_gpu = {g: full_grid_size(a) for g, a in axes.items()}
     out_path = Path(out_dir) / STAGE_RUNS_FILE if out_dir is not None else None
     if backend == "records":
@@ -161,9 +166,10 @@ def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: 
                        path=out_path, rejected=rejects, out_dir=out_dir)
     be = _make_backend(backend, cluster=cluster, model=model, seed=seed, conf_root=conf_root, command=command,
                        timeout_s=timeout_s, retries=retries)
-    plans = {g: sweep_plan(a, model) for g, a in axes.items()}
+    plans = {g: {k: [(v, *with_experts([p], experts)) for v, p in vals] for k, vals in sweep_plan(a, model).items()}
+             for g, a in axes.items()}
     precision = profile_precision(cluster, space)  # measured in the precision the plans train in (issue #23)
-    phase1 = dense_points(axes[representative_gpu(cluster).name], model)
+    phase1 = with_experts(dense_points(axes[representative_gpu(cluster).name], model), experts)
     phase1 = with_precision(phase1 + [p for g in axes for p in sweep_points(plans[g])], precision)
     with _launch_guard(backend):
         df = run_points(phase1, be, existing=load_existing(out_path), out_path=out_path, jobs=jobs,
@@ -171,15 +177,16 @@ def profile(cluster: Cluster, model: ModelArch, space: SearchSpace, *, backend: 
         require_measured(df, backend)  # nothing measured: the 3-point grid would fail the same way
         variant_axes = _variant_axes(cluster, model, space)
         df, sens, runs_by_gpu = _phase2(model, axes, plans, phase1, df, be, out_path, jobs, progress, variant_axes,
-                                        precision)
+                                        precision, experts)
     return _result(df, sensitivity_frame(sens), runs_by_gpu=runs_by_gpu,
                    full_by_gpu=full_by_gpu, path=out_path, rejected=[], out_dir=out_dir)
 
 
 def profiled_model(model: ModelArch) -> ModelArch:
-    """The model whose stages a profile measures: a MoE model's dense equivalent (issue #27,
-    memx.planner.moe.dense_equivalent) — the signatures the search asks a stage predictor for; the experts'
-    parameters over ep, the all-to-all and the router stay in the closed form's adjustment (docs/profiling.md)."""
+    """The model whose signature columns a profile's points carry: a MoE model's dense equivalent (issue #27,
+    memx.planner.moe.dense_equivalent) — the signatures the search asks a stage predictor for. The points also
+    carry the MoE signature (memx.profiling.experts: the expert fields, ep, the all-to-all link), and a backend
+    runs the real MoE layers (docs/profiling.md §Mixture of experts)."""
     return dense_equivalent(model) if model.is_moe else model
 
 
@@ -206,7 +213,8 @@ def _variant_axes(cluster: Cluster, model: ModelArch, space: SearchSpace) -> lis
 
 def _phase2(model: ModelArch, axes: dict, plans: dict, phase1: list, df: pd.DataFrame,
             be: Backend, out_path: Path | None, jobs: int, progress: bool,
-            variant_axes: list[tuple[ModelArch, dict]] = (), precision: str = "bf16") -> tuple[pd.DataFrame, list, dict]:
+            variant_axes: list[tuple[ModelArch, dict]] = (), precision: str = "bf16",
+            experts: ExpertDesign | None = None) -> tuple[pd.DataFrame, list, dict]:
     """Sensitivity of each GPU type → the 3-point grid over the selected parameters, measured; each model
     variant the search trains gets the same grid on its own shapes (heads, query groups, sequence length move
     attention time and activation memory, so the predictor must not extrapolate to them)."""
@@ -218,8 +226,10 @@ def _phase2(model: ModelArch, axes: dict, plans: dict, phase1: list, df: pd.Data
         sens += rows
         phase2 += grid_points(a, model, selected) + inflight_points(a, model, selected)
         phase2 += axis_points(a, model, selected)  # a second micro batch, the other sequence parallelism (#23)
+        phase2 += ep_points(a, model, memory=experts is not None and not experts.everywhere)  # other ep values (#27)
+        phase2 += context_points(a, model, selected)  # the rank lengths of the searched cp sizes (#27)
         phase2 += [p for vm, va in variant_axes for p in grid_points(va[g], vm, selected)]
-    phase2 = with_precision(phase2, precision)
+    phase2 = with_precision(with_experts(phase2, experts), precision)
     df = run_points(phase2, be, existing=df, out_path=out_path, jobs=jobs, progress=progress, label="3-point grid")
     unique = {signature_key(p): p["gpu"] for p in phase1 + phase2}
     return df, sens, dict(Counter(unique.values()))

@@ -12,7 +12,7 @@ measures what the search asks for); the distributed optimizer stays analytic (do
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
@@ -23,6 +23,7 @@ from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
 from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.space import valid_tps
+from memx.profiling.experts import ExpertDesign, expert_peak_delta, fits
 
 GRID_PARAMS = ("tp", "micro_batch", "recompute", "layers")
 DENSE_POINTS = 7  # the paper densely measures 5–7 points on one interval
@@ -47,6 +48,11 @@ class GpuAxes:
     default_layers: int
     sequence_parallel: bool = False  # what points at tp > 1 carry: the space's first listed value
     sp_options: tuple[bool, ...] = (False,)  # the sequence_parallel values the search lists
+    # issue #27: a MoE model's searched ep values (memx.profiling.experts; (1,) dense) and, per (tp, ep) other than
+    # the design's own ep, the layers that fit; the searched context-parallel sizes (each a rank length s/cp)
+    eps: tuple[int, ...] = (1,)
+    ep_fit: dict[tuple[int, int], int] = field(default_factory=dict)
+    cps: tuple[int, ...] = (1,)
 
 
 def three(values: Iterable[Any]) -> tuple[Any, ...]:
@@ -82,18 +88,25 @@ FIT_SHARE = 0.9
 
 
 def fitting_layers(gpu: GpuType, model: ModelArch, space: SearchSpace, combos: list[tuple[int, int, str]],
-                   seq_len: int, sequence_parallel: bool = False) -> dict[tuple[int, int, str], int]:
+                   seq_len: int, sequence_parallel: bool = False, experts: ExpertDesign | None = None,
+                   ep: int | None = None) -> dict[tuple[int, int, str], int]:
     """Most layers a middle stage holds (analytic estimate, inflight 1) per (tp, micro batch, recompute);
-    0 when not even one fits. Only used to place points, never as a measurement."""
+    0 when not even one fits. Only used to place points, never as a measurement. A MoE model's stages (`experts`)
+    carry the closed form's expert terms at `ep` (the GPU type's design ep by default)."""
     n = np.arange(1, model.layers + 1)
     sigs = pd.DataFrame([point(gpu.name, model, tp=tp, layers=k, micro_batch=mb, seq_len=seq_len, recompute=rc,
                                sequence_parallel=sequence_parallel, source="") for tp, mb, rc in combos for k in n])
     peak = AnalyticStageModel(gpus={gpu.name: gpu}, runtime="none").predict(sigs)["peak_mem_mib"].to_numpy()
+    if experts is not None:
+        peak = peak + expert_peak_delta(experts, sigs, ep)
     fits = peak.reshape(len(combos), len(n)) <= FIT_SHARE * (gpu.memory_mib - space.reserve_gib * 1024.0)
     return {c: int(n[row].max()) if row.any() else 0 for c, row in zip(combos, fits)}
 
 
-def gpu_axes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: GpuType) -> GpuAxes:
+def gpu_axes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: GpuType,
+             experts: ExpertDesign | None = None) -> GpuAxes:
+    """The axes of one GPU type; `experts`: a MoE model's (memx.profiling.experts; `model` is then its dense
+    equivalent, the points' model columns)."""
     tps = tuple(valid_tps(model, cluster, gpu.name, space.tp_options))
     mbs = tuple(space.micro_batch_options)
     recompute, block = stage_levels(space)
@@ -101,16 +114,26 @@ def gpu_axes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: GpuTyp
     leanest = recompute[-1] if recompute else Recompute.NONE.value
     combos = [(t, b, r) for t in tps for b in mbs for r in dict.fromkeys(recompute + (Recompute.NONE.value,))]
     sp = bool(space.sequence_parallel[0])
-    fit = fitting_layers(gpu, model, space, combos, seq, sp)
+    fit = fitting_layers(gpu, model, space, combos, seq, sp, experts if experts and experts.everywhere else None)
     tp_def, mb_def = three(tps)[len(three(tps)) // 2], three(mbs)[len(three(mbs)) // 2]
     fit_none = fit[(tp_def, mb_def, Recompute.NONE)]
+    eps, ep_fit = (1,), {}
+    if experts is not None:
+        eps = experts.eps[gpu.name]
+        for t in tps:  # every searched tp (not only the grid's three): bench/moe_learned.py, time on 5 of 6 sets
+            own = experts.ep_for(gpu.name, t) if experts.everywhere else None  # "points": every ep
+            for e in (e for e in eps if e != own and fits(experts, gpu.name, t, e)):
+                one = fitting_layers(gpu, model, space, [(t, mb_def, Recompute.NONE.value)], seq, sp, experts, e)
+                ep_fit[(t, e)] = next(iter(one.values()))
+    cps = tuple(c for c in space.context_parallel_options if c == 1 or seq % (2 * c) == 0)
     return GpuAxes(gpu=gpu.name, tps=tps, micro_batches=mbs, recompute=recompute, block=block,
                    max_layers_by_tp={t: max(1, fit[(t, mbs[0], leanest)]) for t in tps},
                    fit={c: max(1, v) for c, v in fit.items()}, model_layers=model.layers,
                    max_inflight=max(1, space.max_pp),
                    seq_len=seq, default_tp=tp_def, default_micro_batch=mb_def,
                    default_layers=max(1, min(fit_none // 2, model.layers // 2)),
-                   sequence_parallel=sp, sp_options=tuple(bool(v) for v in space.sequence_parallel))
+                   sequence_parallel=sp, sp_options=tuple(bool(v) for v in space.sequence_parallel),
+                   eps=eps, ep_fit=ep_fit, cps=cps)
 
 
 def layer_levels(top: int) -> tuple[int, ...]:
@@ -212,6 +235,48 @@ def axis_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[dict[
     return out
 
 
+def ep_points(ax: GpuAxes, model: ModelArch, memory: bool = False) -> list[dict[str, Any]]:
+    """A MoE model's cheap points at every searched ep besides the design's own (memx.profiling.experts; every ep
+    when the design itself measures the dense equivalent): one layer and the default layer count (at most what
+    fits at that ep), default micro batch, no recompute, at each searched tp whose ep group fits on the GPU type
+    (`GpuAxes.ep_fit`); a group that fits on no node runs its all-to-all over the NICs, and the row records that
+    link. `memory`: also the default layer count at the largest inflight, with no and with full recompute — what
+    the experts' activations add per micro batch held, and what recomputation leaves of them."""
+    out = []
+    for (tp, ep), top in ax.ep_fit.items():
+        kw = dict(tp=tp, micro_batch=ax.default_micro_batch, seq_len=ax.seq_len, sequence_parallel=ax.sequence_parallel,
+                  source="design:experts")
+        n = min(ax.default_layers, max(top, 1))
+        pts = [point(ax.gpu, model, layers=k, **kw) for k in dict.fromkeys((1, n))]
+        if memory and ax.max_inflight > 1:
+            pts.append(point(ax.gpu, model, layers=n, inflight=ax.max_inflight, **kw))
+            if Recompute.FULL.value in ax.recompute:
+                pts.append(point(ax.gpu, model, layers=n, recompute=Recompute.FULL.value, inflight=ax.max_inflight, **kw))
+        out += [p | {"expert_parallel": ep} for p in pts]
+    return out
+
+
+def context_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[dict[str, Any]]:
+    """Cheap points at every searched context-parallel size cp > 1 (issue #27): a cp rank runs its stage on s/cp
+    tokens (memx.planner.context_parallel), so each GPU type measures that length — one layer and the default
+    layer count at each grid tp, the default micro batch, no recompute, and the default stage as embedding
+    (first, max inflight) and as output stage (last) — rather than reaching it by a transfer through the closed
+    form (memx.learn.transfer.seq_len_transfer: widened bands). The ring attention's own terms (the K/V exchange,
+    the cp − 1 further blocks) stay the closed form's, added after any predictor."""
+    tps, _, _ = _levels(ax, selected)
+    out: list[dict[str, Any]] = []
+    for cp in (c for c in ax.cps if c > 1):
+        kw = dict(micro_batch=ax.default_micro_batch, seq_len=ax.seq_len // cp, sequence_parallel=ax.sequence_parallel,
+                  source=f"design:context_parallel:{cp}")
+        for tp in tps:
+            top = ax.fit.get((tp, ax.default_micro_batch, Recompute.NONE.value), 1)
+            out += [point(ax.gpu, model, tp=tp, layers=n, **kw) for n in dict.fromkeys((1, min(ax.default_layers, top)))]
+        n = min(ax.default_layers, ax.fit.get((ax.default_tp, ax.default_micro_batch, Recompute.NONE.value), 1))
+        out.append(point(ax.gpu, model, tp=ax.default_tp, layers=n, first=True, inflight=ax.max_inflight, **kw))
+        out.append(point(ax.gpu, model, tp=ax.default_tp, layers=n, last=True, **kw))
+    return out
+
+
 def _spread(lo: int, hi: int, count: int, step: int = 1) -> list[int]:
     vals = np.unique(np.round(np.linspace(lo, hi, count) / step).astype(int) * step)
     return [int(v) for v in vals if v >= 1]
@@ -258,7 +323,8 @@ def representative_gpu(cluster: Cluster) -> GpuType:
 
 def full_grid_size(ax: GpuAxes) -> int:
     """Points of the full grid over every value the search can ask for on this GPU type:
-    tp (× the sequence_parallel values listed, at tp > 1) × micro batch × inflight (1..max_pp) ×
+    tp (× the sequence_parallel values listed, at tp > 1) × micro batch × inflight (1..max_pp) × ep (a MoE
+    model's searched values) × cp (the searched context-parallel sizes: one rank length each) ×
     Σ_{n=1..L} positions(n) × recompute options(n), with positions = middle/first/last (+ first-and-last at n = L) and options = levels (+ N = 1..n−1 when
     block recompute is searched)."""
     total = 0
@@ -267,4 +333,4 @@ def full_grid_size(ax: GpuAxes) -> int:
         options = len(ax.recompute) + ((n - 1) if ax.block else 0)
         total += positions * options
     tps = sum(1 if t == 1 else len(ax.sp_options) for t in ax.tps)
-    return tps * len(ax.micro_batches) * ax.max_inflight * total
+    return tps * len(ax.micro_batches) * ax.max_inflight * total * len(ax.eps) * len(ax.cps)

@@ -25,15 +25,21 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from memx.domain.plan import Plan
+from typing import Any, Mapping
+
+import numpy as np
+
+from memx.domain.errors import InputError
+from memx.domain.plan import Plan, place_plan
+from memx.domain.moe_records import expert_group_plan, expert_model
 from memx.domain.specs import Cluster, GpuType, ModelArch
 from memx.simulator.links import link, ring, shared_nic
 from memx.simulator.physics import (BF16_BYTES, FP32_BYTES, GRAD_BYTES_OF, Device, adam_step_ms, gemm_ms,
                                     membound_ms, ring_allreduce_ms, ring_collective_ms, tp_boundary_ms,
                                     tp_collective_ms)
 from memx.simulator.interleave import chunk_signatures
-from memx.simulator.stage import (ADAM_STATIC_BYTES_PER_PARAM, MIB, REPLICATED_BYTES_PER_PARAM, StageCost,
-                                  StageSignature, stage_cost)
+from memx.simulator.stage import (ADAM_STATIC_BYTES_PER_PARAM, MIB, REPLICATED_BYTES_PER_PARAM, StageCost, StageRun,
+                                  StageSignature, run_of, stage_cost)
 from memx.simulator.traits import GpuTraits
 
 
@@ -119,6 +125,35 @@ def moe_cost(cost: StageCost, sig: StageSignature, model: ModelArch, ep: int, a2
                                act_mem_mib=act / MIB, workspace_mem_mib=work / MIB, optimizer_ms=opt), expert
 
 
+def dispatch_bytes(model: ModelArch, sig: StageSignature) -> float:
+    """Bytes one rank dispatches (and combines) per MoE layer: λ·k copies of its tokens' hidden states."""
+    d = sig.dims()
+    rank_tokens = d.tokens / sig.tp if d.sp else d.tokens
+    return BF16_BYTES * model.moe_load_imbalance * model.moe_router_topk * rank_tokens * model.hidden
+
+
+def measure_expert_stage(sig: StageSignature, point: Mapping[str, Any], gpu: GpuType, traits: GpuTraits,
+                         cluster: Cluster | None, *, rng: np.random.Generator,
+                         static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM) -> StageRun:
+    """One MoE stage alone (a profile point with experts, issue #27): the stage of `sig` — whose `ffn_hidden` is
+    the dense equivalent's, as records hold it (memx.domain.records) — run with its real MoE layers (`moe_cost`)
+    at the row's expert parallelism, its all-to-all over the ep group's placement on `cluster`
+    (memx.domain.records.expert_group_plan; `a2a_ms`). The expert gradients' DP step belongs to the plan's tail,
+    not to a stage run."""
+    model, ep = expert_model(point), int(point.get("expert_parallel") or 1)
+    m_sig = dataclasses.replace(sig, ffn_hidden=dense_ffn(model))
+    a2a = 0.0
+    if ep > 1:
+        plan = expert_group_plan(point)
+        where = None if cluster is None else place_plan(plan, cluster)
+        if where is None:
+            raise InputError(f"stage signature: field 'expert_parallel' {ep} needs {ep} × tp {sig.tp} GPUs "
+                             f"{sig.gpu} on the cluster given (its all-to-all runs over their links)")
+        a2a = a2a_ms(plan, cluster, where, 0, dispatch_bytes(model, m_sig), traits)
+    cost, _ = moe_cost(stage_cost(m_sig, gpu, traits, static_bytes_per_param), m_sig, model, ep, a2a, gpu, traits)
+    return run_of(cost, m_sig, gpu, traits, rng=rng)
+
+
 def moe_stage_costs(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]], sigs: list[StageSignature],
                     costs: list[StageCost], chunks: list[list[StageCost]] | None, tr: dict[str, GpuTraits],
                     static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM):
@@ -128,10 +163,7 @@ def moe_stage_costs(plan: Plan, model: ModelArch, cluster: Cluster, where: list[
     v, per_chunk = plan.virtual_stages, [st.layers // plan.virtual_stages for st in plan.stages]
     for s, (sig, cost) in enumerate(zip(sigs, costs)):
         gpu, t = cluster.gpu(sig.gpu), tr[sig.gpu]
-        d = sig.dims()
-        rank_tokens = d.tokens / sig.tp if d.sp else d.tokens
-        moved = BF16_BYTES * model.moe_load_imbalance * model.moe_router_topk * rank_tokens * model.hidden
-        a2a = a2a_ms(plan, cluster, where, s, moved, t) if plan.expert_parallel > 1 else 0.0
+        a2a = a2a_ms(plan, cluster, where, s, dispatch_bytes(model, sig), t) if plan.expert_parallel > 1 else 0.0
         args = (model, plan.expert_parallel, a2a, gpu, t, static_bytes_per_param)
         offset = sum(st.layers for st in plan.stages[:s])
         new, expert = _with_dense(cost, sig, offset, *args)

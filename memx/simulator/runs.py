@@ -15,9 +15,11 @@ import pandas as pd
 from memx.domain.catalog import load_gpu
 from memx.domain.errors import InputError
 from memx.domain.groups import AnyPlan, any_plan_to_json
+from memx.domain.moe_records import is_moe_row
 from memx.domain.records import (CONFIG_RUN_COLUMNS, STAGE_RUN_COLUMNS, config_runs_frame,
                                  now_iso, stage_run_row, stage_runs_frame)
 from memx.domain.specs import Cluster, GpuType
+from memx.simulator.moe import measure_expert_stage
 from memx.simulator.schedule import PlanRun
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
@@ -90,9 +92,12 @@ def measure_stage_rows(signatures: pd.DataFrame | Sequence[Mapping[str, Any]], *
             raise InputError(f"row {i}: {exc}") from exc
         gpu = get_gpu(sig.gpu)
         tr = given.get(sig.gpu) or load_traits(sig.gpu, conf_root)
+        moe = is_moe_row(raw)  # a stage with experts (issue #27): its MoE layers, all-to-all over the ep group
+        cluster = gpus if isinstance(gpus, Cluster) else None
         for _ in range(repeats):
-            run = measure_stage(sig, gpu, tr, rng=rng, static_bytes_per_param=static_bytes_per_param)
-            rows.append(stage_run_row(sig.to_dict(), status=run.status, backend=BACKEND, time_ms=run.time_ms,
+            run = measure_expert_stage(sig, raw, gpu, tr, cluster, rng=rng, static_bytes_per_param=static_bytes_per_param) \
+                if moe else measure_stage(sig, gpu, tr, rng=rng, static_bytes_per_param=static_bytes_per_param)
+            rows.append(stage_run_row({**raw, **sig.to_dict()}, status=run.status, backend=BACKEND, time_ms=run.time_ms,
                                       peak_mem_mib=run.peak_mem_mib, static_mem_mib=run.static_mem_mib,
                                       reason=run.reason, measured_at=stamp, source=source))
     return rows

@@ -284,7 +284,12 @@ def measure_stage(sig: StageSignature, gpu: GpuType, traits: GpuTraits, *, rng: 
     """Run one stage alone: time with noise, peak memory with `inflight` micro batches held."""
     if sig.gpu != gpu.name:
         raise InputError(f"stage signature: field 'gpu' is {sig.gpu!r} but the GPU given is {gpu.name!r}")
-    cost = stage_cost(sig, gpu, traits, static_bytes_per_param)
+    return run_of(stage_cost(sig, gpu, traits, static_bytes_per_param), sig, gpu, traits, rng=rng)
+
+
+def run_of(cost: StageCost, sig: StageSignature, gpu: GpuType, traits: GpuTraits, *,
+           rng: np.random.Generator) -> StageRun:
+    """What a run of a stage of cost `cost` reports: time with noise, or an OOM when its peak does not fit."""
     noise = float(noise_factor(rng, traits.noise_std_fraction))  # drawn even on OOM: same stream either way
     peak = cost.peak_mem_mib(sig.inflight)
     if peak > cost.capacity_mib:

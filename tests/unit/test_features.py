@@ -11,6 +11,7 @@ from memx.planner.cost import AnalyticStageModel
 from memx.domain.catalog import load_gpu
 from memx.learn.features import (
     FEATURE_NAMES,
+    MOE_FEATURES,
     feature_matrix,
     gpu_arrays,
     memory_bases,
@@ -39,7 +40,8 @@ def test_feature_matrix_is_float32_c_contiguous_with_gpu_specs_as_numbers(gpus):
     a, g = signature_arrays(sigs), gpu_arrays(sigs["gpu"].to_numpy(), gpus)
     an = AnalyticStageModel(gpus=gpus).predict(sigs)
     X = feature_matrix(a, g, an, an["time_ms"].to_numpy(), an["peak_mem_mib"].to_numpy())
-    assert X.dtype == np.float32 and X.flags["C_CONTIGUOUS"] and X.shape == (2, len(FEATURE_NAMES))
+    dense = len(FEATURE_NAMES) - len(MOE_FEATURES)  # a dense predictor's matrix: no MoE features (issue #27)
+    assert X.dtype == np.float32 and X.flags["C_CONTIGUOUS"] and X.shape == (2, dense)
     col = dict(zip(FEATURE_NAMES, X.T))
     assert col["peak_tflops_bf16"].tolist() == [312.0, 200.0]
     assert col["memory_gib"].tolist() == [80.0, 32.0]

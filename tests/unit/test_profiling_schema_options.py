@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from memx.domain.records import (SIGNATURE_COLUMNS, STAGE_RUN_COLUMNS, signature_key, stage_run_row,
+from memx.domain.records import (MOE_COLUMNS, SIGNATURE_COLUMNS, STAGE_RUN_COLUMNS, signature_key, stage_run_row,
                                  stage_runs_frame, validate_stage_runs)
 from memx.planner.signatures import signature_frame
 from memx.planner.tables import stage_contexts
@@ -20,7 +20,9 @@ BASE = {"gpu": "a100-80g", "tp": 2, "layers": 2, "micro_batch": 1, "seq_len": 8,
 
 def test_options_are_signature_columns_appended_with_defaults():
     assert SIGNATURE_COLUMNS[-3:] == ("distributed_optimizer", "dp", "sequence_parallel")
-    assert STAGE_RUN_COLUMNS[-4:] == ("phase", "micro_batches", "forward_ms", "backward_ms")
+    measured = STAGE_RUN_COLUMNS[:len(STAGE_RUN_COLUMNS) - len(MOE_COLUMNS)]  # issue #27's MoE columns come last
+    assert measured[-4:] == ("phase", "micro_batches", "forward_ms", "backward_ms")
+    assert STAGE_RUN_COLUMNS[-len(MOE_COLUMNS):] == MOE_COLUMNS
     assert "phase" not in SIGNATURE_COLUMNS
     old = stage_runs_frame([{k: v for k, v in BASE.items()}])  # an older row: no option, no phase
     assert (bool(old.distributed_optimizer[0]), int(old.dp[0]), bool(old.sequence_parallel[0]), old.phase[0]) \

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 from memx.domain.errors import InputError
 from memx.domain.plan import Recompute
+from memx.domain.moe_records import MOE_COLUMNS, is_moe_row, moe_fields
 from memx.domain.records import SIGNATURE_COLUMNS, failed_row, measurement_problems, ok_row
 from memx.profiling.backends.launches import LAUNCHES, communicate
 from memx.profiling.megatron_logs import Parsed, parse_output
@@ -50,7 +51,7 @@ def check_template(argv: list[str]) -> None:
     """Unknown {placeholders} are bad input: name them and the allowed ones."""
     if not argv:
         raise InputError("--command: empty command; give a program and its arguments")
-    allowed = set(SIGNATURE_COLUMNS) | set(EXTRA_FIELDS)
+    allowed = set(SIGNATURE_COLUMNS) | set(EXTRA_FIELDS) | set(MOE_COLUMNS)
     for arg in argv:
         try:
             names = {f for _, f, _, _ in string.Formatter().parse(arg) if f is not None}
@@ -74,6 +75,8 @@ class CommandBackend:
 
     def job(self, point: Mapping[str, Any]) -> dict[str, Any]:
         job = {c: point.get(c) for c in SIGNATURE_COLUMNS}
+        if is_moe_row(point):  # a MoE stage (issue #27): its expert fields and ep, for the command to run them
+            job.update(moe_fields(point))
         job["model"] = self.model_name
         job["micro_batches"] = max(MICRO_BATCHES, int(point["inflight"]))
         return job
