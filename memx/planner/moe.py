@@ -7,7 +7,9 @@ over ep ranks (`expert_parallel`); the expert tensor-parallel size is the stage'
 `--expert-tensor-parallel-size` None → tp, megatron/training/arguments.py), so the expert data-parallel
 group has dp·tp / (ep·tp) = dp / ep ranks (megatron/core/parallel_state.py, expert rank generator).
 
-A stage predictor (closed form, learned, cached) sees the stage as its *dense equivalent*: the same layer
+A stage predictor (closed form, learned, cached) sees the stage as its *dense equivalent* (a learned predictor
+trained on MoE profile rows also sees ep, experts per GPU, tokens per expert and the all-to-all link as features,
+memx.domain.moe_records, and learns the measurement minus the terms `adjust` adds): the same layer
 with one MLP of inner size f_eq = λ·k·f_e + f_sh — the FLOPs, activations and TP traffic of the path one
 token takes (a token's k expert MLPs plus the shared one: per-token FLOPs = k × expert FFN, Fedus et al. 2022
 §2.1; Shazeer et al. 2017 §2), on the busiest rank (λ = `moe_load_imbalance`: that rank computes and holds λ×

@@ -49,13 +49,22 @@ def dense_ffn(model: ModelArch) -> int:
     return model.moe_shared_expert_ffn_hidden or model.expert_ffn_hidden
 
 
-def _mlp(dev: Device, tokens: float, width: float, tp: int, h: int, groups: float = 1.0) -> tuple[float, float]:
-    """(forward, backward) ms of SwiGLU MLPs on `tokens` tokens split evenly over `groups` experts of inner size
-    `width` / tp: up+gate and down GEMMs (a grouped GEMM: `groups` batched matrices) and the activation."""
+def _mlp(dev: Device, tokens: float, width: float, tp: int, h: int, groups: float = 1.0,
+         gated: bool = True) -> tuple[float, float]:
+    """(forward, backward) ms of the MLPs on `tokens` tokens split evenly over `groups` experts of inner size
+    `width` / tp: up (+gate when `gated`: SwiGLU) and down GEMMs (a grouped GEMM: `groups` batched matrices) and
+    the activation (SwiGLU reads gate and up and writes one, GeLU reads and writes one: as physics.layer_cost)."""
     per = tokens / groups
-    g = gemm_ms(dev, per, 2 * width / tp, h, groups, linear=True) + gemm_ms(dev, per, h, width / tp, groups, linear=True)
-    act = 6.0 * tokens * width / tp
+    up = (2 if gated else 1) * width / tp
+    g = gemm_ms(dev, per, up, h, groups, linear=True) + gemm_ms(dev, per, h, width / tp, groups, linear=True)
+    act = (6.0 if gated else 4.0) * tokens * width / tp
     return g + membound_ms(dev, act, 1), 2 * g + membound_ms(dev, 2 * act, 2)
+
+
+def _matrices(model: ModelArch) -> float:
+    """h × f matrices of one expert MLP: 3 with SwiGLU (gate, up, down), 2 with GeLU (Megatron-LM
+    moe/experts.py doubles fc1 only with gated_linear_unit)."""
+    return 3.0 if model.mlp == "swiglu" else 2.0
 
 
 def a2a_ms(plan: Plan, cluster: Cluster, where: list[list[int]], s: int, nbytes: float, traits: GpuTraits) -> float:
@@ -96,21 +105,22 @@ def moe_cost(cost: StageCost, sig: StageSignature, model: ModelArch, ep: int, a2
     copies = model.moe_load_imbalance * model.moe_router_topk
     gathered = copies * (d.tokens if tp > 1 else rank_tokens)  # the expert GEMMs' tokens on the busiest rank
     e_local = E / ep
-    exp_f, exp_b = _mlp(dev, gathered, fe, tp, h, e_local)
+    gated = model.mlp == "swiglu"
+    exp_f, exp_b = _mlp(dev, gathered, fe, tp, h, e_local, gated)
     router_f = gemm_ms(dev, rank_tokens, E, h) + membound_ms(dev, 3 * FP32_BYTES * rank_tokens * E, 2)
     router_b = 2 * gemm_ms(dev, rank_tokens, E, h) + membound_ms(dev, 3 * FP32_BYTES * rank_tokens * E, 2)
     perm = membound_ms(dev, 2 * 2 * BF16_BYTES * copies * rank_tokens * h, 2)  # permute + unpermute, read + write
     etp = 2 * tp_collective_ms(dev, d, BF16_BYTES * gathered * h) - tp_boundary_ms(dev, d, BF16_BYTES * d.tokens * h) \
         if tp > 1 else 0.0  # the experts' gather / scatter instead of the dense MLP's TP boundary
     shared = model.moe_shared_expert_ffn_hidden is not None
-    drop_f, drop_b = (0.0, 0.0) if shared else _mlp(dev, d.tokens, fe, tp, h)
+    drop_f, drop_b = (0.0, 0.0) if shared else _mlp(dev, d.tokens, fe, tp, h, gated=gated)
     f1 = exp_f + router_f + perm + etp - drop_f + 2 * a2a
     b1 = exp_b + router_b + perm + etp - drop_b + 2 * a2a
     n_full = sig.recomputed_layers
     fwd = cost.fwd_ms + sig.layers * f1
     bwd = cost.bwd_ms + sig.layers * b1 + traits.recompute_penalty_factor * n_full * f1
-    expert = sig.layers * e_local * 3.0 * h * fe / tp
-    dense = sig.layers * (h * E - (0.0 if shared else 3.0 * h * fe / tp))
+    expert = sig.layers * e_local * _matrices(model) * h * fe / tp
+    dense = sig.layers * (h * E - (0.0 if shared else _matrices(model) * h * fe / tp))
     shards_dp, shards_edp = sig.optimizer_shards, max(sig.optimizer_shards // ep, 1)
     per_param = cost.static_mem_mib * MIB / cost.params if cost.params else 0.0
     states = per_param - REPLICATED_BYTES_PER_PARAM  # the optimizer state left per parameter after sharding
