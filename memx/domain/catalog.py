@@ -11,16 +11,18 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
 
 from memx.domain.errors import InputError, SpecError, short_repr
 from memx.domain.home import home_path
 from memx.domain.io import load_yaml, path_kind
-from memx.domain.spec_cache import validated
+from memx.domain.spec_cache import validated, validation_error
 from memx.domain.specs import MAX_CLUSTER_GPUS, Cluster, GpuType, ModelArch, SearchSpace
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 T = TypeVar("T")
 
@@ -168,7 +170,7 @@ def validate_entry(spec_type: type[T], data: dict[str, Any], path: Path, *,
         lines["notes"] = _line("notes", "must be text", notes)
     try:
         spec = validated(spec_type, data)
-    except ValidationError as exc:
+    except validation_error() as exc:
         for loc, line in _error_lines(exc, spec_type).items():
             lines.setdefault(loc, line)
     if len(lines) == 1:

@@ -12,14 +12,16 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import ConfigDict, ValidationError
 
 from memx.domain.errors import InputError
 from memx.domain.io import load_yaml
-from memx.domain.spec_cache import validated
+from memx.domain.spec_cache import validated, validation_error
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 DEFAULT_ENTRY = "default"
 _META_KEYS = ("name", "extends", "notes")
@@ -30,7 +32,7 @@ _MAX_EXTENDS = 8
 class RuntimeProfile:
     """One GPU type's software stack and runtime overheads as the closed-form model uses them."""
 
-    __pydantic_config__ = ConfigDict(extra="forbid")
+    __pydantic_config__ = {"extra": "forbid"}  # pydantic.ConfigDict(extra="forbid"): a TypedDict, i.e. this dict
 
     name: str
     """Catalog entry this profile came from (after `extends`)."""
@@ -147,7 +149,7 @@ def _load_entry(name: str, folder: str) -> RuntimeProfile:
     values, path = _merged(Path(folder), name)
     try:
         profile = validated(RuntimeProfile, {"name": name, **values})  # cached: memx.domain.spec_cache
-    except ValidationError as exc:
+    except validation_error() as exc:
         raise InputError(_format(path, exc)) from exc
     _check_ranges(path, profile)
     return profile

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import pickle
 import sys
 from pathlib import Path
@@ -49,15 +50,27 @@ def adapter(spec_type: type[T]) -> TypeAdapter[T]:
     return TypeAdapter(spec_type)
 
 
+def validation_error() -> type[Exception]:
+    """pydantic's ValidationError, imported when an `except` clause meets an exception (`except
+    validation_error() as exc:` evaluates it then): a cached entry needs no pydantic at all."""
+    from pydantic import ValidationError
+
+    return ValidationError
+
+
 @functools.cache
 def code_version() -> str:
-    """A hash of the code a validated spec depends on: memx/domain/*.py, pydantic's and Python's versions."""
-    from pydantic.version import VERSION
-
-    h = hashlib.sha256(f"{sys.version_info[:3]} pydantic {VERSION}".encode())
+    """A hash of the code a validated spec depends on: memx/domain/*.py, pydantic's version (its
+    `pydantic/version.py`, which states it: read, not imported, so a cache hit loads no pydantic) and Python's."""
+    h = hashlib.sha256(f"{sys.version_info[:3]} pydantic ".encode() + _pydantic_version_file())
     for path in sorted(Path(__file__).parent.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _pydantic_version_file() -> bytes:
+    spec = importlib.util.find_spec("pydantic")  # finds the package without running it
+    return (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_bytes()
 
 
 def _plain(x: Any) -> bool:

@@ -1,0 +1,91 @@
+"""memx.cli.coercion: the values converted without pydantic give exactly what typer's own adapter gives.
+
+Every parameter of `memx plan` (str, int with a minimum, float, enum, path, optional bool) and every other
+command's parameters are tried with the values a user types (and the defaults typer passes), each through
+typer's adapter (`typer._coercion.build_runtime_param`) and through `QuickParam`: the same value and type,
+or the same BadParameter message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer.main
+from typer._click import Context
+from typer._click.exceptions import BadParameter
+from typer._coercion import build_runtime_param
+
+from memx.cli.app import app
+from memx.cli.coercion import SLOW, QuickParam, quick_value
+
+VALUES = {
+    str: ["a", "", "three-vendor-20", " x ", "é"],
+    int: [10, 1, 0, -1, "3", "0", "-1", "010", "abc", "1_000", " 3", "+3", "３", 3.0, True, "99999999999999999999"],
+    float: [0.05, 0.0, -0.1, "0.05", "5", "1e-3", "nan", "inf", "-0.1", ".5", "5.", "0.1000000000000000055511151231257827",
+            0, 2, float("nan")],
+    bool: [True, False, "true", "false", "", 1],
+    Path: ["x.yaml", "", ".", "/tmp", "/nonexistent/f", Path("a"), "~"],
+}
+
+
+def _outcome(rp, value, p, ctx):
+    try:
+        out = rp.coerce(value, param=p, ctx=ctx)
+    except BadParameter as exc:
+        return "error", exc.format_message()
+    return type(out), out
+
+
+def _is_quick(ann, info, v, p, ctx) -> bool:
+    try:
+        return quick_value(ann, info, v, p, ctx) is not SLOW
+    except ValueError:
+        return False
+
+
+def _params():
+    root = typer.main.get_command(app)
+    seen = []
+
+    def walk(cmd):
+        for p in cmd.params:
+            seen.append((cmd, p))
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+
+    walk(root)
+    return seen
+
+
+def test_every_plan_parameter_kind_is_covered():
+    plan = typer.main.get_command(app).commands["plan"]
+    kinds = {p.type_descriptor.annotation for p in plan.params}
+    assert {str, int, float, bool, Path} <= kinds and any(isinstance(k, type) and k.__mro__[1:2] == (str,) for k in kinds)
+
+
+def test_quick_conversion_equals_typers_adapter():
+    checked = quick = 0
+    for cmd, p in _params():
+        d = p.type_descriptor
+        if d.file_annotation is not None:
+            continue
+        ctx = Context(cmd)
+        ann = d.annotation
+        values = VALUES.get(ann, [])
+        if isinstance(ann, type) and issubclass(ann, __import__("enum").Enum):
+            values = [*list(ann), *[m.value for m in ann], *[str(m.value).upper() for m in ann], "nope"]
+        for v in [*values, p.default]:
+            real = _outcome(build_runtime_param(d), v, p, ctx)
+            mine = _outcome(QuickParam(parameter_info=d.parameter_info, annotation=ann), v, p, ctx)
+            assert mine == real or (real[1] != real[1] and mine[1] != mine[1]), (cmd.name, p.name, v, mine, real)
+            checked += 1
+            quick += v is not None and mine[0] != "error" and _is_quick(ann, d.parameter_info, v, p, ctx)
+    assert checked > 300 and quick > 100  # the table is exercised, and most of it by the quick path
+
+
+@pytest.mark.parametrize("value, expected", [("3", 3), ("0", SLOW), ("010", SLOW), ("abc", SLOW), (5, 5)])
+def test_an_int_with_a_minimum(value, expected):
+    plan = typer.main.get_command(app).commands["plan"]
+    top = next(p for p in plan.params if p.name == "top")
+    assert quick_value(int, top.type_descriptor.parameter_info, value) == expected
