@@ -109,8 +109,16 @@ def _one_conf(argv: list[str]) -> None:
 
 
 def new_app(help_text: str) -> typer.Typer:
-    """The root command group (with the error handler); sub-groups are `sub_app`s mounted on it."""
-    return typer.Typer(cls=MemxGroup, add_completion=False, no_args_is_help=True, help=help_text)
+    """The root command group (with the error handler); sub-groups are `sub_app`s mounted on it. Its callback
+    (which does nothing) keeps it a group when one command is mounted (memx.cli.app: `memx plan …`); typer
+    would otherwise run that command as the root."""
+    root = typer.Typer(cls=MemxGroup, add_completion=False, no_args_is_help=True, help=help_text)
+    root.callback()(_root)
+    return root
+
+
+def _root() -> None:
+    """The root group's callback: nothing to do before a command."""
 
 
 def sub_app(help_text: str) -> typer.Typer:

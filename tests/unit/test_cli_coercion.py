@@ -89,3 +89,21 @@ def test_an_int_with_a_minimum(value, expected):
     plan = typer.main.get_command(app).commands["plan"]
     top = next(p for p in plan.params if p.name == "top")
     assert quick_value(int, top.type_descriptor.parameter_info, value) == expected
+
+
+@pytest.mark.parametrize("args", [["plan", "--help"], ["plan", "--top", "x"], ["plan", "--top", "0"],
+                                  ["plan", "--format", "nope"], ["plan", "--cluster", "no-such-cluster"],
+                                  ["plan", "--conf", "a", "--conf", "b"], ["rank", "--help"]],
+                         ids=lambda a: " ".join(a))
+def test_one_command_mounted_alone_answers_as_the_whole_tree(args, tmp_path, monkeypatch):
+    """`memx plan …` mounts only plan on the same root group (memx.cli.app.main): the same output and exit code
+    as the whole command tree, for help and for bad input."""
+    from typer.testing import CliRunner
+
+    from memx.cli.app import build_app, full_app
+
+    monkeypatch.setenv("MEMX_HOME", str(tmp_path))
+    runner = CliRunner()
+    alone, whole = runner.invoke(build_app(args[0]), args), runner.invoke(full_app(), args)
+    assert (alone.exit_code, alone.output) == (whole.exit_code, whole.output)
+    assert whole.exit_code in (0, 2) and whole.output
