@@ -10,7 +10,6 @@ from functools import cached_property
 import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
-from memx.planner.bounds import suffix_min
 from memx.planner.candidates import Scored
 from memx.planner.compositions import count_splits
 from memx.planner.objective import log_score
@@ -90,18 +89,22 @@ def prepare(lay: Layout, pt: PredictedTables, cluster: Cluster, model: ModelArch
 def _slowdown_caps(stages: tuple[StageTable, ...], total: int, factor: float) -> np.ndarray:
     """Per-stage layer caps: a stage whose fitted time exceeds factor × B* (B* = the smallest
     achievable bottleneck stage time of this layout) makes the plan ≥ factor× slower in the
-    steady 1F1B phase than the balanced split; such splits are pruned before evaluation."""
-    n = np.arange(len(stages[0].fit))
-    fitted = np.stack([st.fitted_ms for st in stages])  # the float32 the search uses
-    finite = fitted[np.isfinite(fitted)]
-    if finite.size == 0:
+    steady 1F1B phase than the balanced split; such splits are pruned before evaluation.
+    From each context's fitted times, envelope and largest finite time (StageTable.fitted_envelope,
+    fitted_summary: computed once per context, a search has many layouts per context)."""
+    most = [st.fitted_summary[0] for st in stages]
+    if all(m is None for m in most):
         return np.zeros(len(stages), dtype=np.int64)
+    largest = max(m for m in most if m is not None)
     # The smallest B with Σ_s max{n : t_s(n) ≤ B} ≥ total: max{n : t_s(n) ≤ B} counts the n ≥ 1 whose suffix
     # minimum is ≤ B, so B is the total-th smallest suffix minimum (memx.planner.bounds.MinMax); the largest
     # fitted time when no B reaches total.
-    env = np.sort(suffix_min(fitted)[:, 1:], axis=None)
-    bound = min(env[total - 1], finite.max()) if total <= env.size else finite.max()
-    return np.maximum((n[None, :] * (fitted <= bound * factor)).max(axis=1), 1)
+    env = np.sort(np.concatenate([st.fitted_envelope[1:] for st in stages]))
+    x = (min(env[total - 1], largest) if total <= env.size else largest) * factor
+    n = np.arange(len(stages[0].fit))
+    caps = [n[st.fitted_ms <= x].max(initial=0) if st.fitted_summary[1]  # a NaN: the envelope does not order
+            else int(np.searchsorted(st.fitted_envelope[1:], x, side="right")) for st in stages]
+    return np.maximum(np.array(caps, dtype=np.int64), 1)
 
 
 def chunks(prep: Prepared, total: int, chunk: int):

@@ -149,11 +149,43 @@ class StageTable:
     def fitted_ms(self) -> np.ndarray:
         """(n_max+1,) the fitted level's time in the float32 the search uses (as float64); +inf where nothing
         fits and at n = 0. Computed once per context, shared by every layout using it."""
-        n = np.arange(len(self.fit))
-        ok = (self.fit >= 0) & (n > 0)
-        out = np.full(len(self.fit), np.inf)
-        out[ok] = self.time_ms[n[ok], self.fit[ok]].astype(np.float32)
-        return out
+        return fitted_columns([self])[0][0]
+
+    @cached_property
+    def fitted_envelope(self) -> np.ndarray:
+        """The suffix minimum of fitted_ms over n (memx.planner.bounds.suffix_min), non-decreasing from n = 1:
+        the largest n ≥ 1 with fitted_ms[n] ≤ x is the number of n ≥ 1 whose envelope is ≤ x (NaN-free rows)."""
+        return fitted_columns([self])[1][0]
+
+    @cached_property
+    def fitted_summary(self) -> tuple[float | None, bool]:
+        """(the largest finite fitted_ms, or None; whether fitted_ms holds a NaN): per context, for every layout."""
+        _, _, most, nan = fitted_columns([self])
+        return (None if most[0] == -np.inf else float(most[0])), bool(nan[0])
+
+
+def fitted_columns(tables: Sequence[StageTable]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """StageTable.fitted_ms, fitted_envelope, the largest finite fitted time (−inf: none) and whether a NaN is
+    there, of many tables of the same shape at once (rows: the tables)."""
+    time_ms, fit = np.stack([t.time_ms for t in tables]), np.stack([t.fit for t in tables])
+    n = np.arange(fit.shape[1])[None, :]
+    ok = (fit >= 0) & (n > 0)
+    level = np.take_along_axis(time_ms, np.maximum(fit, 0)[..., None], axis=2)[..., 0]
+    fitted = np.where(ok, level.astype(np.float32).astype(np.float64), np.inf)  # float32 values, float64 array
+    envelope = np.minimum.accumulate(fitted[:, ::-1], axis=1)[:, ::-1]
+    most = np.where(np.isfinite(fitted), fitted, -np.inf).max(axis=1)
+    return fitted, envelope, most, np.isnan(fitted).any(axis=1)
+
+
+def set_fitted(tables: Sequence[StageTable]) -> None:
+    """Fill the tables' fitted_ms, fitted_envelope and fitted_summary in one pass (`fitted_columns`): the
+    values each would compute on first use (functools.cached_property keeps them in the instance dict)."""
+    if not tables:
+        return
+    fitted, envelope, most, nan = fitted_columns(tables)
+    for i, t in enumerate(tables):
+        vars(t).update(fitted_ms=fitted[i], fitted_envelope=envelope[i],
+                       fitted_summary=(None if most[i] == -np.inf else float(most[i]), bool(nan[i])))
 
 
 def ladders(times: np.ndarray, mems: np.ndarray, codes: np.ndarray,
