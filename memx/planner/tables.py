@@ -249,6 +249,10 @@ class LayoutTables:
     def capacity_mib(self) -> np.ndarray:  # (pp,)
         return self.pipeline.capacity_mib
 
+    @cached_property
+    def top_level(self) -> np.ndarray:  # (pp·rows,) int32: the last ladder index (length − 1), as refine moves up
+        return (self.length - 1).astype(np.int32)
+
     @property
     def gpu_weight(self) -> np.ndarray:  # (pp,) GPUs per stage (tp)
         return self.pipeline.gpu_weight
@@ -412,7 +416,19 @@ class StackedTables:
         return self.ctx_time_ms.reshape(-1).take(idx), self.ctx_peak_mib.reshape(-1).take(idx)
 
     def capacity_for(self, base: np.ndarray) -> np.ndarray:
-        return self.capacity.reshape(-1).take(base // np.int32(self.rows))
+        return self.row_capacity.take(base)
+
+    @cached_property
+    def row_capacity(self) -> np.ndarray:  # (layouts·pp·rows,) the capacity of each index row's stage (float64)
+        return np.repeat(self.capacity.reshape(-1), self.rows)
+
+    @cached_property
+    def top_level(self) -> np.ndarray:  # (layouts·pp·rows,) int32: the last ladder index (length − 1)
+        return (self.length - 1).astype(np.int32)
+
+    @cached_property
+    def _by_stage(self) -> tuple[np.ndarray, np.ndarray]:  # weight32 and inv_capacity as (pp, layouts), contiguous
+        return np.ascontiguousarray(self.weight32.T), np.ascontiguousarray(self.inv_capacity.T)
 
     def high_margin(self, base: np.ndarray, level: np.ndarray) -> np.ndarray | None:
         """LayoutTables.high_margin for plans of many layouts (the same float32 values; an empty stage's 0)."""
@@ -424,9 +440,10 @@ class StackedTables:
 
     def totals(self, base: np.ndarray, stage_ms: np.ndarray, stage_mib: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         li = base[0] // np.int32(self.pp * self.rows)
+        w, inv_cap = self._by_stage
         return assemble_columns(stage_ms, stage_mib, self.tail_ms.take(base), micro_batches=self.micro_batches[li],
                                 virtual_stages=self.virtual_stages[li], fixed_ms=self.fixed_ms[li],
-                                w=self.weight32[li].T, inv_cap=self.inv_capacity[li].T)
+                                w=w.take(li, axis=1), inv_cap=inv_cap.take(li, axis=1))
 
 def _stacked_high(tables: list[StageTable]) -> np.ndarray | None:
     """The stages' upper-bound peaks as one float32 array (LayoutTables.high_mib); None without intervals."""
