@@ -107,7 +107,7 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     static.flat[key[starts]] = np.maximum.reduceat(pred["static_mem_mib"], starts)
     limit = np.array([limits[c.gpu] for c in ctx_list])[:, None]
-    t, m, code, length, fit = ladders(times, mems, np.broadcast_to(option_code, shape), limit)
+    t, m, code, length, fit = ladders(times, mems, option_code, limit)  # one (n, option) code table for all
     attr = {f: np.array([getattr(c, f) for c in ctx_list])[:, None] for f in ("tp", "first", "last")}
     params = np.zeros(shape[:2])
     params[:, 1:] = stage_params_per_rank(rows[None, 1:], attr["tp"], attr["first"], attr["last"], model.hidden,

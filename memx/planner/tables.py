@@ -190,14 +190,15 @@ def set_fitted(tables: Sequence[StageTable]) -> None:
 
 def ladders(times: np.ndarray, mems: np.ndarray, codes: np.ndarray,
             limit_mib: np.ndarray | float) -> tuple[np.ndarray, ...]:
-    """The ladders of many (context, n) rows at once. times, mems, codes (..., K): each row's options, +inf
-    time and memory where a row has fewer. Returns (time, peak, code) of the Pareto-sorted options — by
+    """The ladders of many (context, n) rows at once. times, mems (..., K): each row's options, +inf
+    time and memory where a row has fewer; codes: their option codes, (..., K) or any shape that broadcasts to
+    it (one (n, K) table for every context). Returns (time, peak, code) of the Pareto-sorted options — by
     time ascending (then memory, then option order: a stable sort), keeping each option whose memory is
     strictly below every earlier one's — padded with the top level (moving "up" into padding saves
     nothing, so it is never chosen), the ladder length (0: nothing predicted, never feasible; time and
     peak +inf, code NONE) and the first level whose peak ≤ limit_mib (broadcast over the rows; −1: none)."""
     order = np.lexsort((mems, times), axis=-1)
-    t, m, c = (np.take_along_axis(x, order, axis=-1) for x in (times, mems, codes))
+    t, m, c = (_along(x, order) for x in (times, mems, codes))
     before = np.concatenate([np.full(m.shape[:-1] + (1,), np.inf), np.minimum.accumulate(m, axis=-1)[..., :-1]],
                             axis=-1)
     keep = m < before
@@ -205,13 +206,29 @@ def ladders(times: np.ndarray, mems: np.ndarray, codes: np.ndarray,
     kept = np.argsort(~keep, axis=-1, kind="stable")  # the kept options first, in ladder order
     top = np.maximum(length - 1, 0)[..., None]
     pad = np.arange(m.shape[-1]) >= length[..., None]
-    kept = np.where(pad, np.take_along_axis(kept, top, axis=-1), kept)
-    t, m, c = (np.take_along_axis(x, kept, axis=-1) for x in (t, m, c))
-    empty = (length == 0)[..., None]
-    t, m, c = np.where(empty, np.inf, t), np.where(empty, np.inf, m), np.where(empty, NONE, c).astype(np.int64)
+    kept = np.where(pad, _along(kept, top), kept)
+    t, m, c = (_along(x, kept) for x in (t, m, c))
+    if (length == 0).any():
+        empty = (length == 0)[..., None]
+        t, m, c = np.where(empty, np.inf, t), np.where(empty, np.inf, m), np.where(empty, NONE, c)
     fits = (m <= np.asarray(limit_mib)[..., None]) & ~pad
     fit = np.where(fits.any(axis=-1), fits.argmax(axis=-1), -1)
-    return t, m, c, length.astype(np.int64), fit.astype(np.int64)
+    return t, m, c.astype(np.int64, copy=False), length.astype(np.int64), fit.astype(np.int64)
+
+
+def _along(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """np.take_along_axis(np.broadcast_to(x, idx.shape[:-1] + x.shape[-1:]), idx, axis=-1), the same values, by
+    one flat take (no index arrays per axis, no copy of a broadcast x)."""
+    x = np.ascontiguousarray(x)
+    lead = idx.shape[:-1]
+    xb = np.broadcast_to(x, lead + x.shape[-1:])
+    off = np.zeros(lead + (1,), dtype=np.intp)
+    for d, (size, stride) in enumerate(zip(lead, xb.strides[:-1])):
+        if stride:
+            shape = [1] * (len(lead) + 1)
+            shape[d] = size
+            off = off + (np.arange(size, dtype=np.intp) * (stride // x.itemsize)).reshape(shape)
+    return x.reshape(-1).take(off + idx)
 
 
 def stage_table(n_max: int, k_max: int, options_per_n: dict[int, list[int]], pred: dict[int, tuple],

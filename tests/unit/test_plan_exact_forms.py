@@ -84,3 +84,44 @@ def test_fitted_columns_of_many_tables_equal_each_tables_own():
         assert f.dtype == t.fitted_ms.dtype == np.float64 and np.array_equal(f, t.fitted_ms, equal_nan=True)
         assert np.array_equal(e, t.fitted_envelope, equal_nan=True) and s == t.fitted_summary
     assert alone[5][2] == (None, False)
+
+
+def _ladders_by_take_along_axis(times, mems, codes, limit_mib):
+    """tables.ladders as first written (np.take_along_axis, codes broadcast to the options' shape)."""
+    codes = np.broadcast_to(codes, times.shape)
+    order = np.lexsort((mems, times), axis=-1)
+    t, m, c = (np.take_along_axis(x, order, axis=-1) for x in (times, mems, codes))
+    before = np.concatenate([np.full(m.shape[:-1] + (1,), np.inf), np.minimum.accumulate(m, axis=-1)[..., :-1]],
+                            axis=-1)
+    keep = m < before
+    length = keep.sum(axis=-1)
+    kept = np.argsort(~keep, axis=-1, kind="stable")
+    top = np.maximum(length - 1, 0)[..., None]
+    pad = np.arange(m.shape[-1]) >= length[..., None]
+    kept = np.where(pad, np.take_along_axis(kept, top, axis=-1), kept)
+    t, m, c = (np.take_along_axis(x, kept, axis=-1) for x in (t, m, c))
+    empty = (length == 0)[..., None]
+    t, m, c = np.where(empty, np.inf, t), np.where(empty, np.inf, m), np.where(empty, -2, c).astype(np.int64)
+    fits = (m <= np.asarray(limit_mib)[..., None]) & ~pad
+    fit = np.where(fits.any(axis=-1), fits.argmax(axis=-1), -1)
+    return t, m, c, length.astype(np.int64), fit.astype(np.int64)
+
+
+def test_ladders_by_flat_takes_equal_take_along_axis():
+    from memx.planner.tables import ladders
+
+    rng = np.random.default_rng(11)
+    for contexts, rows, k in [(7, 9, 6), (1, 5, 3), (30, 12, 14)]:
+        times = np.round(rng.uniform(1, 20, (contexts, rows, k)))  # rounded: ties in time and memory
+        mems = np.round(rng.uniform(1, 20, (contexts, rows, k)))
+        gone = rng.random((contexts, rows, k)) < 0.3
+        times[gone], mems[gone] = np.inf, np.inf
+        times[0, 1], mems[0, 1] = np.inf, np.inf  # a row with nothing predicted
+        codes = rng.integers(-2, 9, (rows, k))
+        limit = rng.uniform(5, 15, (contexts, 1))
+        for c in (codes, np.broadcast_to(codes, times.shape), codes.copy(order="F")):
+            for got, want in zip(ladders(times, mems, c, limit), _ladders_by_take_along_axis(times, mems, c, limit)):
+                assert got.dtype == want.dtype and np.array_equal(got, want)
+        flat = ladders(times[0], mems[0], codes, 10.0)  # one context (stage_table's form)
+        for got, want in zip(flat, _ladders_by_take_along_axis(times[0], mems[0], codes, 10.0)):
+            assert np.array_equal(got, want)
