@@ -47,7 +47,9 @@ def fit(tables: LayoutTables, base: np.ndarray) -> tuple[np.ndarray, np.ndarray,
         T, stats = tables.totals(base, stage_ms, stage_mib)
     ok = np.isfinite(T)
     if not ok.all():
-        base, stage_ms, stage_mib, T, stats = base[:, ok], stage_ms[:, ok], stage_mib[:, ok], T[ok], stats.take(ok)
+        rows = np.flatnonzero(ok)  # take(): faster than a boolean mask along axis 1
+        base, stage_ms, stage_mib = (x.take(rows, axis=1) for x in (base, stage_ms, stage_mib))
+        T, stats = T.take(rows), stats.take(rows)
     level = tables.fit.take(base)
     return ok, base, Assignment(level=level, stage_ms=stage_ms, stage_mib=stage_mib, time_ms=T, stats=stats)
 
