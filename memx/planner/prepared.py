@@ -72,14 +72,14 @@ class Prepared:
 def prepare(lay: Layout, pt: PredictedTables, cluster: Cluster, model: ModelArch, seq: int,
             slowdown: float, assembly: AssemblyCalibration = IDENTITY_ASSEMBLY) -> Prepared | None:
     ctxs = lay.contexts()
-    if any(c not in pt.tables for c in ctxs):
+    stages = tuple(pt.tables.get(c) for c in ctxs)  # one lookup per stage context
+    if any(st is None for st in stages):
         return None
     cp = lay.context_parallel  # the rank-equivalent pipeline: dp·cp replicas of s/cp (memx.planner.context_parallel)
     pipe = pipeline(cluster, model, stage_gpus=lay.stage_gpus, stage_tp=lay.stage_tp, dp=lay.dp * cp,
                     micro_batch=lay.micro_batch, micro_batches=lay.micro_batches, seq_len=seq // cp, p2p_gbps=lay.p2p_gbps,
                     dp_gbps=lay.dp_gbps, p2p_latency_ms=lay.p2p_latency_ms, distributed_optimizer=lay.distributed_optimizer,
                     assembly=assembly, virtual_stages=lay.virtual_stages, wrap_gbps=lay.wrap_gbps, precision=lay.precision)
-    stages = tuple(pt.tables[c] for c in ctxs)
     hi = np.array([pt.max_layers[c] for c in ctxs])
     if slowdown > 0:
         hi = np.minimum(hi, _slowdown_caps(stages, model.layers, slowdown))
