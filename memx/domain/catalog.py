@@ -13,12 +13,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
 
 from memx.domain.errors import InputError, SpecError, short_repr
 from memx.domain.home import home_path
-from memx.domain.io import load_yaml, path_kind
-from memx.domain.spec_cache import validated, validation_error
+from memx.domain.io import path_kind, yaml_error
+from memx.domain.spec_cache import parsed_yaml, validated, validation_error
 from memx.domain.specs import MAX_CLUSTER_GPUS, Cluster, GpuType, ModelArch, SearchSpace
 
 if TYPE_CHECKING:
@@ -148,8 +147,8 @@ def read_text(path: Path, *, limit: int = MAX_CATALOG_BYTES) -> str:
 def _read_yaml(path: Path) -> dict[str, Any]:
     text = read_text(path)
     try:
-        data = load_yaml(text)
-    except yaml.YAMLError as exc:
+        data = parsed_yaml(text)
+    except yaml_error() as exc:
         raise InputError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")

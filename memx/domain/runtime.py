@@ -14,11 +14,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 
 from memx.domain.errors import InputError
-from memx.domain.io import load_yaml
-from memx.domain.spec_cache import validated, validation_error
+from memx.domain.io import yaml_error
+from memx.domain.spec_cache import parsed_yaml, validated, validation_error
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -84,8 +83,8 @@ def runtime_folder(conf_root: Path | None = None) -> Path:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = load_yaml(path.read_text())
-    except yaml.YAMLError as exc:
+        data = parsed_yaml(path.read_text())
+    except yaml_error() as exc:
         raise InputError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
