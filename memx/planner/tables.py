@@ -307,8 +307,8 @@ class LayoutTables:
 
     def base(self, splits: np.ndarray) -> np.ndarray:
         """(pp, N) index of each stage's (stage, n) entry in the per-n arrays; splits is (N, pp)."""
-        offs = np.arange(self.pp, dtype=np.int32)[:, None] * np.int32(self.rows)
-        return offs + splits.T.astype(np.int32)
+        offs = np.arange(self.pp, dtype=np.intp)[:, None] * self.rows
+        return offs + splits.T  # intp: take() converts any other index dtype first (~40 % of a gather)
 
     def gather(self, base: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         idx = base * np.int32(self.k) + level
@@ -413,7 +413,7 @@ class StackedTables:
             high = np.zeros((len(tabs) + 1, rows, k), dtype=f32)
             high[:-1] = np.stack([t.high_mib for t in tabs])
         return cls(pp=pp, rows=rows, k=k, ctx_high_mib=high, stages=real.sum(axis=1), ctx=ctx, ctx_time_ms=time_ms, ctx_peak_mib=peak,
-                   ctx_fit=fit, ctx_length=length, row_ctx=row_ctx.astype(np.int32),
+                   ctx_fit=fit, ctx_length=length, row_ctx=row_ctx.astype(np.intp),
                    fit=fit.reshape(-1)[row_ctx].astype(np.int32), length=length.reshape(-1)[row_ctx],
                    fit_time_ms=fit_t.reshape(-1)[row_ctx], fit_peak_mib=fit_m.reshape(-1)[row_ctx],
                    tail_ms=tail.reshape(-1), capacity=cap, gpu_weight=weight, weight32=weight.astype(f32),
@@ -424,9 +424,8 @@ class StackedTables:
 
     def base(self, splits: np.ndarray, layout: np.ndarray) -> np.ndarray:
         """(pp, N) index rows of splits (N, pp, padded with 0) of the given layouts (N,)."""
-        offs = (np.asarray(layout, dtype=np.int32)[None, :] * np.int32(self.pp)
-                + np.arange(self.pp, dtype=np.int32)[:, None]) * np.int32(self.rows)
-        return offs + splits.T.astype(np.int32)
+        offs = (np.asarray(layout, dtype=np.intp)[None, :] * self.pp + np.arange(self.pp, dtype=np.intp)[:, None]) * self.rows
+        return offs + splits.T  # intp, as LayoutTables.base
 
     def gather(self, base: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         idx = self.row_ctx.take(base) * np.int32(self.k) + level
