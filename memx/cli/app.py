@@ -2,43 +2,64 @@
 
 Exit codes: 0 ok, 2 bad input, 3 no feasible plan, 4 check failed, 5 nothing usable, 130 interrupted — all set by the
 root group's one error handler (`memx.cli.options.MemxGroup`, docs/architecture.md §CLI). Each module
-in memx/cli/ exposes plain command functions and typer sub-groups; this module mounts them all.
+in memx/cli/ exposes plain command functions and typer sub-groups; this module mounts them all (`app`, built
+when first asked for). `memx COMMAND …` for one of the plain commands (`memx plan …`) mounts only that command
+on the same root group — same parsing, help, messages and exit codes — instead of importing every command
+module and building typer's whole tree (≈ 0.05 CPU s of every `memx plan`, issue #26).
 """
 
 from __future__ import annotations
 
-from memx.cli.artifacts import artifacts_app
-from memx.cli.catalog import catalog_cmd, cluster_app
-from memx.cli.experiments import experiments_cmd
-from memx.cli.inspect import inspect_cmd, rank_cmd
-from memx.cli.learn import evaluate_cmd, models_app, train_cmd
+import functools
+import sys
+
+import typer
+
 from memx.cli.options import new_app
-from memx.cli.plan import plan_cmd
-from memx.cli.profile import ingest_app, profile_cmd
-from memx.cli.simulate import simulate_app
-from memx.cli.ui import ui_cmd
 
-app = new_app("MemX: memory-aware parallel plans for mixed GPU clusters.")
+HELP = "MemX: memory-aware parallel plans for mixed GPU clusters."
+# (name, module, attribute) in --help order: the plain commands, then the sub-groups.
+COMMANDS = (("plan", "memx.cli.plan", "plan_cmd"), ("catalog", "memx.cli.catalog", "catalog_cmd"),
+            ("train", "memx.cli.learn", "train_cmd"), ("evaluate", "memx.cli.learn", "evaluate_cmd"),
+            ("profile", "memx.cli.profile", "profile_cmd"), ("experiments", "memx.cli.experiments", "experiments_cmd"),
+            ("ui", "memx.cli.ui", "ui_cmd"), ("inspect", "memx.cli.inspect", "inspect_cmd"),
+            ("rank", "memx.cli.inspect", "rank_cmd"))
+GROUPS = (("cluster", "memx.cli.catalog", "cluster_app"), ("simulate", "memx.cli.simulate", "simulate_app"),
+          ("artifacts", "memx.cli.artifacts", "artifacts_app"), ("models", "memx.cli.learn", "models_app"),
+          ("ingest", "memx.cli.profile", "ingest_app"))
 
-app.command("plan")(plan_cmd)
-app.command("catalog")(catalog_cmd)
-app.command("train")(train_cmd)
-app.command("evaluate")(evaluate_cmd)
-app.command("profile")(profile_cmd)
-app.command("experiments")(experiments_cmd)
-app.command("ui")(ui_cmd)
-app.command("inspect")(inspect_cmd)
-app.command("rank")(rank_cmd)
-app.add_typer(cluster_app, name="cluster")
-app.add_typer(simulate_app, name="simulate")
-app.add_typer(artifacts_app, name="artifacts")
-app.add_typer(models_app, name="models")
-app.add_typer(ingest_app, name="ingest")
+
+def build_app(only: str | None = None) -> typer.Typer:
+    """The root group with every command and sub-group mounted, or (`only`) that one plain command."""
+    root = new_app(HELP)
+    for name, module, attr in COMMANDS:
+        if only in (None, name):
+            root.command(name)(_load(module, attr))
+    for name, module, attr in GROUPS if only is None else ():
+        root.add_typer(_load(module, attr), name=name)
+    return root
+
+
+def _load(module: str, attr: str):
+    # the import statement's own path (`-X importtime` lists what it imports: tests/unit/test_startup.py)
+    return getattr(__import__(module, fromlist=(attr,)), attr)
+
+
+@functools.cache
+def full_app() -> typer.Typer:
+    return build_app()
+
+
+def __getattr__(name: str):  # `from memx.cli.app import app`: the whole tree (PEP 562)
+    if name == "app":
+        return full_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
     """The console script `memx` (pyproject [project.scripts])."""
-    app()
+    first = sys.argv[1] if len(sys.argv) > 1 else None
+    (build_app(first) if first in {name for name, _, _ in COMMANDS} else full_app())()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,6 +18,7 @@ import typer
 import typer.core
 from typer._click import exceptions as click_errors  # typer vendors click: its own exception classes
 
+from memx.cli.coercion import install, install_param
 from memx.domain import spec_cache
 from memx.domain.errors import InputError, MemxError
 from memx.domain.home import telemetry_off
@@ -51,9 +52,28 @@ class MemxGroup(typer.core.TyperGroup):
                 spec_cache.discard()
         return result
 
+    def get_help_option(self, ctx):  # noqa: D401 - click API
+        opt = super().get_help_option(ctx)
+        if opt is not None:
+            install_param(opt)
+        return opt
+
+    def resolve_command(self, ctx, args):  # noqa: D401 - click API
+        """The sub-command to run; its values (and this group's) are converted without pydantic where that is
+        certain (memx.cli.coercion)."""
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None:
+            install(cmd)
+            if "help_option_names" not in (cmd.context_settings or {}):  # its --help, as its own context makes it
+                opt = cmd.get_help_option(ctx)
+                if opt is not None:
+                    install_param(opt)
+        return name, cmd, rest
+
     def main(self, *args, standalone_mode: bool = True, **kwargs):  # noqa: D401 - click API
         """Usage errors (an unknown option, a missing or malformed value) as one `error: …` line and exit 2,
-        like every other bad input, instead of typer's boxed usage panel; `memx` alone still shows the help."""
+        like every other bad input, instead of typer's boxed usage panel; `memx` alone still shows the help.
+        """
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
@@ -89,8 +109,16 @@ def _one_conf(argv: list[str]) -> None:
 
 
 def new_app(help_text: str) -> typer.Typer:
-    """The root command group (with the error handler); sub-groups are `sub_app`s mounted on it."""
-    return typer.Typer(cls=MemxGroup, add_completion=False, no_args_is_help=True, help=help_text)
+    """The root command group (with the error handler); sub-groups are `sub_app`s mounted on it. Its callback
+    (which does nothing) keeps it a group when one command is mounted (memx.cli.app: `memx plan …`); typer
+    would otherwise run that command as the root."""
+    root = typer.Typer(cls=MemxGroup, add_completion=False, no_args_is_help=True, help=help_text)
+    root.callback()(_root)
+    return root
+
+
+def _root() -> None:
+    """The root group's callback: nothing to do before a command."""
 
 
 def sub_app(help_text: str) -> typer.Typer:

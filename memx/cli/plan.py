@@ -100,7 +100,6 @@ def plan_cmd(
     from memx.planner.launcher import stage_dp_option
     from memx.planner.replica_search import replica_search as run_search  # schema 2 when max_replica_groups ≥ 2
     from memx.planner.result import search_result_to_dict
-    from memx.report.check import load_baseline
     from memx.report.why import annotate
 
     cl, mo, sp = load_specs(cluster, model, search, conf)
@@ -108,7 +107,11 @@ def plan_cmd(
     check_outputs(out, check, summary)  # before any work: bad paths exit 2 with nothing written
     if max_slowdown < 0:
         raise InputError(f"--max-slowdown {max_slowdown:g}: allowed range ≥ 0 (a fraction: 0.1 = 10 % slower)")
-    baseline = load_baseline(check, mo) if check is not None else None
+    baseline = None
+    if check is not None:
+        from memx.report.check import load_baseline
+
+        baseline = load_baseline(check, mo)
     if dask is not None:
         parse_dask(dask)  # a malformed --dask: exit 2 before any work (an unreachable one: when connecting)
     warn_batch(cl, sp)
@@ -329,7 +332,6 @@ def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | N
     """The answer on stdout in `fmt`; with `--out`, plan.json, plan.md, megatron.sh (executable) and the
     HTML report with its PNGs too."""
     from memx.domain.groups import any_plan_from_dict
-    from memx.report.megatron import nearest_launchable, render_megatron
     from memx.report.table import print_table, to_markdown
 
     plan_obj = any_plan_from_dict(obj["plan"])  # either schema (issue #15)
@@ -349,6 +351,7 @@ def _emit(obj: dict, model: ModelArch, cluster: Cluster, fmt: Fmt, out: Path | N
         print_table(obj, Console(width=160))
     if out is not None:
         from memx.cli.orchestration import matplotlib_env
+        from memx.report.megatron import nearest_launchable, render_megatron
 
         matplotlib_env()
         from memx.report.html import write_report  # matplotlib reads MPLCONFIGDIR when first imported: after matplotlib_env()

@@ -11,16 +11,17 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
-from pydantic import ValidationError
 
 from memx.domain.errors import InputError, SpecError, short_repr
 from memx.domain.home import home_path
-from memx.domain.io import load_yaml, path_kind
-from memx.domain.spec_cache import validated
+from memx.domain.io import path_kind, yaml_error
+from memx.domain.spec_cache import parsed_yaml, validated, validation_error
 from memx.domain.specs import MAX_CLUSTER_GPUS, Cluster, GpuType, ModelArch, SearchSpace
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 T = TypeVar("T")
 
@@ -146,8 +147,8 @@ def read_text(path: Path, *, limit: int = MAX_CATALOG_BYTES) -> str:
 def _read_yaml(path: Path) -> dict[str, Any]:
     text = read_text(path)
     try:
-        data = load_yaml(text)
-    except yaml.YAMLError as exc:
+        data = parsed_yaml(text)
+    except yaml_error() as exc:
         raise InputError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
@@ -168,7 +169,7 @@ def validate_entry(spec_type: type[T], data: dict[str, Any], path: Path, *,
         lines["notes"] = _line("notes", "must be text", notes)
     try:
         spec = validated(spec_type, data)
-    except ValidationError as exc:
+    except validation_error() as exc:
         for loc, line in _error_lines(exc, spec_type).items():
             lines.setdefault(loc, line)
     if len(lines) == 1:

@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+def yaml_error() -> type[Exception]:
+    """PyYAML's YAMLError, imported when an `except` clause meets an exception (`except yaml_error() as exc:`
+    evaluates it then): a cached catalog text needs no PyYAML (memx.domain.spec_cache.parsed_yaml)."""
+    import yaml
+
+    return yaml.YAMLError
+
+
 def load_yaml(text: str) -> Any:
     """`yaml.safe_load(text)`, parsed by libyaml (PyYAML's CSafeLoader: the same safe constructors and
     resolvers in C, several times faster: a plan reads a dozen catalog files) where PyYAML was built with it;

@@ -12,14 +12,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-from pydantic import ConfigDict, ValidationError
 
 from memx.domain.errors import InputError
-from memx.domain.io import load_yaml
-from memx.domain.spec_cache import validated
+from memx.domain.io import yaml_error
+from memx.domain.spec_cache import parsed_yaml, validated, validation_error
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 DEFAULT_ENTRY = "default"
 _META_KEYS = ("name", "extends", "notes")
@@ -30,7 +31,7 @@ _MAX_EXTENDS = 8
 class RuntimeProfile:
     """One GPU type's software stack and runtime overheads as the closed-form model uses them."""
 
-    __pydantic_config__ = ConfigDict(extra="forbid")
+    __pydantic_config__ = {"extra": "forbid"}  # pydantic.ConfigDict(extra="forbid"): a TypedDict, i.e. this dict
 
     name: str
     """Catalog entry this profile came from (after `extends`)."""
@@ -82,8 +83,8 @@ def runtime_folder(conf_root: Path | None = None) -> Path:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = load_yaml(path.read_text())
-    except yaml.YAMLError as exc:
+        data = parsed_yaml(path.read_text())
+    except yaml_error() as exc:
         raise InputError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
@@ -147,7 +148,7 @@ def _load_entry(name: str, folder: str) -> RuntimeProfile:
     values, path = _merged(Path(folder), name)
     try:
         profile = validated(RuntimeProfile, {"name": name, **values})  # cached: memx.domain.spec_cache
-    except ValidationError as exc:
+    except validation_error() as exc:
         raise InputError(_format(path, exc)) from exc
     _check_ranges(path, profile)
     return profile

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import pickle
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from memx.domain.errors import InputError
 from memx.domain.hashing import stable_hash
 from memx.domain.home import home_path
-from memx.domain.io import atomic_write_bytes
+from memx.domain.io import atomic_write_bytes, load_yaml
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
@@ -38,7 +39,7 @@ _PENDING: dict[Path, bytes] = {}  # validated in this process, written by flush(
 
 
 def cache_folder() -> Path:
-    return home_path("cache", "specs")
+    return home_path("cache", "specs")  # parsed catalog texts beside it, in cache/yaml (parsed_yaml)
 
 
 @functools.cache
@@ -49,15 +50,52 @@ def adapter(spec_type: type[T]) -> TypeAdapter[T]:
     return TypeAdapter(spec_type)
 
 
+def validation_error() -> type[Exception]:
+    """pydantic's ValidationError, imported when an `except` clause meets an exception (`except
+    validation_error() as exc:` evaluates it then): a cached entry needs no pydantic at all."""
+    from pydantic import ValidationError
+
+    return ValidationError
+
+
 @functools.cache
 def code_version() -> str:
-    """A hash of the code a validated spec depends on: memx/domain/*.py, pydantic's and Python's versions."""
-    from pydantic.version import VERSION
-
-    h = hashlib.sha256(f"{sys.version_info[:3]} pydantic {VERSION}".encode())
+    """A hash of the code a validated spec depends on: memx/domain/*.py, pydantic's version (its
+    `pydantic/version.py`, which states it: read, not imported, so a cache hit loads no pydantic) and Python's."""
+    h = hashlib.sha256(f"{sys.version_info[:3]} pydantic ".encode() + _pydantic_version_file())
     for path in sorted(Path(__file__).parent.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _pydantic_version_file() -> bytes:
+    return _package_file("pydantic", "version.py")
+
+
+def _package_file(package: str, name: str) -> bytes:
+    spec = importlib.util.find_spec(package)  # finds the package without running it
+    return (Path(next(iter(spec.submodule_search_locations))) / name).read_bytes()
+
+
+def parsed_yaml(text: str) -> Any:
+    """`memx.domain.io.load_yaml(text)`, from the cache when the same text was parsed before by the same code
+    and PyYAML (its `yaml/__init__.py`, which states its version: read, not imported): a cached plan imports
+    no PyYAML (≈ 0.02 CPU s, issue #26 session 4). A YAMLError propagates (nothing is cached then); written
+    by `flush` like the specs."""
+    h = hashlib.sha256(f"{code_version()} yaml ".encode() + _yaml_version_file() + b"\0" + text.encode())
+    path = home_path("cache", "yaml") / f"{h.hexdigest()[:32]}.pickle"
+    try:
+        return pickle.loads(path.read_bytes())  # noqa: S301 - MemX's own local state (module docstring)
+    except Exception:  # noqa: BLE001 - missing or unreadable: parse
+        pass
+    data = load_yaml(text)
+    _PENDING[path] = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+    return data
+
+
+@functools.cache
+def _yaml_version_file() -> bytes:
+    return _package_file("yaml", "__init__.py")
 
 
 def _plain(x: Any) -> bool:

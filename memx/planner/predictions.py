@@ -19,7 +19,7 @@ from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
 from memx.planner import moe
 from memx.planner.interleave import allowed_layers, combine, context_twins
 from memx.planner.signatures import StagePredictor, predict_arrays, signature_columns
-from memx.planner.tables import NONE, StageContext, StageTable, ladders, stage_options
+from memx.planner.tables import NONE, StageContext, StageTable, ladders, set_fitted, stage_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +107,7 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     static.flat[key[starts]] = np.maximum.reduceat(pred["static_mem_mib"], starts)
     limit = np.array([limits[c.gpu] for c in ctx_list])[:, None]
-    t, m, code, length, fit = ladders(times, mems, np.broadcast_to(option_code, shape), limit)
+    t, m, code, length, fit = ladders(times, mems, option_code, limit)  # one (n, option) code table for all
     attr = {f: np.array([getattr(c, f) for c in ctx_list])[:, None] for f in ("tp", "first", "last")}
     params = np.zeros(shape[:2])
     params[:, 1:] = stage_params_per_rank(rows[None, 1:], attr["tp"], attr["first"], attr["last"], model.hidden,
@@ -118,6 +118,7 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     tables = {c: StageTable(time_ms=t[i], peak_mib=m[i], code=code[i], length=length[i], fit=fit[i],
                             static_mib=static[i], params_per_rank=params[i],
                             high_mib=None if high is None else high[i]) for i, c in enumerate(ctx_list)}
+    set_fitted(list(tables.values()))  # what every layout's slowdown caps read (memx.planner.prepared)
     return PredictedTables(tables=tables, max_layers=bounds, signatures=len(layers), predict_s=predict_s)
 
 

@@ -10,7 +10,6 @@ from functools import cached_property
 import numpy as np
 
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
-from memx.planner.bounds import suffix_min
 from memx.planner.candidates import Scored
 from memx.planner.compositions import count_splits
 from memx.planner.objective import log_score
@@ -73,14 +72,14 @@ class Prepared:
 def prepare(lay: Layout, pt: PredictedTables, cluster: Cluster, model: ModelArch, seq: int,
             slowdown: float, assembly: AssemblyCalibration = IDENTITY_ASSEMBLY) -> Prepared | None:
     ctxs = lay.contexts()
-    if any(c not in pt.tables for c in ctxs):
+    stages = tuple(pt.tables.get(c) for c in ctxs)  # one lookup per stage context
+    if any(st is None for st in stages):
         return None
     cp = lay.context_parallel  # the rank-equivalent pipeline: dp·cp replicas of s/cp (memx.planner.context_parallel)
     pipe = pipeline(cluster, model, stage_gpus=lay.stage_gpus, stage_tp=lay.stage_tp, dp=lay.dp * cp,
                     micro_batch=lay.micro_batch, micro_batches=lay.micro_batches, seq_len=seq // cp, p2p_gbps=lay.p2p_gbps,
                     dp_gbps=lay.dp_gbps, p2p_latency_ms=lay.p2p_latency_ms, distributed_optimizer=lay.distributed_optimizer,
                     assembly=assembly, virtual_stages=lay.virtual_stages, wrap_gbps=lay.wrap_gbps, precision=lay.precision)
-    stages = tuple(pt.tables[c] for c in ctxs)
     hi = np.array([pt.max_layers[c] for c in ctxs])
     if slowdown > 0:
         hi = np.minimum(hi, _slowdown_caps(stages, model.layers, slowdown))
@@ -90,18 +89,22 @@ def prepare(lay: Layout, pt: PredictedTables, cluster: Cluster, model: ModelArch
 def _slowdown_caps(stages: tuple[StageTable, ...], total: int, factor: float) -> np.ndarray:
     """Per-stage layer caps: a stage whose fitted time exceeds factor × B* (B* = the smallest
     achievable bottleneck stage time of this layout) makes the plan ≥ factor× slower in the
-    steady 1F1B phase than the balanced split; such splits are pruned before evaluation."""
-    n = np.arange(len(stages[0].fit))
-    fitted = np.stack([st.fitted_ms for st in stages])  # the float32 the search uses
-    finite = fitted[np.isfinite(fitted)]
-    if finite.size == 0:
+    steady 1F1B phase than the balanced split; such splits are pruned before evaluation.
+    From each context's fitted times, envelope and largest finite time (StageTable.fitted_envelope,
+    fitted_summary: computed once per context, a search has many layouts per context)."""
+    most = [st.fitted_summary[0] for st in stages]
+    if all(m is None for m in most):
         return np.zeros(len(stages), dtype=np.int64)
+    largest = max(m for m in most if m is not None)
     # The smallest B with Σ_s max{n : t_s(n) ≤ B} ≥ total: max{n : t_s(n) ≤ B} counts the n ≥ 1 whose suffix
     # minimum is ≤ B, so B is the total-th smallest suffix minimum (memx.planner.bounds.MinMax); the largest
     # fitted time when no B reaches total.
-    env = np.sort(suffix_min(fitted)[:, 1:], axis=None)
-    bound = min(env[total - 1], finite.max()) if total <= env.size else finite.max()
-    return np.maximum((n[None, :] * (fitted <= bound * factor)).max(axis=1), 1)
+    env = np.sort(np.concatenate([st.fitted_envelope[1:] for st in stages]))
+    x = (min(env[total - 1], largest) if total <= env.size else largest) * factor
+    n = np.arange(len(stages[0].fit))
+    caps = [n[st.fitted_ms <= x].max(initial=0) if st.fitted_summary[1]  # a NaN: the envelope does not order
+            else int(np.searchsorted(st.fitted_envelope[1:], x, side="right")) for st in stages]
+    return np.maximum(np.array(caps, dtype=np.int64), 1)
 
 
 def chunks(prep: Prepared, total: int, chunk: int):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def per_run(terms: Callable[..., dict[str, np.ndarray]], *columns) -> dict[str, 
         return terms(*columns)
     take = [replace(c, **{f.name: getattr(c, f.name)[heads] for f in fields(c)}) for c in columns]
     run = np.cumsum(change) - 1
-    return {k: v[run] for k, v in terms(*take).items()}
+    return {k: np.asarray(v).take(run, axis=0) for k, v in terms(*take).items()}  # take(): faster than v[run]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +101,7 @@ class RuntimeColumns:
             "coll_mib": [p.collective_comm_mib for p in r], "p2p_mib": [p.p2p_comm_mib for p in r],
             "frag": [p.allocator_overhead_fraction for p in r],
         }
-        return cls(**{k: np.asarray(cols[k])[inv] for k in (f.name for f in fields(cls))})
+        return cls(**{k: np.asarray(cols[k]).take(inv) for k in (f.name for f in fields(cls))})  # take(): as [inv], faster
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,8 +120,8 @@ class Shapes:
     dropout: np.ndarray  # GPT-style (GELU) models train with dropout, LLaMA-style (SwiGLU) without
     rep: np.ndarray  # divisor of the "replicated" activations: t with sequence parallelism, else 1
 
-    @property
-    def tokens(self) -> np.ndarray:
+    @cached_property
+    def tokens(self) -> np.ndarray:  # b·s, asked for by most terms: computed once per Shapes
         return self.b * self.s
 
 

@@ -149,23 +149,56 @@ class StageTable:
     def fitted_ms(self) -> np.ndarray:
         """(n_max+1,) the fitted level's time in the float32 the search uses (as float64); +inf where nothing
         fits and at n = 0. Computed once per context, shared by every layout using it."""
-        n = np.arange(len(self.fit))
-        ok = (self.fit >= 0) & (n > 0)
-        out = np.full(len(self.fit), np.inf)
-        out[ok] = self.time_ms[n[ok], self.fit[ok]].astype(np.float32)
-        return out
+        return fitted_columns([self])[0][0]
+
+    @cached_property
+    def fitted_envelope(self) -> np.ndarray:
+        """The suffix minimum of fitted_ms over n (memx.planner.bounds.suffix_min), non-decreasing from n = 1:
+        the largest n ≥ 1 with fitted_ms[n] ≤ x is the number of n ≥ 1 whose envelope is ≤ x (NaN-free rows)."""
+        return fitted_columns([self])[1][0]
+
+    @cached_property
+    def fitted_summary(self) -> tuple[float | None, bool]:
+        """(the largest finite fitted_ms, or None; whether fitted_ms holds a NaN): per context, for every layout."""
+        _, _, most, nan = fitted_columns([self])
+        return (None if most[0] == -np.inf else float(most[0])), bool(nan[0])
+
+
+def fitted_columns(tables: Sequence[StageTable]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """StageTable.fitted_ms, fitted_envelope, the largest finite fitted time (−inf: none) and whether a NaN is
+    there, of many tables of the same shape at once (rows: the tables)."""
+    time_ms, fit = np.stack([t.time_ms for t in tables]), np.stack([t.fit for t in tables])
+    n = np.arange(fit.shape[1])[None, :]
+    ok = (fit >= 0) & (n > 0)
+    level = np.take_along_axis(time_ms, np.maximum(fit, 0)[..., None], axis=2)[..., 0]
+    fitted = np.where(ok, level.astype(np.float32).astype(np.float64), np.inf)  # float32 values, float64 array
+    envelope = np.minimum.accumulate(fitted[:, ::-1], axis=1)[:, ::-1]
+    most = np.where(np.isfinite(fitted), fitted, -np.inf).max(axis=1)
+    return fitted, envelope, most, np.isnan(fitted).any(axis=1)
+
+
+def set_fitted(tables: Sequence[StageTable]) -> None:
+    """Fill the tables' fitted_ms, fitted_envelope and fitted_summary in one pass (`fitted_columns`): the
+    values each would compute on first use (functools.cached_property keeps them in the instance dict)."""
+    if not tables:
+        return
+    fitted, envelope, most, nan = fitted_columns(tables)
+    for i, t in enumerate(tables):
+        vars(t).update(fitted_ms=fitted[i], fitted_envelope=envelope[i],
+                       fitted_summary=(None if most[i] == -np.inf else float(most[i]), bool(nan[i])))
 
 
 def ladders(times: np.ndarray, mems: np.ndarray, codes: np.ndarray,
             limit_mib: np.ndarray | float) -> tuple[np.ndarray, ...]:
-    """The ladders of many (context, n) rows at once. times, mems, codes (..., K): each row's options, +inf
-    time and memory where a row has fewer. Returns (time, peak, code) of the Pareto-sorted options — by
+    """The ladders of many (context, n) rows at once. times, mems (..., K): each row's options, +inf
+    time and memory where a row has fewer; codes: their option codes, (..., K) or any shape that broadcasts to
+    it (one (n, K) table for every context). Returns (time, peak, code) of the Pareto-sorted options — by
     time ascending (then memory, then option order: a stable sort), keeping each option whose memory is
     strictly below every earlier one's — padded with the top level (moving "up" into padding saves
     nothing, so it is never chosen), the ladder length (0: nothing predicted, never feasible; time and
     peak +inf, code NONE) and the first level whose peak ≤ limit_mib (broadcast over the rows; −1: none)."""
     order = np.lexsort((mems, times), axis=-1)
-    t, m, c = (np.take_along_axis(x, order, axis=-1) for x in (times, mems, codes))
+    t, m, c = (_along(x, order) for x in (times, mems, codes))
     before = np.concatenate([np.full(m.shape[:-1] + (1,), np.inf), np.minimum.accumulate(m, axis=-1)[..., :-1]],
                             axis=-1)
     keep = m < before
@@ -173,13 +206,29 @@ def ladders(times: np.ndarray, mems: np.ndarray, codes: np.ndarray,
     kept = np.argsort(~keep, axis=-1, kind="stable")  # the kept options first, in ladder order
     top = np.maximum(length - 1, 0)[..., None]
     pad = np.arange(m.shape[-1]) >= length[..., None]
-    kept = np.where(pad, np.take_along_axis(kept, top, axis=-1), kept)
-    t, m, c = (np.take_along_axis(x, kept, axis=-1) for x in (t, m, c))
-    empty = (length == 0)[..., None]
-    t, m, c = np.where(empty, np.inf, t), np.where(empty, np.inf, m), np.where(empty, NONE, c).astype(np.int64)
+    kept = np.where(pad, _along(kept, top), kept)
+    t, m, c = (_along(x, kept) for x in (t, m, c))
+    if (length == 0).any():
+        empty = (length == 0)[..., None]
+        t, m, c = np.where(empty, np.inf, t), np.where(empty, np.inf, m), np.where(empty, NONE, c)
     fits = (m <= np.asarray(limit_mib)[..., None]) & ~pad
     fit = np.where(fits.any(axis=-1), fits.argmax(axis=-1), -1)
-    return t, m, c, length.astype(np.int64), fit.astype(np.int64)
+    return t, m, c.astype(np.int64, copy=False), length.astype(np.int64), fit.astype(np.int64)
+
+
+def _along(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """np.take_along_axis(np.broadcast_to(x, idx.shape[:-1] + x.shape[-1:]), idx, axis=-1), the same values, by
+    one flat take (no index arrays per axis, no copy of a broadcast x)."""
+    x = np.ascontiguousarray(x)
+    lead = idx.shape[:-1]
+    xb = np.broadcast_to(x, lead + x.shape[-1:])
+    off = np.zeros(lead + (1,), dtype=np.intp)
+    for d, (size, stride) in enumerate(zip(lead, xb.strides[:-1])):
+        if stride:
+            shape = [1] * (len(lead) + 1)
+            shape[d] = size
+            off = off + (np.arange(size, dtype=np.intp) * (stride // x.itemsize)).reshape(shape)
+    return x.reshape(-1).take(off + idx)
 
 
 def stage_table(n_max: int, k_max: int, options_per_n: dict[int, list[int]], pred: dict[int, tuple],
@@ -216,6 +265,10 @@ class LayoutTables:
     @property
     def capacity_mib(self) -> np.ndarray:  # (pp,)
         return self.pipeline.capacity_mib
+
+    @cached_property
+    def top_level(self) -> np.ndarray:  # (pp·rows,) int32: the last ladder index (length − 1), as refine moves up
+        return (self.length - 1).astype(np.int32)
 
     @property
     def gpu_weight(self) -> np.ndarray:  # (pp,) GPUs per stage (tp)
@@ -254,8 +307,8 @@ class LayoutTables:
 
     def base(self, splits: np.ndarray) -> np.ndarray:
         """(pp, N) index of each stage's (stage, n) entry in the per-n arrays; splits is (N, pp)."""
-        offs = np.arange(self.pp, dtype=np.int32)[:, None] * np.int32(self.rows)
-        return offs + splits.T.astype(np.int32)
+        offs = np.arange(self.pp, dtype=np.intp)[:, None] * self.rows
+        return offs + splits.T  # intp: take() converts any other index dtype first (~40 % of a gather)
 
     def gather(self, base: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         idx = base * np.int32(self.k) + level
@@ -360,7 +413,7 @@ class StackedTables:
             high = np.zeros((len(tabs) + 1, rows, k), dtype=f32)
             high[:-1] = np.stack([t.high_mib for t in tabs])
         return cls(pp=pp, rows=rows, k=k, ctx_high_mib=high, stages=real.sum(axis=1), ctx=ctx, ctx_time_ms=time_ms, ctx_peak_mib=peak,
-                   ctx_fit=fit, ctx_length=length, row_ctx=row_ctx.astype(np.int32),
+                   ctx_fit=fit, ctx_length=length, row_ctx=row_ctx.astype(np.intp),
                    fit=fit.reshape(-1)[row_ctx].astype(np.int32), length=length.reshape(-1)[row_ctx],
                    fit_time_ms=fit_t.reshape(-1)[row_ctx], fit_peak_mib=fit_m.reshape(-1)[row_ctx],
                    tail_ms=tail.reshape(-1), capacity=cap, gpu_weight=weight, weight32=weight.astype(f32),
@@ -371,16 +424,27 @@ class StackedTables:
 
     def base(self, splits: np.ndarray, layout: np.ndarray) -> np.ndarray:
         """(pp, N) index rows of splits (N, pp, padded with 0) of the given layouts (N,)."""
-        offs = (np.asarray(layout, dtype=np.int32)[None, :] * np.int32(self.pp)
-                + np.arange(self.pp, dtype=np.int32)[:, None]) * np.int32(self.rows)
-        return offs + splits.T.astype(np.int32)
+        offs = (np.asarray(layout, dtype=np.intp)[None, :] * self.pp + np.arange(self.pp, dtype=np.intp)[:, None]) * self.rows
+        return offs + splits.T  # intp, as LayoutTables.base
 
     def gather(self, base: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         idx = self.row_ctx.take(base) * np.int32(self.k) + level
         return self.ctx_time_ms.reshape(-1).take(idx), self.ctx_peak_mib.reshape(-1).take(idx)
 
     def capacity_for(self, base: np.ndarray) -> np.ndarray:
-        return self.capacity.reshape(-1).take(base // np.int32(self.rows))
+        return self.row_capacity.take(base)
+
+    @cached_property
+    def row_capacity(self) -> np.ndarray:  # (layouts·pp·rows,) the capacity of each index row's stage (float64)
+        return np.repeat(self.capacity.reshape(-1), self.rows)
+
+    @cached_property
+    def top_level(self) -> np.ndarray:  # (layouts·pp·rows,) int32: the last ladder index (length − 1)
+        return (self.length - 1).astype(np.int32)
+
+    @cached_property
+    def _by_stage(self) -> tuple[np.ndarray, np.ndarray]:  # weight32 and inv_capacity as (pp, layouts), contiguous
+        return np.ascontiguousarray(self.weight32.T), np.ascontiguousarray(self.inv_capacity.T)
 
     def high_margin(self, base: np.ndarray, level: np.ndarray) -> np.ndarray | None:
         """LayoutTables.high_margin for plans of many layouts (the same float32 values; an empty stage's 0)."""
@@ -392,9 +456,10 @@ class StackedTables:
 
     def totals(self, base: np.ndarray, stage_ms: np.ndarray, stage_mib: np.ndarray) -> tuple[np.ndarray, MemoryStats]:
         li = base[0] // np.int32(self.pp * self.rows)
+        w, inv_cap = self._by_stage
         return assemble_columns(stage_ms, stage_mib, self.tail_ms.take(base), micro_batches=self.micro_batches[li],
                                 virtual_stages=self.virtual_stages[li], fixed_ms=self.fixed_ms[li],
-                                w=self.weight32[li].T, inv_cap=self.inv_capacity[li].T)
+                                w=w.take(li, axis=1), inv_cap=inv_cap.take(li, axis=1))
 
 def _stacked_high(tables: list[StageTable]) -> np.ndarray | None:
     """The stages' upper-bound peaks as one float32 array (LayoutTables.high_mib); None without intervals."""

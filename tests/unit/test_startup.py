@@ -41,11 +41,24 @@ def test_light_commands_import_no_heavy_stack(args, tmp_path):
     assert heavy(mods) == []
 
 
-def test_a_json_plan_draws_nothing_with_rich(tmp_path):
+def test_a_json_plan_draws_nothing_with_rich_and_validates_nothing_with_pydantic(tmp_path):
     """rich is imported where a table or a progress bar is drawn (memx.cli.progress, memx.report.table), not for
-    the JSON a script reads (issue #26, session 3: ~0.02 CPU s of every `memx plan --format json`)."""
-    mods = imported_modules((*SMALL_PLAN, "--format", "json"), tmp_path)
+    the JSON a script reads (issue #26, session 3: ~0.02 CPU s of every `memx plan --format json`). From the second
+    run on (the catalog entries cached: memx.domain.spec_cache) pydantic is not imported at all: typer's parameter
+    adapters are replaced where the conversion is certain (memx.cli.coercion), and the catalog imports pydantic
+    only to validate (issue #26, session 4: ≈ 0.1 CPU s); PyYAML neither (the parsed texts are cached:
+    spec_cache.parsed_yaml); and no other command's module is imported."""
+    args = (*SMALL_PLAN, "--format", "json")
+    first = imported_modules(args, tmp_path)
+    assert "pydantic" in first  # the first run validated the catalog entries (the listing is real)
+    mods = imported_modules(args, tmp_path)
     assert "memx.report.table" in mods and not any(m == "rich" or m.startswith("rich.") for m in mods)
+    assert heavy(mods) == [] and not [m for m in mods if m.split(".")[0] in ("pydantic", "pydantic_core")]
+    assert "typer._adapters" not in mods and "yaml" not in mods  # the parsed catalog texts are cached too
+    # `memx plan` mounts only plan (memx.cli.app.main): no other command module, no report it does not write
+    others = ("memx.cli.inspect", "memx.cli.simulate", "memx.cli.learn", "memx.cli.profile", "memx.cli.artifacts",
+              "memx.cli.catalog", "memx.cli.ui", "memx.cli.experiments", "memx.report.check", "memx.report.megatron")
+    assert [m for m in others if m in mods] == []
 
 
 
