@@ -103,7 +103,7 @@ def expand(bounds: BoxBounds, keeper: Keeper, evaluate: Evaluate, weights: Weigh
     a, b, li, t = boxes
     if weights is not None and len(a):
         corner = bounds.corner(a, b, li, t)
-        need = keeper.needs(corner, corner.score(weights, epsilon_mib2))
+        need = keeper.needs(corner, corner.score(weights, epsilon_mib2), weights)
         a, b, li, t = a[need], b[need], li[need], t[need]
     size = bounds.leaf_size(a, b)
     leaf = size <= LEAF

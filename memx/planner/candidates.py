@@ -34,7 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memx.planner.bounds import SCORE_SLACK, Corner, front_covers_by_time
+from memx.domain.specs import Weights
+from memx.planner.bounds import SCORE_SLACK, Corner
+from memx.planner.joint import front_covers_by_time, score_covered, stair_covers_by_time
 from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
 
@@ -184,21 +186,59 @@ class Keeper:
             need |= time_lb <= self.safe_window_ms()  # inf until a safe plan is found
         return need
 
-    def needs(self, c: Corner, score_lb: np.ndarray | None) -> np.ndarray:
-        """Boxes (by their lower bounds) that may still hold a plan of a decision set."""
+    def needs(self, c: Corner, score_lb: np.ndarray | None, weights: Weights | None = None) -> np.ndarray:
+        """Boxes (by their lower bounds) that may still hold a plan of a decision set: the corner tests, then, for
+        the boxes the time top-k does not keep, the sets' joint bounds (memx.planner.joint; `weights`: log Φ's,
+        for the log Φ tests' (T, M) cut) — a box is dropped when every set that its corner keeps is covered."""
         need = c.time_ms <= self.kth_time
         if self.timed_only:
             return need
         window = c.time_ms <= self.window_ms()
         phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
         front = window & ~self._dominated(np.stack(self._point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
-        other = need | phi | self._safe_needs(c, score_lb)
-        only = front & ~other  # boxes only the front may use: a joint bound may still discard them
-        if only.any() and (c.stage_lo_mib if self.front_variance else c.time_above) is not None:  # (margin, V) / (T, margin)
-            rows = np.nonzero(only)[0]
-            only[rows] = ~(self._front_covers(c, rows) if self.front_variance else
-                           front_covers_by_time(self._front, self.window_ms(), c, rows, _floor_ub(c)[rows]))
-        return other | only
+        safe = self._safe_needs(c, score_lb)
+        keep = need | phi | front | safe
+        open_ = keep & ~need  # boxes a joint bound may still discard
+        for mask, covers in ((phi, self._phi_covers), (safe, self._safe_covers), (front, self._front_joint)):
+            rows = np.nonzero(open_ & mask)[0]
+            if rows.size:
+                open_[rows[~covers(c, rows, score_lb, weights)]] = False  # this set may need them: kept
+        return keep & ~open_
+
+    def _phi_covers(self, c: Corner, rows: np.ndarray, score_lb: np.ndarray, w: Weights | None) -> np.ndarray:
+        """Boxes `rows` no plan of which can enter Φ's staircase, by the joint (T, M) cut (joint.score_covered)."""
+        if w is None:
+            return np.zeros(len(rows), dtype=bool)
+        return score_covered(c, rows, score_lb, c.time_ms[rows], w, self._phi_threshold, self.window_ms())
+
+    def _safe_covers(self, c: Corner, rows: np.ndarray, score_lb: np.ndarray, w: Weights | None) -> np.ndarray:
+        """Boxes `rows` no plan of which can enter a safe set, by joint bounds (docs/planner.md §Joint bounds): the T
+        bound of their plans of margin ≥ the floor past the safe window, or both staircases' joint tests
+        (joint.score_covered by log Φ, joint.stair_covers_by_time by margin, which is also the safe front's)."""
+        if not np.isfinite(self.fastest_safe_ms) or c.time_cut is None:
+            return np.zeros(len(rows), dtype=bool)  # no safe plan yet: the widest plan's test decides
+        t_safe = np.maximum(c.time_ms[rows], c.time_above(rows, np.full(len(rows), self.floor)))
+        window = self.safe_window_ms()
+        covered = t_safe > window
+        live = np.nonzero(~covered)[0]
+        if live.size:
+            stair_t, best_rank = self._safe_stairs[1]  # prefix-best −margin
+            covered[live] = stair_covers_by_time(stair_t, -best_rank, window, self.floor, c, rows[live], t_safe[live],
+                                                 _floor_ub(c)[rows[live]])
+        live = np.nonzero(~covered)[0]
+        if live.size and w is not None:
+            threshold = lambda t: _stair_query(self._safe_stairs[0], t)  # noqa: E731
+            covered[live] = score_covered(c, rows[live], score_lb, t_safe[live], w, threshold, window, mu=self.floor)
+        return covered
+
+    def _front_joint(self, c: Corner, rows: np.ndarray, score_lb: np.ndarray, w: Weights | None) -> np.ndarray:
+        """Boxes `rows` no plan of which can enter the kept front: the joint (margin, V) chain with the V front,
+        else the joint (T, margin) bound (joint.front_covers_by_time)."""
+        if self.front_variance:
+            return self._front_covers(c, rows) if c.stage_lo_mib is not None else np.zeros(len(rows), dtype=bool)
+        if c.time_cut is None:
+            return np.zeros(len(rows), dtype=bool)
+        return front_covers_by_time(self._front, self.window_ms(), c, rows, _floor_ub(c)[rows])
 
     def _front_covers(self, c: Corner, rows: np.ndarray) -> np.ndarray:
         """Boxes `rows` every plan of which a kept front point dominates, by the joint (margin, V) bound (issue
@@ -237,66 +277,72 @@ class Keeper:
 
     # --- offers --------------------------------------------------------------------------------
     def offer(self, sc: Scored) -> None:
+        """Offer scored plans. The batch's fastest (and fastest safe) time and its widest plan are taken first;
+        then only the rows that the sets' current thresholds admit go on, in blocks by time (the thresholds
+        only tighten as plans are kept, so a row they reject now no set would take later: issue #26, on the
+        405B deep case 854 of 27.8 M scored plans entered a set)."""
         a = sc.assignment
         if a.time_ms.size == 0:
             return
-        order = np.argsort(a.time_ms, kind="stable")
+        t = a.time_ms.astype(np.float64)
+        self.fastest_ms = min(self.fastest_ms, float(t.min()))
+        self._offer_widest(sc, t)
+        rows = np.nonzero(self._admitted(sc, np.arange(t.size), t).any(axis=0))[0]
+        order = rows[np.argsort(t[rows], kind="stable")]
         i, size = 0, FIRST_BLOCK  # blocks grow: the first ones set the thresholds that filter the rest
         while i < order.size:
-            self._offer_block(sc, order[i:i + size])
+            self._offer_block(sc, order[i:i + size], t[order[i:i + size]])
             i, size = i + size, min(2 * size, BLOCK)
 
-    def _offer_block(self, sc: Scored, rows: np.ndarray) -> None:
+    def _admitted(self, sc: Scored, rows: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """(4, rows) masks of the rows (times t) the current thresholds admit to the top-k by time, Φ's
+        staircase, the front and the safe staircases (the same tests decide in `_offer_block`)."""
+        out = np.zeros((4, rows.size), dtype=bool)
+        out[0] = t <= self.kth_time
+        if self.timed_only:
+            return out
         a = sc.assignment
-        t = a.time_ms[rows].astype(np.float64)
-        self.fastest_ms = min(self.fastest_ms, float(t.min()))
-        keep_t = rows[t <= self.kth_time]
-        changed = False
-        if keep_t.size:
-            self.by_time = self._top(self.by_time + _cands(sc, keep_t), lambda c: (c.time_ms, c.key))
-            changed = True
-        if not self.timed_only:
-            inside = t <= self.window_ms()
-            s = sc.score[rows].astype(np.float64)
-            phi_rows = rows[inside & ~(self._phi_threshold(t) < s)]
-            if phi_rows.size:
-                self.phi = self._staircase(self.phi + _cands(sc, phi_rows))
-                changed = True
-            pts = np.stack(self._point(t, sc.floor_margins(rows), a.stats.variance_mib2[rows].astype(np.float64)),
-                           axis=1)
-            front_rows = rows[inside & ~self._dominated(pts)]
-            if front_rows.size:
-                self.front = self._pareto(self.front + _cands(sc, front_rows))
-                changed = True
-            changed |= self._offer_safe(sc, rows, t, s)
-        if changed:
-            self._refresh()
-
-    def _offer_safe(self, sc: Scored, rows: np.ndarray, t: np.ndarray, s: np.ndarray) -> bool:
-        """The safe staircases and the widest plan take what they can use of one block."""
-        if self.floor is None:
-            return False
+        inside = t <= self.window_ms()
+        s = sc.score[rows].astype(np.float64)
+        out[1] = inside & ~(self._phi_threshold(t) < s)
         m = sc.floor_margins(rows)
-        v = sc.assignment.stats.variance_mib2[rows].astype(np.float64)
-        i = int(np.lexsort((v, t, -m))[0])  # the block's widest: largest margin, then fastest, then least V
-        changed = False
-        w = self.widest
-        if w is None or (-m[i], t[i], v[i]) < (-w.floor_margin, w.time_ms, w.var_mib2):
-            self.widest, changed = _cands(sc, rows[i:i + 1])[0], True
-        safe = m >= self.floor
-        if not safe.any():
-            return changed
-        self.fastest_safe_ms = min(self.fastest_safe_ms, float(t[safe].min()))
-        safe &= t <= self.safe_window_ms()
-        by_phi = safe & ~(_stair_query(self._safe_stairs[0], t) < s)
-        by_margin = safe & ~(_stair_query(self._safe_stairs[1], t) < -m)
-        if by_phi.any() or by_margin.any():
-            new = _cands(sc, rows[by_phi | by_margin])
+        pts = np.stack(self._point(t, m, a.stats.variance_mib2[rows].astype(np.float64)), axis=1)
+        out[2] = inside & ~self._dominated(pts)
+        if self.floor is not None:
+            safe = (m >= self.floor) & (t <= self.safe_window_ms())
+            out[3] = safe & (~(_stair_query(self._safe_stairs[0], t) < s) | ~(_stair_query(self._safe_stairs[1], t) < -m))
+        return out
+
+    def _offer_block(self, sc: Scored, rows: np.ndarray, t: np.ndarray) -> None:
+        """One block (rows by time, their times t) against the thresholds as they are."""
+        by_time, phi, front, safe = (rows[x] for x in self._admitted(sc, rows, t))
+        if by_time.size:
+            self.by_time = self._top(self.by_time + _cands(sc, by_time), lambda c: (c.time_ms, c.key))
+        if phi.size:
+            self.phi = self._staircase(self.phi + _cands(sc, phi))
+        if front.size:
+            self.front = self._pareto(self.front + _cands(sc, front))
+        if safe.size:
+            new = _cands(sc, safe)
             self.safe_phi = self._safe_stair(self.safe_phi + new, _by_score)
             self.safe_margin = self._safe_stair(self.safe_margin + new, _by_margin)
             self.safe_front = self._safe_stair(self.safe_front + new, _by_margin, front=True)
-            changed = True
-        return changed
+        if by_time.size or phi.size or front.size or safe.size:
+            self._refresh()
+
+    def _offer_widest(self, sc: Scored, t: np.ndarray) -> None:
+        """The batch's widest plan (largest margin, then fastest, then least V) against the widest so far, and
+        the batch's fastest safe plan's time (so the safe window is set before its blocks)."""
+        if self.floor is None:
+            return
+        m = sc.floor_margins(np.arange(t.size))
+        if (m >= self.floor).any():
+            self.fastest_safe_ms = min(self.fastest_safe_ms, float(t[m >= self.floor].min()))
+        v = sc.assignment.stats.variance_mib2.astype(np.float64)
+        i = int(np.lexsort((v, t, -m))[0])
+        w = self.widest
+        if w is None or (-m[i], t[i], v[i]) < (-w.floor_margin, w.time_ms, w.var_mib2):
+            self.widest = _cands(sc, np.array([i]))[0]
 
     def merge(self, other: Keeper) -> None:
         """Fold another keeper (a shard's) into this one."""
