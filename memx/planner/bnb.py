@@ -22,7 +22,9 @@ from memx.planner.bounds import BoxBounds
 from memx.planner.candidates import Keeper, Scored
 from memx.planner.space import splits_many
 
-LEAF = 512  # a box with at most this many splits (an upper bound: Σ n = L fixes one stage) is enumerated
+LEAF = 64  # a box with at most this many splits (an upper bound: Σ n = L fixes one stage) is enumerated; 512
+# before issue #26 session 4: with the leaves enumerated together (splits_many) smaller leaves pay (405B pp 8:
+# 1.59 M plans scored → 0.38 M, branch-and-bound CPU 9.9 → 6.7 s; docs/benchmarks.md §Issue #26: deep search)
 BATCH = 1024  # boxes bounded at once (the least time bounds first)
 POOL = 1 << 16  # pending boxes beyond which the smallest go first (their leaves are scored and leave the pool)
 FLUSH = 1 << 15  # leaf splits scored at once
