@@ -84,6 +84,7 @@ class Corner:
     # and largest peak ≤ peak_mib (BoxBounds.time_lb_cut); the keeper's joint tests use it where the corner alone
     # keeps a box (docs/planner.md §Joint bounds).
     time_cut: Callable[..., np.ndarray] | None = None
+    splits_ub: np.ndarray | None = None  # an upper bound of each box's splits (BoxBounds.leaf_size)
 
     def time_above(self, rows: np.ndarray, mu: np.ndarray) -> np.ndarray:
         """A lower bound of T over the plans of boxes `rows` whose smallest margin is ≥ mu (per row)."""
@@ -262,7 +263,8 @@ class BoxBounds:
                       margin_ub=1.0 - used_lb + MARGIN_SLACK, margin_high_ub=self.margin_high_ub(r, a, b),
                       stage_lo_mib=lo, stage_hi_mib=hi, weight=self.weight[li], capacity_mib=self.capacity[li],
                       time_cut=(lambda rows, mu=None, peak_mib=None: self.time_lb_cut(
-                          a[rows], b[rows], li[rows], mu=mu, peak_mib=peak_mib)) if JOINT_TIME else None)
+                          a[rows], b[rows], li[rows], mu=mu, peak_mib=peak_mib)) if JOINT_TIME else None,
+                      splits_ub=self.leaf_size(a, b))
 
     def margin_high_ub(self, r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
         """An upper bound of each box's smallest upper-bound margin (issue #22), as margin_ub: a stage's final

@@ -37,6 +37,7 @@ import numpy as np
 from memx.domain.specs import Weights
 from memx.planner.bounds import SCORE_SLACK, Corner
 from memx.planner.front import FrontIndex, dominated_by, front_point, non_dominated
+from memx.planner import joint
 from memx.planner.joint import front_covers_by_time, score_covered, stair_covers_by_time
 from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
@@ -117,8 +118,11 @@ class Keeper:
     `timed_only`: keep only the top-k by time (the step-1 pre-pass of the auto profile)."""
 
     def __init__(self, *, top_k: int, max_time_ratio: float = 0.0, timed_only: bool = False,
-                 margin_floor: float | None = None, balance_tolerance: float = 0.0):
+                 margin_floor: float | None = None, balance_tolerance: float = 0.0, time_floor_ms: float = 0.0):
         self.k, self.ratio, self.timed_only = max(top_k, 1), max_time_ratio, timed_only
+        # A lower bound of every plan's time (the auto pre-pass's fastest step-1 time; 0: none): the final window
+        # reaches at least ratio × it, so Φ's box test may count every member up to there (`_box_phi_threshold`).
+        self.time_floor_ms = time_floor_ms
         self.floor = None if timed_only else margin_floor  # None: no safe sets
         self.tol = balance_tolerance
         self.front_variance = KEPT_FRONT_VARIANCE
@@ -166,6 +170,15 @@ class Keeper:
         i = np.searchsorted(self._stair_t, time_ms, side="right") - 1
         return np.where(i >= 0, self._stair_kth[np.maximum(i, 0)] if len(self._stair_kth) else np.inf, np.inf)
 
+    def _box_phi_threshold(self, time_ms: np.ndarray) -> np.ndarray:
+        """The Φ threshold a box (or its plans of T ≥ time_ms) must beat (issue #26, docs/planner.md §Joint bounds):
+        a plan of the final top-k by Φ lies in the final window, which reaches ratio × the final fastest time
+        ≥ ratio × time_floor_ms, and fewer than k plans of that window beat it — the members no slower than it
+        and those up to ratio × time_floor_ms among them; so the staircase is read at max(T, ratio × time_floor_ms)."""
+        if self.ratio <= 0:
+            return self._phi_threshold(time_ms)
+        return self._phi_threshold(np.maximum(time_ms, self.ratio * self.time_floor_ms))
+
     def _dominated(self, pts: np.ndarray) -> np.ndarray:
         """Rows of pts (N, 3) strictly dominated by a kept front point."""
         f = self._front
@@ -195,11 +208,13 @@ class Keeper:
         if self.timed_only:
             return need
         window = c.time_ms <= self.window_ms()
-        phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
+        phi = window & ~(self._box_phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
         front = window & ~self._dominated(np.stack(self._point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
         safe = self._safe_needs(c, score_lb)
         keep = need | phi | front | safe
-        open_ = keep & ~need  # boxes a joint bound may still discard
+        open_ = keep & ~need  # boxes a joint bound may still discard (small ones: scored instead)
+        if c.splits_ub is not None:
+            open_ &= c.splits_ub > joint.MIN_SPLITS
         for mask, covers in ((phi, self._phi_covers), (safe, self._safe_covers), (front, self._front_joint)):
             rows = np.nonzero(open_ & mask)[0]
             if rows.size:
@@ -210,7 +225,7 @@ class Keeper:
         """Boxes `rows` no plan of which can enter Φ's staircase, by the joint (T, M) cut (joint.score_covered)."""
         if w is None:
             return np.zeros(len(rows), dtype=bool)
-        return score_covered(c, rows, score_lb, c.time_ms[rows], w, self._phi_threshold, self.window_ms())
+        return score_covered(c, rows, score_lb, c.time_ms[rows], w, self._box_phi_threshold, self.window_ms())
 
     def _safe_covers(self, c: Corner, rows: np.ndarray, score_lb: np.ndarray, w: Weights | None) -> np.ndarray:
         """Boxes `rows` no plan of which can enter a safe set, by joint bounds (docs/planner.md §Joint bounds): the T

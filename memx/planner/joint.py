@@ -19,6 +19,10 @@ from memx.planner.bounds import SCORE_SLACK, SLACK, Corner
 
 JOINT_STEPS = 32  # staircase steps the (T, margin) tests try at most (a subset of the steps stays valid)
 SCORE_PASSES = 2  # rounds of the (T, M) cut of the log Φ tests (`score_covered`)
+# Boxes of at most this many splits (Corner.splits_ub) skip the joint tests: scoring their few leaves costs less
+# than the tests' T bounds (read by memx.planner.candidates.Keeper.needs; measured: docs/benchmarks.md §Issue #26:
+# deep search (session 4)).
+MIN_SPLITS = 1024
 
 
 def front_covers_by_time(front: np.ndarray, window_ms: float, c: Corner, rows: np.ndarray,
