@@ -75,38 +75,6 @@ def test_batched_counts_and_samples_are_the_per_layout_ones():
     assert all(np.array_equal(x, y) for x, y in zip(alone, together)) and one.random() == many.random()
 
 
-def test_stacked_box_bounds_hold_for_every_split_of_a_box(problem):
-    model, space, prepared = problem
-    w = parse_weights("default")
-    st = StackedTables.of([(p.stages, p.pipe) for p in prepared])
-    hi = np.zeros((len(prepared), st.pp), dtype=np.int64)
-    for i, p in enumerate(prepared):
-        hi[i, :p.lay.pp] = p.hi
-    bounds = BoxBounds(st, hi, model.layers, space.target_margin)
-    rng = np.random.default_rng(2)
-    a, b, li = bounds.root(np.arange(len(prepared)))
-    checked = 0
-    for _ in range(3):  # the roots and two rounds of random halvings
-        T = bounds.time_lb(a, b, li)
-        c = bounds.corner(a, b, li, T)
-        for i in range(len(a)):
-            pp = int(st.stages[li[i]])
-            S = splits(model.layers, a[i, :pp], b[i, :pp])
-            sc = score_splits(prepared[li[i]].build(), int(li[i]), S, w, space) if len(S) else None
-            if sc is None:
-                continue
-            x, checked = sc.assignment, checked + 1
-            assert T[i] <= x.time_ms.min() and c.max_mib[i] <= x.stats.max_mib.min()
-            assert c.var_mib2[i] <= x.stats.variance_mib2.min() and c.margin_ub[i] >= x.stats.min_margin.max()
-        s = rng.integers(0, st.pp, len(a))
-        rows = np.arange(len(a))
-        mid = (a[rows, s] + b[rows, s]) // 2
-        lo_b, hi_a = b.copy(), a.copy()
-        lo_b[rows, s], hi_a[rows, s] = mid, np.minimum(mid + 1, b[rows, s])
-        a, b, li = bounds.tighten(np.concatenate([a, hi_a]), np.concatenate([lo_b, b]), np.concatenate([li, li]))
-    assert checked > 3 * len(prepared)
-
-
 def _boxes(bounds, rng, rounds=3):
     """The roots and `rounds` − 1 rounds of random halvings (every box of each round)."""
     a, b, li = bounds.root(np.arange(bounds.layouts))
@@ -126,6 +94,26 @@ def _stacked_bounds(model, space, prepared):
     for i, p in enumerate(prepared):
         hi[i, :p.lay.pp] = p.hi
     return st, BoxBounds(st, hi, model.layers, space.target_margin)
+
+
+def test_stacked_box_bounds_hold_for_every_split_of_a_box(problem):
+    model, space, prepared = problem
+    w = parse_weights("default")
+    st, bounds = _stacked_bounds(model, space, prepared)
+    checked = 0
+    for a, b, li in _boxes(bounds, np.random.default_rng(2)):  # the roots and two rounds of random halvings
+        T = bounds.time_lb(a, b, li)
+        c = bounds.corner(a, b, li, T)
+        for i in range(len(a)):
+            pp = int(st.stages[li[i]])
+            S = splits(model.layers, a[i, :pp], b[i, :pp])
+            sc = score_splits(prepared[li[i]].build(), int(li[i]), S, w, space) if len(S) else None
+            if sc is None:
+                continue
+            x, checked = sc.assignment, checked + 1
+            assert T[i] <= x.time_ms.min() and c.max_mib[i] <= x.stats.max_mib.min()
+            assert c.var_mib2[i] <= x.stats.variance_mib2.min() and c.margin_ub[i] >= x.stats.min_margin.max()
+    assert checked > 3 * len(prepared)
 
 
 def test_joint_time_cut_bounds_every_plan_it_admits(problem):
