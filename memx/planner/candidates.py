@@ -235,17 +235,19 @@ class Keeper:
             return np.zeros(len(rows), dtype=bool)  # no safe plan yet: the widest plan's test decides
         t_safe = np.maximum(c.time_ms[rows], c.time_above(rows, np.full(len(rows), self.floor)))
         window = self.safe_window_ms()
-        covered = t_safe > window
-        live = np.nonzero(~covered)[0]
+        past = t_safe > window  # no safe plan of the box within the safe window
+        live = np.nonzero(~past)[0]  # covered only if both staircases' tests cover them
+        if live.size and w is None:
+            return past
         if live.size:
             stair_t, best_rank = self._safe_stairs[1]  # prefix-best −margin
-            covered[live] = stair_covers_by_time(stair_t, -best_rank, window, self.floor, c, rows[live], t_safe[live],
-                                                 _floor_ub(c)[rows[live]])
-        live = np.nonzero(~covered)[0]
-        if live.size and w is not None:
+            by_margin = stair_covers_by_time(stair_t, -best_rank, window, self.floor, c, rows[live], t_safe[live],
+                                             _floor_ub(c)[rows[live]])
+            live = live[by_margin]
+        if live.size:
             threshold = lambda t: _stair_query(self._safe_stairs[0], t)  # noqa: E731
-            covered[live] = score_covered(c, rows[live], score_lb, t_safe[live], w, threshold, window, mu=self.floor)
-        return covered
+            past[live] = score_covered(c, rows[live], score_lb, t_safe[live], w, threshold, window, mu=self.floor)
+        return past
 
     def _front_joint(self, c: Corner, rows: np.ndarray, score_lb: np.ndarray, w: Weights | None) -> np.ndarray:
         """Boxes `rows` no plan of which can enter the kept front: the joint (margin, V) chain with the V front,
