@@ -24,7 +24,8 @@ and does not depend on the order plans are scored in, the batches, the shards or
   staircase's test (the two have the same prefix-best margins);
 * the widest plan (largest smallest margin, then (T, key)): the answer when no plan clears the floor.
 Log Φ up to the median constant (memx.planner.objective.log_score) ranks plans, so no set needs the
-medians. `Keeper.needs` is the pruning test of the branch-and-bound search on a box's lower bounds.
+medians. `Keeper.needs` is the pruning test of the branch-and-bound search on a box's lower bounds: the corner
+tests, then each set's joint test (memx.planner.joint; docs/planner.md §Joint bounds).
 """
 
 from __future__ import annotations
