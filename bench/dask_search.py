@@ -40,9 +40,10 @@ def main() -> None:
     ap.add_argument("--model", default="llama3-405b")
     ap.add_argument("--search", default="default")
     ap.add_argument("--max-pp", type=int, default=16)
-    ap.add_argument("--workers", default="1,2,4", help="comma-separated local worker counts")
+    ap.add_argument("--workers", default="1,2,4", help="comma-separated local worker counts (\"\": none)")
     ap.add_argument("--without-joint", action="store_true", help="also time one process without the joint bound")
     ap.add_argument("--task-s", type=float, help="seconds a task runs (memx.planner.distributed.TASK_S)")
+    ap.add_argument("--leaf", type=int, help="splits of a leaf box (memx.planner.bnb.LEAF) in this process: the one-process runs")
     ap.add_argument("--save", help="store the serial answer and wall time here")
     ap.add_argument("--reference", help="the serial answer and wall time stored by --save (no serial run)")
     args = ap.parse_args()
@@ -50,13 +51,15 @@ def main() -> None:
     from distributed import Client
 
     from memx.domain.catalog import load_cluster, load_model, load_search
-    from memx.planner import bounds, distributed
+    from memx.planner import bnb, bounds, distributed
     from memx.planner.cost import AnalyticStageModel
     from memx.planner.distributed import DaskPool, local_cluster
     from memx.planner.search import search
 
     if args.task_s is not None:
         distributed.TASK_S = args.task_s
+    if args.leaf is not None:
+        bnb.LEAF = args.leaf
     cl, mo = load_cluster(args.cluster), load_model(args.model)
     sp = dataclasses.replace(load_search(args.search), max_pp=args.max_pp)
     pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
@@ -89,7 +92,7 @@ def main() -> None:
         print(f"joint bound: {wall / serial:.2f}x faster, same answer: {_answer(r) == answer}", flush=True)
         same &= _answer(r) == answer
     lines = []
-    for n in [int(x) for x in args.workers.split(",")]:
+    for n in [int(x) for x in args.workers.split(",") if x]:  # --workers "": the one-process run only
         t0 = time.perf_counter()
         with local_cluster(n) as lc, Client(lc) as client:
             print(f"LocalCluster of {n}: started in {time.perf_counter() - t0:.1f} s", flush=True)

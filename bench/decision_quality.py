@@ -69,8 +69,8 @@ class Population(cand_module.Keeper):
     def time_needed(self, time_lb):
         return super().time_needed(time_lb) | (time_lb <= self._bound())
 
-    def needs(self, c, score_lb):
-        return super().needs(c, score_lb) | ((c.time_ms <= self._bound()) & (cand_module._floor_ub(c) >= self.low))
+    def needs(self, c, score_lb, weights=None):
+        return super().needs(c, score_lb, weights) | ((c.time_ms <= self._bound()) & (cand_module._floor_ub(c) >= self.low))
 
     def _offer_block(self, sc, rows):
         super()._offer_block(sc, rows)

@@ -32,8 +32,7 @@ from memx.planner.tables import StackedTables
 SLACK = 1e-5  # relative: float32 totals of ≤ 64 stages are within ~64·2⁻²⁴ ≈ 4e−6 of exact arithmetic
 SCORE_SLACK = 1e-4  # absolute, in log Φ (float32 log of values ≈ 10: error ≤ a few 1e−6)
 MARGIN_SLACK = 1e-5  # absolute, on a margin in [0, 1) computed in float32 (error ≤ a few 1e−7)
-JOINT_STEPS = 32  # front steps the joint (T, margin) bound tests at most (front_covers_by_time)
-JOINT_TIME = True  # issue #26: the front test's joint (T, margin) bound (Corner.time_above); read in BoxBounds.corner
+JOINT_TIME = True  # issue #26: the keeper's joint bounds (Corner.time_cut; docs/planner.md §Joint bounds); read in BoxBounds.corner
 _LOG2 = np.floor(np.log2(np.maximum(np.arange(1 << 12), 1))).astype(np.int64)  # ⌊log2 w⌋ of a range width w ≥ 1
 
 
@@ -81,9 +80,15 @@ class Corner:
     stage_hi_mib: np.ndarray | None = None
     weight: np.ndarray | None = None
     capacity_mib: np.ndarray | None = None
-    # Issue #26, the joint (T, margin) bound: time_above(rows, mu) bounds T over boxes `rows`' plans of margin > mu
-    # (BoxBounds.time_lb_above); the front test uses it where the corner alone leaves a box undominated.
-    time_above: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+    # Issue #26, the joint bounds: time_cut(rows, mu=, peak_mib=) bounds T over boxes `rows`' plans of margin ≥ mu
+    # and largest peak ≤ peak_mib (BoxBounds.time_lb_cut); the keeper's joint tests use it where the corner alone
+    # keeps a box (docs/planner.md §Joint bounds).
+    time_cut: Callable[..., np.ndarray] | None = None
+    splits_ub: np.ndarray | None = None  # an upper bound of each box's splits (BoxBounds.leaf_size)
+
+    def time_above(self, rows: np.ndarray, mu: np.ndarray) -> np.ndarray:
+        """A lower bound of T over the plans of boxes `rows` whose smallest margin is ≥ mu (per row)."""
+        return self.time_cut(rows, mu=mu)
 
     def variance_lb_above(self, rows: np.ndarray, mu: np.ndarray) -> np.ndarray:
         """A lower bound of V over the plans of boxes `rows` whose smallest margin (point or upper-bound: the
@@ -199,17 +204,32 @@ class BoxBounds:
 
     def time_lb_above(self, a: np.ndarray, b: np.ndarray, li: np.ndarray, mu: np.ndarray) -> np.ndarray:
         """A lower bound of T over the plans of each box whose smallest margin (the floor's: upper-bound where
-        the predictor gives intervals) is > mu (per box); +inf where the box has none. Such a plan's every stage
-        has a final peak ≥ its lowest reachable peak m_lo (the upper-bound one: `reachable_high`), so
-        1 − m_lo(s, n_s)/cap_s + MARGIN_SLACK > μ: n_s ≤ H_s, the largest count with the suffix minimum of
-        m_lo/cap below 1 − μ + MARGIN_SLACK (non-decreasing in n); T is bounded on the box cut there."""
+        the predictor gives intervals) is ≥ mu (per box); +inf where the box has none (`time_lb_cut`)."""
+        return self.time_lb_cut(a, b, li, mu=mu)
+
+    def time_lb_cut(self, a: np.ndarray, b: np.ndarray, li: np.ndarray, *, mu: np.ndarray | None = None,
+                    peak_mib: np.ndarray | None = None) -> np.ndarray:
+        """A lower bound of T over the plans of each box whose smallest margin (the floor's) is ≥ mu and whose
+        largest peak M is ≤ peak_mib (per box; None: no such condition); +inf where the box has none (issue #26,
+        docs/planner.md §Joint bounds). Every stage's final peak is ≥ its lowest reachable peak m_lo (the
+        upper-bound one for the floor margin: `reachable_high`), so such a plan has, per stage,
+        m_lo(s, n_s)/cap_s ≤ 1 − μ + err (err: the float32 margin's rounding, < MARGIN_SLACK) and
+        m_lo(s, n_s) ≤ M ≤ peak_mib: n_s ≤ H_s, the largest count whose suffix minimum of m_lo/cap (of m_lo;
+        non-decreasing in n, and ≤ the value at n_s) is below 1 − μ + MARGIN_SLACK (at most peak_mib·(1 + SLACK)):
+        T is bounded on the box cut there (`time_lb`, whose bound holds for every plan of the cut box)."""
         out = np.full(len(a), np.inf)
         if len(a) == 0:
             return out
-        env = self.env_used if self.high is None else self.high[1]
-        thr = 1.0 - np.asarray(mu, dtype=np.float64) + MARGIN_SLACK
-        H = (env[self.rows_of(li)] < thr[:, None, None]).sum(axis=2) - 1  # (B, P): env is non-decreasing in n
-        a2, b2, kept = self._tightened(a, np.minimum(b, H), li)
+        r = self.rows_of(li)
+        H = b
+        if mu is not None:
+            env = self.env_used if self.high is None else self.high[1]
+            thr = 1.0 - np.asarray(mu, dtype=np.float64) + MARGIN_SLACK
+            H = np.minimum(H, (env[r] < thr[:, None, None]).sum(axis=2) - 1)  # (B, P): env is non-decreasing in n
+        if peak_mib is not None:
+            thr = np.asarray(peak_mib, dtype=np.float64) * (1 + SLACK)
+            H = np.minimum(H, (self.env_m[r] < thr[:, None, None]).sum(axis=2) - 1)
+        a2, b2, kept = self._tightened(a, H, li)
         out[kept] = self.time_lb(a2, b2, li[kept])
         return out
 
@@ -242,7 +262,9 @@ class BoxBounds:
                       var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight[li]), hi),
                       margin_ub=1.0 - used_lb + MARGIN_SLACK, margin_high_ub=self.margin_high_ub(r, a, b),
                       stage_lo_mib=lo, stage_hi_mib=hi, weight=self.weight[li], capacity_mib=self.capacity[li],
-                      time_above=(lambda rows, mu: self.time_lb_above(a[rows], b[rows], li[rows], mu)) if JOINT_TIME else None)
+                      time_cut=(lambda rows, mu=None, peak_mib=None: self.time_lb_cut(
+                          a[rows], b[rows], li[rows], mu=mu, peak_mib=peak_mib)) if JOINT_TIME else None,
+                      splits_ub=self.leaf_size(a, b))
 
     def margin_high_ub(self, r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
         """An upper bound of each box's smallest upper-bound margin (issue #22), as margin_ub: a stage's final
@@ -258,32 +280,6 @@ class BoxBounds:
         """About the memory of the tables of `layouts` layouts of ≤ pp stages (sparse tables: ⌈log2 rows⌉ levels)."""
         levels = int(np.ceil(np.log2(max(rows, 2)))) + 1
         return layouts * pp * rows * 8 * (levels * (4 + multipliers) + 12)
-
-
-def front_covers_by_time(front: np.ndarray, window_ms: float, c: Corner, rows: np.ndarray,
-                         margin_ub: np.ndarray) -> np.ndarray:
-    """Boxes `rows` every plan of which a kept (T, margin) front point strictly dominates, by the joint (T, margin)
-    bound (issue #26; memx.planner.candidates.Keeper.needs): with the front's points (T, −margin, ·) by T,
-    T_1 ≤ … ≤ T_F, and M_j the largest margin among the first j, a plan of T in (T_j, T_{j+1}] (T_{F+1}: the
-    window's end, past which the front keeps nothing) is dominated (strictly faster, no wider) unless its margin
-    is > M_j; so a box is covered when, for every j, its plans of margin > M_j are all slower than T_{j+1}
-    (Corner.time_above: the T bound on the box cut to such margins), and none is faster than T_1. The corner
-    test is the step that holds the box's T bound. `margin_ub`: the boxes' margin upper bounds (rows)."""
-    f = front[np.argsort(front[:, 0], kind="stable")]
-    t = c.time_ms[rows]
-    if not len(f):
-        return np.zeros(len(rows), dtype=bool)
-    covered = t > f[0, 0]
-    steps = np.arange(len(f)) if len(f) <= JOINT_STEPS else np.unique(
-        np.linspace(0, len(f) - 1, JOINT_STEPS).astype(np.int64))  # fewer steps: each covers up to the next (valid)
-    ends = np.append(f[steps[1:], 0], window_ms)  # T_{j+1}: the next tested step's T, then the window's end
-    best = np.maximum.accumulate(-f[:, 1])[steps]  # M_j
-    for end, m in zip(ends, best):
-        act = covered & (t <= end) & (margin_ub > m)
-        if act.any():
-            idx = np.nonzero(act)[0]
-            covered[idx] = c.time_above(rows[idx], np.full(len(idx), m)) > end
-    return covered
 
 
 class MinMax:
@@ -364,20 +360,30 @@ def max_lagrange_sum(tables: list[tuple[float, RangeTable]], a: np.ndarray, b: n
 def box_variance_lb(lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:
     """min over x_s ∈ [lo_s, hi_s] of Σ_s w_s (x_s − Σ w x)² (Σ w = 1), per row (w: (pp,) or (B, pp)).
 
-    = min_c f(c), f(c) = Σ_s w_s·dist(c, [lo_s, hi_s])² — convex, with f′(c)/2 = Σ_s w_s (c − clip(c))
+    = min_c f(c), f(c) = Σ_s w_s·dist(c, [lo_s, hi_s])² — convex, with f′(c)/2 = g(c) = Σ_s w_s (c − clip(c))
     piecewise linear and non-decreasing between the 2·pp interval end points: the root is found on the
-    end points and interpolated exactly on its segment."""
-    pts = np.sort(np.concatenate([lo, hi], axis=1), axis=1)  # (B, 2pp)
-    c = pts[:, :, None]
-    wc = w if np.ndim(w) == 1 else w[:, None, :]  # (pp,) or per box (B, pp)
-    g = (wc * (c - np.minimum(np.maximum(c, lo[:, None, :]), hi[:, None, :]))).sum(axis=2)  # (B, 2pp)
-    j = np.clip((g < 0).sum(axis=1), 1, pts.shape[1] - 1)  # first end point with g ≥ 0 (g ends ≥ 0)
+    end points and interpolated exactly on its segment. g at every end point in O(pp log pp) a row (issue #26:
+    it was O(pp²), 15 % of the 405B deep search): with the end points sorted, g(c) = c·(A + B) − (S_A + S_B),
+    A, S_A = Σ w, Σ w·hi over the upper ends ≤ c and B, S_B = Σ w, Σ w·lo over the lower ends > c (an end point
+    equal to c adds 0 either way), running sums along the sorted order."""
+    P = lo.shape[1]
+    wb = np.broadcast_to(w, lo.shape)
+    pts = np.concatenate([lo, hi], axis=1)  # (B, 2pp)
+    order = np.argsort(pts, axis=1, kind="stable")
+    srt = np.take_along_axis(pts, order, axis=1)
+    upper = order >= P
+    ww = np.take_along_axis(np.concatenate([wb, wb], axis=1), order, axis=1)
+    run = lambda x: np.cumsum(x, axis=1)  # noqa: E731
+    a_w, a_s = run(np.where(upper, ww, 0.0)), run(np.where(upper, ww * srt, 0.0))
+    lo_w, lo_s = run(np.where(upper, 0.0, ww)), run(np.where(upper, 0.0, ww * srt))
+    g = srt * (a_w + lo_w[:, -1:] - lo_w) - (a_s + lo_s[:, -1:] - lo_s)
+    j = np.clip((g < 0).sum(axis=1), 1, 2 * P - 1)  # first end point with g ≥ 0 (g ends ≥ 0)
     rows = np.arange(len(pts))
-    p0, p1, g0, g1 = pts[rows, j - 1], pts[rows, j], g[rows, j - 1], g[rows, j]
+    p0, p1, g0, g1 = srt[rows, j - 1], srt[rows, j], g[rows, j - 1], g[rows, j]
     step = np.where(g1 > g0, (p1 - p0) / np.where(g1 > g0, g1 - g0, 1.0), 0.0)
     root = np.where(g0 >= 0, p0, p0 - g0 * step)[:, None]
     d = root - np.minimum(np.maximum(root, lo), hi)
-    return (w * d * d).sum(axis=1)
+    return (wb * d * d).sum(axis=1)
 
 
 def _safe_variance(v: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -24,7 +24,8 @@ and does not depend on the order plans are scored in, the batches, the shards or
   staircase's test (the two have the same prefix-best margins);
 * the widest plan (largest smallest margin, then (T, key)): the answer when no plan clears the floor.
 Log Φ up to the median constant (memx.planner.objective.log_score) ranks plans, so no set needs the
-medians. `Keeper.needs` is the pruning test of the branch-and-bound search on a box's lower bounds.
+medians. `Keeper.needs` is the pruning test of the branch-and-bound search on a box's lower bounds: the corner
+tests, then each set's joint test (memx.planner.joint; docs/planner.md §Joint bounds).
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memx.planner.bounds import SCORE_SLACK, Corner, front_covers_by_time
+from memx.domain.specs import Weights
+from memx.planner.bounds import SCORE_SLACK, Corner
+from memx.planner.front import FrontIndex, dominated_by, front_point, non_dominated
+from memx.planner import joint
+from memx.planner.joint import front_covers_by_time, score_covered, stair_covers_by_time
 from memx.planner.metrics import PlanMetrics
 from memx.planner.recompute import Assignment
 
@@ -114,8 +119,11 @@ class Keeper:
     `timed_only`: keep only the top-k by time (the step-1 pre-pass of the auto profile)."""
 
     def __init__(self, *, top_k: int, max_time_ratio: float = 0.0, timed_only: bool = False,
-                 margin_floor: float | None = None, balance_tolerance: float = 0.0):
+                 margin_floor: float | None = None, balance_tolerance: float = 0.0, time_floor_ms: float = 0.0):
         self.k, self.ratio, self.timed_only = max(top_k, 1), max_time_ratio, timed_only
+        # A lower bound of every plan's time (the auto pre-pass's fastest step-1 time; 0: none): the final window
+        # reaches at least ratio × it, so Φ's box test may count every member up to there (`_box_phi_threshold`).
+        self.time_floor_ms = time_floor_ms
         self.floor = None if timed_only else margin_floor  # None: no safe sets
         self.tol = balance_tolerance
         self.front_variance = KEPT_FRONT_VARIANCE
@@ -154,7 +162,7 @@ class Keeper:
 
     def _point(self, time_ms, margin, var_mib2) -> list:
         """A plan's (or a box corner's) point on the kept front: (T, −margin, V), or (T, −margin, 0) without V."""
-        return _front_point(time_ms, margin, var_mib2 if self.front_variance else np.zeros(np.shape(var_mib2)))
+        return front_point(time_ms, margin, var_mib2 if self.front_variance else np.zeros(np.shape(var_mib2)))
 
     def _phi_threshold(self, time_ms: np.ndarray) -> np.ndarray:
         """k-th smallest log Φ among kept candidates no slower than time_ms (inf where fewer than k)."""
@@ -162,6 +170,15 @@ class Keeper:
             return np.full(time_ms.shape, self._stair_kth[-1] if len(self._stair_kth) else np.inf)
         i = np.searchsorted(self._stair_t, time_ms, side="right") - 1
         return np.where(i >= 0, self._stair_kth[np.maximum(i, 0)] if len(self._stair_kth) else np.inf, np.inf)
+
+    def _box_phi_threshold(self, time_ms: np.ndarray) -> np.ndarray:
+        """The Φ threshold a box (or its plans of T ≥ time_ms) must beat (issue #26, docs/planner.md §Joint bounds):
+        a plan of the final top-k by Φ lies in the final window, which reaches ratio × the final fastest time
+        ≥ ratio × time_floor_ms, and fewer than k plans of that window beat it — the members no slower than it
+        and those up to ratio × time_floor_ms among them; so the staircase is read at max(T, ratio × time_floor_ms)."""
+        if self.ratio <= 0:
+            return self._phi_threshold(time_ms)
+        return self._phi_threshold(np.maximum(time_ms, self.ratio * self.time_floor_ms))
 
     def _dominated(self, pts: np.ndarray) -> np.ndarray:
         """Rows of pts (N, 3) strictly dominated by a kept front point."""
@@ -171,9 +188,9 @@ class Keeper:
                 self._front_index = FrontIndex(f)
             out, unsure = self._front_index.dominated(pts)
             if unsure.any():
-                out[unsure] = _dominated_by(f, pts[unsure])
+                out[unsure] = dominated_by(f, pts[unsure])
             return out
-        return _dominated_by(f, pts)
+        return dominated_by(f, pts)
 
     def time_needed(self, time_lb: np.ndarray) -> np.ndarray:
         """Boxes whose time bound alone does not rule them out (before bounding memory)."""
@@ -184,21 +201,63 @@ class Keeper:
             need |= time_lb <= self.safe_window_ms()  # inf until a safe plan is found
         return need
 
-    def needs(self, c: Corner, score_lb: np.ndarray | None) -> np.ndarray:
-        """Boxes (by their lower bounds) that may still hold a plan of a decision set."""
+    def needs(self, c: Corner, score_lb: np.ndarray | None, weights: Weights | None = None) -> np.ndarray:
+        """Boxes (by their lower bounds) that may still hold a plan of a decision set: the corner tests, then, for
+        the boxes the time top-k does not keep, the sets' joint bounds (memx.planner.joint; `weights`: log Φ's,
+        for the log Φ tests' (T, M) cut) — a box is dropped when every set that its corner keeps is covered."""
         need = c.time_ms <= self.kth_time
         if self.timed_only:
             return need
         window = c.time_ms <= self.window_ms()
-        phi = window & ~(self._phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
+        phi = window & ~(self._box_phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
         front = window & ~self._dominated(np.stack(self._point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
-        other = need | phi | self._safe_needs(c, score_lb)
-        only = front & ~other  # boxes only the front may use: a joint bound may still discard them
-        if only.any() and (c.stage_lo_mib if self.front_variance else c.time_above) is not None:  # (margin, V) / (T, margin)
-            rows = np.nonzero(only)[0]
-            only[rows] = ~(self._front_covers(c, rows) if self.front_variance else
-                           front_covers_by_time(self._front, self.window_ms(), c, rows, _floor_ub(c)[rows]))
-        return other | only
+        safe = self._safe_needs(c, score_lb)
+        keep = need | phi | front | safe
+        open_ = keep & ~need  # boxes a joint bound may still discard (small ones: scored instead)
+        if c.splits_ub is not None:
+            open_ &= c.splits_ub > joint.MIN_SPLITS
+        for mask, covers in ((phi, self._phi_covers), (safe, self._safe_covers), (front, self._front_joint)):
+            rows = np.nonzero(open_ & mask)[0]
+            if rows.size:
+                open_[rows[~covers(c, rows, score_lb, weights)]] = False  # this set may need them: kept
+        return keep & ~open_
+
+    def _phi_covers(self, c: Corner, rows: np.ndarray, score_lb: np.ndarray, w: Weights | None) -> np.ndarray:
+        """Boxes `rows` no plan of which can enter Φ's staircase, by the joint (T, M) cut (joint.score_covered)."""
+        if w is None:
+            return np.zeros(len(rows), dtype=bool)
+        return score_covered(c, rows, score_lb, c.time_ms[rows], w, self._box_phi_threshold, self.window_ms())
+
+    def _safe_covers(self, c: Corner, rows: np.ndarray, score_lb: np.ndarray, w: Weights | None) -> np.ndarray:
+        """Boxes `rows` no plan of which can enter a safe set, by joint bounds (docs/planner.md §Joint bounds): the T
+        bound of their plans of margin ≥ the floor past the safe window, or both staircases' joint tests
+        (joint.score_covered by log Φ, joint.stair_covers_by_time by margin, which is also the safe front's)."""
+        if not np.isfinite(self.fastest_safe_ms) or c.time_cut is None:
+            return np.zeros(len(rows), dtype=bool)  # no safe plan yet: the widest plan's test decides
+        t_safe = np.maximum(c.time_ms[rows], c.time_above(rows, np.full(len(rows), self.floor)))
+        window = self.safe_window_ms()
+        past = t_safe > window  # no safe plan of the box within the safe window
+        live = np.nonzero(~past)[0]  # covered only if both staircases' tests cover them
+        if live.size and w is None:
+            return past
+        if live.size:
+            stair_t, best_rank = self._safe_stairs[1]  # prefix-best −margin
+            by_margin = stair_covers_by_time(stair_t, -best_rank, window, self.floor, c, rows[live], t_safe[live],
+                                             _floor_ub(c)[rows[live]])
+            live = live[by_margin]
+        if live.size:
+            threshold = lambda t: _stair_query(self._safe_stairs[0], t)  # noqa: E731
+            past[live] = score_covered(c, rows[live], score_lb, t_safe[live], w, threshold, window, mu=self.floor)
+        return past
+
+    def _front_joint(self, c: Corner, rows: np.ndarray, score_lb: np.ndarray, w: Weights | None) -> np.ndarray:
+        """Boxes `rows` no plan of which can enter the kept front: the joint (margin, V) chain with the V front,
+        else the joint (T, margin) bound (joint.front_covers_by_time)."""
+        if self.front_variance:
+            return self._front_covers(c, rows) if c.stage_lo_mib is not None else np.zeros(len(rows), dtype=bool)
+        if c.time_cut is None:
+            return np.zeros(len(rows), dtype=bool)
+        return front_covers_by_time(self._front, self.window_ms(), c, rows, _floor_ub(c)[rows])
 
     def _front_covers(self, c: Corner, rows: np.ndarray) -> np.ndarray:
         """Boxes `rows` every plan of which a kept front point dominates, by the joint (margin, V) bound (issue
@@ -237,66 +296,72 @@ class Keeper:
 
     # --- offers --------------------------------------------------------------------------------
     def offer(self, sc: Scored) -> None:
+        """Offer scored plans. The batch's fastest (and fastest safe) time and its widest plan are taken first;
+        then only the rows that the sets' current thresholds admit go on, in blocks by time (the thresholds
+        only tighten as plans are kept, so a row they reject now no set would take later: issue #26, on the
+        405B deep case 854 of 27.8 M scored plans entered a set)."""
         a = sc.assignment
         if a.time_ms.size == 0:
             return
-        order = np.argsort(a.time_ms, kind="stable")
+        t = a.time_ms.astype(np.float64)
+        self.fastest_ms = min(self.fastest_ms, float(t.min()))
+        self._offer_widest(sc, t)
+        rows = np.nonzero(self._admitted(sc, np.arange(t.size), t).any(axis=0))[0]
+        order = rows[np.argsort(t[rows], kind="stable")]
         i, size = 0, FIRST_BLOCK  # blocks grow: the first ones set the thresholds that filter the rest
         while i < order.size:
-            self._offer_block(sc, order[i:i + size])
+            self._offer_block(sc, order[i:i + size], t[order[i:i + size]])
             i, size = i + size, min(2 * size, BLOCK)
 
-    def _offer_block(self, sc: Scored, rows: np.ndarray) -> None:
+    def _admitted(self, sc: Scored, rows: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """(4, rows) masks of the rows (times t) the current thresholds admit to the top-k by time, Φ's
+        staircase, the front and the safe staircases (the same tests decide in `_offer_block`)."""
+        out = np.zeros((4, rows.size), dtype=bool)
+        out[0] = t <= self.kth_time
+        if self.timed_only:
+            return out
         a = sc.assignment
-        t = a.time_ms[rows].astype(np.float64)
-        self.fastest_ms = min(self.fastest_ms, float(t.min()))
-        keep_t = rows[t <= self.kth_time]
-        changed = False
-        if keep_t.size:
-            self.by_time = self._top(self.by_time + _cands(sc, keep_t), lambda c: (c.time_ms, c.key))
-            changed = True
-        if not self.timed_only:
-            inside = t <= self.window_ms()
-            s = sc.score[rows].astype(np.float64)
-            phi_rows = rows[inside & ~(self._phi_threshold(t) < s)]
-            if phi_rows.size:
-                self.phi = self._staircase(self.phi + _cands(sc, phi_rows))
-                changed = True
-            pts = np.stack(self._point(t, sc.floor_margins(rows), a.stats.variance_mib2[rows].astype(np.float64)),
-                           axis=1)
-            front_rows = rows[inside & ~self._dominated(pts)]
-            if front_rows.size:
-                self.front = self._pareto(self.front + _cands(sc, front_rows))
-                changed = True
-            changed |= self._offer_safe(sc, rows, t, s)
-        if changed:
-            self._refresh()
-
-    def _offer_safe(self, sc: Scored, rows: np.ndarray, t: np.ndarray, s: np.ndarray) -> bool:
-        """The safe staircases and the widest plan take what they can use of one block."""
-        if self.floor is None:
-            return False
+        inside = t <= self.window_ms()
+        s = sc.score[rows].astype(np.float64)
+        out[1] = inside & ~(self._phi_threshold(t) < s)
         m = sc.floor_margins(rows)
-        v = sc.assignment.stats.variance_mib2[rows].astype(np.float64)
-        i = int(np.lexsort((v, t, -m))[0])  # the block's widest: largest margin, then fastest, then least V
-        changed = False
-        w = self.widest
-        if w is None or (-m[i], t[i], v[i]) < (-w.floor_margin, w.time_ms, w.var_mib2):
-            self.widest, changed = _cands(sc, rows[i:i + 1])[0], True
-        safe = m >= self.floor
-        if not safe.any():
-            return changed
-        self.fastest_safe_ms = min(self.fastest_safe_ms, float(t[safe].min()))
-        safe &= t <= self.safe_window_ms()
-        by_phi = safe & ~(_stair_query(self._safe_stairs[0], t) < s)
-        by_margin = safe & ~(_stair_query(self._safe_stairs[1], t) < -m)
-        if by_phi.any() or by_margin.any():
-            new = _cands(sc, rows[by_phi | by_margin])
+        pts = np.stack(self._point(t, m, a.stats.variance_mib2[rows].astype(np.float64)), axis=1)
+        out[2] = inside & ~self._dominated(pts)
+        if self.floor is not None:
+            safe = (m >= self.floor) & (t <= self.safe_window_ms())
+            out[3] = safe & (~(_stair_query(self._safe_stairs[0], t) < s) | ~(_stair_query(self._safe_stairs[1], t) < -m))
+        return out
+
+    def _offer_block(self, sc: Scored, rows: np.ndarray, t: np.ndarray) -> None:
+        """One block (rows by time, their times t) against the thresholds as they are."""
+        by_time, phi, front, safe = (rows[x] for x in self._admitted(sc, rows, t))
+        if by_time.size:
+            self.by_time = self._top(self.by_time + _cands(sc, by_time), lambda c: (c.time_ms, c.key))
+        if phi.size:
+            self.phi = self._staircase(self.phi + _cands(sc, phi))
+        if front.size:
+            self.front = self._pareto(self.front + _cands(sc, front))
+        if safe.size:
+            new = _cands(sc, safe)
             self.safe_phi = self._safe_stair(self.safe_phi + new, _by_score)
             self.safe_margin = self._safe_stair(self.safe_margin + new, _by_margin)
             self.safe_front = self._safe_stair(self.safe_front + new, _by_margin, front=True)
-            changed = True
-        return changed
+        if by_time.size or phi.size or front.size or safe.size:
+            self._refresh()
+
+    def _offer_widest(self, sc: Scored, t: np.ndarray) -> None:
+        """The batch's widest plan (largest margin, then fastest, then least V) against the widest so far, and
+        the batch's fastest safe plan's time (so the safe window is set before its blocks)."""
+        if self.floor is None:
+            return
+        m = sc.floor_margins(np.arange(t.size))
+        if (m >= self.floor).any():
+            self.fastest_safe_ms = min(self.fastest_safe_ms, float(t[m >= self.floor].min()))
+        v = sc.assignment.stats.variance_mib2.astype(np.float64)
+        i = int(np.lexsort((v, t, -m))[0])
+        w = self.widest
+        if w is None or (-m[i], t[i], v[i]) < (-w.floor_margin, w.time_ms, w.var_mib2):
+            self.widest = _cands(sc, np.array([i]))[0]
 
     def merge(self, other: Keeper) -> None:
         """Fold another keeper (a shard's) into this one."""
@@ -376,59 +441,6 @@ class Keeper:
         return _unique([c for c in self.safe_margin + self.safe_phi + self.safe_front if c.time_ms <= window])
 
 
-def _dominated_by(f: np.ndarray, pts: np.ndarray) -> np.ndarray:
-    """Rows of pts (N, 3) strictly dominated by a row of f (F, 3): ≤ in all three, < in one (all pairs)."""
-    out = np.zeros(len(pts), dtype=bool)
-    if len(f) == 0 or len(pts) == 0:
-        return out
-    step = max(1, (1 << 20) // len(f))
-    fT, fM, fV = f[None, :, 0], f[None, :, 1], f[None, :, 2]
-    for i in range(0, len(pts), step):
-        t, m, v = pts[i:i + step, 0:1], pts[i:i + step, 1:2], pts[i:i + step, 2:3]
-        le = (fT <= t) & (fM <= m) & (fV <= v)
-        out[i:i + step] = (le & ((fT < t) | (fM < m) | (fV < v))).any(axis=1)
-    return out
-
-
-class FrontIndex:
-    """Dominance queries against a fixed set of front points (T, M, V) in O(log F) a row: G[i, j] = the least V
-    among points with T ≤ the i-th distinct T and M ≤ the j-th distinct M (a 2-D prefix minimum), so a row
-    (t, m, v) is weakly dominated iff G at (t, m)'s ranks ≤ v, and strictly where that least V < v. Rows where
-    it equals v (a point with equal V, possibly the row itself) are `unsure`: the caller checks them pair by pair."""
-
-    MIN_POINTS = 24  # fewer front points: the pairwise test is as fast
-    MAX_CELLS = 1 << 24  # 16 M cells (128 MiB): beyond, the front is indexed on a coarser T grid (still exact)
-
-    def __init__(self, f: np.ndarray):
-        self.t = np.unique(f[:, 0])
-        self.m = np.unique(f[:, 1])
-        if len(self.t) * len(self.m) > self.MAX_CELLS:  # T ranks rounded up to a grid: a row sees fewer points
-            self.t = self.t[np.linspace(0, len(self.t) - 1, max(1, self.MAX_CELLS // len(self.m))).astype(np.int64)]
-        g = np.full((len(self.t), len(self.m)), np.inf)
-        i = np.searchsorted(self.t, f[:, 0], side="left")  # the first grid T ≥ the point's: seen from there on
-        ok = i < len(self.t)
-        np.minimum.at(g, (i[ok], np.searchsorted(self.m, f[ok, 1])), f[ok, 2])
-        self.g = np.minimum.accumulate(np.minimum.accumulate(g, axis=0), axis=1)
-
-    def least(self, t: np.ndarray, m: np.ndarray) -> np.ndarray:
-        """The least V among points with T ≤ t and M ≤ m (+inf where none)."""
-        i = np.searchsorted(self.t, t, side="right") - 1
-        j = np.searchsorted(self.m, m, side="right") - 1
-        return np.where((i >= 0) & (j >= 0), self.g[np.maximum(i, 0), np.maximum(j, 0)], np.inf)
-
-    def dominated(self, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(strictly dominated, unsure) masks of rows of pts (N, 3)."""
-        least = self.least(pts[:, 0], pts[:, 1])
-        return least < pts[:, 2], least == pts[:, 2]
-
-
-def _front_point(time_ms, margin, var_mib2) -> list:
-    """A plan's point on the kept front: (T, −margin, V), all minimised."""
-    if np.ndim(margin):
-        return [time_ms, -np.asarray(margin, dtype=np.float64), np.asarray(var_mib2, dtype=np.float64)]
-    return [time_ms, -float(margin), float(var_mib2)]
-
-
 def _by_score(c: Cand) -> float:
     return c.score
 
@@ -463,29 +475,6 @@ def _unique(cands: list[Cand]) -> list[Cand]:
     for c in cands:
         seen.setdefault(c.key, c)
     return list(seen.values())
-
-
-def non_dominated(pts: np.ndarray) -> np.ndarray:
-    """Mask of points no other point dominates in (T, M, V); of equal points the first is kept. Sweep in
-    order of T, keeping a staircase of the (M, V) front of the points seen so far (Kung et al. 1975,
-    3-D maxima)."""
-    order = np.lexsort((pts[:, 2], pts[:, 1], pts[:, 0]))
-    keep = np.zeros(len(pts), dtype=bool)
-    stair_m: list[float] = []  # M ascending
-    stair_v: list[float] = []  # V strictly descending
-    for i in order:
-        m, v = float(pts[i, 1]), float(pts[i, 2])
-        j = bisect.bisect_right(stair_m, m) - 1
-        if j >= 0 and stair_v[j] <= v:
-            continue  # an earlier (faster or equal) point has M ≤ m and V ≤ v
-        keep[i] = True
-        k = bisect.bisect_left(stair_m, m)
-        end = k
-        while end < len(stair_m) and stair_v[end] >= v:
-            end += 1
-        stair_m[k:end] = [m]
-        stair_v[k:end] = [v]
-    return keep
 
 
 def pareto_front(cands: list[PlanMetrics]) -> list[PlanMetrics]:

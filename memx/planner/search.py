@@ -32,7 +32,7 @@ from memx.domain.plan import with_idle_gpus, with_model_changes
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
 from memx.planner import moe
 from memx.planner.bnb import Work, explore
-from memx.planner.bounds import BoxBounds
+from memx.planner.bounds import SLACK, BoxBounds
 from memx.planner.candidates import Cand, Keeper, pareto_front
 from memx.planner.compositions import count_splits_many
 from memx.planner.cost import model_static_bytes
@@ -117,13 +117,13 @@ class _Shard:
 
 def _explore_shard(shard: list[tuple[int, Prepared]] | _Shard, *, weights: Weights | None, space: SearchSpace,
                    top_k: int, total: int, tick: Callable[[int], None] | None = None,
-                   pool: Pool | None = None) -> tuple[Keeper, Work]:
+                   pool: Pool | None = None, time_floor_ms: float = 0.0) -> tuple[Keeper, Work]:
     """Branch-and-bound over a shard's layouts, their boxes bounded and their leaves scored together
     (memx.planner.bnb.explore; with a `pool`, its boxes explored by the pool's workers:
     memx.planner.distributed); a layout whose root bound rules it out is discarded in the first round."""
     keeper = Keeper(top_k=1 if weights is None else top_k, max_time_ratio=space.max_time_ratio,
                     timed_only=weights is None, margin_floor=space.margin_floor,
-                    balance_tolerance=space.balance_tolerance)
+                    balance_tolerance=space.balance_tolerance, time_floor_ms=time_floor_ms)
     work = Work()
     sh = shard if isinstance(shard, _Shard) else _Shard(shard, total, space)
     for c, chunk in enumerate(sh.chunks):
@@ -226,17 +226,21 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
         shards = shard_layouts(prepared, shard_by)
         whole = _Shard(list(enumerate(prepared)), total, space) if mapper is None else None
         with nullcontext(mapper) as run_map, ThreadPoolExecutor(max_workers=1) as side:
+            floor = 0.0
             if chosen is None:  # auto: the fastest plan after step 1 and its smallest margin decide
                 first, _ = _run_phase(prepared, shards, run_map, tick, whole, pool, weights=None, space=space,
                                       top_k=1, total=total)
                 chosen = auto_profile(cluster, first.by_time[0].margin if first.by_time else None)
+                # Refinement only raises a plan's time (float32 rounding is monotone): every plan is ≥ the fastest
+                # step-1 time, a floor of the final window (Keeper.time_floor_ms).
+                floor = first.by_time[0].time_ms * (1 - SLACK) if first.by_time else 0.0
             t_pre = time.perf_counter()
             # The medians need no bound: computed beside the branch-and-bound (numpy releases the GIL).
             medians = None if given is not None else side.submit(
                 _medians, prepared, chosen, space, total, evaluated, median_sample, exact_medians_max,
                 whole.stacked() if whole is not None else None)
             keeper, work = _run_phase(prepared, shards, run_map, tick, whole, pool, weights=chosen, space=space,
-                                      top_k=top_k, total=total)
+                                      top_k=top_k, total=total, time_floor_ms=floor)
             timings["branch_and_bound_s"] = time.perf_counter() - t_pre
             refs, sample = medians.result() if medians is not None else (given, 0)
             timings["medians_wait_s"] = time.perf_counter() - t_pre - timings["branch_and_bound_s"]

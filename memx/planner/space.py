@@ -276,34 +276,46 @@ def check_space_input(model: ModelArch, space: SearchSpace) -> None:
 def splits(total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """All compositions of `total` layers into len(lo) stages with lo[s] ≤ n_s ≤ hi[s].
 
-    Returns an int16 array (n_splits, pp), rows in lexicographic order. Built stage by stage with
-    numpy repeat/cumsum (values and parent pointers), then read back along the parents: O(N·pp),
-    never a Python loop per split.
-    """
-    pp = len(lo)
+    Returns an int16 array (n_splits, pp), rows in lexicographic order (`splits_many` of one box)."""
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    return splits_many(total, lo[None, :], hi[None, :])[0]
+
+
+def splits_many(total: int, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The splits of many boxes at once (issue #26: one call for all the leaves of a branch-and-bound round):
+    every composition of `total` into P stages with lo[i, s] ≤ n_s ≤ hi[i, s], for each box i of lo, hi (B, P).
+
+    Returns (splits (N, P) int16, box (N,) int64): box i's rows together, boxes in order, each box's rows in
+    lexicographic order — the rows of `splits` of each box, concatenated. Built stage by stage with numpy
+    repeat/cumsum (values and parent pointers), then read back along the parents: O(N·P), never a Python loop
+    per split or per box. A partial split takes only values that leave the rest reachable (left − Σ hi of the
+    later stages ≤ n_s ≤ left − Σ lo of them), so no partial split is a dead end."""
     lo = np.asarray(lo, dtype=np.int64)
     hi = np.minimum(np.asarray(hi, dtype=np.int64), total)
-    if pp == 0 or np.any(lo > hi) or lo.sum() > total or hi.sum() < total:
-        return np.zeros((0, pp), dtype=np.int16)
-    rest_lo = np.concatenate([np.cumsum(lo[::-1])[::-1][1:], [0]])
-    rest_hi = np.concatenate([np.cumsum(hi[::-1])[::-1][1:], [0]])
-    left = np.array([total], dtype=np.int64)
+    B, pp = lo.shape
+    ok = (lo <= hi).all(axis=1) & (lo.sum(axis=1) <= total) & (hi.sum(axis=1) >= total)
+    if pp == 0 or not ok.any():
+        return np.zeros((0, pp), dtype=np.int16), np.zeros(0, dtype=np.int64)
+    rest_lo = np.cumsum(lo[:, ::-1], axis=1)[:, ::-1] - lo  # Σ lo of the later stages
+    rest_hi = np.cumsum(hi[:, ::-1], axis=1)[:, ::-1] - hi
+    box = np.nonzero(ok)[0]
+    left = np.full(len(box), total, dtype=np.int64)
     values, parents = [], []
     for s in range(pp):
-        vmin = np.maximum(lo[s], left - rest_hi[s])
-        vmax = np.minimum(hi[s], left - rest_lo[s])
+        vmin = np.maximum(lo[box, s], left - rest_hi[box, s])
+        vmax = np.minimum(hi[box, s], left - rest_lo[box, s])
         cnt = np.maximum(vmax - vmin + 1, 0)
         idx = np.repeat(np.arange(len(left), dtype=np.int64), cnt)
         vals = vmin[idx] + (np.arange(idx.size) - np.repeat(np.cumsum(cnt) - cnt, cnt))
         values.append(vals.astype(np.int16))
         parents.append(idx)
-        left = left[idx] - vals
+        left, box = left[idx] - vals, box[idx]
     out = np.empty((len(values[-1]), pp), dtype=np.int16)
     row = np.arange(len(values[-1]), dtype=np.int64)
     for s in range(pp - 1, -1, -1):
         out[:, s] = values[s][row]
         row = parents[s][row]
-    return out
+    return out, box
 
 
 @lru_cache(maxsize=None)

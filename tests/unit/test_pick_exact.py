@@ -183,6 +183,15 @@ def test_kept_front_with_variance_equals_full_enumeration(conf_root):
     _property(conf_root, 3, fronts=(True,))
 
 
+def test_joint_bounds_on_every_box_equal_full_enumeration(conf_root, monkeypatch):
+    """Issue #26: the keeper's joint tests tried on every box (not only large ones, joint.MIN_SPLITS), so they
+    discard boxes of these small spaces too: still the answer of full enumeration."""
+    from memx.planner import joint
+
+    monkeypatch.setattr(joint, "MIN_SPLITS", 0)
+    _property(conf_root, 3, kinds=("point", "interval"), fronts=(False,))
+
+
 @pytest.mark.slow
 def test_floor_pick_equals_full_enumeration_on_200_spaces(conf_root):
     _property(conf_root, 200)

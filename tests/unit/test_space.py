@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.domain.plan import Plan, Stage, validate_plan
-from memx.planner.space import count_compositions, count_with_options, enumerate_layouts, splits
+from memx.planner.space import count_compositions, count_with_options, enumerate_layouts, splits, splits_many
 
 
 def _brute(total, lo, hi):
@@ -23,6 +23,20 @@ def test_splits_are_exactly_the_bounded_compositions(pp, total, data):
     hi = lo + np.array([data.draw(st.integers(0, 8)) for _ in range(pp)])
     got = [tuple(int(x) for x in r) for r in splits(total, lo, hi)]
     assert got == _brute(total, lo, hi)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pp=st.integers(1, 5), total=st.integers(1, 14), data=st.data())
+def test_splits_many_is_every_box_splits_in_order(pp, total, data):
+    """Many boxes at once (issue #26): each box's `splits`, concatenated in box order, with their box indices;
+    empty and infeasible boxes (lo > hi, Σ lo > L, Σ hi < L) give no row."""
+    boxes = data.draw(st.integers(1, 6))
+    lo = np.array([[data.draw(st.integers(0, 4)) for _ in range(pp)] for _ in range(boxes)])
+    hi = lo + np.array([[data.draw(st.integers(-1, 8)) for _ in range(pp)] for _ in range(boxes)])
+    S, box = splits_many(total, lo, hi)
+    assert S.dtype == np.int16 and S.shape == (len(box), pp)
+    want = [(i, tuple(r)) for i in range(boxes) for r in _brute(total, lo[i], hi[i])]
+    assert [(int(i), tuple(int(x) for x in r)) for i, r in zip(box, S)] == want
 
 
 def test_unbounded_splits_count_is_binomial():
