@@ -48,16 +48,24 @@ def interleaved(plan: Plan, v: int, layers: int) -> Plan | None:
                                virtual_stages=v)
 
 
-def errors(plans, cluster, model) -> str:
-    runs = [simulate_plan(p, cluster, model, seed=i) for i, p in enumerate(plans)]
-    est = estimate_plans(plans, cluster, model, AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types},
-                                                                   runtime="catalog"))
-    ok = [i for i, r in enumerate(runs) if not r.oom]
-    t = np.mean([abs(est[i].iteration_time_ms / runs[i].iteration_time_ms - 1) for i in ok])
-    r = np.concatenate([np.asarray(est[i].peak_mem_mib) / np.asarray(runs[i].peak_mem_mib) for i in ok])
+def figures(plans, runs, est, *, predicted_feasible: bool = False) -> str:
+    """Time and memory MAPE of predictions `est` against virtual-cluster `runs` over the plans that ran (and, with
+    `predicted_feasible`, that the prediction calls feasible), the median memory ratio and OOM calls right."""
+    ok = [i for i, r in enumerate(runs) if not r.oom and (est[i].feasible or not predicted_feasible)]
+    t = np.mean([abs(est[i].iteration_time_ms / runs[i].iteration_time_ms - 1) for i in ok]) if ok else float("nan")
+    r = np.concatenate([np.asarray(est[i].peak_mem_mib) / np.asarray(runs[i].peak_mem_mib) for i in ok]) \
+        if ok else np.array([np.nan])
     right = np.mean([e.feasible == (not run.oom) for e, run in zip(est, runs)])
     return (f"plans={len(plans):3d} ran={len(ok):3d} time_mape={t:.4f} mem_mape={np.mean(np.abs(r - 1)):.4f} "
             f"mem_bias={np.median(r):.3f} oom_right={right:.3f}")
+
+
+def errors(plans, cluster, model, *, predicted_feasible: bool = False) -> str:
+    """`figures` of the runtime-aware closed form on `plans`, each simulated once (seed = its index)."""
+    runs = [simulate_plan(p, cluster, model, seed=i) for i, p in enumerate(plans)]
+    est = estimate_plans(plans, cluster, model, AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types},
+                                                                   runtime="catalog"))
+    return figures(plans, runs, est, predicted_feasible=predicted_feasible)
 
 
 def search_seconds(cluster, model, space) -> tuple[float, float]:

@@ -23,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -31,9 +30,10 @@ sys.path.insert(0, str(REPO))
 from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
 from memx.domain.plan import Plan  # noqa: E402
 from memx.planner.cost import AnalyticStageModel  # noqa: E402
-from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.planner.search import search  # noqa: E402
-from memx.simulator import draw_plans, simulate_plan  # noqa: E402
+from memx.simulator import draw_plans  # noqa: E402
+
+from bench.interleave import errors as interleave_errors  # noqa: E402  (issue #27's accuracy figures)
 
 CASES = (("h100-mi300x-32", "mixtral-8x7b"), ("three-vendor-20", "qwen1.5-moe-a2.7b"),
          ("h100-h20-16", "qwen1.5-moe-a2.7b"))
@@ -58,16 +58,8 @@ def with_cp_and_experts(plan: Plan, experts: int, rnd: random.Random) -> Plan | 
 
 
 def errors(plans, cluster, model) -> str:
-    runs = [simulate_plan(p, cluster, model, seed=i) for i, p in enumerate(plans)]
-    est = estimate_plans(plans, cluster, model, AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types},
-                                                                   runtime="catalog"))
-    ok = [i for i, r in enumerate(runs) if not r.oom and est[i].feasible]
-    t = np.mean([abs(est[i].iteration_time_ms / runs[i].iteration_time_ms - 1) for i in ok]) if ok else float("nan")
-    r = np.concatenate([np.asarray(est[i].peak_mem_mib) / np.asarray(runs[i].peak_mem_mib) for i in ok]) \
-        if ok else np.array([np.nan])
-    right = np.mean([e.feasible == (not run.oom) for e, run in zip(est, runs)])
-    return (f"plans={len(plans):3d} ran={len(ok):3d} time_mape={t:.4f} mem_mape={np.mean(np.abs(r - 1)):.4f} "
-            f"mem_bias={np.median(r):.3f} oom_right={right:.3f}")
+    """bench.interleave.errors over the plans that ran and that the closed form calls feasible."""
+    return interleave_errors(plans, cluster, model, predicted_feasible=True)
 
 
 def search_seconds(cluster, model, space) -> tuple[float, float, int]:

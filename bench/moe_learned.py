@@ -29,7 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -43,19 +42,15 @@ from memx.profiling import profile  # noqa: E402
 from memx.simulator import draw_plans, simulate_plan  # noqa: E402
 from moe import CASES, with_cp_and_experts, with_experts  # noqa: E402
 
+from bench.interleave import figures  # noqa: E402  (issue #27's accuracy figures)
+
 SETTINGS = (("before", "none", (1,)), ("all", "all", (1,)), ("points", "points", (1,)), ("all+cp", "all", (1, 2, 4)),
             ("pts+cp", "points", (1, 2, 4)))
 
 
 def errors(plans, runs, cluster, model, predictor) -> str:
-    est = estimate_plans(plans, cluster, model, predictor)
-    ok = [i for i, r in enumerate(runs) if not r.oom and est[i].feasible]
-    t = np.mean([abs(est[i].iteration_time_ms / runs[i].iteration_time_ms - 1) for i in ok]) if ok else float("nan")
-    r = np.concatenate([np.asarray(est[i].peak_mem_mib) / np.asarray(runs[i].peak_mem_mib) for i in ok]) \
-        if ok else np.array([np.nan])
-    right = np.mean([e.feasible == (not run.oom) for e, run in zip(est, runs)])
-    return (f"plans={len(plans):3d} ran={len(ok):3d} time_mape={t:.4f} mem_mape={np.mean(np.abs(r - 1)):.4f} "
-            f"oom_right={right:.3f}")
+    """bench.interleave.figures of `predictor` over the plans that ran and that it calls feasible."""
+    return figures(plans, runs, estimate_plans(plans, cluster, model, predictor), predicted_feasible=True)
 
 
 def main() -> None:
