@@ -108,7 +108,10 @@ def tiny(draw, conf_root):
         load_search("small", conf_root), global_batch=draw(st.integers(2, 6)), tp_options=(1, 2),
         micro_batch_options=(1,), recompute_levels=("none", "full"), max_pp=3, max_replica_groups=2,
         distributed_optimizer=(draw(st.booleans()),), sequence_parallel=(True,), weights="throughput",
-        margin_floor=draw(st.sampled_from((0.0, 0.1))))
+        margin_floor=draw(st.sampled_from((0.0, 0.1))),
+        # the rule under which the grouped plan joining the candidates (pick.with_candidate) can only make the pick
+        # faster; a balanced rule may take a slower grouped plan within its tolerance (docs/planner.md §Replica groups)
+        pick_rule="fastest-above-floor")
     return cluster, model, space
 
 
