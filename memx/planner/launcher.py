@@ -4,7 +4,7 @@
 `memx.planner.space` are restricted there (one tp for every stage, the GPUs of one vendor), and the
 recomputation is one setting for every stage — Megatron-LM applies `--recompute-granularity/-method/-num-layers`
 to every pipeline rank (megatron/training/arguments.py) — so each uniform level (none, selective, full) is
-searched on its own and the better pick wins (the margin floor first, then time: `replica_search._better`).
+searched on its own and the better pick wins (the margin floor first, then time: `_better`).
 `flagscale` keeps what FlagScale's heterogeneous training starts: per-stage recomputation only toggles *full*
 recomputation (`recompute_granularity_per_stage_micro_batch` requires `recompute_granularity: full`, FlagScale
 flagscale/train/arguments.py post_validate_args), so selective is searched on every stage or on none.
@@ -28,7 +28,8 @@ from typing import Any
 from memx.domain.errors import InfeasibleError
 from memx.domain.recompute import SEARCH_BLOCK, Recompute
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
-from memx.planner.replica_search import _better, replica_search
+from memx.planner.metrics import PlanMetrics
+from memx.planner.replica_search import replica_search
 from memx.planner.result import SearchResult, plan_key
 from memx.planner.search import search
 from memx.planner.stage_dp_search import with_stage_dp
@@ -44,6 +45,12 @@ def level_sets(space: SearchSpace) -> tuple[tuple[str, ...], ...]:
     return (levels,)
 
 
+def _better(a: PlanMetrics, a_margin: float, b: PlanMetrics, b_margin: float, space: SearchSpace) -> bool:
+    """a beats b: clears the floor where b does not, else faster."""
+    ca, cb = a_margin >= space.margin_floor, b_margin >= space.margin_floor
+    return ca and not cb or (ca == cb and a.iteration_time_ms < b.iteration_time_ms)
+
+
 def _margin(r: SearchResult) -> float:
     return r.margins_high.get(plan_key(r.chosen.plan), r.chosen.min_margin)
 
@@ -52,14 +59,14 @@ def launcher_search(cluster: Cluster, model: ModelArch, space: SearchSpace, pred
     """The search under `space.launcher`: `any` is `replica_search` unchanged; otherwise the best pick over
     `level_sets(space)` (InfeasibleError naming each level's reason when none has a plan). With
     `stage_data_parallel` (opt-in, issue #27) the per-stage-dp space is searched beside it under the same level
-    sets and its best plan is the pick when it beats this one (memx.planner.stage_dp_search)."""
+    sets and its best plan joins the candidates the pick rule chooses from (`stage_dp_option`)."""
     return stage_dp_option(_launcher_search(cluster, model, space, predictor, **kw), cluster, model, space, predictor)
 
 
 def stage_dp_option(result: SearchResult, cluster: Cluster, model: ModelArch, space: SearchSpace,
                     predictor) -> SearchResult:
     """`result` unchanged, or with `stage_data_parallel` (opt-in, issue #27) the per-stage-dp space searched
-    beside it under `level_sets(space)` and its best plan the pick when it beats `result`'s
+    beside it under `level_sets(space)`, its best plan among the kept candidates and the pick rule applied again
     (memx.planner.stage_dp_search.with_stage_dp)."""
     if not space.stage_data_parallel:
         return result

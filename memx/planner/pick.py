@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from memx.domain.specs import ModelArch, SearchSpace
 from memx.planner.estimate import upper_margins
 from memx.planner.metrics import PlanMetrics
+from memx.planner.objective import phi
 from memx.planner.result import SearchResult
 from memx.planner.result import plan_key as result_plan_key
 from memx.planner.signatures import StagePredictor
@@ -222,9 +223,17 @@ def with_candidate(r: SearchResult, m: PlanMetrics, margin_high: float, space: S
     groups, a data-parallel degree per stage), its smallest margin at the upper bound `margin_high` — in the top-k by
     Φ and by time where it ranks and in the safe set, and the pick rule applied again to them all (`apply_pick`): the
     pick obeys the configured rule whichever space it comes from and is never a plan another kept plan dominates."""
+    m = phi_on(m, r, space)
     k, k_time = max(len(r.top), 1), max(len(r.top_time), 1)
     merged = dataclasses.replace(
         r, top=sorted([*r.top, m], key=lambda c: c.phi if c.phi is not None else float("inf"))[:k],
         top_time=sorted([*r.top_time, m], key=lambda c: c.iteration_time_ms)[:k_time],
         safe=[*r.safe, m], margins_high={**r.margins_high, plan_key(m): margin_high})
     return apply_pick(merged, space, model, predictor)
+
+
+def phi_on(m: PlanMetrics, r: SearchResult, space: SearchSpace) -> PlanMetrics:
+    """`m` with its Φ on `r`'s medians and weights (paper §3.1.2): a plan from another space ranked on the same scale
+    as `r`'s plans."""
+    return dataclasses.replace(m, phi=float(phi(m.iteration_time_ms, m.max_mem_mib, m.mem_variance_mib2, refs=r.refs,
+                                                weights=r.weights, epsilon_mib2=space.epsilon_mib2)))

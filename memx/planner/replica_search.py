@@ -46,8 +46,7 @@ from memx.domain.precision import resolve_precision
 from memx.domain.plan import with_idle_gpus
 from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace
 from memx.planner.metrics import PlanMetrics
-from memx.planner.objective import phi
-from memx.planner.pick import with_candidate
+from memx.planner.pick import phi_on, with_candidate
 from memx.planner.replicas import combine, group_clusters, own_dp_ms, replica_sync_ms
 from memx.planner.result import SearchResult, plan_key
 from memx.planner.search import search
@@ -298,9 +297,7 @@ def search_replicas(cluster: Cluster, model: ModelArch, space: SearchSpace, pred
     if best is None:
         return out
     best, high = best
-    best = dataclasses.replace(best, phi=float(phi(best.iteration_time_ms, best.max_mem_mib, best.mem_variance_mib2,
-                                                   refs=one.refs, weights=one.weights, epsilon_mib2=space.epsilon_mib2)))
-    out.grouped = best
+    out.grouped = best = phi_on(best, one, space)
     # the grouped plan joins the kept candidates and the pick rule chooses among them all (pick.with_candidate)
     merged = with_candidate(one, best, high, space, model, predictor)
     if plan_key(merged.chosen.plan) == plan_key(best.plan):
@@ -308,12 +305,6 @@ def search_replicas(cluster: Cluster, model: ModelArch, space: SearchSpace, pred
     else:  # a one-group pick: the best grouped plan is shown beside it (issue #22)
         out.result = dataclasses.replace(merged, best_grouped=best)
     return out
-
-
-def _better(a: PlanMetrics, a_margin: float, b: PlanMetrics, b_margin: float, space: SearchSpace) -> bool:
-    """a beats b: clears the floor where b does not, else faster."""
-    ca, cb = a_margin >= space.margin_floor, b_margin >= space.margin_floor
-    return ca and not cb or (ca == cb and a.iteration_time_ms < b.iteration_time_ms)
 
 
 def replica_search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, **kw) -> SearchResult:

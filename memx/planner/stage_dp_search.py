@@ -10,7 +10,7 @@ enumerated here: those with one dp are today's space, which the batched engine s
 Scoring stays outside the batched engine (memx.planner.tables / bounds / prepared know one dp and one micro
 batch per layout): one predictor call for every (stage context, layers, recompute option) row of every layout
 (contexts repeat across layouts and are predicted once). The search is exact for the floor-then-fastest rule
-(replica_search._better; docs/planner.md §Data parallel per stage): first the fastest plan whose every stage
+(launcher._better; docs/planner.md §Data parallel per stage): first the fastest plan whose every stage
 clears `margin_floor` (at the upper memory bound where the predictor gives one), then, only when none does, the
 fastest that fits. With T = (m − 1)·max_s t_s + Σ_s t_s + fixed + max_s tail_s (memx.planner.stage_dp), per layout
 the compute part's least value over splits is found by a bottleneck-threshold dynamic programme (`best_splits`:
@@ -36,10 +36,8 @@ from memx.domain.stage_dp import place_stage_groups, stage_dp_problems, stage_dp
 from memx.planner import stage_dp
 from memx.planner.estimate import estimate_plans, upper_margins
 from memx.planner.metrics import PlanMetrics
-from memx.planner.objective import phi
 from memx.planner.predictions import params_per_rank
 from memx.planner.pick import with_candidate
-from memx.planner.replica_search import _better
 from memx.planner.result import SearchResult, plan_key
 from memx.planner.schedule import AssemblyCalibration, assembly_of, blocking_transfers, iteration_time_ms, stage_tail_ms
 from memx.planner.signatures import predict_arrays, signature_columns
@@ -334,7 +332,7 @@ def _fastest_in(sp: _Space, cluster: Cluster, model: ModelArch, predictor, floor
 def floor_then_fastest(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor,
                        level_sets: tuple[tuple[str, ...], ...], *, clear_below: float = np.inf,
                        fit_below: float = np.inf) -> tuple[Plan | None, int]:
-    """The best plan of the per-stage-dp space under the floor-then-fastest rule (replica_search._better) against an
+    """The best plan of the per-stage-dp space under the floor-then-fastest rule (launcher._better) against an
     incumbent, and the layouts enumerated: the fastest plan whose stages all clear `margin_floor` and that is faster
     than `clear_below`; when none exists, the fastest plan that fits and is faster than `fit_below` (−inf: none
     wanted, the incumbent clears the floor). Exact over every level set's layouts, splits and recompute options."""
@@ -367,36 +365,31 @@ def with_stage_dp(result: SearchResult, cluster: Cluster, model: ModelArch, spac
     plan, n_layouts = floor_then_fastest(cluster, model, space, predictor, level_sets,
                                          clear_below=t_pick if clears else np.inf, fit_below=-np.inf if clears else t_pick)
     timings = {**result.timings, "stage_dp_layouts": float(n_layouts), "stage_dp_plans": float(plan is not None)}
-    best = _best(_estimated([plan] if plan else [], cluster, model, predictor, space), model, predictor, space)
+    best = _rescored(plan, cluster, model, predictor, space)
     timings["stage_dp_s"] = time.perf_counter() - t0
     if best is None:
         return dataclasses.replace(result, timings=timings)
-    m, high = best
-    m = dataclasses.replace(m, phi=float(phi(m.iteration_time_ms, m.max_mem_mib, m.mem_variance_mib2, refs=result.refs,
-                                             weights=result.weights, epsilon_mib2=space.epsilon_mib2)))
-    return dataclasses.replace(with_candidate(result, m, high, space, model, predictor), timings=timings)
+    return dataclasses.replace(with_candidate(result, *best, space, model, predictor), timings=timings)
 
 
-def _estimated(plans: list[Plan], cluster: Cluster, model: ModelArch, predictor, space: SearchSpace) -> list[PlanMetrics]:
-    return estimate_plans(plans, cluster, model, predictor, reserve_gib=space.reserve_gib) if plans else []
-
-
-def _best(est: list[PlanMetrics], model: ModelArch, predictor, space: SearchSpace) -> tuple[PlanMetrics, float] | None:
-    """The feasible plan that clears the floor, then is fastest (replica_search._better), with its smallest margin
-    at the upper memory bound (the point margin for a predictor without intervals)."""
-    est = [e for e in est if e.feasible]
-    best: tuple[PlanMetrics, float] | None = None
-    for e, h in zip(est, upper_margins(est, model, predictor)):
-        cand = (e, e.min_margin if h is None else h)
-        if best is None or _better(*cand, *best, space):
-            best = cand
-    return best
+def _rescored(plan: Plan | None, cluster: Cluster, model: ModelArch, predictor,
+              space: SearchSpace) -> tuple[PlanMetrics, float] | None:
+    """The found plan scored by `estimate_plans` (the given-plan closed form, memx.planner.stage_dp) with its smallest
+    margin at the upper memory bound (the point margin for a predictor without intervals); None when there is no
+    plan or it does not fit."""
+    if plan is None:
+        return None
+    (e,) = estimate_plans([plan], cluster, model, predictor, reserve_gib=space.reserve_gib)
+    if not e.feasible:
+        return None
+    (h,) = upper_margins([e], model, predictor)
+    return e, e.min_margin if h is None else h
 
 
 def search_stage_dp(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor) -> tuple[PlanMetrics, float]:
     """The best per-stage-dp plan alone (the bench's side of the comparison); InfeasibleError when none fits."""
     plan, _ = floor_then_fastest(cluster, model, space, predictor, (space.recompute_levels,))
-    best = _best(_estimated([plan] if plan else [], cluster, model, predictor, space), model, predictor, space)
+    best = _rescored(plan, cluster, model, predictor, space)
     if best is None:
         raise InfeasibleError("no feasible plan with a per-stage data-parallel degree")
     return best
