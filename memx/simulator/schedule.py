@@ -90,7 +90,7 @@ def stage_signatures(plan: Plan, model: ModelArch) -> list[StageSignature]:
             ffn_hidden=dense_ffn(model) if model.is_moe else model.ffn_hidden,  # MoE: memx.simulator.moe
             query_groups=model.query_groups, vocab=model.vocab, mlp=model.mlp,
             distributed_optimizer=plan.distributed_optimizer, dp=plan.dp, sequence_parallel=plan.sequence_parallel,
-            precision=plan.precision,
+            tied_embeddings=model.tied_embeddings and (s == 0 or s == plan.pp - 1), precision=plan.precision,
         )
         for s, st in enumerate(plan.stages)
     ]
