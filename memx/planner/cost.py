@@ -494,5 +494,5 @@ def predict_runtime_frame(sigs: Any, gpus: Mapping[str, GpuType],
                                    c["vocab"], c["mlp"], tied=c["tied_embeddings"])
     static = params * static_bytes_per_param(do, dp, prec)
     allocated = static + c["inflight"].astype(np.float64) * act + work
-    peak = allocated * (1.0 + rc.frag) / MIB + rc.fixed_mib + communicator_mib(first, last, x, rc)
+    peak = allocated * (1.0 + rc.frag) / MIB + rc.fixed_mib + communicator_mib(first, last, x, rc, c["tied_embeddings"])
     return {"time_ms": time_ms, "peak_mem_mib": peak, "static_mem_mib": static / MIB}

@@ -140,3 +140,18 @@ def test_simulator_plan_signatures_and_cross_group_units():
     assert _unit_params(gpt2, [one, one])[-1] == gpt2.hidden
     assert _unit_params(gpt2, [one, three])[-1] == gpt2.vocab * gpt2.hidden + gpt2.hidden
     assert _unit_params(load_model("llama2-7b"), [one])[-1] > gpt2.hidden
+
+
+def test_embedding_communicator_only_where_the_two_copies_are_reduced():
+    from memx.domain.runtime import load_runtime
+
+    model = AnalyticStageModel(gpus={"a100-80g": load_gpu("a100-80g")}, runtime="catalog")
+    coll = load_runtime("a100-80g", "nvidia").collective_comm_mib
+
+    def peak(**over):
+        row = {**ROW, "recompute_layers": np.nan, **over}
+        return float(model.predict_columns({k: np.array([v]) for k, v in row.items()})["peak_mem_mib"][0])
+
+    last = dict(first=False, last=True)  # pp > 1: the last stage's copy is all-reduced with stage 0's
+    assert peak(**last, tied_embeddings=True) - peak(**last) == pytest.approx(coll)
+    assert peak(tied_embeddings=True) < peak()  # pp = 1: one weight, no embedding group collective
