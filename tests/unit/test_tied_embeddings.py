@@ -79,7 +79,8 @@ def test_records_default_untied_and_keep_keys_of_older_rows():
     assert signature_key(ROW) == signature_key({**ROW, "tied_embeddings": False})
     assert signature_key(middle) == signature_key({**middle, "tied_embeddings": True})  # no-op: canonical false
     assert signature_key(ROW) != signature_key({**ROW, "tied_embeddings": True})
-    assert stage_run_row({**middle, "tied_embeddings": True}, status="ok", backend="simulated")["tied_embeddings"] is False
+    row = stage_run_row({**middle, "tied_embeddings": True}, status="ok", backend="simulated")
+    assert row["tied_embeddings"] is False
 
 
 def test_learned_static_basis_and_cache_key():
@@ -89,6 +90,16 @@ def test_learned_static_basis_and_cache_key():
     old = df.drop(columns="tied_embeddings")  # a frame from before the column hashes as it always did
     keys, old_keys = signature_keys(df, "v1"), signature_keys(old, "v1")
     assert keys[0] == old_keys[0] and keys[1] != keys[0]
+
+
+def test_profile_points_carry_the_model_flag_on_end_stages():
+    from memx.profiling.design import point
+
+    gpt2 = load_model("gpt2-1024")
+    kw = dict(tp=1, layers=2, micro_batch=1, seq_len=1024, source="t")
+    assert point("a100-80g", gpt2, first=True, last=True, **kw)["tied_embeddings"] is True
+    assert point("a100-80g", gpt2, **kw)["tied_embeddings"] is False
+    assert point("a100-80g", load_model("llama2-7b"), first=True, last=True, **kw)["tied_embeddings"] is False
 
 
 def test_megatron_log_arguments_say_whether_tied():
