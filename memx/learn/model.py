@@ -176,7 +176,7 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
     g = gpu_arrays(names, gpus)
     # the flat closed form stays the learned model's prior (issue 12 keeps the learned path unchanged)
     model = AnalyticStageModel(gpus=gpus, runtime="none")
-    cols = sigs.loc[:, list(SIGNATURE_COLUMNS)]
+    cols = sigs.loc[:, [c for c in SIGNATURE_COLUMNS if c in sigs]]  # option columns absent: their defaults
     an = model.predict(cols)
     ct, cm, cs = _prior(cal, a, g, names, an)  # static (cs) and peak (cm) with the distributed optimizer
     if cal is None:  # the flat closed form's static, in the row's precision (a calibration learns the profile's)
@@ -444,7 +444,7 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
     cal = None
     if variant in ("calibrated", "hybrid-calibrated", "xgb"):
         a = signature_arrays(df)
-        an = AnalyticStageModel(gpus=gpus, runtime="none").predict(df.loc[:, list(SIGNATURE_COLUMNS)])
+        an = AnalyticStageModel(gpus=gpus, runtime="none").predict(df.loc[:, [c for c in SIGNATURE_COLUMNS if c in df]])
         cal = fit_calibration(a, gpu_arrays(names, gpus), names, yt, ym, ys, an["static_mem_mib"].to_numpy(np.float64))
     base = LearnedStagePredictor(variant=variant, gpus=dict(gpus), calibration=cal, booster=None,
                                  memory_source=memory_source, params=params, memory_sources=memory_sources,

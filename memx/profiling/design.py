@@ -79,7 +79,7 @@ def point(gpu: str, model: ModelArch, *, tp: int, layers: int, micro_batch: int,
             "first": bool(first), "last": bool(last), "inflight": int(inflight), "hidden": model.hidden,
             "ffn_hidden": model.ffn_hidden, "heads": model.heads, "query_groups": model.query_groups,
             "vocab": model.vocab, "mlp": model.mlp, "sequence_parallel": bool(sequence_parallel and tp > 1),
-            "source": source}
+            "tied_embeddings": bool(model.tied_embeddings and (first or last)), "source": source}
 
 
 # The analytic model leaves out the allocator's context and fragmentation; grid points are placed
