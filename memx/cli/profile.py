@@ -100,6 +100,8 @@ def profile_cmd(
     c, m, s = load_specs(cluster, model, search, conf)
     options = profile_options(backend, command, records, jobs=jobs, timeout_s=timeout, retries=retries, progress=progress,
                               moe_layers=moe_layers)
+    if not m.is_moe:  # what a dense model's profile measures does not depend on it: the same stored version
+        options.pop("moe_layers", None)
     if out is not None:
         check_out_dir(out, "--out")
     if backend == "records":
