@@ -18,6 +18,7 @@ from memx.planner.context_parallel import add_ring_terms
 from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
 from memx.planner import moe
 from memx.planner.interleave import allowed_layers, combine, context_twins
+from memx.planner.moe_dense import measured_dense_shift
 from memx.planner.signatures import StagePredictor, predict_arrays, signature_columns
 from memx.planner.tables import NONE, StageContext, StageTable, ladders, set_fitted, stage_options
 
@@ -94,7 +95,8 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     codes = option_code[layers, pos]
     sigs = signature_columns(ctx_list, layers, codes, ci, model, seq_len)
     t0 = time.perf_counter()
-    pred = moe.adjust(predict_arrays(predictor, sigs), sigs, model, {g.name: g for g in cluster.gpu_types})
+    pred = moe.adjust(predict_arrays(predictor, sigs), sigs, model, {g.name: g for g in cluster.gpu_types},
+                      measured_dense_shift(predictor, sigs, model))
     pred = add_ring_terms(pred, sigs, ctx_list, ci, cluster)  # cp > 1 (context_parallel)
     predict_s = time.perf_counter() - t0
     shape = (len(ctx_list), n_max + 1, k_max)
