@@ -2,14 +2,15 @@
 
   python bench/decision_quality.py [--space catalog|paper] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
                                    [--reach 1.10] [--slack 0.10] [--seed 0] [--predictor analytic|learned]
+  python bench/decision_quality.py --scenarios mixed-1024/llama3-405b --sample-floors 0.1,0.2 [--fastest 5]
 
-For each scenario (cluster / model, the catalog's `default` search, weights auto) and predictor: `analytic` (the
-default) the closed form; `learned` the product's registered predictor — the scenario profiled on the virtual cluster
-(memx.pipeline.local profile_step, backend simulated, seed `--seed`), then train_step (held-out split, augment,
-every variant, Optuna on the best tree variant with the product's budget — memx.learn.tuning.TuneBudget, 8 trials —,
-split-conformal bands, registered in MLflow) and registered_predictor (the champion), all in a temporary $MEMX_HOME with
-its own SQLite MLflow store, deleted at the end (memx.experiments.common.get_predictor "registered"). `--seed` is
-the simulator seed of the measured worlds and, with `learned`, of the profile and the training split;
+For each scenario (cluster / model, the catalog's `default` search, weights auto) and predictor — `analytic` (the
+default): the closed form; `learned`: the product's registered predictor, i.e. the scenario profiled on the virtual
+cluster (memx.pipeline.local profile_step, backend simulated, seed `--seed`), train_step (held-out split, augment,
+every variant, Optuna on the best tree variant with the product's budget, memx.learn.tuning.TuneBudget: 8 trials,
+split-conformal bands, registered in MLflow) and registered_predictor (the champion), all in a temporary $MEMX_HOME
+with its own SQLite MLflow store, deleted at the end (memx.experiments.common.get_predictor "registered").
+`--seed` is the simulator seed of the measured worlds and, with `learned`, of the profile and the training split.
 1. every rule of memx.planner.pick.PICK_RULES picks by its own search (the paper's `phi` and
    fastest-above-floor without a time window, the others with max_time_ratio 1.25, as docs/results.md);
 2. the *population*: every plan the same search can score whose predicted time ≤ `reach` × the fastest
@@ -32,7 +33,10 @@ pick of a perfect predictor), which separates what the rule decides from what th
 `--allowances 0.05,0.1` adds the robustness-allowance variant (`allowance_pick`, not a planner rule): least Φ
 among the window's plans whose predicted margin clears floor + allowance (none: as balanced-margin).
 Output: one table row per (scenario, rule) with the four worlds side by side, then the totals per rule
-(misses counted in the nominal world).
+(misses counted in the nominal world), then per scenario the predictor's accuracy over the population (measured /
+predicted time, 5th–95th percentile; Spearman of predicted and measured time) and the seconds spent.
+`--sample-floors F1,F2,...` (`sample`): where the population is out of reach, only the default rule's pick at each
+floor and the `--fastest` fastest plans predicted safe at F1, measured in the four worlds (a sample, not a population).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import time
 import numpy as np
 
 from memx.domain.catalog import load_cluster, load_model, load_search
-from memx.experiments.common import get_predictor
+from memx.experiments.common import describe, get_predictor
 from memx.planner import candidates as cand_module
 from memx.planner import search as search_module
 from memx.planner.cost import AnalyticStageModel
@@ -253,56 +257,51 @@ def sample(name: str, *, floors: tuple[float, ...], fastest: int, seed: int, spa
            kind: str = "analytic") -> str:
     """A small sample where the population is out of reach (mixed-1024 / llama3-405b): the default rule's pick at
     each margin floor of `floors` (the first: the catalog's), and the `fastest` fastest predicted plans that clear
-    the first floor (the population at reach 1.02, no slack), each run in the four worlds. T* = the fastest plan of
-    the sample measured safe at the first floor; a Markdown table, one row per plan."""
+    the first floor (the population at reach 1.02, no slack), each run in the four worlds; a Markdown table."""
     cl_name, mo_name = name.split("/")
     cl, mo = load_cluster(cl_name), load_model(mo_name)
     sp0 = dataclasses.replace(base_space(space), margin_floor=floors[0])
     pred = predictor(cl, mo, sp0, kind, seed)
-    rows = {}  # plan key → (label, PlanMetrics)
+    rows: dict = {}  # plan key → (label, PlanMetrics)
+
+    def add(m, label):
+        rows[plan_key(m)] = (f"{rows[plan_key(m)][0]}; {label}" if plan_key(m) in rows else label, m)
+
     for f in floors:
-        m = searched(cl, mo, dataclasses.replace(sp0, margin_floor=f), pred).chosen
-        label = f"{sp0.pick_rule} pick, floor {f:.0%}"
-        rows[plan_key(m)] = (label if plan_key(m) not in rows else f"{rows[plan_key(m)][0]}; {label}", m)
+        pick = searched(cl, mo, dataclasses.replace(sp0, margin_floor=f), pred).chosen
+        add(pick, f"{sp0.pick_rule} pick, floor {f:.0%}")
     Population.reach, Population.low = 1.02, sp0.margin_floor
     pop = searched(cl, mo, dataclasses.replace(sp0, pick_rule="fastest-above-floor"), pred, Population)
     near = sorted((c for c in pop.safe if c.min_margin >= sp0.margin_floor), key=lambda c: c.iteration_time_ms)
     for k, m in enumerate(near[:fastest], 1):
-        label = f"fastest safe #{k} (predicted)"
-        rows[plan_key(m)] = (label if plan_key(m) not in rows else f"{rows[plan_key(m)][0]}; {label}", m)
-    keys = list(rows)
+        add(m, f"fastest safe #{k} (predicted)")
     t0 = time.perf_counter()
-    meas = measure([rows[k][1].plan for k in keys], cl, mo, seed)
-    sim_s = (time.perf_counter() - t0) / len(keys)
-    out = [f"{name}: {len(keys)} plans (of {len(pop.safe)} predicted safe within 1.02 × the fastest), "
-           f"{sim_s:.2f} s per plan for the four worlds; cell = measured margin · T / T* (T* = the fastest of the "
-           f"sample measured safe at {floors[0]:.0%}: "
-           + ("none" if not np.any((~np.isnan(meas['nominal'][:, 0])) & (meas['nominal'][:, 1] >= floors[0]))
-              else f"{np.nanmin(np.where(meas['nominal'][:, 1] >= floors[0], meas['nominal'][:, 0], np.nan)):,.0f} ms")
-           + ")", "", "| plan | stages | pred. ms | pred. margin | " + " | ".join(WORLDS) + " |",
+    meas = measure([m.plan for _, m in rows.values()], cl, mo, seed)
+    head = (f"{name}: {len(rows)} plans (of {len(pop.safe)} predicted safe within 1.02 × the fastest), "
+            f"{(time.perf_counter() - t0) / len(rows):.2f} s per plan for the four worlds")
+    return head + "\n" + sample_table(list(rows.values()), meas, floors[0])
+
+
+def sample_table(rows, meas, floor: float) -> str:
+    """One row per sampled plan; cell = measured margin · T / T* (nominal: and T), T* = the fastest plan of the
+    sample measured safe (margin ≥ floor) in that world."""
+    out = ["", "| plan | stages | pred. ms | pred. margin | " + " | ".join(WORLDS) + " |",
            "|" + "---|" * (4 + len(WORLDS))]
-    for i, k in enumerate(keys):
-        label, m = rows[k]
+    for i, (label, m) in enumerate(rows):
         cells = []
         for w in WORLDS:
-            x = meas[w]
-            t, mg = x[:, 0], x[:, 1]
-            safe = ~np.isnan(t) & (mg >= floors[0])
+            t, mg = meas[w][:, 0], meas[w][:, 1]
+            safe = ~np.isnan(t) & (mg >= floor)
             if np.isnan(mg[i]):
                 cells.append("n/a")
             elif np.isnan(t[i]):
                 cells.append(f"**OOM** ({mg[i]:.1%})")
             else:
                 ratio = f"{t[i] / t[safe].min():.3f}" if safe.any() else "—"
-                cells.append(f"{mg[i]:.1%} · {ratio}")
-        out.append(f"| {label} | {_describe(m.plan)} | {m.iteration_time_ms:,.0f} | {m.min_margin:.1%} | "
-                   + " | ".join(cells) + " |")
+                cells.append(f"{mg[i]:.1%} · {ratio}" + (f" ({t[i]:,.0f} ms)" if w == "nominal" else ""))
+        out.append(f"| {label} | {describe(m.plan).replace('|', '/')} | {m.iteration_time_ms:,.0f} | "
+                   f"{m.min_margin:.1%} | " + " | ".join(cells) + " |")
     return "\n".join(out)
-
-
-def _describe(plan) -> str:
-    from memx.experiments.common import describe
-    return describe(plan).replace("|", "/")
 
 
 def rule_pick(pool, sp, rule: str):
@@ -390,11 +389,12 @@ def main(argv=None) -> int:
     print()
     print(totals(rows))
     print()
-    print("| scenario | population | measured / predicted time (p5–p95) | Spearman | train s | search s | simulate s |")
+    print("| scenario | population | measured / predicted time (p5–p95) | Spearman | train s | search s "
+          "| simulate s |")
     print("|---|---|---|---|---|---|---|")
     for i in infos:
-        print(f"| {i['scenario']} | {i['population']} | {i['ratio_p5']:.2f}–{i['ratio_p95']:.2f} | {i['spearman']:.2f} | "
-              f"{i['train_s']:.0f} | {i['search_s']:.0f} | {i['simulate_s']:.0f} |")
+        print(f"| {i['scenario']} | {i['population']} | {i['ratio_p5']:.2f}–{i['ratio_p95']:.2f} | "
+              f"{i['spearman']:.2f} | {i['train_s']:.0f} | {i['search_s']:.0f} | {i['simulate_s']:.0f} |")
     return 0
 
 
@@ -406,8 +406,8 @@ def run(args):
                                allowances=tuple(float(a) for a in args.allowances.split(",") if a))
         rows += r
         infos.append(info)
-        print(f"{name}: population {info['population']}, train {info['train_s']:.1f} s, search {info['search_s']:.1f} s, "
-              f"simulate {info['simulate_s']:.1f} s", file=sys.stderr, flush=True)
+        print(f"{name}: population {info['population']}, train {info['train_s']:.1f} s, "
+              f"search {info['search_s']:.1f} s, simulate {info['simulate_s']:.1f} s", file=sys.stderr, flush=True)
     return rows, infos
 
 
