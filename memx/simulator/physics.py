@@ -299,7 +299,9 @@ def _layer_memory(dev: Device, d: Dims) -> dict[str, float]:
     return {
         "act_none_bytes": none,
         "act_selective_bytes": selective,
-        "act_full_bytes": BF16_BYTES * th,  # only the layer input is kept (Chen 2016; Korthikanti 2022 §4.3)
+        # only the layer input is kept (Chen 2016; Korthikanti 2022 §4.3): with sequence parallelism the input between
+        # layers is the rank's s/t slice (Korthikanti 2022 §4.2.2), and that slice is what the checkpoint saves
+        "act_full_bytes": BF16_BYTES * th * d.sp_share,
         "workspace_bytes": 2.0 * largest,  # a gradient and a temporary of the largest tensor (simulator assumption)
     }
 

@@ -98,3 +98,11 @@ def test_fig7_and_fig1_sequence_parallel_activation_memory(realdata):
     assert 100 * sp_sel / none == pytest.approx(fig7.loc["22B", "seqpar+selective"], abs=2)
     row = fig1[(fig1.model == "22B") & (fig1["mode"] == "seqpar+selective")].iloc[0]
     assert 48 * sp_sel / GIB == pytest.approx(row.activations_GiB, rel=0.03)
+
+
+def test_full_recompute_keeps_the_layer_input_and_sequence_parallelism_slices_it():
+    # full recomputation keeps only each layer's input, 2sbh bytes (Korthikanti 2022 §4.3, Table 2); with sequence
+    # parallelism that input is the rank's s/t slice (§4.2.2), so 2sbh/t (the closed form's BF16·th/rep too)
+    s, b, h, t = 2048, 4, 6144, 8
+    assert layer22b("full").act_mem_mib == pytest.approx(2 * s * b * h / MIB, rel=1e-9)
+    assert layer22b("full", sp=True).act_mem_mib == pytest.approx(2 * s * b * h / t / MIB, rel=1e-9)
