@@ -149,12 +149,14 @@ class BoxBounds:
         self.mins = RangeTable(np.concatenate([tail[..., None], lo[..., None], used[..., None], sums], axis=2))
         self.m1_max = RangeTable(per_row(st.fit_peak_mib.astype(np.float64), -np.inf), maximum=True)
         self.env_t, self.env_m, self.env_used = suffix_min(self.t1), suffix_min(lo), suffix_min(used)
+        self.flat_t, self.flat_m, self.flat_used = flat_table(self.env_t), flat_table(self.env_m), flat_table(self.env_used)
         self.capacity = st.capacity  # (layouts, P) MiB
         self.high = None  # issue #22: (range min, suffix min) of the least reachable upper-bound peak / capacity
         if st.ctx_high_mib is not None:
             h = per_row(reachable_high(st.ctx_peak_mib, st.ctx_high_mib, st.ctx_fit, m_lo).reshape(-1)[st.row_ctx], np.inf)
             h_used = h / st.capacity.reshape(-1)[:, None]
             self.high = (RangeTable(h_used), suffix_min(h_used))
+            self.flat_high = flat_table(self.high[1])
 
     def _multipliers(self) -> np.ndarray:
         """Each layout's λs (lagrange_multipliers of its t1 rows), padded with 0."""
@@ -165,7 +167,7 @@ class BoxBounds:
         take = lambda i: np.take_along_axis(t1, i[..., None], axis=2)[..., 0]  # noqa: E731
         with np.errstate(invalid="ignore", divide="ignore"):
             slope = (take(last) - take(first)) / (last - first)
-        lams = [_thin([0.0, *slope[li, (last[li] > first[li])].tolist()]) for li in range(self.layouts)]
+        lams = _thin_many([[0.0, *slope[li, (last[li] > first[li])].tolist()] for li in range(self.layouts)])
         out = np.zeros((self.layouts, max(len(x) for x in lams)))
         for li, x in enumerate(lams):
             out[li, :len(x)] = x
@@ -243,7 +245,7 @@ class BoxBounds:
         """Lower bound of T over each box, deflated by SLACK."""
         r = self.rows_of(li)
         mins = self.mins.query_rows(r, a, b)  # (B, P, 3 + Λ)
-        tmax = suffix_minmax(self.env_t, r, a, b, self.total)
+        tmax = self._minmax(self.flat_t, r, a, b)
         tsum = (self.lams[li] * self.total + mins[:, :, 3:].sum(axis=1)).max(axis=1)  # max_lagrange_sum
         m, v = self.micro_batches[li], self.virtual_stages[li]
         with np.errstate(invalid="ignore"):  # pipeline_compute_ms per box: plain 1F1B, or interleaved (issue #27)
@@ -256,8 +258,8 @@ class BoxBounds:
         mins = self.mins.query_rows(r, a, b)
         lo, used = mins[:, :, 1], mins[:, :, 2]
         hi = self.m1_max.query_rows(r, a, b)
-        m_lb = np.maximum(lo.max(axis=1), suffix_minmax(self.env_m, r, a, b, self.total))
-        used_lb = np.maximum(used.max(axis=1), suffix_minmax(self.env_used, r, a, b, self.total))
+        m_lb = np.maximum(lo.max(axis=1), self._minmax(self.flat_m, r, a, b))
+        used_lb = np.maximum(used.max(axis=1), self._minmax(self.flat_used, r, a, b))
         return Corner(time_ms=time_lb, max_mib=m_lb * (1 - SLACK),
                       var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight[li]), hi),
                       margin_ub=1.0 - used_lb + MARGIN_SLACK, margin_high_ub=self.margin_high_ub(r, a, b),
@@ -272,8 +274,12 @@ class BoxBounds:
         least upper-bound peak over those levels (`reachable_high`). None without intervals."""
         if self.high is None:
             return None
-        rng, env = self.high
-        return 1.0 - np.maximum(rng.query_rows(r, a, b).max(axis=1), suffix_minmax(env, r, a, b, self.total)) + MARGIN_SLACK
+        rng = self.high[0]
+        return 1.0 - np.maximum(rng.query_rows(r, a, b).max(axis=1), self._minmax(self.flat_high, r, a, b)) + MARGIN_SLACK
+
+    def _minmax(self, flat: np.ndarray, r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """suffix_minmax over one of the flat suffix-minimum tables (`flat_table`)."""
+        return flat_minmax(flat, self.rows, r, a, b, self.total)
 
     @staticmethod
     def table_bytes(layouts: int, pp: int, rows: int, multipliers: int = 5) -> int:
@@ -306,15 +312,29 @@ def suffix_min(x: np.ndarray) -> np.ndarray:
 def suffix_minmax(env: np.ndarray, r: np.ndarray, a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
     """MinMax's bound for boxes [a, b] (B, P) over rows r (B, P) of env (a suffix minimum, `suffix_min`);
     +inf where no split reaches L within the box."""
+    return flat_minmax(flat_table(env), env.shape[-1], r, a, b, total)
+
+
+def flat_table(env: np.ndarray) -> np.ndarray:
+    """env (rows, n) raveled with n × +inf after it: what flat_minmax reads (every count a box reaches past a row's
+    end stays inside the array)."""
+    return np.concatenate([env.ravel(), np.full(env.shape[-1], np.inf)])
+
+
+def flat_minmax(flat: np.ndarray, cols: int, r: np.ndarray, a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
+    """suffix_minmax over `flat_table(env)` (env of `cols` columns): the increments gathered by one flat `take`,
+    the counts beyond a box's end pointed at a +inf (issue #26: the 2-D fancy index and the mask were half of it)."""
     if len(a) == 0:
         return np.zeros(0)
-    out = env[r, a].max(axis=1)
+    at = r * cols + a  # (B, P) flat index of env[r, a]
+    out = flat.take(at).max(axis=1)
     k = total - a.sum(axis=1)
     width = int((b - a).max())
     if width > 0:
-        n = a[:, :, None] + np.arange(1, width + 1)
-        inc = np.where(n <= b[:, :, None], env[r[:, :, None], np.minimum(n, env.shape[-1] - 1)], np.inf)
-        inc = np.sort(inc.reshape(len(a), -1), axis=1)
+        step = np.arange(1, width + 1)
+        idx = at[:, :, None] + step
+        np.copyto(idx, len(flat) - 1, where=step > (b - a)[:, :, None])
+        inc = np.sort(flat.take(idx.reshape(len(a), -1)), axis=1)
         kth = np.where(k <= inc.shape[1], inc[np.arange(len(a)), np.clip(k - 1, 0, inc.shape[1] - 1)], np.inf)
         out = np.where(k > 0, np.maximum(out, kth), out)
     else:
@@ -338,12 +358,29 @@ def lagrange_multipliers(x: np.ndarray) -> list[float]:
 
 
 def _thin(lams: list[float]) -> list[float]:
+    return _thin_many([lams])[0]
+
+
+def _thin_many(many: list[list[float]]) -> list[list[float]]:
+    """Each list of multipliers thinned (`_thin`); the quantiles of all lists of one length in one np.quantile
+    call along axis 1 (the same elementwise interpolation as one list's: issue #26, 200 calls a search)."""
+    out = [_spread(lams) for lams in many]
+    by_len: dict[int, list[int]] = {}
+    for i, kept in enumerate(out):
+        if len(kept) > 5:  # keep 0 and 4 spread quantiles
+            by_len.setdefault(len(kept), []).append(i)
+    for rows in by_len.values():
+        q = np.quantile(np.array([out[i] for i in rows]), np.linspace(0, 1, 4), axis=1).T.tolist()
+        for i, qs in zip(rows, q):
+            out[i] = sorted({0.0, *qs})
+    return out
+
+
+def _spread(lams: list[float]) -> list[float]:
     kept: list[float] = []
     for lam in sorted(lams):  # slopes within 2 % of one already tried add little: stages of one GPU type and tp
         if not kept or lam > kept[-1] + 0.02 * abs(kept[-1]) + 1e-9:
             kept.append(lam)
-    if len(kept) > 5:  # keep 0 and 4 spread quantiles
-        kept = sorted({0.0, *np.quantile(kept, np.linspace(0, 1, 4)).tolist()})
     return kept
 
 

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 INT64_SAFE = 1 << 62
+FLOAT64_EXACT = 1 << 53  # integers below this add exactly in float64
 
 
 def count_splits(total: int, allowed: np.ndarray) -> int:
@@ -73,6 +74,32 @@ def suffix_counts(total: int, allowed: np.ndarray) -> np.ndarray:
     out[pp, 0] = 1.0
     for s in range(pp - 1, -1, -1):
         out[s] = np.convolve(allowed[s, : total + 1].astype(np.float64), out[s + 1])[: total + 1]
+    return out
+
+
+def suffix_counts_many(total: int, allowed: list[np.ndarray]) -> list[np.ndarray]:
+    """suffix_counts of many layouts, the same values: the layouts whose counts are below 2^53 (at most
+    C(total + pp, pp), every composition of ≤ total layers over pp stages, zeros allowed) formed together — one
+    shifted add per (stage from the end, n) over all of them, every partial sum an integer below 2^53 and so
+    exact in float64 in any order, as np.convolve's; the others one by one."""
+    out: list[np.ndarray | None] = [None] * len(allowed)
+    safe = [i for i, ok in enumerate(allowed) if math.comb(total + ok.shape[0], ok.shape[0]) < FLOAT64_EXACT]
+    for i in set(range(len(allowed))) - set(safe):
+        out[i] = suffix_counts(total, allowed[i])
+    if safe:
+        T = total + 1
+        pp = np.array([allowed[i].shape[0] for i in safe])
+        rev = np.zeros((len(safe), int(pp.max()), T))  # [l, t]: stage pp_l − 1 − t of layout l (0 past its stages)
+        for r, i in enumerate(safe):
+            width = min(allowed[i].shape[1], T)
+            rev[r, :pp[r], :width] = allowed[i][::-1, :width]
+        acc = np.zeros((len(safe), int(pp.max()) + 1, T))  # [l, t]: splits over the last t stages
+        acc[:, 0, 0] = 1.0
+        for t in range(int(pp.max())):
+            for n in np.nonzero(rev[:, t].any(axis=0))[0]:
+                acc[:, t + 1, n:] += acc[:, t, :T - n] * rev[:, t, n:n + 1]
+        for r, i in enumerate(safe):
+            out[i] = acc[r, pp[r]::-1].copy()  # row s: the last pp_l − s stages
     return out
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -286,6 +286,7 @@ class AnalyticStageModel:
     recomputation cost depend on memory bandwidth, the paper's §3.1.1 observation).
     """
 
+    ROW_WISE: ClassVar[bool] = True  # each row's prediction is a function of that row alone (memx.planner.predictions.predict_rows)
     gpus: Mapping[str, GpuType]
     mfu: float = 0.5
     elementwise_passes: float = 2.0

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from memx.planner.compositions import sample_many, suffix_counts
+from memx.planner.compositions import sample_many, suffix_counts_many
 from memx.planner.schedule import MemoryStats
 
 BINS = 1 << 16
@@ -99,7 +99,7 @@ def sampled_medians(allowed: list[np.ndarray], total: int, n: int, seed: int,
     sample at once: splits (N, P) padded with 0 beyond each layout's pp, layouts (N,); it returns the
     (T, M, V) of the feasible ones (or None). Returns (medians, plans in the sample)."""
     rng = np.random.default_rng(seed)
-    suffix = [suffix_counts(total, ok) for ok in allowed]
+    suffix = suffix_counts_many(total, allowed)
     weight = np.array([suf[0, total] for suf in suffix])
     draws = rng.multinomial(n, weight / weight.sum())
     drawn = sample_many(total, allowed, [int(d) for d in draws], rng, suffix)  # layout order

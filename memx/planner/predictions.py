@@ -22,6 +22,9 @@ from memx.planner.signatures import StagePredictor, predict_arrays, signature_co
 from memx.planner.tables import NONE, StageContext, StageTable, ladders, set_fitted, stage_options
 
 
+ROW_CHUNK = 1 << 14  # signature rows predicted at once by a row-wise predictor (`predict_rows`)
+
+
 @dataclass(frozen=True, kw_only=True)
 class PredictedTables:
     tables: dict[StageContext, StageTable]
@@ -92,10 +95,8 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     # every (context, n ≤ its static bound, option), context-major, n ascending, options in order
     ci, layers, pos = np.nonzero(option_ok[None, :, :] & (rows[None, :, None] <= cap[:, None, None]))
     codes = option_code[layers, pos]
-    sigs = signature_columns(ctx_list, layers, codes, ci, model, seq_len)
     t0 = time.perf_counter()
-    pred = moe.adjust(predict_arrays(predictor, sigs), sigs, model, {g.name: g for g in cluster.gpu_types})
-    pred = add_ring_terms(pred, sigs, ctx_list, ci, cluster)  # cp > 1 (context_parallel)
+    pred = predict_rows(predictor, ctx_list, layers, codes, ci, model, seq_len, cluster)
     predict_s = time.perf_counter() - t0
     shape = (len(ctx_list), n_max + 1, k_max)
     times, mems = np.full(shape, np.inf), np.full(shape, np.inf)
@@ -120,6 +121,26 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
                             high_mib=None if high is None else high[i]) for i, c in enumerate(ctx_list)}
     set_fitted(list(tables.values()))  # what every layout's slowdown caps read (memx.planner.prepared)
     return PredictedTables(tables=tables, max_layers=bounds, signatures=len(layers), predict_s=predict_s)
+
+
+def predict_rows(predictor: StagePredictor, ctx_list: list[StageContext], layers: np.ndarray, codes: np.ndarray,
+                 ci: np.ndarray, model: ModelArch, seq_len: int, cluster: Cluster) -> dict[str, np.ndarray]:
+    """The predictor's columns for the signature rows (ctx_list[ci], layers, codes), MoE and cp terms added. A
+    predictor that declares its rows independent (`ROW_WISE`: each row's answer a function of that row alone, no
+    state kept per call — the closed form) is called on ROW_CHUNK rows at a time: the same elementwise arithmetic
+    on every row, so the same values, while the temporaries of a chunk stay in cache and are reused instead of
+    ~100 fresh arrays of every row (issue #26: 170 MB of first-touch pages on three-vendor-20)."""
+    gpus = {g.name: g for g in cluster.gpu_types}
+    step = ROW_CHUNK if getattr(predictor, "ROW_WISE", False) else max(len(layers), 1)
+    parts = []
+    for lo in range(0, len(layers), step):
+        sl = slice(lo, lo + step)
+        sigs = signature_columns(ctx_list, layers[sl], codes[sl], ci[sl], model, seq_len)
+        pred = moe.adjust(predict_arrays(predictor, sigs), sigs, model, gpus)
+        parts.append(add_ring_terms(pred, sigs, ctx_list, ci[sl], cluster))  # cp > 1 (context_parallel)
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def with_twins(contexts: dict[StageContext, int]) -> dict[StageContext, int]:
