@@ -41,16 +41,14 @@ class RangeTable:
 
     def __init__(self, x: np.ndarray, *, maximum: bool = False):
         self.op = np.maximum if maximum else np.minimum
-        fill = -np.inf if maximum else np.inf
-        levels = [x]
-        width = 1
-        while 2 * width <= x.shape[1]:
-            prev = levels[-1]
-            nxt = np.full_like(prev, fill)
-            nxt[:, : x.shape[1] - width] = self.op(prev[:, : x.shape[1] - width], prev[:, width:])
-            levels.append(nxt)
-            width *= 2
-        self.levels = np.stack(levels)  # (J, pp, rows)
+        n = x.shape[1]
+        self.levels = np.empty((max(n, 1).bit_length(), *x.shape), dtype=x.dtype)  # (J, pp, rows): 2^j ≤ rows
+        self.levels[0] = x
+        for j in range(1, len(self.levels)):  # level j: the extremum of the 2^j window from n (filled in place)
+            width = 1 << (j - 1)
+            prev, nxt = self.levels[j - 1], self.levels[j]
+            self.op(prev[:, : n - width], prev[:, width:], out=nxt[:, : n - width])
+            nxt[:, n - width:] = -np.inf if maximum else np.inf
 
     def query(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """(B, pp) range extremum of stage s over [a[:, s], b[:, s]] (a ≤ b)."""
@@ -58,9 +56,13 @@ class RangeTable:
 
     def query_rows(self, r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Range extremum of table row r[i, s] over [a[i, s], b[i, s]]: (B, P), or (B, P, C) for a table of
-        C channels (x of shape (rows of tables, n, C): every channel in one gather)."""
+        C channels (x of shape (rows of tables, n, C): every channel in one gather). Gathered by flat `take`s
+        of levels[j, r, n] (issue #26: the three-index fancy index took twice as long; the same entries)."""
         j = _LOG2[np.maximum(b - a + 1, 1)]
-        return self.op(self.levels[j, r, a], self.levels[j, r, b - (1 << j) + 1])
+        _, rows, n = self.levels.shape[:3]
+        at = (j * rows + r) * n
+        flat = self.levels.reshape(-1, *self.levels.shape[3:])
+        return self.op(flat.take(at + a, axis=0), flat.take(at + b - (1 << j) + 1, axis=0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +142,7 @@ class BoxBounds:
         used = lo / st.capacity.reshape(-1)[:, None]
         self.ok = ok | pad
         idx = np.where(self.ok, n[None, :], rows)  # next / previous allowed layer count at or after / before n
-        self.next_ok = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1]
+        self.next_ok = np.ascontiguousarray(np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1])
         self.prev_ok = np.maximum.accumulate(np.where(self.ok, n[None, :], -1), axis=1)
         self.lams = self._multipliers()  # (layouts, Λ)
         sums = self.t1[:, :, None] - np.repeat(self.lams, P, axis=0)[:, None, :] * n[None, :, None]
@@ -192,11 +194,12 @@ class BoxBounds:
         L, last = self.total, self.rows - 1
         a, b = a.astype(np.int64), b.astype(np.int64)
         kept = np.arange(len(a))
+        next_ok, prev_ok = self.next_ok.ravel(), self.prev_ok.ravel()  # flat takes: faster than [r, n]
         for _ in range(8):
-            r = self.rows_of(li[kept])
+            r = self.rows_of(li[kept]) * self.rows
             sa, sb = a.sum(axis=1, keepdims=True), b.sum(axis=1, keepdims=True)
-            na = self.next_ok[r, np.minimum(np.maximum(a, L - (sb - b)), last)]
-            nb = self.prev_ok[r, np.maximum(np.minimum(b, L - (sa - a)), 0)]
+            na = next_ok.take(r + np.minimum(np.maximum(a, L - (sb - b)), last))
+            nb = prev_ok.take(r + np.maximum(np.minimum(b, L - (sa - a)), 0))
             keep = (na <= nb).all(axis=1)
             if keep.all() and (na == a).all() and (nb == b).all():
                 break
