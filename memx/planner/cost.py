@@ -86,6 +86,13 @@ def precision_column(sigs) -> np.ndarray:
     return np.where([isinstance(x, str) for x in col], col, DEFAULT_PRECISION).astype(object)
 
 
+def uniform_precision(prec: np.ndarray) -> str | np.ndarray:
+    """`precision_column`'s column as one name when every row has it (the search's usual case: rows broadcast
+    it in one step instead of comparing 10⁵ Python strings per use), else the column."""
+    names = set(prec.tolist())
+    return next(iter(names)) if len(names) == 1 else prec
+
+
 def _by_precision(precision, values: Mapping[str, float]) -> np.ndarray:
     """values[precision] per row (a scalar precision broadcasts); KeyError for an unknown one."""
     p = np.asarray(precision, dtype=object)
@@ -108,7 +115,7 @@ def gemm_peak_tflops(names: np.ndarray, precision, gpus: Mapping[str, GpuType]) 
         return np.zeros(0)
     p = np.broadcast_to(np.asarray(precision, dtype=object), n.shape)
     uniq, inv = name_codes(n.reshape(-1))
-    if (p == p.flat[0]).all():  # one precision (the usual case): per GPU name only
+    if np.ndim(precision) == 0 or (p == p.flat[0]).all():  # one precision (the usual case): per GPU name only
         return np.array([gpus[g].peak_tflops(str(p.flat[0]), strict=False) for g in uniq])[inv].reshape(n.shape)
     prec, p_inv = name_codes(p.reshape(-1))
     pairs, pair_inv = np.unique(inv * len(prec) + p_inv, return_inverse=True)  # each (GPU, precision) once
@@ -472,7 +479,7 @@ def predict_runtime_frame(sigs: Any, gpus: Mapping[str, GpuType],
     first, last = c["first"].astype(bool), c["last"].astype(bool)
     n_rec = recomputed_layers(c["recompute"], c["recompute_layers"], L)
     selective = c["recompute"] == Recompute.SELECTIVE
-    prec = precision_column(sigs)
+    prec = uniform_precision(precision_column(sigs))
     rc_linear = replace(rc, peak_flop_per_ms=gemm_peak_tflops(c["gpu"], prec, gpus) * 1e9)  # fp8: te.Linear only
     time_ms = _runtime_time_ms(x, rc, L, n_rec, selective, first, last, rc_linear)
 
