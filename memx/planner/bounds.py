@@ -230,10 +230,10 @@ class BoxBounds:
         if mu is not None:
             env = self.env_used if self.high is None else self.high[1]
             thr = 1.0 - np.asarray(mu, dtype=np.float64) + MARGIN_SLACK
-            H = np.minimum(H, (env[r] < thr[:, None, None]).sum(axis=2) - 1)  # (B, P): env is non-decreasing in n
+            H = np.minimum(H, (env.take(r, axis=0) < thr[:, None, None]).sum(axis=2) - 1)  # (B, P): env non-decreasing in n
         if peak_mib is not None:
             thr = np.asarray(peak_mib, dtype=np.float64) * (1 + SLACK)
-            H = np.minimum(H, (self.env_m[r] < thr[:, None, None]).sum(axis=2) - 1)
+            H = np.minimum(H, (self.env_m.take(r, axis=0) < thr[:, None, None]).sum(axis=2) - 1)
         a2, b2, kept = self._tightened(a, H, li)
         out[kept] = self.time_lb(a2, b2, li[kept])
         return out
