@@ -137,32 +137,36 @@ class BoxBounds:
         ctx_cap = np.ones(len(st.ctx_fit))
         ctx_cap[st.ctx.reshape(-1)] = st.capacity.reshape(-1)  # a context's GPU: one capacity wherever it appears
         m_lo = lowest_reachable(st.ctx_peak_mib, st.ctx_length, st.ctx_fit, ctx_cap, target_margin)
-        self.t1 = per_row(st.fit_time_ms.astype(np.float64), np.inf)
-        lo = per_row(m_lo.reshape(-1)[st.row_ctx], np.inf)
-        used = lo / st.capacity.reshape(-1)[:, None]
-        self.ok = ok | pad
+        t1 = per_row(st.fit_time_ms.astype(np.float64), np.inf)
+        self.lams = self._multipliers(t1)  # (layouts, Λ)
+        # The tables hold each layout's real stages and one row for every missing stage (all alike: n = 0 costs 0;
+        # issue #26: ~30 % of the rows were such copies); rows_of maps (layout, stage) to its row.
+        keep, self.rowmap = _compact_rows(real[:, 0], st.capacity.reshape(-1), self.layouts, P)
+        self.t1 = t1[keep]
+        lo = per_row(m_lo.reshape(-1)[st.row_ctx], np.inf)[keep]
+        used = lo / st.capacity.reshape(-1)[keep, None]
+        self.ok = (ok | pad)[keep]
         idx = np.where(self.ok, n[None, :], rows)  # next / previous allowed layer count at or after / before n
         self.next_ok = np.ascontiguousarray(np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1])
         self.prev_ok = np.maximum.accumulate(np.where(self.ok, n[None, :], -1), axis=1)
-        self.lams = self._multipliers()  # (layouts, Λ)
-        sums = self.t1[:, :, None] - np.repeat(self.lams, P, axis=0)[:, None, :] * n[None, :, None]
+        sums = self.t1[:, :, None] - np.repeat(self.lams, P, axis=0)[keep, None, :] * n[None, :, None]
         # one table of every range-minimum channel: tail, m_lo, m_lo / capacity, then t1 − λ·n per λ
-        tail = per_row(st.tail_ms.astype(np.float64), np.inf)
+        tail = per_row(st.tail_ms.astype(np.float64), np.inf)[keep]
         self.mins = RangeTable(np.concatenate([tail[..., None], lo[..., None], used[..., None], sums], axis=2))
-        self.m1_max = RangeTable(per_row(st.fit_peak_mib.astype(np.float64), -np.inf), maximum=True)
+        self.m1_max = RangeTable(per_row(st.fit_peak_mib.astype(np.float64), -np.inf)[keep], maximum=True)
         self.env_t, self.env_m, self.env_used = suffix_min(self.t1), suffix_min(lo), suffix_min(used)
         self.flat_t, self.flat_m, self.flat_used = flat_table(self.env_t), flat_table(self.env_m), flat_table(self.env_used)
         self.capacity = st.capacity  # (layouts, P) MiB
         self.high = None  # issue #22: (range min, suffix min) of the least reachable upper-bound peak / capacity
         if st.ctx_high_mib is not None:
             h = per_row(reachable_high(st.ctx_peak_mib, st.ctx_high_mib, st.ctx_fit, m_lo).reshape(-1)[st.row_ctx], np.inf)
-            h_used = h / st.capacity.reshape(-1)[:, None]
+            h_used = h[keep] / st.capacity.reshape(-1)[keep, None]
             self.high = (RangeTable(h_used), suffix_min(h_used))
             self.flat_high = flat_table(self.high[1])
 
-    def _multipliers(self) -> np.ndarray:
-        """Each layout's λs (lagrange_multipliers of its t1 rows), padded with 0."""
-        t1 = self.t1.reshape(self.layouts, self.P, self.rows)
+    def _multipliers(self, t1: np.ndarray) -> np.ndarray:
+        """Each layout's λs (lagrange_multipliers of its t1 rows (layouts·P, rows)), padded with 0."""
+        t1 = t1.reshape(self.layouts, self.P, self.rows)
         fin = np.isfinite(t1) & (np.arange(self.rows) >= 1)
         first = np.where(fin.any(axis=2), fin.argmax(axis=2), 0)
         last = np.where(fin.any(axis=2), self.rows - 1 - fin[..., ::-1].argmax(axis=2), 0)
@@ -177,7 +181,7 @@ class BoxBounds:
 
     def rows_of(self, li: np.ndarray) -> np.ndarray:
         """(B, P) table rows of the boxes' stages."""
-        return li[:, None] * self.P + np.arange(self.P)[None, :]
+        return self.rowmap.take(li, axis=0)
 
     def root(self, li: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The root box of each layout in li (tightened; a layout without a split has none)."""
@@ -305,6 +309,19 @@ class MinMax:
 
     def query(self, a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
         return suffix_minmax(self.env, np.arange(a.shape[1])[None, :], a, b, total)
+
+
+def _compact_rows(real: np.ndarray, capacity: np.ndarray, layouts: int, P: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the (layout, stage) rows a BoxBounds table keeps, the (layouts, P) map to them): every real stage, and the
+    first missing one standing for all (a missing stage's rows are alike: 0 at n = 0, else ±inf; its m_lo /
+    capacity too when every such capacity is positive — else nothing is shared)."""
+    pads = np.flatnonzero(~real)
+    if len(pads) == 0 or not (capacity[pads] > 0).all():
+        return np.arange(len(real)), np.arange(len(real)).reshape(layouts, P)
+    keep = np.append(np.flatnonzero(real), pads[0])
+    rowmap = np.full(len(real), len(keep) - 1)
+    rowmap[keep[:-1]] = np.arange(len(keep) - 1)
+    return keep, rowmap.reshape(layouts, P)
 
 
 def suffix_min(x: np.ndarray) -> np.ndarray:

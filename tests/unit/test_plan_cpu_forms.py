@@ -149,3 +149,38 @@ def test_one_precision_is_read_once():
     mixed = np.array(["bf16", "fp8", "bf16"], dtype=object)
     assert uniform_precision(mixed) is mixed
     assert bounds.JOINT_TIME  # the joint bounds stay on (their values are unchanged by this file's forms)
+
+
+def test_bound_tables_with_one_row_for_missing_stages_bound_as_one_row_each(peer, monkeypatch):
+    """BoxBounds keeps one row for all the missing stages of shorter layouts (bounds._compact_rows): every time
+    bound and corner of the boxes of a search equals the bounds with a row per (layout, stage)."""
+    from memx.planner.prepared import prepare
+    from memx.planner.tables import StackedTables
+
+    cl, mo, sp, lays, pt = peer
+    preps = [p for lay in lays if (p := prepare(lay, pt, cl, mo, mo.seq_len, sp.max_stage_slowdown))]
+    st = StackedTables.of([(p.stages, p.pipe) for p in preps])
+    hi = np.zeros((len(preps), st.pp), dtype=np.int64)
+    for i, p in enumerate(preps):
+        hi[i, :p.lay.pp] = p.hi
+    compact = bounds.BoxBounds(st, hi, mo.layers, sp.target_margin)
+    monkeypatch.setattr(bounds, "_compact_rows", lambda real, cap, layouts, P: (
+        np.arange(len(real)), np.arange(len(real)).reshape(layouts, P)))
+    full = bounds.BoxBounds(st, hi, mo.layers, sp.target_margin)
+    assert len(compact.t1) < len(full.t1) == len(preps) * st.pp
+    a, b, li = full.root(np.arange(len(preps)))
+    for _ in range(3):  # the roots and two generations of halves
+        t = full.time_lb(a, b, li)
+        assert np.array_equal(compact.time_lb(a, b, li), t)
+        c1, c2 = full.corner(a, b, li, t), compact.corner(a, b, li, t)
+        for f in ("max_mib", "var_mib2", "margin_ub", "stage_lo_mib", "stage_hi_mib"):
+            assert np.array_equal(getattr(c1, f), getattr(c2, f)), f
+        mu = np.full(len(a), 0.1)
+        assert np.array_equal(c1.time_cut(np.arange(len(a)), mu=mu), c2.time_cut(np.arange(len(a)), mu=mu))
+        s = (b - a).argmax(axis=1)
+        rows = np.arange(len(a))
+        mid = (a[rows, s] + b[rows, s]) // 2
+        a2, b2 = a.copy(), b.copy()
+        b2[rows, s], a2[rows, s] = mid, mid + 1
+        a, b, li = full.tighten(np.concatenate([a, a2]), np.concatenate([b2, b]), np.concatenate([li, li]))
+        assert all(np.array_equal(x, y) for x, y in zip((a, b, li), compact.tighten(a, b, li)))
