@@ -23,6 +23,7 @@ from memx.planner.tables import NONE, StageContext, StageTable, ladders, set_fit
 
 
 ROW_CHUNK = 1 << 14  # signature rows predicted at once by a row-wise predictor (`predict_rows`)
+LADDER_CHUNK = 128  # contexts whose ladders are sorted at once
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,7 +109,11 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     static.flat[key[starts]] = np.maximum.reduceat(pred["static_mem_mib"], starts)
     limit = np.array([limits[c.gpu] for c in ctx_list])[:, None]
-    t, m, code, length, fit = ladders(times, mems, option_code, limit)  # one (n, option) code table for all
+    # one (n, option) code table for all; LADDER_CHUNK contexts at a time (each row's ladder is its own: the same
+    # values, the temporaries of a chunk in cache)
+    t, m, code, length, fit = (np.concatenate(x) for x in zip(*(
+        ladders(times[i:i + LADDER_CHUNK], mems[i:i + LADDER_CHUNK], option_code, limit[i:i + LADDER_CHUNK])
+        for i in range(0, len(ctx_list), LADDER_CHUNK))))
     attr = {f: np.array([getattr(c, f) for c in ctx_list])[:, None] for f in ("tp", "first", "last")}
     params = np.zeros(shape[:2])
     params[:, 1:] = stage_params_per_rank(rows[None, 1:], attr["tp"], attr["first"], attr["last"], model.hidden,

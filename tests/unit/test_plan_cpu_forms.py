@@ -60,10 +60,12 @@ def test_slowdown_caps_of_a_search_equal_each_layouts_own(peer):
 
 
 def test_predictions_in_row_chunks_equal_one_call(peer, monkeypatch):
-    """A row-wise predictor (AnalyticStageModel.ROW_WISE) predicts ROW_CHUNK rows at a time: every table equal to
-    the one-call tables, array by array, at a chunk size that cuts contexts anywhere."""
+    """A row-wise predictor (AnalyticStageModel.ROW_WISE) predicts ROW_CHUNK rows at a time, the ladders are sorted
+    LADDER_CHUNK contexts at a time: every table equal to the one-call tables, array by array, at chunk sizes that
+    cut contexts anywhere."""
     cl, mo, sp, lays, pt = peer
     monkeypatch.setattr(predictions, "ROW_CHUNK", 777)
+    monkeypatch.setattr(predictions, "LADDER_CHUNK", 7)  # and the ladders of 7 contexts at a time
     chunked = predictions.predict_tables(layout_contexts(lays, mo.layers), cl, mo, mo.seq_len, sp.recompute_levels,
                                          sp.reserve_gib, AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}))
     assert pt.signatures > 777 * 10 and chunked.tables.keys() == pt.tables.keys() and chunked.max_layers == pt.max_layers
