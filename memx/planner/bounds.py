@@ -337,8 +337,11 @@ def suffix_minmax(env: np.ndarray, r: np.ndarray, a: np.ndarray, b: np.ndarray, 
 
 def flat_table(env: np.ndarray) -> np.ndarray:
     """env (rows, n) raveled with n × +inf after it: what flat_minmax reads (every count a box reaches past a row's
-    end stays inside the array)."""
-    return np.concatenate([env.ravel(), np.full(env.shape[-1], np.inf)])
+    end stays inside the array); in float32 when that holds every value exactly (the fitted times and peaks are
+    float32 values: flat_minmax only selects entries, so its bounds are the same, and sorting halves the bytes)."""
+    flat = np.concatenate([env.ravel(), np.full(env.shape[-1], np.inf)])
+    narrow = flat.astype(np.float32)
+    return narrow if np.array_equal(narrow, flat) else flat
 
 
 def flat_minmax(flat: np.ndarray, cols: int, r: np.ndarray, a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
@@ -359,7 +362,7 @@ def flat_minmax(flat: np.ndarray, cols: int, r: np.ndarray, a: np.ndarray, b: np
         out = np.where(k > 0, np.maximum(out, kth), out)
     else:
         out = np.where(k > 0, np.inf, out)
-    return out
+    return out.astype(np.float64, copy=False)  # entries of the table, selected: exact from float32
 
 
 def _lagrange_tables(x: np.ndarray, n: np.ndarray) -> list[tuple[float, RangeTable]]:

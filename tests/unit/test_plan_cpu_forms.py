@@ -123,10 +123,14 @@ def test_box_minmax_by_flat_take_equals_its_definition(seed):
     a = rng.integers(0, rows, (n, P))
     b = np.minimum(a + rng.integers(0, rows, (n, P)) * (rng.random((n, 1)) < 0.3) + rng.integers(0, 3, (n, P)), rows - 1)
     r = rng.integers(0, R, (n, P))
-    for total in (1, rows, int(rng.integers(1, rows * P + 2))):
-        want = _minmax_by_sort(env, r, a, b, total)
-        assert np.array_equal(flat_minmax(flat_table(env), rows, r, a, b, total), want)
-        assert np.array_equal(suffix_minmax(env, r, a, b, total), want)
+    env32 = env.astype(np.float32).astype(np.float64)  # float32 values (as the fitted times): a float32 table
+    assert flat_table(env).dtype == np.float64 and flat_table(env32).dtype == np.float32
+    for e in (env, env32):
+        for total in (1, rows, int(rng.integers(1, rows * P + 2))):
+            want = _minmax_by_sort(e, r, a, b, total)
+            got = flat_minmax(flat_table(e), rows, r, a, b, total)
+            assert got.dtype == np.float64 and np.array_equal(got, want)
+            assert np.array_equal(suffix_minmax(e, r, a, b, total), want)
 
 
 def test_range_minima_by_flat_take_equal_the_windows():
