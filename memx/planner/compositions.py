@@ -14,6 +14,7 @@ import numpy as np
 
 INT64_SAFE = 1 << 62
 FLOAT64_EXACT = 1 << 53  # integers below this add exactly in float64
+DRAW_CHUNK = 1 << 14  # draws of sample_many worked through at once (whole layouts)
 
 
 def count_splits(total: int, allowed: np.ndarray) -> int:
@@ -128,23 +129,40 @@ def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.ran
     if not live:
         return out
     pp = np.array([allowed[li].shape[0] for li in live])
-    P, T = int(pp.max()), total + 1
     counts = np.array([n[li] for li in live])
     uniform = rng.random(int((counts * pp).sum()))
     start = np.concatenate([[0], np.cumsum(counts * pp)[:-1]])  # draw d of layout l at stage s: uniform[start_l + s·n_l + d]
-    # The layouts are worked through with the most stages first, so the draws still open at stage s are a prefix.
+    # The layouts are worked through with the most stages first, so the draws still open at stage s are a prefix;
+    # in groups of consecutive layouts of about DRAW_CHUNK draws (a layout's draws in one group: each draw's rank j
+    # and row are its layout's alone, so the same draws; issue #26: the temporaries of a group stay in cache).
     order = np.argsort(-pp, kind="stable")
     live, pp, counts, start = [live[i] for i in order], pp[order], counts[order], start[order]
-    owner = np.repeat(np.arange(len(live)), counts)
+    group = np.cumsum(counts) // DRAW_CHUNK
+    cuts = np.flatnonzero(np.r_[True, group[1:] != group[:-1], True])
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        res, valid = _draw_group(total, [suffix[li] for li in live[lo:hi]], [allowed[li] for li in live[lo:hi]],
+                                 pp[lo:hi], counts[lo:hi], start[lo:hi], uniform)
+        first_draw = np.cumsum(counts[lo:hi]) - counts[lo:hi]
+        for r, li in enumerate(live[lo:hi]):
+            a, b = first_draw[r], first_draw[r] + counts[lo + r]
+            out[li] = res[a:b][valid[a:b], :pp[lo + r]]
+    return out
+
+
+def _draw_group(total: int, suffix: list[np.ndarray], allowed: list[np.ndarray], pp: np.ndarray, counts: np.ndarray,
+                start: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`sample_many`'s draws of a group of layouts (most stages first): (splits (N, P), whether each is valid)."""
+    P, T = int(pp.max()), total + 1
+    owner = np.repeat(np.arange(len(pp)), counts)
     first_draw = np.cumsum(counts) - counts
     u_at = np.repeat(start, counts) + (np.arange(len(owner)) - np.repeat(first_draw, counts))
     u_step = np.repeat(counts, counts)
     open_at = [int(counts[pp > s].sum()) for s in range(P)]
-    suf = np.zeros((len(live), P + 1, T))
-    ok = np.zeros((len(live), P, T))
-    for r, li in enumerate(live):
-        suf[r, :pp[r] + 1] = suffix[li]
-        ok[r, :pp[r]] = allowed[li][:, :T]
+    suf = np.zeros((len(pp), P + 1, T))
+    ok = np.zeros((len(pp), P, T))
+    for r in range(len(pp)):
+        suf[r, :pp[r] + 1] = suffix[r]
+        ok[r, :pp[r]] = allowed[r][:, :T]
     allowed_flat = ok.astype(bool).ravel()  # [(layout · P + s) · T + n]
     left = np.full(len(owner), total, dtype=np.int64)
     res = np.zeros((len(owner), P), dtype=np.int16)
@@ -153,7 +171,7 @@ def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.ran
     for s in range(P):
         m = open_at[s]
         own, rem = owner[:m], left[:m]
-        keys, inv = _unique_small(own * T + rem, len(live) * T - 1)
+        keys, inv = _unique_small(own * T + rem, len(pp) * T - 1)
         kl, kr = keys // T, keys % T
         first = np.searchsorted(kl, kl, side="left")  # each layout's rows: j = rank among its remaining counts
         j = (np.arange(len(keys)) - first).astype(np.float64)
@@ -170,11 +188,7 @@ def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.ran
         valid[:m] &= allowed_flat.take((own * P + s) * T + pos) & (pos <= rem)
         res[:m, s] = pos
         left[:m] = np.maximum(rem - pos, 0)
-    valid &= left == 0
-    for r, li in enumerate(live):
-        lo, hi = first_draw[r], first_draw[r] + counts[r]
-        out[li] = res[lo:hi][valid[lo:hi], :pp[r]]
-    return out
+    return res, valid & (left == 0)
 
 
 def upper_bound_rows(e: np.ndarray, row: np.ndarray, q: np.ndarray) -> np.ndarray:

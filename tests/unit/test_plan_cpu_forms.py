@@ -190,3 +190,22 @@ def test_bound_tables_with_one_row_for_missing_stages_bound_as_one_row_each(peer
         b2[rows, s], a2[rows, s] = mid, mid + 1
         a, b, li = full.tighten(np.concatenate([a, a2]), np.concatenate([b2, b]), np.concatenate([li, li]))
         assert all(np.array_equal(x, y) for x, y in zip((a, b, li), compact.tighten(a, b, li)))
+
+
+def test_draws_in_groups_of_layouts_equal_one_group(monkeypatch):
+    """sample_many draws DRAW_CHUNK draws' worth of whole layouts at a time, and sampled_medians scores
+    SCORE_CHUNK plans at a time: the same draws, bit for bit, as one group of every layout."""
+    from memx.planner import compositions
+
+    rng = np.random.default_rng(4)
+    for trial in range(12):
+        total = int(rng.integers(2, 40))
+        allowed = [rng.random((int(rng.integers(1, 9)), total + 1)) < rng.uniform(0.3, 1) for _ in range(20)]
+        for ok in allowed:
+            ok[:, 0] = False
+        n = [int(x) for x in rng.integers(0, 800, len(allowed))]
+        one = compositions.sample_many(total, allowed, n, np.random.default_rng(trial))
+        monkeypatch.setattr(compositions, "DRAW_CHUNK", int(rng.integers(1, 900)))
+        grouped = compositions.sample_many(total, allowed, n, np.random.default_rng(trial))
+        monkeypatch.undo()
+        assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(one, grouped))
