@@ -23,7 +23,7 @@ from memx.planner.tables import NONE, StageContext, StageTable, ladders, set_fit
 
 
 ROW_CHUNK = 1 << 14  # signature rows predicted at once by a row-wise predictor (`predict_rows`)
-LADDER_CHUNK = 128  # contexts whose ladders are sorted at once
+LADDER_CHUNK = 16  # contexts whose ladders are sorted at once (16 × 33 × 34 floats: about malloc's mmap threshold)
 
 
 @dataclass(frozen=True, kw_only=True)
