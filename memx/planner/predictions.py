@@ -140,9 +140,11 @@ def predict_rows(predictor: StagePredictor, ctx_list: list[StageContext], layers
     parts = []
     for lo in range(0, len(layers), step):
         sl = slice(lo, lo + step)
-        sigs = signature_columns(ctx_list, layers[sl], codes[sl], ci[sl], model, seq_len)
+        c0, c1 = (int(ci[sl].min()), int(ci[sl].max()) + 1) if len(ci) else (0, 0)  # the chunk's contexts only
+        sub, at = ctx_list[c0:c1], ci[sl] - c0
+        sigs = signature_columns(sub, layers[sl], codes[sl], at, model, seq_len)
         pred = moe.adjust(predict_arrays(predictor, sigs), sigs, model, gpus)
-        parts.append(add_ring_terms(pred, sigs, ctx_list, ci[sl], cluster))  # cp > 1 (context_parallel)
+        parts.append(add_ring_terms(pred, sigs, sub, at, cluster))  # cp > 1 (context_parallel)
     if len(parts) == 1:
         return parts[0]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
