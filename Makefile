@@ -3,8 +3,8 @@
 # transitive ones included), installed by uv (pip installs uv into .venv first; plain pip where uv cannot
 # be had; bytecode compiled at install, as pip does, so that every later import and subprocess — the
 # tests, the Prefect and MLflow servers — loads .pyc instead of compiling source), then MemX itself without
-# dependencies, and an empty Prefect database migrated once for this environment (a first run copies it into
-# $MEMX_HOME/prefect; memx.cli.orchestration.build_prefect_template). `make lock` re-resolves pyproject.toml into the lock.
+# dependencies, and empty Prefect and MLflow databases migrated once for this environment (a first run copies
+# them into $MEMX_HOME; memx.cli.orchestration.build_prefect_template, memx.pipeline.registry.build_mlflow_template). `make lock` re-resolves pyproject.toml into the lock.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml $(LOCK)
 	fi
 	@$(BIN)/python -c 'from memx.cli.orchestration import build_prefect_template as b; b()' || \
 	  echo "no migrated Prefect database template: a first run migrates its own (about 9 s more)"
+	@$(BIN)/python -c 'from memx.pipeline.registry import build_mlflow_template as b; b()' || \
+	  echo "no migrated MLflow database template: each new SQLite store migrates its own (about 1.5 s more)"
 	@touch $(STAMP)
 
 install: $(STAMP)

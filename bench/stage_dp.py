@@ -15,6 +15,7 @@ random recomputation per stage — predicted by estimate_plans (memx.planner.sta
 memx.simulator.draw_plans from the same search on the same cluster — the stage model's own error there.
 
 Usage: PYTHONPATH=. .venv/bin/python bench/stage_dp.py [--plans 150] [--seed 5]
+       PYTHONPATH=. .venv/bin/python bench/stage_dp.py --accuracy-only   (the random-plan rows only)
        PYTHONPATH=. .venv/bin/python bench/stage_dp.py --time a100-v100-16 h100-h20-16 three-vendor-20
 (`--time`: only the search time, CPU s, the best of 2 runs each way interleaved in this process, with and without the
 option, and the ratio; goal ≤ 3×.)
@@ -124,13 +125,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=150)
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--accuracy-only", action="store_true", help="the random-plan accuracy rows only")
     ap.add_argument("--time", nargs="+", metavar="CLUSTER", help="only the search-time ratio on these clusters")
     args = ap.parse_args()
     if args.time:
         for cname in args.time:
             timing(cname)
         return
-    for cname, mname in SIDE_BY_SIDE:
+    for cname, mname in ([] if args.accuracy_only else SIDE_BY_SIDE):
         side_by_side(cname, mname)
     for cname, mname in CASES:
         cluster, model = load_cluster(cname), load_model(mname)

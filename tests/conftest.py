@@ -59,7 +59,30 @@ def scenario():
 
 
 
+PREFECT_FILES = "tests/integration/test_flows_"  # the only test files that may use the prefect_api fixture
+
+
 def pytest_collection_modifyitems(items):
     """The tests that need Prefect's API server (~1 min with its start) run first: on `make test`'s two xdist
-    workers the other worker meanwhile takes the rest, instead of one worker finishing that file alone."""
+    workers the other worker meanwhile takes the rest, instead of one worker finishing that file alone. They all
+    live in PREFECT_FILES, which the scheduler below hands to one worker, so one Prefect server starts, not two."""
+    stray = sorted({item.nodeid.split("::")[0] for item in items if "prefect_api" in getattr(item, "fixturenames", ())
+                    and not item.nodeid.startswith(PREFECT_FILES)})
+    if stray:
+        raise pytest.UsageError(f"{', '.join(stray)}: a test that uses prefect_api belongs in {PREFECT_FILES}*.py")
     items.sort(key=lambda item: "prefect_api" not in getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (the Makefile's), with every PREFECT_FILES file in one scope: one worker runs the tests
+    that need Prefect's API server and starts it once (~15 CPU s a start); other files are scheduled by file."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class PrefectOnOneWorker(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return PREFECT_FILES if nodeid.startswith(PREFECT_FILES) else super()._split_scope(nodeid)
+
+    return PrefectOnOneWorker(config, log)

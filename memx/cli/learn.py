@@ -100,17 +100,18 @@ def _trained_line(version: int, promoted: bool, variant: str, errors: dict, extr
 def _read_stage_runs(path: Path) -> pd.DataFrame:
     import pandas as pd
 
+    from memx.domain.records import OPTION_DEFAULTS, with_record_defaults
     from memx.planner.signatures import SIGNATURE_COLUMNS
 
     try:
         df = pd.read_parquet(path)
     except Exception as exc:
         raise InputError(f"{path}: not a readable Parquet file ({exc.__class__.__name__})") from exc
-    missing = [c for c in (*SIGNATURE_COLUMNS, "time_ms") if c not in df.columns]
+    missing = [c for c in (*SIGNATURE_COLUMNS, "time_ms") if c not in df.columns and c not in OPTION_DEFAULTS]
     if missing:
         raise InputError(f"{path}: missing stage_runs column(s) {', '.join(missing)} "
                          "(docs/architecture.md §Measurement records)")
-    return df
+    return with_record_defaults(df)  # a table from before an option column (tied_embeddings: issue #23) loads
 
 
 def _allowed(option: str, value: str, allowed: tuple[str, ...]) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memx.domain.home import memx_home, telemetry_off
-from memx.domain.io import atomic_write_bytes
+from memx.domain.io import atomic_write_bytes, db_template, seed_from_template
 from memx.pipeline import lifeline
 
 
@@ -38,9 +38,7 @@ def prefect_env() -> None:
 def prefect_template() -> Path:
     """Where `make install` keeps an empty Prefect database already migrated by this environment's Prefect
     (`build_prefect_template`); named by Prefect's version, so another version never reads it."""
-    from importlib.metadata import version
-
-    return Path(sys.prefix) / "share" / "memx" / f"prefect-{version('prefect')}.db"
+    return db_template("prefect")
 
 
 def build_prefect_template() -> Path:
@@ -69,9 +67,7 @@ def _seed_prefect_db() -> None:
     if (os.environ.get("PREFECT_HOME") != str(home) or "PREFECT_API_DATABASE_CONNECTION_URL" in os.environ
             or db.exists()):
         return
-    template = prefect_template()
-    if template.is_file():
-        atomic_write_bytes(db, template.read_bytes())
+    seed_from_template(db, prefect_template())
 
 
 def matplotlib_env() -> None:

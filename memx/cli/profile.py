@@ -2,7 +2,7 @@
 
     memx profile --cluster C --model M [--search default] [--conf DIR] [--backend simulated|command|torch|records]
                  [--command "prog arg {tp} ..."] [--records PATH] [--jobs N] [--timeout S] [--retries R]
-                 [--seed S] [--store URI] [--out DIR] [--progress/--no-progress]
+                 [--seed S] [--store URI] [--out DIR] [--progress/--no-progress] [--moe-layers points|all|none]
     memx ingest megatron LOGDIR --model M --gpu G [--out FILE] [--conf DIR]
     memx ingest sailor|metis|aceso|galvatron PATH --model M [--gpu G] [--out FILE] [--conf DIR]
 
@@ -38,13 +38,18 @@ if TYPE_CHECKING:
 
 def profile_options(backend: str, command: str | None, records: Path | None, *, jobs: int = 1,
                     timeout_s: float | None = None, retries: int | None = None,
-                    progress: bool | None = None) -> dict:
+                    progress: bool | None = None, moe_layers: str = "points") -> dict:
     """What the profiling backend needs beyond the job (`profile_step(options=...)`); InputError when a
-    backend's input is missing. `memx profile` and `memx plan --backend ...` share it."""
+    backend's input is missing. `memx profile` and `memx plan --backend ...` share it. `moe_layers` (what a
+    mixture-of-experts model's profile measures, memx.profiling.experts.MOE_LAYERS) is an option only when not the
+    default "points", so the versions of profiles stored before the flag existed are unchanged."""
     from memx.profiling.backends import BACKENDS
+    from memx.profiling.experts import MOE_LAYERS
 
     if backend not in BACKENDS:
         raise InputError(f"--backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if moe_layers not in MOE_LAYERS:
+        raise InputError(f"--moe-layers {moe_layers!r}; allowed: {', '.join(MOE_LAYERS)}")
     if backend == "command" and not command:
         raise InputError("--backend command needs --command 'PROGRAM ARGS {tp} {layers} ...'")
     if backend == "records" and records is None:
@@ -60,6 +65,8 @@ def profile_options(backend: str, command: str | None, records: Path | None, *, 
         options.update({k: v for k, v in (("timeout_s", timeout_s), ("retries", retries)) if v is not None})
     if progress is not None:
         options["progress"] = progress
+    if moe_layers != "points":
+        options["moe_layers"] = moe_layers
     return options
 
 
@@ -78,6 +85,10 @@ def profile_cmd(
     store: StoreOpt = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Also export the combined stage_runs.parquet and sensitivity.md here.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar with ETA on stderr")] = True,
+    moe_layers: Annotated[str, typer.Option(
+        "--moe-layers", help="a mixture-of-experts model: points (the dense equivalent's design + MoE points at every "
+                             "ep and tp; the default, docs/results.md §15) | all (every point a MoE stage) | none "
+                             "(the dense equivalent only)")] = "points",
 ) -> None:
     """Profile every GPU type of a cluster (sweeps → sensitivity → 3-point grid) and store one profile
     version per GPU type in the artifact store, where `memx train` finds it."""
@@ -87,7 +98,10 @@ def profile_cmd(
     from memx.profiling.backends.imported import read_records
 
     c, m, s = load_specs(cluster, model, search, conf)
-    options = profile_options(backend, command, records, jobs=jobs, timeout_s=timeout, retries=retries, progress=progress)
+    options = profile_options(backend, command, records, jobs=jobs, timeout_s=timeout, retries=retries, progress=progress,
+                              moe_layers=moe_layers)
+    if not m.is_moe:  # what a dense model's profile measures does not depend on it: the same stored version
+        options.pop("moe_layers", None)
     if out is not None:
         check_out_dir(out, "--out")
     if backend == "records":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -90,6 +91,36 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, executable: bool = Fals
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def write_new_bytes(path: str | Path, data: bytes) -> bool:
+    """Create `path` holding `data` unless it exists: written to a temporary name, then hard-linked to `path`
+    (a link never replaces a file, so a process that created `path` meanwhile keeps it); True when written."""
+    path = Path(path)
+    tmp = _tmp_beside(path)
+    try:
+        tmp.write_bytes(data)
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def db_template(package: str) -> Path:
+    """Where `make install` keeps an empty database migrated by this environment's `package` (prefect, mlflow:
+    memx.cli.orchestration.build_prefect_template, memx.pipeline.registry.build_mlflow_template), named by the
+    package's version so another version never reads it."""
+    from importlib.metadata import version
+
+    return Path(sys.prefix) / "share" / "memx" / f"{package}-{version(package)}.db"
+
+
+def seed_from_template(db: Path, template: Path) -> bool:
+    """A database that does not exist yet starts as a copy of its migrated template, when there is one (a first
+    run skips the package's schema migrations); an existing database is never touched."""
+    return template.is_file() and not db.exists() and write_new_bytes(db, template.read_bytes())
 
 
 def atomic_write_text(path: str | Path, text: str, *, executable: bool = False) -> Path:

@@ -39,11 +39,14 @@ from memx.domain.specs import MLP_KINDS, gpu_name_problem
 SIGNATURE_COLUMNS = (
     "gpu", "tp", "layers", "micro_batch", "seq_len", "recompute", "recompute_layers", "first", "last",
     "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab", "mlp",
-    "distributed_optimizer", "dp", "sequence_parallel",
+    "distributed_optimizer", "dp", "sequence_parallel", "tied_embeddings",
 )  # a stage signature: the stage_runs input columns, the predictor's input
 # Job options appended to the signature (issue #14): older rows and files take these defaults, and
 # `signature_key` hashes them only when not default, so resume keys of older profiles stay valid.
-OPTION_DEFAULTS: dict[str, Any] = {"distributed_optimizer": False, "dp": 1, "sequence_parallel": False}
+# `tied_embeddings` (issue #23: the model's input embedding and output layer share one weight) is a model
+# fact that changes an end stage only; absent, false (untied: what every row before it was read as).
+OPTION_DEFAULTS: dict[str, Any] = {"distributed_optimizer": False, "dp": 1, "sequence_parallel": False,
+                                   "tied_embeddings": False}
 NUMBER_COLUMNS = ("time_ms", "peak_mem_mib", "static_mem_mib")  # null: not measured (failed, or time only)
 # What time_ms measured (issue #16): `phase` forward | forward_backward (one micro batch, the default)
 # | iteration (`micro_batches` micro batches); `forward_ms` / `backward_ms`: the split, where known.
@@ -55,7 +58,7 @@ STAGE_RUN_COLUMNS = (SIGNATURE_COLUMNS + NUMBER_COLUMNS + ("status", "reason", "
                      + MEASUREMENT_COLUMNS + MOE_COLUMNS)
 INT_COLUMNS = ("tp", "layers", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads",
                "query_groups", "vocab", "dp")
-BOOL_COLUMNS = ("first", "last", "distributed_optimizer", "sequence_parallel")
+BOOL_COLUMNS = ("first", "last", "distributed_optimizer", "sequence_parallel", "tied_embeddings")
 TEXT_COLUMNS = ("reason", "source")
 
 STATUSES = ("ok", "oom", "failed")  # oom / failed rows carry a reason and never a number
@@ -126,16 +129,24 @@ def _norm(col: str, value: Any) -> Any:
     return str(value)
 
 
+def tied_on_ends(tied: Any, first: Any, last: Any) -> Any:
+    """The canonical `tied_embeddings` of stages (scalars or numpy arrays): the model's flag on the stages that
+    hold an end of the model (first or last), false on the others, which hold no embedding weight either way."""
+    return np.logical_and(tied, np.logical_or(first, last))
+
+
 def stage_options(point: Mapping[str, Any]) -> dict[str, Any]:
     """The option columns of a row or point, canonical: defaults where absent or null (older rows);
     `dp` 1 without the distributed optimizer (nothing else in a stage's cost depends on dp: the DP
     step is the plan's, docs/architecture.md §Closed-form model); `sequence_parallel` false at tp = 1
-    (Megatron-LM disables it there). Same stage ⇒ same options."""
+    (Megatron-LM disables it there); `tied_embeddings` false on a stage that holds neither end
+    (tied_on_ends). Same stage ⇒ same options."""
     raw = {c: OPTION_DEFAULTS[c] if is_missing(point.get(c)) else point.get(c) for c in OPTION_DEFAULTS}
     do, sp, tp = raw["distributed_optimizer"], raw["sequence_parallel"], point.get("tp")
     tp_one = isinstance(tp, (int, float, np.number)) and not isinstance(tp, bool) and tp == 1
+    ends = any(point.get(c) is True or point.get(c) is np.True_ for c in ("first", "last"))
     return {"distributed_optimizer": do, "dp": raw["dp"] if do is True or do is np.True_ else 1,
-            "sequence_parallel": False if tp_one else sp}
+            "sequence_parallel": False if tp_one else sp, "tied_embeddings": raw["tied_embeddings"] if ends else False}
 
 
 def signature_key(point: Mapping[str, Any]) -> str:
@@ -327,8 +338,10 @@ def phase_problems(row: Mapping[str, Any]) -> list[tuple[str, str]]:
 def row_problems(row: Mapping[str, Any], gpu_memory_mib: Mapping[str, float] | None = None) -> list[tuple[str, str]]:
     """(column, why) for everything wrong with one stage_runs row; [] for a valid row.
 
-    `gpu_memory_mib` (GPU name → device memory, MiB): peaks of known GPUs must fit in it."""
-    problems = [(c, p) for c in SIGNATURE_COLUMNS if c != "recompute_layers" and (p := _check_value(c, row.get(c)))]
+    `gpu_memory_mib` (GPU name → device memory, MiB): peaks of known GPUs must fit in it. An option column
+    absent from the row is its default (OPTION_DEFAULTS: a row from before it)."""
+    problems = [(c, p) for c in SIGNATURE_COLUMNS if c != "recompute_layers"
+                and (p := _check_value(c, row.get(c, OPTION_DEFAULTS.get(c))))]
     if problems:
         return problems
     rl = row.get("recompute_layers")
@@ -382,7 +395,7 @@ def validate_stage_runs(raw: pd.DataFrame, *, backend: str = "records", source: 
 
     Required: the signature columns except `recompute_layers` and the options, and `time_ms` on ok rows.
     Optional (filled): recompute_layers (null), distributed_optimizer (false), dp (1),
-    sequence_parallel (false), phase (forward_backward), micro_batches / forward_ms / backward_ms
+    sequence_parallel (false), tied_embeddings (false), phase (forward_backward), micro_batches / forward_ms / backward_ms
     (null; micro_batches required on iteration rows), peak_mem_mib / static_mem_mib (null: time-only),
     status ('ok'), reason (''), backend (`backend`), measured_at (now), source (`source`).
     `gpu_memory_mib`: device memory of the GPUs known (e.g. the cluster's), MiB, for the peak check.

@@ -45,10 +45,13 @@ from memx.planner.cost import precision_column
 from memx.planner.signatures import INTERVAL_COLUMNS, PREDICTION_COLUMNS, PREDICTOR_INPUT_COLUMNS, StagePredictor
 
 # What an entry is keyed on: the signature and the training precision (issue #23: fp16 and bf16 stages differ)
-KEY_COLUMNS = PREDICTOR_INPUT_COLUMNS
+TIED = "tied_embeddings"
+KEY_COLUMNS = tuple(c for c in PREDICTOR_INPUT_COLUMNS if c != TIED)
 # and a MoE stage's expert columns (issue #27: a learned predictor reads ep and the all-to-all link,
-# memx.learn.experts), hashed only on rows where one is not default, so a dense entry keeps its key
-STORED_COLUMNS = (*KEY_COLUMNS, *MOE_STAGE_COLUMNS)
+# memx.learn.experts) and tied embeddings (issue #23: one weight on a pp = 1 stage), hashed only on rows where
+# one is not default, so an entry written before them keeps its key
+STORED_COLUMNS = (*KEY_COLUMNS, *MOE_STAGE_COLUMNS, TIED)
+_BOOLS = ("first", "last", "distributed_optimizer", "sequence_parallel", TIED)
 
 # What is cached per signature: the prediction and, when the predictor gives one, its interval (NaN otherwise).
 CACHED_COLUMNS = PREDICTION_COLUMNS + INTERVAL_COLUMNS
@@ -66,7 +69,7 @@ def canonical_signatures(sigs: pd.DataFrame) -> pd.DataFrame:
     sigs = with_record_defaults(sigs)  # option columns absent: their defaults (memx.domain.records)
     out = {c: sigs[c].to_numpy(dtype=np.int64) for c in _INT}
     out["recompute_layers"] = pd.to_numeric(sigs["recompute_layers"], errors="coerce").fillna(-1).to_numpy(np.int64)
-    for c in ("first", "last", "distributed_optimizer", "sequence_parallel"):
+    for c in _BOOLS:
         out[c] = sigs[c].to_numpy(dtype=bool).astype(np.int64)
     for c in ("gpu", "recompute", "mlp"):
         out[c] = sigs[c].astype(str).to_numpy(dtype=object)
@@ -76,14 +79,14 @@ def canonical_signatures(sigs: pd.DataFrame) -> pd.DataFrame:
 
 
 _EMPTY_SIGS = pd.DataFrame({c: pd.Series(dtype=object if c in ("gpu", "recompute", "mlp", "precision") else
-                                      bool if c in ("first", "last", "distributed_optimizer", "sequence_parallel")
-                                      else np.int64) for c in KEY_COLUMNS}).assign(
+                                      bool if c in _BOOLS else np.int64) for c in (*KEY_COLUMNS, TIED)}).assign(
     **{c: pd.Series(dtype=np.float64) for c in MOE_STAGE_COLUMNS})
 
 
 def signature_keys(sigs: pd.DataFrame, version: str) -> np.ndarray:
     """uint64 key per row: hash of the full signature, with the predictor version as the hash key; a MoE stage's
-    expert columns enter only where one is not default (a dense entry's key is the one it always had)."""
+    expert columns and `tied_embeddings` enter only where one is not default (a dense, untied entry's key is the one
+    it always had; a MoE entry's too unless tied)."""
     hash_key = (version + "0" * 16)[:16]
     canon = canonical_signatures(sigs)
     keys = pd.util.hash_pandas_object(canon.loc[:, list(KEY_COLUMNS)], index=False, hash_key=hash_key)
@@ -91,8 +94,11 @@ def signature_keys(sigs: pd.DataFrame, version: str) -> np.ndarray:
     moe = np.zeros(len(canon), dtype=bool)
     for c in MOE_STAGE_COLUMNS:
         moe |= canon[c].to_numpy() != float(MOE_DEFAULTS[c])
-    if moe.any():
-        keys[moe] = pd.util.hash_pandas_object(canon.loc[moe], index=False, hash_key=hash_key).to_numpy(np.uint64)
+    tied = canon[TIED].to_numpy() != 0
+    for rows, cols in ((moe & ~tied, (*KEY_COLUMNS, *MOE_STAGE_COLUMNS)), (tied, STORED_COLUMNS)):
+        if rows.any():
+            keys[rows] = pd.util.hash_pandas_object(canon.loc[rows, list(cols)], index=False,
+                                                    hash_key=hash_key).to_numpy(np.uint64)
     return keys
 
 
@@ -168,7 +174,7 @@ class CachedPredictor:
         rows = rng.choice(len(df), size=min(SPOT_CHECKS, len(df)), replace=False)
         sample = sigs.iloc[rows].copy()
         sample["recompute_layers"] = sample["recompute_layers"].where(sample["recompute_layers"] >= 0)
-        for c in ("first", "last", "distributed_optimizer", "sequence_parallel"):
+        for c in _BOOLS:
             sample[c] = sample[c].astype(bool)
         fresh = self.inner.predict(sample).reindex(columns=list(PREDICTION_COLUMNS)).to_numpy(np.float64)
         cached = values[rows][:, :len(PREDICTION_COLUMNS)]

@@ -46,13 +46,45 @@ def _moe(sigs: pd.DataFrame) -> np.ndarray:
         else np.zeros(len(sigs), dtype=bool)
 
 
+DENSE_LAYERS = "dense_layers_ffn_hidden"  # a structure's extra entry: the dense MLP sizes its dense rows measured
+
+
 def structures_seen(df: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """The expert fields of the MoE models among training rows, by their dense equivalent's model columns."""
-    moe_rows = df[_moe(df)]
+    """The expert fields of the MoE models among training rows, by their dense equivalent's model columns; with
+    DENSE_LAYERS the MLP sizes of the rows of the same shape but another MLP size and no experts — the dense-first
+    layers of such a model, measured as the dense layers they are (memx.profiling.design.dense_first_points)."""
+    moe = _moe(df)
+    moe_rows = df[moe]
     if moe_rows.empty:
         return {}
     first = moe_rows.assign(_key=_keys(moe_rows)).drop_duplicates("_key")
-    return {k: model_moe_fields(expert_model(r)) for k, r in zip(first["_key"], first.to_dict("records"))}
+    seen = {k: model_moe_fields(expert_model(r)) for k, r in zip(first["_key"], first.to_dict("records"))}
+    dense = df[~moe]
+    shape = [c for c in MODEL_KEY if c != "ffn_hidden"]
+    shapes = dense.loc[:, shape].astype(str).agg("|".join, axis=1).to_numpy() if len(dense) else np.array([], dtype=str)
+    for key, row in zip(first["_key"], first.to_dict("records")):
+        own = "|".join(str(row[c]) for c in shape)
+        sizes = sorted({int(f) for f, s in zip(dense["ffn_hidden"], shapes) if s == own and int(f) != int(row["ffn_hidden"])})
+        if sizes:
+            seen[key][DENSE_LAYERS] = sizes
+    return seen
+
+
+def dense_layers_measured(predictor, model) -> bool:
+    """`measures_dense_layers` of a learned predictor (memx.learn.model.LearnedStagePredictor.measures_dense_layers,
+    which memx.planner.moe_dense asks): of its training rows' structures (`moe_seen`)."""
+    return measures_dense_layers(predictor.moe_seen, model)
+
+
+def measures_dense_layers(seen: Mapping[str, Mapping[str, Any]], model) -> bool:
+    """Whether training rows `seen` (`structures_seen`) held `model`'s dense-first layers measured as dense layers of
+    its `ffn_hidden` (memx.planner.moe.measures_dense_layers asks; the planner then takes those layers from the
+    predictor, not from the closed form's MLP difference)."""
+    if not model.is_moe or not model.moe_first_dense_layers:
+        return False
+    eq = moe.dense_equivalent(model)
+    key = _keys(pd.DataFrame([{c: getattr(eq, c) for c in MODEL_KEY}]))[0]
+    return model.ffn_hidden in seen.get(key, {}).get(DENSE_LAYERS, ())
 
 
 def with_structures(sigs: pd.DataFrame, seen: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:

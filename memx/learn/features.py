@@ -43,6 +43,7 @@ from memx.planner.cost import (
     stage_params_per_rank,
     static_bytes_per_param,
 )
+from memx.domain.records import option_array
 from memx.domain.specs import GpuType
 from memx.learn.experts import MOE_FEATURES, feature_arrays as expert_features
 
@@ -72,6 +73,7 @@ def signature_arrays(sigs: pd.DataFrame) -> dict[str, np.ndarray]:
     a["gelu"] = (sigs["mlp"].astype(str).to_numpy() == "gelu").astype(np.float64)
     a["mlp"] = sigs["mlp"].astype(str).to_numpy()
     do, dp, sp = option_columns(sigs)
+    a["tied"] = option_array(sigs, "tied_embeddings").astype(bool)  # one weight on a pp = 1 stage (stage_params_per_rank)
     a["sp"] = (sp & (a["tp"] > 1)).astype(np.float64)
     a["rep"] = np.where(a["sp"] > 0, a["tp"], 1.0)
     # the profile measured each stage in the plans' precision and without the distributed optimizer, and records
@@ -138,7 +140,7 @@ def memory_bases(a: Mapping[str, np.ndarray]) -> np.ndarray:
     bsh = b * s * h / a["rep"] / MIB  # s·b·h tensors, sharded over tp under sequence parallelism
     has = (L > 0).astype(np.float64)
     static = stage_params_per_rank(L, tp, a["first"], a["last"], h, f, a["heads"], a["query_groups"], v,
-                                   a["mlp"]) * a["static_bpp"] / MIB
+                                   a["mlp"], tied=a["tied"]) * a["static_bpp"] / MIB
     cols = [
         np.ones_like(L), static,
         kept * bsh, kept * b * s * (h + kv) / tp / MIB, kept * b * s * f / tp / MIB,  # replicated, QKV, MLP

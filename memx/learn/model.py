@@ -41,7 +41,7 @@ from memx.learn.boosters import booster_from_b64 as _booster, columns_for, train
 from memx.learn.features import (feature_matrix, gpu_arrays, memory_bases, signature_arrays,
                                   static_basis, time_bases, without_distributed_optimizer)
 from memx.learn.experts import (labels as moe_labels, predict_columns as expert_predict_columns, structures_seen,
-                                with_structures)
+                                with_structures, dense_layers_measured)
 from memx.planner.signatures import PREDICTOR_INPUT_COLUMNS, SIGNATURE_COLUMNS
 from memx.domain.moe_records import MOE_COLUMNS
 from memx.domain.hashing import bytes_hash, stable_hash
@@ -176,7 +176,7 @@ def prepare(sigs: pd.DataFrame, gpus: Mapping[str, GpuType], variant: str, cal: 
     g = gpu_arrays(names, gpus)
     # the flat closed form stays the learned model's prior (issue 12 keeps the learned path unchanged)
     model = AnalyticStageModel(gpus=gpus, runtime="none")
-    cols = sigs.loc[:, list(SIGNATURE_COLUMNS)]
+    cols = sigs.loc[:, [c for c in SIGNATURE_COLUMNS if c in sigs]]  # option columns absent: their defaults
     an = model.predict(cols)
     ct, cm, cs = _prior(cal, a, g, names, an)  # static (cs) and peak (cm) with the distributed optimizer
     if cal is None:  # the flat closed form's static, in the row's precision (a calibration learns the profile's)
@@ -239,9 +239,9 @@ class LearnedStagePredictor:
     # type, the profile of the stack that was measured (e.g. eager attention where the catalog assumes a
     # fused kernel) — the same argument as memx.planner.cost.AnalyticStageModel's `runtime`.
     runtime: str | Mapping[str, RuntimeProfile] = "catalog"
-    # issue #27: the expert fields of the MoE models of the training rows, by their dense equivalent's model columns
-    # (memx.learn.experts.structures_seen): the search's MoE rows get them back; {} = none (dense, earlier versions)
+    # issue #27: the training rows' MoE models' expert fields for the search's rows (experts.structures_seen; {} none)
     moe_seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    measures_dense_layers = dense_layers_measured  # their dense-first layers measured (memx.learn.experts, #27)
     name: str = ""
 
     def __post_init__(self):
@@ -444,7 +444,7 @@ def fit_predictor(stage_runs: pd.DataFrame, gpus: Mapping[str, GpuType], *, vari
     cal = None
     if variant in ("calibrated", "hybrid-calibrated", "xgb"):
         a = signature_arrays(df)
-        an = AnalyticStageModel(gpus=gpus, runtime="none").predict(df.loc[:, list(SIGNATURE_COLUMNS)])
+        an = AnalyticStageModel(gpus=gpus, runtime="none").predict(df.loc[:, [c for c in SIGNATURE_COLUMNS if c in df]])
         cal = fit_calibration(a, gpu_arrays(names, gpus), names, yt, ym, ys, an["static_mem_mib"].to_numpy(np.float64))
     base = LearnedStagePredictor(variant=variant, gpus=dict(gpus), calibration=cal, booster=None,
                                  memory_source=memory_source, params=params, memory_sources=memory_sources,

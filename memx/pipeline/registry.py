@@ -44,6 +44,7 @@ import pandas as pd
 from memx.domain.errors import InputError
 from memx.domain.hashing import canonical_json, stable_hash
 from memx.domain.home import home_path, memx_home, telemetry_off
+from memx.domain.io import atomic_write_bytes, db_template, seed_from_template
 from memx.domain.specs import Cluster, GpuType, ModelArch
 
 MODEL_NAME = "memx-stage-predictor"
@@ -148,6 +149,44 @@ def artifact_location(uri: str) -> str | None:
     return home_path("mlartifacts").as_uri()
 
 
+def mlflow_template() -> Path:
+    """Where `make install` keeps an empty SQLite tracking store migrated by this environment's MLflow."""
+    return db_template("mlflow")
+
+
+def build_mlflow_template() -> Path:
+    """Migrate an empty SQLite tracking store once per environment (`make install`): a new SQLite store starts
+    as a copy (`seed_sqlite`) instead of running MLflow's Alembic migrations (~1.5 CPU s each time a fresh
+    $MEMX_HOME or a test's temporary home opens its store, docs/benchmarks.md §Test time). Without the default
+    experiment, which MLflow creates on first open with that store's own artifact root. Written to a temporary
+    name, then renamed."""
+    path = mlflow_template()
+    if path.is_file():
+        return path
+    telemetry_off()
+    import sqlite3
+
+    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore as RegistryStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "mlflow.db"
+        for store in (SqlAlchemyStore(f"sqlite:///{db}", Path(tmp).as_uri()), RegistryStore(f"sqlite:///{db}")):
+            store.engine.dispose()
+        with contextlib.closing(sqlite3.connect(db)) as con, con:
+            con.execute("delete from experiments")
+        atomic_write_bytes(path, db.read_bytes())
+    return path
+
+
+def seed_sqlite(uri: str) -> None:
+    """A SQLite tracking store whose file does not exist yet starts as a copy of `mlflow_template()`."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///"))
+        db.parent.mkdir(parents=True, exist_ok=True)
+        seed_from_template(db, mlflow_template())
+
+
 def setup(uri: str | None = None, experiment: str = EXPERIMENT):
     """Point MLflow at the tracking store and `experiment` (created with artifact_location when new);
     returns an MlflowClient."""
@@ -161,9 +200,8 @@ def setup(uri: str | None = None, experiment: str = EXPERIMENT):
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     before = os.environ.get("MLFLOW_TRACKING_URI")
     resolved = tracking_uri(uri)
-    if resolved.startswith("sqlite:///"):
-        Path(resolved.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        relocate(resolved)
+    seed_sqlite(resolved)
+    relocate(resolved)
     mlflow.set_tracking_uri(resolved)
     mlflow.set_registry_uri(resolved)
     # mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI; undo that so a later MEMX_HOME is honoured

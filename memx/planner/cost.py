@@ -46,6 +46,7 @@ from memx.planner.runtime_terms import (
     per_run,
     ring_ms,
     shapes,
+    uniform_precision,
 )
 
 if TYPE_CHECKING:
@@ -84,13 +85,6 @@ def precision_column(sigs) -> np.ndarray:
     if set(col.tolist()) <= set(PRECISIONS):  # the search's columns: every row named (no per-row Python loop)
         return col
     return np.where([isinstance(x, str) for x in col], col, DEFAULT_PRECISION).astype(object)
-
-
-def uniform_precision(prec: np.ndarray) -> str | np.ndarray:
-    """`precision_column`'s column as one name when every row has it (the search's usual case: rows broadcast
-    it in one step instead of comparing 10⁵ Python strings per use), else the column."""
-    names = set(prec.tolist())
-    return next(iter(names)) if len(names) == 1 else prec
 
 
 def _by_precision(precision, values: Mapping[str, float]) -> np.ndarray:
@@ -185,12 +179,21 @@ def embedding_params(hidden, vocab):
     return np.asarray(vocab, dtype=np.float64) * np.asarray(hidden, dtype=np.float64)
 
 
-def stage_params_per_rank(layers, tp, first, last, hidden, ffn_hidden, heads, query_groups, vocab, mlp):
-    """Parameters held by one TP rank of a stage. The last stage holds the output layer (a copy of
-    the embedding when tied, as Megatron does across pipeline stages) and the final norm."""
+def stage_params_per_rank(layers, tp, first, last, hidden, ffn_hidden, heads, query_groups, vocab, mlp, *, tied):
+    """Parameters held by one TP rank of a stage. The first stage holds the input embedding, the last the
+    output layer and the final norm. `tied` (the model's tied_embeddings, per row or scalar): the output layer
+    reuses the embedding's weight. Megatron-LM (megatron/core/models/gpt/gpt_model.py, GPTModel.__init__: the
+    output layer's `skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights`;
+    megatron/core/models/common/language_module/language_module.py, setup_embeddings_and_output_layer) keeps
+    ONE weight on a stage that is both first and last (pp = 1), and with pp > 1 a copy on the last stage,
+    zero-initialised and kept equal to the first stage's by an all-reduce of their gradients
+    (megatron/core/distributed/finalize_model_grads.py, _allreduce_word_embedding_grads): two weights, one
+    per end stage. Untied: an embedding and an output weight wherever they lie."""
     per_layer = layer_params(hidden, ffn_hidden, heads, query_groups, mlp)
     emb = embedding_params(hidden, vocab)
-    total = np.asarray(layers) * per_layer + np.asarray(first) * emb + np.asarray(last) * (emb + hidden)
+    first, last = np.asarray(first, dtype=bool), np.asarray(last, dtype=bool)
+    own_output = ~(np.asarray(tied, dtype=bool) & first)  # the output layer has a weight of its own
+    total = np.asarray(layers) * per_layer + first * emb + last * (own_output * emb + np.asarray(hidden))
     return total / np.asarray(tp, dtype=np.float64)
 
 
@@ -378,7 +381,7 @@ def predict_stage_frame(sigs: Any, gpus: Mapping[str, GpuType], *, mfu: float, e
     time_ms = compute_ms + membound_ms + tp_ms
 
     # --- memory
-    params = stage_params_per_rank(L, tp, first, last, *shape[:4], v, shape[4])
+    params = stage_params_per_rank(L, tp, first, last, *shape[:4], v, shape[4], tied=c["tied_embeddings"])
     do, dp, _ = option_columns(c)  # this form keeps Korthikanti Eq. 4 (SP) activations in any case
     static = params * static_bytes_per_param(do, dp, prec)
     keep = act_none - selective * attention_scores_bytes(b, s, c["heads"]) / tp
@@ -490,8 +493,8 @@ def predict_runtime_frame(sigs: Any, gpus: Mapping[str, GpuType],
     rematerialised = np.where(n_rec > 0, none, np.where(selective, none - sel, 0.0))
     work = np.maximum((L > 0) * (backward_workspace_bytes(x, rc.flash) + rematerialised), last * logits_grad)
     params = stage_params_per_rank(L, x.t, first, last, c["hidden"], c["ffn_hidden"], c["heads"], c["query_groups"],
-                                   c["vocab"], c["mlp"])
+                                   c["vocab"], c["mlp"], tied=c["tied_embeddings"])
     static = params * static_bytes_per_param(do, dp, prec)
     allocated = static + c["inflight"].astype(np.float64) * act + work
-    peak = allocated * (1.0 + rc.frag) / MIB + rc.fixed_mib + communicator_mib(first, last, x, rc)
+    peak = allocated * (1.0 + rc.frag) / MIB + rc.fixed_mib + communicator_mib(first, last, x, rc, c["tied_embeddings"])
     return {"time_ms": time_ms, "peak_mem_mib": peak, "static_mem_mib": static / MIB}

@@ -19,6 +19,7 @@ from memx.planner import moe, stage_dp
 from memx.planner.context_parallel import add_ring_terms, cp_links
 from memx.planner.interleave import context_twins, wrap_gbps
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
+from memx.planner.moe_dense import measured_dense_shift
 from memx.planner.predictions import params_per_rank
 from memx.planner.schedule import AssemblyCalibration, assembly_of, pipeline
 from memx.planner.signatures import StagePredictor, predict_arrays, signature_columns
@@ -101,7 +102,8 @@ def _predict_rows(plans: list[Plan], model: ModelArch, predictor: StagePredictor
         pred = {c: np.array(v, dtype=np.float64) for c, v in pred.items()}
     for (sl, trained), frame in zip(runs, frames):
         if trained.is_moe:  # each run's MoE terms with the model it trains (memx.planner.moe)
-            part = moe.adjust({c: v[sl] for c, v in pred.items()}, frame, trained, gpus)
+            part = moe.adjust({c: v[sl] for c, v in pred.items()}, frame, trained, gpus,
+                              measured_dense_shift(predictor, frame, trained))
             for c, v in part.items():
                 pred[c][sl] = v
     if cluster is None or all(c.context_parallel == 1 for c in ctxs):

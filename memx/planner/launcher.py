@@ -4,7 +4,7 @@
 `memx.planner.space` are restricted there (one tp for every stage, the GPUs of one vendor), and the
 recomputation is one setting for every stage — Megatron-LM applies `--recompute-granularity/-method/-num-layers`
 to every pipeline rank (megatron/training/arguments.py) — so each uniform level (none, selective, full) is
-searched on its own and the better pick wins (the margin floor first, then time: `_better`).
+searched on its own and the pick rule chooses among the kept candidates of every level (`joined`).
 `flagscale` keeps what FlagScale's heterogeneous training starts: per-stage recomputation only toggles *full*
 recomputation (`recompute_granularity_per_stage_micro_batch` requires `recompute_granularity: full`, FlagScale
 flagscale/train/arguments.py post_validate_args), so selective is searched on every stage or on none.
@@ -28,7 +28,7 @@ from typing import Any
 from memx.domain.errors import InfeasibleError
 from memx.domain.recompute import SEARCH_BLOCK, Recompute
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
-from memx.planner.metrics import PlanMetrics
+from memx.planner.pick import unique, with_candidates
 from memx.planner.replica_search import replica_search
 from memx.planner.result import SearchResult, plan_key
 from memx.planner.search import search
@@ -45,14 +45,24 @@ def level_sets(space: SearchSpace) -> tuple[tuple[str, ...], ...]:
     return (levels,)
 
 
-def _better(a: PlanMetrics, a_margin: float, b: PlanMetrics, b_margin: float, space: SearchSpace) -> bool:
-    """a beats b: clears the floor where b does not, else faster."""
-    ca, cb = a_margin >= space.margin_floor, b_margin >= space.margin_floor
-    return ca and not cb or (ca == cb and a.iteration_time_ms < b.iteration_time_ms)
-
-
 def _margin(r: SearchResult) -> float:
     return r.margins_high.get(plan_key(r.chosen.plan), r.chosen.min_margin)
+
+
+def joined(results: list[SearchResult], space: SearchSpace, model: ModelArch, predictor) -> SearchResult:
+    """The level sets' searches as one result: the first with every other's kept candidates (top-k by Φ and by time,
+    the front, the safe set; their Φ on the first's medians and weights, memx.planner.pick.phi_on) and the pick rule
+    applied to them all, so the rule chooses across levels as it does within one. Each level keeps the safe plans
+    within `balance_tolerance` of its own fastest safe plan, never faster than the union's, so the union of the kept
+    sets holds every plan a floor rule can pick; Φ ranks them on one level's medians (docs/planner.md §Launcher)."""
+    first, rest = results[0], results[1:]
+    ms = unique([c for r in rest for c in (*r.top, *r.top_time, *r.pareto, *r.safe)])
+    safe = unique([c for r in rest for c in r.safe])
+    out = with_candidates(first, ms, {k: v for r in rest for k, v in r.margins_high.items()}, space, model, predictor,
+                          safe=safe)
+    return dataclasses.replace(out, search_s=sum(r.search_s for r in results),
+                               predict_s=sum(r.predict_s for r in results),
+                               signatures=sum(r.signatures for r in results))
 
 
 def launcher_search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, **kw: Any) -> SearchResult:
@@ -76,19 +86,15 @@ def stage_dp_option(result: SearchResult, cluster: Cluster, model: ModelArch, sp
 def _launcher_search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, **kw: Any) -> SearchResult:
     if space.launcher == "any":
         return replica_search(cluster, model, space, predictor, **kw)
-    best: SearchResult | None = None
-    reasons = []
+    results, reasons = [], []
     for levels in level_sets(space):
         try:
-            r = search(cluster, model, dataclasses.replace(space, recompute_levels=levels), predictor, **kw)
+            results.append(search(cluster, model, dataclasses.replace(space, recompute_levels=levels), predictor, **kw))
         except InfeasibleError as exc:
             reasons.append(f"recompute {'/'.join(levels)}: {exc}")
-            continue
-        if best is None or _better(r.chosen, _margin(r), best.chosen, _margin(best), space):
-            best = r
-    if best is None:
+    if not results:
         raise InfeasibleError(f"no plan {space.launcher} can launch: " + "; ".join(reasons))
-    return best
+    return results[0] if len(results) == 1 else joined(results, space, model, predictor)
 
 
 def launcher_gain(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, constrained: SearchResult,

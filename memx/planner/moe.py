@@ -33,7 +33,12 @@ the average tokens, and every rank waits for it in the combine). `adjust` then a
   4·T·E (Korthikanti et al. 2022 §4.1 accounting); the dispatch buffers (send + receive) once as workspace.
 
 Dense layers: the model's first `moe_first_dense_layers` (DeepSeek's `first_k_dense_replace`) have a dense MLP
-of `ffn_hidden`; `split_layers` counts them on the first stage, and a dense layer's MLP replaces the equivalent's.
+of `ffn_hidden`; `split_layers` counts them on the first stage, and a dense layer's MLP replaces the equivalent's:
+by the closed form's MLP difference (`time_delta_ms`, `static_delta_bytes`, `activation_delta_bytes`), or — where
+the predictor measured those layers (a learned predictor whose profile held the dense-first points,
+memx.profiling.design.dense_first_points) — by the predictor's own difference between the stage's first k' layers
+as dense layers (`dense_layers_model`, no expert columns) and as the dense equivalent (memx.planner.moe_dense;
+issue #27 session 5).
 """
 
 from __future__ import annotations
@@ -65,6 +70,14 @@ def dense_equivalent(model: ModelArch) -> ModelArch:
         + (model.moe_shared_expert_ffn_hidden or 0)
     return dataclasses.replace(model, ffn_hidden=int(round(f_eq)), num_experts=None, moe_ffn_hidden=None,
                                moe_shared_expert_ffn_hidden=None, moe_first_dense_layers=0)
+
+
+@lru_cache(maxsize=64)
+def dense_layers_model(model: ModelArch) -> ModelArch:
+    """The dense transformer a MoE model's first `moe_first_dense_layers` layers are: the model with a dense MLP of
+    its `ffn_hidden` and no experts (DeepSeek-V2 `first_k_dense_replace` layers: a plain MLP of `intermediate_size`)."""
+    return dataclasses.replace(model, num_experts=None, moe_ffn_hidden=None, moe_shared_expert_ffn_hidden=None,
+                               moe_first_dense_layers=0)
 
 
 def layer_params_split(model: ModelArch, tp, ep) -> tuple[np.ndarray, np.ndarray]:
@@ -118,9 +131,10 @@ def _mlp_params(model: ModelArch, ffn: int, tp) -> np.ndarray:
             - layer_params(model.hidden, 0, model.heads, model.query_groups, model.mlp)) / np.asarray(tp, dtype=np.float64)
 
 
-def static_delta_bytes(model: ModelArch, c: Mapping[str, np.ndarray]) -> np.ndarray:
+def static_delta_bytes(model: ModelArch, c: Mapping[str, np.ndarray], gap=1.0) -> np.ndarray:
     """Real static bytes of the rows' layers minus their dense equivalent's (weights, grads, optimizer state); a
-    dense layer's MLP is `ffn_hidden` instead of the equivalent's."""
+    dense layer's MLP is `ffn_hidden` instead of the equivalent's (× `gap`: 0 where the predictor measured the dense
+    layers, `adjust`)."""
     tp, ep, edp, dp, _ = _ranks(model, c)
     do = option_columns(c)[0]
     prec = precision_column(c)
@@ -131,19 +145,20 @@ def static_delta_bytes(model: ModelArch, c: Mapping[str, np.ndarray]) -> np.ndar
     real = dense * per_dp + expert * static_bytes_per_param(do, edp, prec)
     n_moe, n_dense = split_layers(model, c["layers"], c["first"])
     mlp_gap = _mlp_params(model, model.ffn_hidden, tp) - _mlp_params(model, eq.ffn_hidden, tp)
-    return n_moe * (real - eq_layer * per_dp) + n_dense * mlp_gap * per_dp
+    return n_moe * (real - eq_layer * per_dp) + gap * n_dense * mlp_gap * per_dp
 
 
-def activation_delta_bytes(model: ModelArch, c: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def activation_delta_bytes(model: ModelArch, c: Mapping[str, np.ndarray], gap=1.0) -> tuple[np.ndarray, np.ndarray]:
     """(bytes each held micro batch adds, workspace bytes) beyond the dense equivalent (module docstring); a kept
-    dense layer's MLP intermediates are 6·b·s·(f − f_eq)/tp bytes off (SwiGLU, Korthikanti et al. 2022 §4.1)."""
+    dense layer's MLP intermediates are 6·b·s·(f − f_eq)/tp bytes off (SwiGLU, Korthikanti et al. 2022 §4.1; × `gap`
+    as in `static_delta_bytes`)."""
     tp, _, _, _, tokens = _ranks(model, c)
     copies = model.moe_load_imbalance * model.moe_router_topk
     per_layer = 2.0 * tokens * model.hidden * (copies - 1.0) + 4.0 * tokens * model.num_experts
     (n_moe, n_dense), (rec_moe, rec_dense) = split_layers(model, c["layers"], c["first"]), _recomputed(model, c)
     mlp_gap = 6.0 * c["micro_batch"] * c["seq_len"] * (model.ffn_hidden - dense_equivalent(model).ffn_hidden) / tp
     work = (n_moe > 0) * 2.0 * BF16 * copies * tokens * model.hidden
-    return (n_moe - rec_moe) * per_layer + (n_dense - rec_dense) * mlp_gap, work
+    return (n_moe - rec_moe) * per_layer + gap * (n_dense - rec_dense) * mlp_gap, work
 
 
 def _recomputed(model: ModelArch, c: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -156,8 +171,9 @@ def _recomputed(model: ModelArch, c: Mapping[str, np.ndarray]) -> tuple[np.ndarr
     return n - dense, dense
 
 
-def time_delta_ms(model: ModelArch, c: Mapping[str, np.ndarray], gpus: Mapping[str, GpuType]) -> np.ndarray:
-    """Forward + backward ms of the rows' MoE terms beyond the dense equivalent, one micro batch."""
+def time_delta_ms(model: ModelArch, c: Mapping[str, np.ndarray], gpus: Mapping[str, GpuType], gap=1.0) -> np.ndarray:
+    """Forward + backward ms of the rows' MoE terms beyond the dense equivalent, one micro batch (the dense layers'
+    MLP difference × `gap`, as in `static_delta_bytes`)."""
     tp, ep, _, _, tokens = _ranks(model, c)
     names = np.asarray(c["gpu"]).astype(str)
     peak = np.array([gpus[g].peak_tflops_bf16 for g in names]) * 1e9 * MFU  # FLOP per ms
@@ -175,27 +191,37 @@ def time_delta_ms(model: ModelArch, c: Mapping[str, np.ndarray], gpus: Mapping[s
     mlp_gap = 2.0 * c["micro_batch"] * c["seq_len"] * model.hidden * 3.0 \
         * (model.ffn_hidden - dense_equivalent(model).ffn_hidden) / tp / peak
     return (4.0 * L + 2.0 * n_rec) * a2a + (L + n_rec / 3.0) * router + (L + n_rec / 2.0) * (permute + etp) \
-        + (3.0 * n_dense + rec_dense) * mlp_gap
+        + gap * (3.0 * n_dense + rec_dense) * mlp_gap
+
+
+POINT_OF = {"time_ms": "time_ms", "time_ms_low": "time_ms", "time_ms_high": "time_ms", "peak_mem_mib": "peak_mem_mib",
+            "peak_mem_mib_low": "peak_mem_mib", "peak_mem_mib_high": "peak_mem_mib", "static_mem_mib": "static_mem_mib"}
 
 
 def adjust(pred: dict[str, np.ndarray], cols: Mapping[str, np.ndarray], model: ModelArch,
-           gpus: Mapping[str, GpuType] | None) -> dict[str, np.ndarray]:
+           gpus: Mapping[str, GpuType] | None, dense_shift: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """A stage predictor's columns for the dense equivalent of MoE signature rows → the MoE stage's (in place;
-    the interval columns shift with their points). `gpus` None: memory only (time columns unchanged)."""
+    the interval columns shift with their points). `gpus` None: memory only (time columns unchanged).
+    `dense_shift` (memx.planner.moe_dense.measured_dense_shift: the predictor measured the model's dense-first
+    layers): per row, what the stage's dense layers change, in place of the closed form's MLP difference."""
     if not model.is_moe or "expert_parallel" not in cols:
         return pred
-    static = static_delta_bytes(model, cols)
-    act, work = activation_delta_bytes(model, cols)
+    gap = 1.0 if dense_shift is None else 0.0
+    static = static_delta_bytes(model, cols, gap)
+    act, work = activation_delta_bytes(model, cols, gap)
     peak = (static + cols["inflight"] * act + work) / MIB
     for col in ("peak_mem_mib", "peak_mem_mib_low", "peak_mem_mib_high"):
         if col in pred:
             pred[col] = pred[col] + peak
     pred["static_mem_mib"] = pred["static_mem_mib"] + static / MIB
     if gpus is not None:
-        dt = time_delta_ms(model, cols, gpus)
+        dt = time_delta_ms(model, cols, gpus, gap)
         for col in ("time_ms", "time_ms_low", "time_ms_high"):
             if col in pred:
                 pred[col] = pred[col] + dt
+    for col, point in POINT_OF.items():
+        if dense_shift is not None and col in pred and point in dense_shift and (gpus is not None or point != "time_ms"):
+            pred[col] = pred[col] + dense_shift[point]
     return pred
 
 

@@ -220,15 +220,26 @@ def apply_pick(r: SearchResult, space: SearchSpace, model: ModelArch, predictor:
 def with_candidate(r: SearchResult, m: PlanMetrics, margin_high: float, space: SearchSpace, model: ModelArch,
                    predictor: StagePredictor) -> SearchResult:
     """`r` with one more kept candidate `m` — the best plan of a space the batched search does not cover (replica
-    groups, a data-parallel degree per stage), its smallest margin at the upper bound `margin_high` — in the top-k by
-    Φ and by time where it ranks and in the safe set, and the pick rule applied again to them all (`apply_pick`): the
-    pick obeys the configured rule whichever space it comes from and is never a plan another kept plan dominates."""
-    m = phi_on(m, r, space)
+    groups, a data-parallel degree per stage), its smallest margin at the upper bound `margin_high` — and the pick
+    rule applied again to them all (`with_candidates`)."""
+    return with_candidates(r, [m], {plan_key(m): margin_high}, space, model, predictor)
+
+
+def with_candidates(r: SearchResult, ms: list[PlanMetrics], margins_high: dict, space: SearchSpace, model: ModelArch,
+                    predictor: StagePredictor, *, safe: list[PlanMetrics] | None = None) -> SearchResult:
+    """`r` with more kept candidates `ms` from other searches (their Φ on `r`'s medians, `phi_on`; upper-bound
+    margins by plan key in `margins_high`): in the top-k by Φ and by time where they rank, in the safe set (`safe`
+    when given: those of `ms` another search found safe; else all of `ms`), and the pick rule applied again to them
+    all (`apply_pick`): the pick obeys the configured rule whichever space it comes from and is never a plan another
+    kept plan dominates."""
+    ms = [phi_on(m, r, space) for m in ms]
+    on_r = {plan_key(m): m for m in ms}
+    safe = ms if safe is None else [on_r.get(plan_key(m), m) for m in safe]
     k, k_time = max(len(r.top), 1), max(len(r.top_time), 1)
     merged = dataclasses.replace(
-        r, top=sorted([*r.top, m], key=lambda c: c.phi if c.phi is not None else float("inf"))[:k],
-        top_time=sorted([*r.top_time, m], key=lambda c: c.iteration_time_ms)[:k_time],
-        safe=[*r.safe, m], margins_high={**r.margins_high, plan_key(m): margin_high})
+        r, top=unique(sorted([*r.top, *ms], key=lambda c: c.phi if c.phi is not None else float("inf")))[:k],
+        top_time=unique(sorted([*r.top_time, *ms], key=lambda c: c.iteration_time_ms))[:k_time],
+        safe=unique([*r.safe, *safe]), margins_high={**r.margins_high, **margins_high})
     return apply_pick(merged, space, model, predictor)
 
 

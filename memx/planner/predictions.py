@@ -18,6 +18,7 @@ from memx.planner.context_parallel import add_ring_terms
 from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
 from memx.planner import moe
 from memx.planner.interleave import allowed_layers, combine, context_twins
+from memx.planner.moe_dense import measured_dense_shift
 from memx.planner.signatures import StagePredictor, predict_arrays, signature_columns
 from memx.planner.tables import NONE, StageContext, StageTable, ladders, set_fitted, stage_options
 
@@ -39,7 +40,7 @@ def params_per_rank(ctx: StageContext, layers: np.ndarray, model: ModelArch) -> 
     if model.is_moe:
         return moe.dp_params_per_rank(model, ctx, layers, params_per_rank(ctx, layers, moe.dense_equivalent(model)))
     return stage_params_per_rank(layers, ctx.tp, ctx.first, ctx.last, model.hidden, model.ffn_hidden, model.heads,
-                                 model.query_groups, model.vocab, model.mlp)
+                                 model.query_groups, model.vocab, model.mlp, tied=model.tied_embeddings)
 
 
 def static_bound(ctx: StageContext, model: ModelArch, limit_mib: float, n_cap: int) -> int:
@@ -67,7 +68,7 @@ def static_bounds(contexts: dict[StageContext, int], model: ModelArch, limits: d
     per_param = static_bytes_per_param(col["distributed_optimizer"], col["dp"],
                                        np.array([[c.precision] for c in ctx], dtype=object))
     params = stage_params_per_rank(n, col["tp"], col["first"], col["last"], model.hidden, model.ffn_hidden, model.heads,
-                                   model.query_groups, model.vocab, model.mlp)
+                                   model.query_groups, model.vocab, model.mlp, tied=model.tied_embeddings)
     limit = np.array([limits[c.gpu] for c in ctx])[:, None]
     fits = (params * per_param / MIB <= limit) & (n <= caps[:, None])
     return dict(zip(ctx, np.where(fits, n, 0).max(axis=1).tolist()))
@@ -117,7 +118,8 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     attr = {f: np.array([getattr(c, f) for c in ctx_list])[:, None] for f in ("tp", "first", "last")}
     params = np.zeros(shape[:2])
     params[:, 1:] = stage_params_per_rank(rows[None, 1:], attr["tp"], attr["first"], attr["last"], model.hidden,
-                                          model.ffn_hidden, model.heads, model.query_groups, model.vocab, model.mlp)
+                                          model.ffn_hidden, model.heads, model.query_groups, model.vocab, model.mlp,
+                                          tied=model.tied_embeddings)
     if model.is_moe:  # the data-parallel step of expert and non-expert gradients (memx.planner.moe)
         params = np.stack([np.r_[0.0, params_per_rank(c, rows[1:], model)] for c in ctx_list])
     high = None if highs is None else ladder_highs(highs, mems, m, code, option_code, option_ok)
@@ -143,7 +145,8 @@ def predict_rows(predictor: StagePredictor, ctx_list: list[StageContext], layers
         c0, c1 = (int(ci[sl].min()), int(ci[sl].max()) + 1) if len(ci) else (0, 0)  # the chunk's contexts only
         sub, at = ctx_list[c0:c1], ci[sl] - c0
         sigs = signature_columns(sub, layers[sl], codes[sl], at, model, seq_len)
-        pred = moe.adjust(predict_arrays(predictor, sigs), sigs, model, gpus)
+        pred = moe.adjust(predict_arrays(predictor, sigs), sigs, model, gpus,
+                          measured_dense_shift(predictor, sigs, model))
         parts.append(add_ring_terms(pred, sigs, sub, at, cluster))  # cp > 1 (context_parallel)
     if len(parts) == 1:
         return parts[0]

@@ -84,7 +84,8 @@ from memx.planner.signatures import StagePredictor
 def _segment_params(model: ModelArch, lo: int, hi: int) -> float:
     """Parameters of layers [lo, hi) with the embedding (lo = 0) and the output layer (hi = L)."""
     return float(stage_params_per_rank(hi - lo, 1, lo == 0, hi == model.layers, model.hidden, model.ffn_hidden,
-                                       model.heads, model.query_groups, model.vocab, model.mlp))
+                                       model.heads, model.query_groups, model.vocab, model.mlp,
+                                       tied=model.tied_embeddings))
 
 
 def _stage_of(plan: Plan) -> list[tuple[int, int]]:

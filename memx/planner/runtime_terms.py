@@ -39,6 +39,13 @@ def name_codes(values) -> tuple[np.ndarray, np.ndarray]:
     return uniq, inv.reshape(-1)
 
 
+def uniform_precision(prec: np.ndarray) -> str | np.ndarray:
+    """A column of names (memx.planner.cost.precision_column's) as its one name when every row has it (a search's
+    usual case: rows broadcast it in one step instead of comparing 10⁵ Python strings per use), else the column."""
+    names = set(prec.tolist())
+    return next(iter(names)) if len(names) == 1 else prec
+
+
 def per_run(terms: Callable[..., dict[str, np.ndarray]], *columns) -> dict[str, np.ndarray]:
     """terms(*columns) for rows given as dataclasses of equal-length arrays, computed once per run of
     consecutive rows equal in every field (a search's signature rows come context by context: ~10⁵ rows,
@@ -256,14 +263,17 @@ def logits_bytes(x: Shapes) -> tuple[np.ndarray, np.ndarray]:
     return 2.0 * BF16 * x.tokens * x.h / x.rep + logits, logits
 
 
-def communicator_mib(first: np.ndarray, last: np.ndarray, x: Shapes, rc: RuntimeColumns) -> np.ndarray:
+def communicator_mib(first: np.ndarray, last: np.ndarray, x: Shapes, rc: RuntimeColumns,
+                     tied_embeddings: np.ndarray) -> np.ndarray:
     """Buffers of the communicators one rank uses (PyTorch creates an NCCL communicator per process
     group at its first collective; Megatron-LM parallel_state groups): tp (tp > 1); dp (gradient
     all-reduce; dp is not in the signature: counted, safe side); model-parallel (gradient-norm
-    all-reduce, tp·pp > 1); embedding (tied input/output embeddings, GPT family, first/last stage of a
-    pipeline); world (initialisation barrier); one p2p connection per pipeline neighbour."""
+    all-reduce, tp·pp > 1); embedding (first/last stage of a pipeline with tied input/output embeddings:
+    the all-reduce of the two copies' gradients, megatron/core/distributed/finalize_model_grads.py
+    _allreduce_word_embedding_grads, runs only then; a stage holding both ends has one weight and no
+    such collective); world (initialisation barrier); one p2p connection per pipeline neighbour."""
     pipelined = ~(first & last)
-    tied = (first | last) & pipelined & x.dropout
+    tied = (first | last) & pipelined & np.asarray(tied_embeddings, dtype=bool)
     n_coll = (x.t > 1) + 1.0 + ((x.t > 1) | pipelined) + tied + 1.0
     n_p2p = (~first).astype(float) + (~last)
     return n_coll * rc.coll_mib + n_p2p * rc.p2p_mib

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 from memx.domain.plan import Recompute
-from memx.domain.records import SIGNATURE_COLUMNS
+from memx.domain.records import SIGNATURE_COLUMNS, tied_on_ends
 from memx.domain.specs import ModelArch
 from memx.planner.moe import dense_equivalent, moe_columns
 from memx.planner.tables import NONE, SELECTIVE, StageContext
@@ -106,6 +106,7 @@ def signature_columns(contexts: list[StageContext], layers: np.ndarray, codes: n
         "vocab": np.full(n, model.vocab, dtype=np.int64), "mlp": np.full(n, model.mlp, dtype=object),
         "distributed_optimizer": attr["distributed_optimizer"].astype(bool), "dp": attr["dp"].astype(np.int64),
         "sequence_parallel": attr["sequence_parallel"].astype(bool),
+        "tied_embeddings": tied_on_ends(model.tied_embeddings, attr["first"], attr["last"]),  # records' canonical form
         # not a records column: the closed form reads it where present (memx.planner.cost.precision_column)
         "precision": np.array([c.precision for c in contexts], dtype=object)[ctx_index],
     }

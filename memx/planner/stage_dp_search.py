@@ -10,7 +10,7 @@ enumerated here: those with one dp are today's space, which the batched engine s
 Scoring stays outside the batched engine (memx.planner.tables / bounds / prepared know one dp and one micro
 batch per layout): one predictor call for every (stage context, layers, recompute option) row of every layout
 (contexts repeat across layouts and are predicted once). The search is exact for the floor-then-fastest rule
-(launcher._better; docs/planner.md §Data parallel per stage): first the fastest plan whose every stage
+(docs/planner.md §Data parallel per stage): first the fastest plan whose every stage
 clears `margin_floor` (at the upper memory bound where the predictor gives one), then, only when none does, the
 fastest that fits. With T = (m − 1)·max_s t_s + Σ_s t_s + fixed + max_s tail_s (memx.planner.stage_dp), per layout
 the compute part's least value over splits is found by a bottleneck-threshold dynamic programme (`best_splits`:
@@ -332,7 +332,7 @@ def _fastest_in(sp: _Space, cluster: Cluster, model: ModelArch, predictor, floor
 def floor_then_fastest(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor,
                        level_sets: tuple[tuple[str, ...], ...], *, clear_below: float = np.inf,
                        fit_below: float = np.inf) -> tuple[Plan | None, int]:
-    """The best plan of the per-stage-dp space under the floor-then-fastest rule (launcher._better) against an
+    """The best plan of the per-stage-dp space under the floor-then-fastest rule against an
     incumbent, and the layouts enumerated: the fastest plan whose stages all clear `margin_floor` and that is faster
     than `clear_below`; when none exists, the fastest plan that fits and is faster than `fit_below` (−inf: none
     wanted, the incumbent clears the floor). Exact over every level set's layouts, splits and recompute options."""

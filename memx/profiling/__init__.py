@@ -29,8 +29,9 @@ from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.profiling.backends import BACKENDS, Backend, check_backend
 from memx.planner.variants import model_variants
 from memx.planner.moe import dense_equivalent
-from memx.profiling.design import (axis_points, context_points, dense_points, ep_points, full_grid_size, gpu_axes,
-                                   grid_points, inflight_points, profile_precision, representative_gpu, with_precision)
+from memx.profiling.design import (axis_points, context_points, dense_first_points, dense_points, ep_points,
+                                   full_grid_size, gpu_axes, grid_points, inflight_points, profile_precision,
+                                   representative_gpu, with_precision)
 from memx.profiling.experts import ExpertDesign, expert_design, with_experts
 from memx.profiling.runner import load_existing, run_points
 from memx.profiling.sensitivity import (sensitivity_frame, sensitivity_markdown, sensitivity_rows, sweep_plan,
@@ -229,7 +230,9 @@ def _phase2(model: ModelArch, axes: dict, plans: dict, phase1: list, df: pd.Data
         phase2 += ep_points(a, model, memory=experts is not None and not experts.everywhere)  # other ep values (#27)
         phase2 += context_points(a, model, selected)  # the rank lengths of the searched cp sizes (#27)
         phase2 += [p for vm, va in variant_axes for p in grid_points(va[g], vm, selected)]
-    phase2 = with_precision(with_experts(phase2, experts), precision)
+    # a MoE model's dense-first layers as the dense layers they are, never given expert columns (#27 session 5)
+    dense_first = [p for a in axes.values() for p in dense_first_points(a, experts.model)] if experts is not None else []
+    phase2 = with_precision(with_experts(phase2, experts) + dense_first, precision)
     df = run_points(phase2, be, existing=df, out_path=out_path, jobs=jobs, progress=progress, label="3-point grid")
     unique = {signature_key(p): p["gpu"] for p in phase1 + phase2}
     return df, sens, dict(Counter(unique.values()))

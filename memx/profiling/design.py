@@ -22,6 +22,7 @@ from memx.domain.plan import SEARCH_BLOCK, Recompute
 from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
 from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
 from memx.planner.cost import AnalyticStageModel
+from memx.planner.moe import dense_layers_model
 from memx.planner.space import valid_tps
 from memx.profiling.experts import ExpertDesign, expert_peak_delta, fits
 
@@ -79,7 +80,7 @@ def point(gpu: str, model: ModelArch, *, tp: int, layers: int, micro_batch: int,
             "first": bool(first), "last": bool(last), "inflight": int(inflight), "hidden": model.hidden,
             "ffn_hidden": model.ffn_hidden, "heads": model.heads, "query_groups": model.query_groups,
             "vocab": model.vocab, "mlp": model.mlp, "sequence_parallel": bool(sequence_parallel and tp > 1),
-            "source": source}
+            "tied_embeddings": bool(model.tied_embeddings and (first or last)), "source": source}
 
 
 # The analytic model leaves out the allocator's context and fragmentation; grid points are placed
@@ -254,6 +255,33 @@ def ep_points(ax: GpuAxes, model: ModelArch, memory: bool = False) -> list[dict[
                 pts.append(point(ax.gpu, model, layers=n, recompute=Recompute.FULL.value, inflight=ax.max_inflight, **kw))
         out += [p | {"expert_parallel": ep} for p in pts]
     return out
+
+
+def dense_first_points(ax: GpuAxes, model: ModelArch) -> list[dict[str, Any]]:
+    """A MoE model's first `moe_first_dense_layers` k layers measured as what they are — dense layers of its
+    `ffn_hidden` (memx.planner.moe.dense_layers_model: no experts, no expert columns) — on the first stage, where the
+    planner places them (memx.planner.moe.split_layers), rather than predicted from the MoE rows and moved by the
+    closed form's MLP difference (issue #27 session 5). At each grid tp and micro batch: one layer, and k' = min(k,
+    what fits) layers at the largest inflight with no, selective and full recompute (what a held micro batch and
+    recomputation leave); at each tp the k' layers as a whole-model stage's first layers (first and last: pp = 1).
+    [] for a dense model or one without dense-first layers. The planner reads them through the predictor's
+    difference between these layers as dense layers and as the dense equivalent (memx.planner.moe.dense_layers_shift)."""
+    k = model.moe_first_dense_layers if model.is_moe else 0
+    if not k:
+        return []
+    dense = dense_layers_model(model)
+    kw = dict(seq_len=ax.seq_len, sequence_parallel=ax.sequence_parallel, first=True, source="design:dense_first")
+    rcs = [r.value for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL) if r.value in ax.recompute]
+    out: list[dict[str, Any]] = []
+    for tp in three(ax.tps):
+        for mb in three(ax.micro_batches):
+            n = min(k, max(ax.fit.get((tp, mb, Recompute.NONE.value), 1), 1))
+            out.append(point(ax.gpu, dense, tp=tp, layers=1, micro_batch=mb, **kw))
+            out += [point(ax.gpu, dense, tp=tp, layers=n, micro_batch=mb, recompute=rc, inflight=ax.max_inflight, **kw)
+                    for rc in rcs]
+        n = min(k, max(ax.fit.get((tp, ax.default_micro_batch, Recompute.NONE.value), 1), 1))
+        out.append(point(ax.gpu, dense, tp=tp, layers=n, micro_batch=ax.default_micro_batch, last=True, **kw))
+    return list({tuple(sorted((a, str(b)) for a, b in p.items())): p for p in out}.values())
 
 
 def context_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[dict[str, Any]]:

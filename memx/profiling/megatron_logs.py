@@ -209,6 +209,8 @@ def point_from_args(args: dict[str, str]) -> dict[str, Any]:
              "first": True, "last": True, "inflight": 1}
     if args.get("swiglu") in ("True", "False"):
         point["mlp"] = "swiglu" if args["swiglu"] == "True" else "gelu"
+    if args.get("untie_embeddings_and_output_weights") in ("True", "False"):  # Megatron-LM arguments.py: tied by default
+        point["tied_embeddings"] = args["untie_embeddings_and_output_weights"] == "False"
     gb, mb, dp = num("global_batch_size"), num("micro_batch_size"), num("data_parallel_size") or 1
     if gb and mb:
         point["micro_batches"] = gb // (mb * dp)

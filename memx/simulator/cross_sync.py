@@ -54,13 +54,18 @@ class Segment:
     params: float  # parameters of the units (whole, not divided by tp)
 
 
-def _unit_params(model: ModelArch, plan: Plan) -> list[float]:
-    """Parameters of the embedding, each layer and the output layer, whole (physics.py's counts at tp = 1)."""
+def _unit_params(model: ModelArch, plans: Sequence[Plan]) -> list[float]:
+    """Parameters of the embedding, each layer and the output layer, whole (physics.py's counts at tp = 1). Tied
+    embeddings with every group one stage deep: the output layer has no weight of its own (physics.output_cost,
+    owns_weight), its gradient is the embedding unit's; a group more than one stage deep keeps a copy on its last
+    stage, exchanged as the output unit."""
+    plan = plans[0]
     d = Dims(micro_batch=plan.micro_batch, seq_len=plan.seq_len, hidden=model.hidden, ffn_hidden=model.ffn_hidden,
              heads=model.heads, query_groups=model.query_groups, vocab=model.vocab, mlp=model.mlp, tp=1)
     positions = plan.seq_len * model.hidden if model.mlp == "gelu" else 0  # physics.embedding_cost
+    shared = model.tied_embeddings and all(p.pp == 1 for p in plans)
     return [model.vocab * model.hidden + positions, *[layer_params(d)] * model.layers,
-            model.vocab * model.hidden + model.hidden]  # physics.output_cost (untied)
+            (0 if shared else model.vocab * model.hidden) + model.hidden]  # physics.output_cost
 
 
 def _holders(plan: Plan) -> list[int]:
@@ -71,7 +76,7 @@ def _holders(plan: Plan) -> list[int]:
 
 def segments(plans: Sequence[Plan], model: ModelArch) -> list[Segment]:
     """The groups' units merged into segments, first unit to last."""
-    params = _unit_params(model, plans[0])
+    params = _unit_params(model, plans)
     holders = [_holders(p) for p in plans]
     out: list[Segment] = []
     for u, n in enumerate(params):

@@ -343,9 +343,12 @@ def embedding_cost(dev: Device, d: Dims) -> EndCost:
     )
 
 
-def output_cost(dev: Device, d: Dims) -> EndCost:
+def output_cost(dev: Device, d: Dims, owns_weight: bool = True) -> EndCost:
     """Final norm, vocab-parallel logits GEMM, fp32 cross entropy with three small all-reduces
-    (max, sum-exp, target logit; Shoeybi 2019 §3). Untied output weights (simulator assumption).
+    (max, sum-exp, target logit; Shoeybi 2019 §3). `owns_weight`: the layer holds its vocab × hidden / tp
+    weight; false when it multiplies by the input embedding's weight on the same GPU (tied embeddings, Press &
+    Wolf 2017; Megatron-LM allocates no output weight on a stage that also holds the embedding), the GEMMs
+    unchanged — only the parameters (and so their gradients, optimizer state and update) are not there twice.
     With SP the norm runs on s/t tokens and an all-gather of b·s·h feeds the GEMM, a reduce-scatter of
     its input gradient in backward (Korthikanti 2022 §4.2.2); the GEMM input is kept as the s/t shard.
     (Without SP the backward all-reduce of the GEMM's input gradient is not modelled — a known gap.)"""
@@ -364,7 +367,7 @@ def output_cost(dev: Device, d: Dims) -> EndCost:
         bwd_comm_ms=gather,
         fwd_kernels=8 + (1 if d.sp else 0),
         bwd_kernels=6 + (1 if d.sp else 0),
-        params=d.vocab * d.hidden / d.tp + d.hidden,
+        params=(d.vocab * d.hidden / d.tp if owns_weight else 0.0) + d.hidden,
         act_bytes=4.0 * th * share + FP32_BYTES * logits,  # norm + GEMM inputs, fp32 softmax kept for backward
         workspace_bytes=(FP32_BYTES + BF16_BYTES) * logits,  # fp32 logit grads + bf16 copy for the GEMM
     )

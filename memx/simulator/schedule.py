@@ -39,6 +39,7 @@ import numpy as np
 from memx.domain.groups import AnyPlan, group_plans, place_groups, shared_partition, validate_any_plan
 from memx.domain.context_parallel import rank_equivalent
 from memx.domain.plan import Plan, plan_model
+from memx.domain.records import tied_on_ends
 from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.cross_sync import flat_stage_ms, schedule_sync, segment_ms, segments
 from memx.simulator.interleave import chunk_signatures, interleaved_replicas, peak_held_mib
@@ -90,6 +91,7 @@ def stage_signatures(plan: Plan, model: ModelArch) -> list[StageSignature]:
             ffn_hidden=dense_ffn(model) if model.is_moe else model.ffn_hidden,  # MoE: memx.simulator.moe
             query_groups=model.query_groups, vocab=model.vocab, mlp=model.mlp,
             distributed_optimizer=plan.distributed_optimizer, dp=plan.dp, sequence_parallel=plan.sequence_parallel,
+            tied_embeddings=bool(tied_on_ends(model.tied_embeddings, s == 0, s == plan.pp - 1)),
             precision=plan.precision,
         )
         for s, st in enumerate(plan.stages)

@@ -63,6 +63,10 @@ class StageSignature:
     distributed_optimizer: bool = False  # Adam states and fp32 master params sharded over `dp` (ZeRO-1)
     dp: int = 1  # data-parallel size of the stage: the sharding factor of the distributed optimizer
     sequence_parallel: bool = False  # Megatron SP; no effect at tp = 1
+    # The model's input embedding and output layer share one weight (GPT-2 style). A stage that holds both ends
+    # (pp = 1) then keeps that one weight, its gradient and optimizer state once; a last stage without the first
+    # keeps its own copy of it (the other end's is on stage 0), as an untied output layer would.
+    tied_embeddings: bool = False
     precision: str = "bf16"  # training precision (bf16 | fp16 | fp8): GEMM peak, static and gradient bytes
 
     @property
@@ -92,7 +96,7 @@ class StageSignature:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-OPTION_FIELDS = ("distributed_optimizer", "dp", "sequence_parallel", "precision")  # optional, with defaults
+OPTION_FIELDS = ("distributed_optimizer", "dp", "sequence_parallel", "tied_embeddings", "precision")  # optional
 SIGNATURE_FIELDS = tuple(f.name for f in fields(StageSignature))  # the stage_runs signature columns
 _INT_FIELDS = ("tp", "micro_batch", "seq_len", "inflight", "hidden", "ffn_hidden", "heads", "query_groups", "vocab")
 # Upper bounds at the edge (memx.domain.specs §bounds): a signature the catalogs could never produce is bad
@@ -140,7 +144,7 @@ def signature_from_dict(data: Mapping[str, Any]) -> StageSignature:
     values["mlp"] = str(data["mlp"])
     rl = data.get("recompute_layers")
     values["recompute_layers"] = None if _is_missing(rl) else _as_int("recompute_layers", rl, 0)
-    for name in ("distributed_optimizer", "sequence_parallel"):
+    for name in ("distributed_optimizer", "sequence_parallel", "tied_embeddings"):
         if not _is_missing(data.get(name)):
             values[name] = _as_bool(name, data[name])
     if not _is_missing(data.get("dp")):
@@ -247,13 +251,14 @@ def stage_cost(sig: StageSignature, gpu: GpuType, traits: GpuTraits,
         act += n_full * lc.act_full_bytes + (sig.layers - n_full) * kept
         # while a recomputed layer runs its backward its full activations are alive again
         workspace = lc.workspace_bytes + (lc.act_none_bytes if sig.recompute != Recompute.NONE else 0.0)
-    for on, end in ((sig.first, embedding_cost), (sig.last, output_cost)):
-        if on:
-            ec = end(dev, d)
-            fwd, bwd, params, act = fwd + ec.fwd_ms, bwd + ec.bwd_ms, params + ec.params, act + ec.act_bytes
-            fwd_ops, bwd_ops = fwd_ops + ec.fwd_kernels, bwd_ops + ec.bwd_kernels
-            comm_fwd, comm_bwd = comm_fwd + ec.comm_ms, comm_bwd + ec.bwd_comm_ms
-            workspace = max(workspace, ec.workspace_bytes)
+    ends = [embedding_cost(dev, d)] if sig.first else []
+    # tied with both ends on this stage: the output layer multiplies by the embedding's weight, held once
+    ends += [output_cost(dev, d, owns_weight=not (sig.tied_embeddings and sig.first))] if sig.last else []
+    for ec in ends:
+        fwd, bwd, params, act = fwd + ec.fwd_ms, bwd + ec.bwd_ms, params + ec.params, act + ec.act_bytes
+        fwd_ops, bwd_ops = fwd_ops + ec.fwd_kernels, bwd_ops + ec.bwd_kernels
+        comm_fwd, comm_bwd = comm_fwd + ec.comm_ms, comm_bwd + ec.bwd_comm_ms
+        workspace = max(workspace, ec.workspace_bytes)
     # the host issues operations asynchronously: a pass takes the longer of device compute and host
     # dispatch, plus the blocking TP collectives, which wait for the slowest rank's host (simulator
     # assumption; small layers are host-bound, e.g. vTrain's 1024-wide models)

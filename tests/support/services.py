@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from memx.pipeline.store import s3_env
+from memx.pipeline.registry import seed_sqlite
 
 LOOPBACK = "127.0.0.1"
 FAKE_AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -195,10 +196,12 @@ def start_mlflow(
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
     destination = artifacts_destination or ("s3://memx/mlflow" if s3 else str(workdir / "artifacts"))
+    backend_store_uri = backend_store_uri or f"sqlite:///{workdir / 'mlflow.db'}"
+    seed_sqlite(backend_store_uri)  # a migrated empty store, as memx's own SQLite stores start
     cmd = mlflow_command(
         host=_require_loopback(host),
         port=port,
-        backend_store_uri=backend_store_uri or f"sqlite:///{workdir / 'mlflow.db'}",
+        backend_store_uri=backend_store_uri,
         artifacts_destination=destination,
     )
     log_path = workdir / "mlflow-server.log"

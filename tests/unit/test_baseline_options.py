@@ -47,7 +47,7 @@ def test_analytic_memory_with_the_distributed_optimizer_is_lower_by_the_sharded_
     for memory, factor in ((analytic_memory(gpus, 1.15), 1.15), (korthikanti_memory(gpus), 1.0)):
         off = memory(_sigs(distributed_optimizer=False, dp=4))
         on = memory(_sigs(distributed_optimizer=True, dp=4))
-        params = stage_params_per_rank(8.0, 2.0, False, False, 4096, 11008, 32, 32, 32000, "swiglu")
+        params = stage_params_per_rank(8.0, 2.0, False, False, 4096, 11008, 32, 32, 32000, "swiglu", tied=False)
         # 18 B/param → 6 + 12/4 = 9 B/param: 9 B per parameter of the rank's stage saved (Megatron-LM docs; ZeRO §5.1)
         saved = factor * float(params) * 9.0 / MIB
         assert float(off["peak_mem_mib"].iloc[0] - on["peak_mem_mib"].iloc[0]) == pytest.approx(saved, rel=1e-9)

@@ -15,6 +15,8 @@ from memx.domain.catalog import load_cluster, load_gpu, load_model, load_search
 from memx.domain.specs import Cluster, Node
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.launcher import launcher_gain, launcher_search, level_sets
+from memx.planner.pick import phi_on, plan_key, unique
+from memx.planner.search import search
 from memx.planner.space import enumerate_layouts
 from memx.report.megatron import megatron_launchable, render_megatron
 from tests.support.launch_checks import flagscale_problems, megatron_launch_problems, script_args
@@ -63,6 +65,35 @@ def test_megatron_search_picks_a_plan_megatron_starts_and_reports_the_gain():
     assert gain["time_ms"] == res.chosen.iteration_time_ms and gain["time_ratio"] > 0
     if min(gain["margin"], gain["unconstrained_margin"]) >= sp.margin_floor:  # both clear: the superset is no slower
         assert gain["time_ratio"] >= 1.0 - 1e-6
+
+
+@pytest.mark.parametrize("launcher", ["megatron", "flagscale"])
+def test_the_pick_rule_chooses_across_the_level_sets(launcher):
+    """Each recompute level set is searched on its own; the rule then picks from all their kept candidates: under
+    fastest-above-floor the fastest plan any level finds above the floor; under balanced-front the least Φ (on the
+    first level's medians) of the plans above the floor, within the tolerance of the fastest such plan, that no kept
+    plan of any level beats on time and margin at once. On v100-t4-6 that is a slower, wider plan of another level
+    than the fastest level pick, which the former floor-then-fastest choice between the levels' picks returned."""
+    cl, model = load_cluster("v100-t4-6"), load_model("llama-6l")
+    sp = dataclasses.replace(load_search("small"), launcher=launcher, balance_tolerance=0.1,
+                             recompute_levels=("none", "selective", "full"))
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    levels = [search(cl, model, dataclasses.replace(sp, recompute_levels=lv), pred, top_k=3) for lv in level_sets(sp)]
+    assert len(levels) > 1
+    kept = unique([phi_on(c, levels[0], sp) for r in levels for c in (*r.top, *r.top_time, *r.pareto, *r.safe)])
+    above = [c for c in kept if c.min_margin >= sp.margin_floor]
+    t_star = min(c.iteration_time_ms for c in above)
+    fast = launcher_search(cl, model, dataclasses.replace(sp, pick_rule="fastest-above-floor"), pred, top_k=3).chosen
+    assert fast.iteration_time_ms == t_star
+
+    def dominated(m):
+        return any(c.iteration_time_ms <= m.iteration_time_ms and c.min_margin >= m.min_margin
+                   and (c.iteration_time_ms, c.min_margin) != (m.iteration_time_ms, m.min_margin) for c in kept)
+
+    window = [c for c in above if c.iteration_time_ms <= (1 + sp.balance_tolerance) * t_star and not dominated(c)]
+    bal = launcher_search(cl, model, dataclasses.replace(sp, pick_rule="balanced-front"), pred, top_k=3).chosen
+    assert plan_key(bal) == plan_key(min(window, key=lambda c: c.phi))
+    assert bal.iteration_time_ms > t_star  # the rule took balance the fastest level pick does not have
 
 
 def test_cli_megatron_search_emits_a_command_and_flagscale_a_config(tmp_path):

@@ -10,7 +10,8 @@ from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.planner import bounds, predictions
 from memx.planner.bounds import RangeTable, _LOG2, _thin_many, flat_minmax, flat_table, suffix_min, suffix_minmax
 from memx.planner.compositions import suffix_counts, suffix_counts_many
-from memx.planner.cost import AnalyticStageModel, uniform_precision
+from memx.planner.cost import AnalyticStageModel
+from memx.planner.runtime_terms import uniform_precision
 from memx.planner.prepared import _slowdown_caps, layout_contexts, slowdown_caps_many
 from memx.planner.space import enumerate_layouts
 from memx.planner.tables import StageTable, set_fitted

@@ -19,14 +19,14 @@ BASE = {"gpu": "a100-80g", "tp": 2, "layers": 2, "micro_batch": 1, "seq_len": 8,
 
 
 def test_options_are_signature_columns_appended_with_defaults():
-    assert SIGNATURE_COLUMNS[-3:] == ("distributed_optimizer", "dp", "sequence_parallel")
+    assert SIGNATURE_COLUMNS[-4:] == ("distributed_optimizer", "dp", "sequence_parallel", "tied_embeddings")
     measured = STAGE_RUN_COLUMNS[:len(STAGE_RUN_COLUMNS) - len(MOE_COLUMNS)]  # issue #27's MoE columns come last
     assert measured[-4:] == ("phase", "micro_batches", "forward_ms", "backward_ms")
     assert STAGE_RUN_COLUMNS[-len(MOE_COLUMNS):] == MOE_COLUMNS
     assert "phase" not in SIGNATURE_COLUMNS
     old = stage_runs_frame([{k: v for k, v in BASE.items()}])  # an older row: no option, no phase
-    assert (bool(old.distributed_optimizer[0]), int(old.dp[0]), bool(old.sequence_parallel[0]), old.phase[0]) \
-        == (False, 1, False, "forward_backward")
+    assert (bool(old.distributed_optimizer[0]), int(old.dp[0]), bool(old.sequence_parallel[0]), old.phase[0],
+            bool(old.tied_embeddings[0])) == (False, 1, False, "forward_backward", False)
     assert old.micro_batches.dtype == "Int64" and old.forward_ms.dtype == "float64"
 
 

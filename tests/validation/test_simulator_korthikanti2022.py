@@ -23,10 +23,11 @@ GIB = 1024.0
 
 
 def layer22b(recompute: str, layers: int = 1, first: bool = False, last: bool = False, sp: bool = False):
+    # the paper's GPT models tie the input and output embeddings (Megatron-LM's default; issue #23)
     s = signature_from_dict(dict(gpu="a100-80g", tp=8, layers=layers, micro_batch=4, seq_len=2048, recompute=recompute,
                                  recompute_layers=None, first=first, last=last, inflight=1, hidden=6144,
                                  ffn_hidden=4 * 6144, heads=64, query_groups=64, vocab=51200, mlp="gelu",
-                                 sequence_parallel=sp))
+                                 sequence_parallel=sp, tied_embeddings=True))
     traits = dataclasses.replace(load_traits("a100-80g"), flash_attention=False)
     return stage_cost(s, load_gpu("a100-80g"), traits)
 

@@ -24,6 +24,7 @@ from memx.planner.cost import (
     stage_params_per_rank,
     static_bytes_per_param,
 )
+from memx.domain.records import option_array
 from memx.domain.specs import GpuType
 
 
@@ -77,7 +78,8 @@ def korthikanti_memory(gpus: Mapping[str, GpuType]):
         c = {k: sigs[k].to_numpy() for k in sigs.columns}
         L = c["layers"].astype(float)
         params = stage_params_per_rank(L, c["tp"].astype(float), c["first"].astype(bool), c["last"].astype(bool),
-                                       c["hidden"], c["ffn_hidden"], c["heads"], c["query_groups"], c["vocab"], c["mlp"])
+                                       c["hidden"], c["ffn_hidden"], c["heads"], c["query_groups"], c["vocab"], c["mlp"],
+                                       tied=option_array(sigs, "tied_embeddings"))
         do, dp, _ = option_columns(sigs)
         static = params * static_bytes_per_param(do, dp)
         n_rec = recomputed_layers(c["recompute"], c["recompute_layers"], L)

@@ -81,6 +81,7 @@ def _log_point(text: str, model: ModelArch, gpu: str, source: str) -> tuple[dict
         point = point_from_args(args)
     defaults = {"gpu": gpu, "hidden": model.hidden, "ffn_hidden": model.ffn_hidden, "heads": model.heads,
                 "query_groups": model.query_groups, "vocab": model.vocab, "mlp": model.mlp,
+                "tied_embeddings": model.tied_embeddings,
                 "seq_len": model.seq_len, "recompute": Recompute.NONE.value, "first": True, "last": True, "inflight": 1}
     point = {**defaults, **point}
     missing = [c for c in ("tp", "layers", "micro_batch") if c not in point]

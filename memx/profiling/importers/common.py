@@ -139,7 +139,8 @@ def point(model: ModelArch, *, gpu: str, tp: int, micro_batch: int, seq_len: int
     one micro batch in flight (these profilers measure one pass of one micro batch)."""
     return dict(gpu=gpu, tp=tp, micro_batch=micro_batch, seq_len=seq_len, recompute=Recompute.NONE.value,
                 recompute_layers=None, inflight=1, hidden=model.hidden, ffn_hidden=model.ffn_hidden,
-                heads=model.heads, query_groups=model.query_groups, vocab=model.vocab, mlp=model.mlp, source=source)
+                heads=model.heads, query_groups=model.query_groups, vocab=model.vocab, mlp=model.mlp,
+                tied_embeddings=model.tied_embeddings, source=source)  # stage_run_row keeps it on end stages only
 
 
 def row(base: Mapping[str, Any], entry: Entry, *, layers: int, first: bool, last: bool, phase: str,
