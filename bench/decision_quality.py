@@ -1,9 +1,16 @@
 """Decision quality of the pick rules on the virtual cluster (issue #22): which rule should be the default.
 
   python bench/decision_quality.py [--space catalog|paper] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
-                                   [--reach 1.10] [--slack 0.10] [--seed 0]
+                                   [--reach 1.10] [--slack 0.10] [--seed 0] [--predictor analytic|learned]
+  python bench/decision_quality.py --scenarios mixed-1024/llama3-405b --sample-floors 0.1,0.2 [--fastest 5]
 
-For each scenario (cluster / model, the catalog's `default` search, closed-form predictor, weights auto):
+For each scenario (cluster / model, the catalog's `default` search, weights auto) and predictor — `analytic` (the
+default): the closed form; `learned`: the product's registered predictor, i.e. the scenario profiled on the virtual
+cluster (memx.pipeline.local profile_step, backend simulated, seed `--seed`), train_step (held-out split, augment,
+every variant, Optuna on the best tree variant with the product's budget, memx.learn.tuning.TuneBudget: 8 trials,
+split-conformal bands, registered in MLflow) and registered_predictor (the champion), all in a temporary $MEMX_HOME
+with its own SQLite MLflow store, deleted at the end (memx.experiments.common.get_predictor "registered").
+`--seed` is the simulator seed of the measured worlds and, with `learned`, of the profile and the training split.
 1. every rule of memx.planner.pick.PICK_RULES picks by its own search (the paper's `phi` and
    fastest-above-floor without a time window, the others with max_time_ratio 1.25, as docs/results.md);
 2. the *population*: every plan the same search can score whose predicted time ≤ `reach` × the fastest
@@ -26,19 +33,26 @@ pick of a perfect predictor), which separates what the rule decides from what th
 `--allowances 0.05,0.1` adds the robustness-allowance variant (`allowance_pick`, not a planner rule): least Φ
 among the window's plans whose predicted margin clears floor + allowance (none: as balanced-margin).
 Output: one table row per (scenario, rule) with the four worlds side by side, then the totals per rule
-(misses counted in the nominal world).
+(misses counted in the nominal world), then per scenario the predictor's accuracy over the population (measured /
+predicted time, 5th–95th percentile; Spearman of predicted and measured time) and the seconds spent.
+`--sample-floors F1,F2,...` (`sample`): where the population is out of reach, only the default rule's pick at each
+floor and the `--fastest` fastest plans predicted safe at F1, measured in the four worlds (a sample, not a population).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import sys
+import tempfile
 import time
 
 import numpy as np
 
 from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.experiments.common import describe, get_predictor
 from memx.planner import candidates as cand_module
 from memx.planner import search as search_module
 from memx.planner.cost import AnalyticStageModel
@@ -72,14 +86,19 @@ class Population(cand_module.Keeper):
     def needs(self, c, score_lb, weights=None):
         return super().needs(c, score_lb, weights) | ((c.time_ms <= self._bound()) & (cand_module._floor_ub(c) >= self.low))
 
-    def _offer_block(self, sc, rows):
-        super()._offer_block(sc, rows)
-        if self.floor is None:
+    def offer(self, sc):
+        super().offer(sc)  # first: the batch's fastest safe plan tightens the bound
+        if self.floor is None or sc.assignment.time_ms.size == 0:
             return
-        t = sc.assignment.time_ms[rows].astype(np.float64)
+        rows = np.arange(sc.assignment.time_ms.size)
+        t = sc.assignment.time_ms.astype(np.float64)
         ok = rows[(t <= self._bound()) & (sc.floor_margins(rows) >= self.low)]
         for c in cand_module._cands(sc, ok):
             self.kept[c.key] = c
+
+    def merge(self, other):
+        super().merge(other)
+        self.kept.update(other.kept)
 
     def safe(self):
         bound = self._bound()
@@ -170,12 +189,34 @@ def base_space(kind: str):
     return load_search("default")
 
 
+def predictor(cl, mo, sp, kind: str, seed: int):
+    """The closed form, or the product's registered predictor trained on a simulated profile of seed `seed` (the
+    caller points $MEMX_HOME at a temporary folder: memx.experiments.common.registered)."""
+    if kind == "analytic":
+        return AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    return get_predictor(cl, mo, sp, "registered", seed)
+
+
+def accuracy(keys, pool, meas) -> dict:
+    """Over the population (nominal world, plans that ran): measured / predicted time (5th, 95th percentile)
+    and the Spearman rank correlation of predicted and measured time."""
+    from scipy.stats import spearmanr
+
+    t_meas = meas["nominal"][:, 0]
+    t_pred = np.array([pool[k].iteration_time_ms for k in keys])
+    ok = ~np.isnan(t_meas)
+    r = t_meas[ok] / t_pred[ok]
+    rho = float(spearmanr(t_pred[ok], t_meas[ok]).statistic) if ok.sum() > 2 else np.nan
+    return {"ratio_p5": float(np.percentile(r, 5)), "ratio_p95": float(np.percentile(r, 95)), "spearman": rho}
+
+
 def scenario(name: str, *, reach: float, slack: float, seed: int, space: str = "catalog", rules=PICK_RULES,
-             oracle: bool = False, allowances: tuple[float, ...] = ()):
+             oracle: bool = False, allowances: tuple[float, ...] = (), kind: str = "analytic"):
     cl_name, mo_name = name.split("/")
     cl, mo = load_cluster(cl_name), load_model(mo_name)
     sp0 = base_space(space)
-    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    tp = time.perf_counter()
+    pred = predictor(cl, mo, sp0, kind, seed)
     t0 = time.perf_counter()
     picks, results = {}, {}
     for rule in rules:
@@ -207,8 +248,60 @@ def scenario(name: str, *, reach: float, slack: float, seed: int, space: str = "
         i = keys.index(plan_key(m))
         rows.append({"scenario": name, "rule": rule, "pred_margin": m.min_margin, "pred_ms": m.iteration_time_ms,
                      **{wd: judge(meas[wd], i, sp0.margin_floor, sp0.balance_tolerance, w, eps) for wd in WORLDS}})
-    info = {"scenario": name, "population": len(keys), "search_s": t1 - t0, "simulate_s": t2 - t1, "weights": w}
+    info = {"scenario": name, "population": len(keys), "train_s": t0 - tp, "search_s": t1 - t0,
+            "simulate_s": t2 - t1, "weights": w, **accuracy(keys, pool, meas)}
     return rows, info, (keys, pool, meas)
+
+
+def sample(name: str, *, floors: tuple[float, ...], fastest: int, seed: int, space: str = "catalog",
+           kind: str = "analytic") -> str:
+    """A small sample where the population is out of reach (mixed-1024 / llama3-405b): the default rule's pick at
+    each margin floor of `floors` (the first: the catalog's), and the `fastest` fastest predicted plans that clear
+    the first floor (the population at reach 1.02, no slack), each run in the four worlds; a Markdown table."""
+    cl_name, mo_name = name.split("/")
+    cl, mo = load_cluster(cl_name), load_model(mo_name)
+    sp0 = dataclasses.replace(base_space(space), margin_floor=floors[0])
+    pred = predictor(cl, mo, sp0, kind, seed)
+    rows: dict = {}  # plan key → (label, PlanMetrics)
+
+    def add(m, label):
+        rows[plan_key(m)] = (f"{rows[plan_key(m)][0]}; {label}" if plan_key(m) in rows else label, m)
+
+    for f in floors:
+        pick = searched(cl, mo, dataclasses.replace(sp0, margin_floor=f), pred).chosen
+        add(pick, f"{sp0.pick_rule} pick, floor {f:.0%}")
+    Population.reach, Population.low = 1.02, sp0.margin_floor
+    pop = searched(cl, mo, dataclasses.replace(sp0, pick_rule="fastest-above-floor"), pred, Population)
+    near = sorted((c for c in pop.safe if c.min_margin >= sp0.margin_floor), key=lambda c: c.iteration_time_ms)
+    for k, m in enumerate(near[:fastest], 1):
+        add(m, f"fastest safe #{k} (predicted)")
+    t0 = time.perf_counter()
+    meas = measure([m.plan for _, m in rows.values()], cl, mo, seed)
+    head = (f"{name}: {len(rows)} plans (of {len(pop.safe)} predicted safe within 1.02 × the fastest), "
+            f"{(time.perf_counter() - t0) / len(rows):.2f} s per plan for the four worlds")
+    return head + "\n" + sample_table(list(rows.values()), meas, floors[0])
+
+
+def sample_table(rows, meas, floor: float) -> str:
+    """One row per sampled plan; cell = measured margin · T / T* (nominal: and T), T* = the fastest plan of the
+    sample measured safe (margin ≥ floor) in that world."""
+    out = ["", "| plan | stages | pred. ms | pred. margin | " + " | ".join(WORLDS) + " |",
+           "|" + "---|" * (4 + len(WORLDS))]
+    for i, (label, m) in enumerate(rows):
+        cells = []
+        for w in WORLDS:
+            t, mg = meas[w][:, 0], meas[w][:, 1]
+            safe = ~np.isnan(t) & (mg >= floor)
+            if np.isnan(mg[i]):
+                cells.append("n/a")
+            elif np.isnan(t[i]):
+                cells.append(f"**OOM** ({mg[i]:.1%})")
+            else:
+                ratio = f"{t[i] / t[safe].min():.3f}" if safe.any() else "—"
+                cells.append(f"{mg[i]:.1%} · {ratio}" + (f" ({t[i]:,.0f} ms)" if w == "nominal" else ""))
+        out.append(f"| {label} | {describe(m.plan).replace('|', '/')} | {m.iteration_time_ms:,.0f} | "
+                   f"{m.min_margin:.1%} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def rule_pick(pool, sp, rule: str):
@@ -273,23 +366,62 @@ def main(argv=None) -> int:
     ap.add_argument("--slack", type=float, default=0.10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--space", choices=("catalog", "paper"), default="catalog")
+    ap.add_argument("--predictor", choices=("analytic", "learned"), default="analytic")
     ap.add_argument("--oracle", action="store_true", help="also the floor rules applied to the measured metrics")
     ap.add_argument("--allowances", default="", help="e.g. 0.05,0.1: also least Φ above floor + allowance")
+    ap.add_argument("--sample-floors", default="", help="e.g. 0.1,0.2,0.3: the small-sample mode (`sample`)")
+    ap.add_argument("--fastest", type=int, default=5, help="sample mode: the N fastest predicted safe plans")
     args = ap.parse_args(argv)
-    rows, infos = [], []
-    for name in args.scenarios.split(","):
-        r, info, _ = scenario(name, reach=args.reach, slack=args.slack, seed=args.seed, space=args.space,
-                               oracle=args.oracle,
-                               allowances=tuple(float(a) for a in args.allowances.split(",") if a))
-        rows += r
-        infos.append(info)
-        print(f"{name}: population {info['population']}, search {info['search_s']:.1f} s, "
-              f"simulate {info['simulate_s']:.1f} s", file=sys.stderr, flush=True)
+    with contextlib.ExitStack() as stack:
+        if args.predictor == "learned":  # the registry, store and caches of this run only
+            home = stack.enter_context(tempfile.TemporaryDirectory(prefix="memx-dq-"))
+            stack.enter_context(_env(MEMX_HOME=home, MLFLOW_TRACKING_URI=None))
+        if args.sample_floors:
+            floors = tuple(float(f) for f in args.sample_floors.split(","))
+            for name in args.scenarios.split(","):
+                print(sample(name, floors=floors, fastest=args.fastest, seed=args.seed, space=args.space,
+                             kind=args.predictor) + "\n")
+            return 0
+        rows, infos = run(args)
+    print(f"predictor {args.predictor}, space {args.space}, simulator seed {args.seed}")
     print("cell = measured margin · T / T* (fastest safe) · Φ rank in the window / window size [dom = dominated]\n")
     print(table(rows))
     print()
     print(totals(rows))
+    print()
+    print("| scenario | population | measured / predicted time (p5–p95) | Spearman | train s | search s "
+          "| simulate s |")
+    print("|---|---|---|---|---|---|---|")
+    for i in infos:
+        print(f"| {i['scenario']} | {i['population']} | {i['ratio_p5']:.2f}–{i['ratio_p95']:.2f} | "
+              f"{i['spearman']:.2f} | {i['train_s']:.0f} | {i['search_s']:.0f} | {i['simulate_s']:.0f} |")
     return 0
+
+
+def run(args):
+    rows, infos = [], []
+    for name in args.scenarios.split(","):
+        r, info, _ = scenario(name, reach=args.reach, slack=args.slack, seed=args.seed, space=args.space,
+                               oracle=args.oracle, kind=args.predictor,
+                               allowances=tuple(float(a) for a in args.allowances.split(",") if a))
+        rows += r
+        infos.append(info)
+        print(f"{name}: population {info['population']}, train {info['train_s']:.1f} s, "
+              f"search {info['search_s']:.1f} s, simulate {info['simulate_s']:.1f} s", file=sys.stderr, flush=True)
+    return rows, infos
+
+
+@contextlib.contextmanager
+def _env(**values):
+    """Environment variables set (None: unset) for the block, restored after."""
+    old = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        yield
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 if __name__ == "__main__":
