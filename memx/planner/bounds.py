@@ -41,16 +41,14 @@ class RangeTable:
 
     def __init__(self, x: np.ndarray, *, maximum: bool = False):
         self.op = np.maximum if maximum else np.minimum
-        fill = -np.inf if maximum else np.inf
-        levels = [x]
-        width = 1
-        while 2 * width <= x.shape[1]:
-            prev = levels[-1]
-            nxt = np.full_like(prev, fill)
-            nxt[:, : x.shape[1] - width] = self.op(prev[:, : x.shape[1] - width], prev[:, width:])
-            levels.append(nxt)
-            width *= 2
-        self.levels = np.stack(levels)  # (J, pp, rows)
+        n = x.shape[1]
+        self.levels = np.empty((max(n, 1).bit_length(), *x.shape), dtype=x.dtype)  # (J, pp, rows): 2^j ≤ rows
+        self.levels[0] = x
+        for j in range(1, len(self.levels)):  # level j: the extremum of the 2^j window from n (filled in place)
+            width = 1 << (j - 1)
+            prev, nxt = self.levels[j - 1], self.levels[j]
+            self.op(prev[:, : n - width], prev[:, width:], out=nxt[:, : n - width])
+            nxt[:, n - width:] = -np.inf if maximum else np.inf
 
     def query(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """(B, pp) range extremum of stage s over [a[:, s], b[:, s]] (a ≤ b)."""
@@ -58,9 +56,13 @@ class RangeTable:
 
     def query_rows(self, r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Range extremum of table row r[i, s] over [a[i, s], b[i, s]]: (B, P), or (B, P, C) for a table of
-        C channels (x of shape (rows of tables, n, C): every channel in one gather)."""
+        C channels (x of shape (rows of tables, n, C): every channel in one gather). Gathered by flat `take`s
+        of levels[j, r, n] (issue #26: the three-index fancy index took twice as long; the same entries)."""
         j = _LOG2[np.maximum(b - a + 1, 1)]
-        return self.op(self.levels[j, r, a], self.levels[j, r, b - (1 << j) + 1])
+        _, rows, n = self.levels.shape[:3]
+        at = (j * rows + r) * n
+        flat = self.levels.reshape(-1, *self.levels.shape[3:])
+        return self.op(flat.take(at + a, axis=0), flat.take(at + b - (1 << j) + 1, axis=0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,37 +137,43 @@ class BoxBounds:
         ctx_cap = np.ones(len(st.ctx_fit))
         ctx_cap[st.ctx.reshape(-1)] = st.capacity.reshape(-1)  # a context's GPU: one capacity wherever it appears
         m_lo = lowest_reachable(st.ctx_peak_mib, st.ctx_length, st.ctx_fit, ctx_cap, target_margin)
-        self.t1 = per_row(st.fit_time_ms.astype(np.float64), np.inf)
-        lo = per_row(m_lo.reshape(-1)[st.row_ctx], np.inf)
-        used = lo / st.capacity.reshape(-1)[:, None]
-        self.ok = ok | pad
+        t1 = per_row(st.fit_time_ms.astype(np.float64), np.inf)
+        self.lams = self._multipliers(t1)  # (layouts, Λ)
+        # The tables hold each layout's real stages and one row for every missing stage (all alike: n = 0 costs 0;
+        # issue #26: ~30 % of the rows were such copies); rows_of maps (layout, stage) to its row.
+        keep, self.rowmap = _compact_rows(real[:, 0], st.capacity.reshape(-1), self.layouts, P)
+        self.t1 = t1[keep]
+        lo = per_row(m_lo.reshape(-1)[st.row_ctx], np.inf)[keep]
+        used = lo / st.capacity.reshape(-1)[keep, None]
+        self.ok = (ok | pad)[keep]
         idx = np.where(self.ok, n[None, :], rows)  # next / previous allowed layer count at or after / before n
-        self.next_ok = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1]
+        self.next_ok = np.ascontiguousarray(np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1])
         self.prev_ok = np.maximum.accumulate(np.where(self.ok, n[None, :], -1), axis=1)
-        self.lams = self._multipliers()  # (layouts, Λ)
-        sums = self.t1[:, :, None] - np.repeat(self.lams, P, axis=0)[:, None, :] * n[None, :, None]
+        sums = self.t1[:, :, None] - np.repeat(self.lams, P, axis=0)[keep, None, :] * n[None, :, None]
         # one table of every range-minimum channel: tail, m_lo, m_lo / capacity, then t1 − λ·n per λ
-        tail = per_row(st.tail_ms.astype(np.float64), np.inf)
+        tail = per_row(st.tail_ms.astype(np.float64), np.inf)[keep]
         self.mins = RangeTable(np.concatenate([tail[..., None], lo[..., None], used[..., None], sums], axis=2))
-        self.m1_max = RangeTable(per_row(st.fit_peak_mib.astype(np.float64), -np.inf), maximum=True)
+        self.m1_max = RangeTable(per_row(st.fit_peak_mib.astype(np.float64), -np.inf)[keep], maximum=True)
         self.env_t, self.env_m, self.env_used = suffix_min(self.t1), suffix_min(lo), suffix_min(used)
+        self.flat_t, self.flat_m, self.flat_used = flat_table(self.env_t), flat_table(self.env_m), flat_table(self.env_used)
         self.capacity = st.capacity  # (layouts, P) MiB
         self.high = None  # issue #22: (range min, suffix min) of the least reachable upper-bound peak / capacity
         if st.ctx_high_mib is not None:
             h = per_row(reachable_high(st.ctx_peak_mib, st.ctx_high_mib, st.ctx_fit, m_lo).reshape(-1)[st.row_ctx], np.inf)
-            h_used = h / st.capacity.reshape(-1)[:, None]
+            h_used = h[keep] / st.capacity.reshape(-1)[keep, None]
             self.high = (RangeTable(h_used), suffix_min(h_used))
+            self.flat_high = flat_table(self.high[1])
 
-    def _multipliers(self) -> np.ndarray:
-        """Each layout's λs (lagrange_multipliers of its t1 rows), padded with 0."""
-        t1 = self.t1.reshape(self.layouts, self.P, self.rows)
+    def _multipliers(self, t1: np.ndarray) -> np.ndarray:
+        """Each layout's λs (lagrange_multipliers of its t1 rows (layouts·P, rows)), padded with 0."""
+        t1 = t1.reshape(self.layouts, self.P, self.rows)
         fin = np.isfinite(t1) & (np.arange(self.rows) >= 1)
         first = np.where(fin.any(axis=2), fin.argmax(axis=2), 0)
         last = np.where(fin.any(axis=2), self.rows - 1 - fin[..., ::-1].argmax(axis=2), 0)
         take = lambda i: np.take_along_axis(t1, i[..., None], axis=2)[..., 0]  # noqa: E731
         with np.errstate(invalid="ignore", divide="ignore"):
             slope = (take(last) - take(first)) / (last - first)
-        lams = [_thin([0.0, *slope[li, (last[li] > first[li])].tolist()]) for li in range(self.layouts)]
+        lams = _thin_many([[0.0, *slope[li, (last[li] > first[li])].tolist()] for li in range(self.layouts)])
         out = np.zeros((self.layouts, max(len(x) for x in lams)))
         for li, x in enumerate(lams):
             out[li, :len(x)] = x
@@ -173,7 +181,7 @@ class BoxBounds:
 
     def rows_of(self, li: np.ndarray) -> np.ndarray:
         """(B, P) table rows of the boxes' stages."""
-        return li[:, None] * self.P + np.arange(self.P)[None, :]
+        return self.rowmap.take(li, axis=0)
 
     def root(self, li: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The root box of each layout in li (tightened; a layout without a split has none)."""
@@ -190,11 +198,12 @@ class BoxBounds:
         L, last = self.total, self.rows - 1
         a, b = a.astype(np.int64), b.astype(np.int64)
         kept = np.arange(len(a))
+        next_ok, prev_ok = self.next_ok.ravel(), self.prev_ok.ravel()  # flat takes: faster than [r, n]
         for _ in range(8):
-            r = self.rows_of(li[kept])
+            r = self.rows_of(li[kept]) * self.rows
             sa, sb = a.sum(axis=1, keepdims=True), b.sum(axis=1, keepdims=True)
-            na = self.next_ok[r, np.minimum(np.maximum(a, L - (sb - b)), last)]
-            nb = self.prev_ok[r, np.maximum(np.minimum(b, L - (sa - a)), 0)]
+            na = next_ok.take(r + np.minimum(np.maximum(a, L - (sb - b)), last))
+            nb = prev_ok.take(r + np.maximum(np.minimum(b, L - (sa - a)), 0))
             keep = (na <= nb).all(axis=1)
             if keep.all() and (na == a).all() and (nb == b).all():
                 break
@@ -225,10 +234,10 @@ class BoxBounds:
         if mu is not None:
             env = self.env_used if self.high is None else self.high[1]
             thr = 1.0 - np.asarray(mu, dtype=np.float64) + MARGIN_SLACK
-            H = np.minimum(H, (env[r] < thr[:, None, None]).sum(axis=2) - 1)  # (B, P): env is non-decreasing in n
+            H = np.minimum(H, (env.take(r, axis=0) < thr[:, None, None]).sum(axis=2) - 1)  # (B, P): env non-decreasing in n
         if peak_mib is not None:
             thr = np.asarray(peak_mib, dtype=np.float64) * (1 + SLACK)
-            H = np.minimum(H, (self.env_m[r] < thr[:, None, None]).sum(axis=2) - 1)
+            H = np.minimum(H, (self.env_m.take(r, axis=0) < thr[:, None, None]).sum(axis=2) - 1)
         a2, b2, kept = self._tightened(a, H, li)
         out[kept] = self.time_lb(a2, b2, li[kept])
         return out
@@ -243,7 +252,7 @@ class BoxBounds:
         """Lower bound of T over each box, deflated by SLACK."""
         r = self.rows_of(li)
         mins = self.mins.query_rows(r, a, b)  # (B, P, 3 + Λ)
-        tmax = suffix_minmax(self.env_t, r, a, b, self.total)
+        tmax = self._minmax(self.flat_t, r, a, b)
         tsum = (self.lams[li] * self.total + mins[:, :, 3:].sum(axis=1)).max(axis=1)  # max_lagrange_sum
         m, v = self.micro_batches[li], self.virtual_stages[li]
         with np.errstate(invalid="ignore"):  # pipeline_compute_ms per box: plain 1F1B, or interleaved (issue #27)
@@ -256,8 +265,8 @@ class BoxBounds:
         mins = self.mins.query_rows(r, a, b)
         lo, used = mins[:, :, 1], mins[:, :, 2]
         hi = self.m1_max.query_rows(r, a, b)
-        m_lb = np.maximum(lo.max(axis=1), suffix_minmax(self.env_m, r, a, b, self.total))
-        used_lb = np.maximum(used.max(axis=1), suffix_minmax(self.env_used, r, a, b, self.total))
+        m_lb = np.maximum(lo.max(axis=1), self._minmax(self.flat_m, r, a, b))
+        used_lb = np.maximum(used.max(axis=1), self._minmax(self.flat_used, r, a, b))
         return Corner(time_ms=time_lb, max_mib=m_lb * (1 - SLACK),
                       var_mib2=_safe_variance(box_variance_lb(lo, hi, self.weight[li]), hi),
                       margin_ub=1.0 - used_lb + MARGIN_SLACK, margin_high_ub=self.margin_high_ub(r, a, b),
@@ -272,8 +281,12 @@ class BoxBounds:
         least upper-bound peak over those levels (`reachable_high`). None without intervals."""
         if self.high is None:
             return None
-        rng, env = self.high
-        return 1.0 - np.maximum(rng.query_rows(r, a, b).max(axis=1), suffix_minmax(env, r, a, b, self.total)) + MARGIN_SLACK
+        rng = self.high[0]
+        return 1.0 - np.maximum(rng.query_rows(r, a, b).max(axis=1), self._minmax(self.flat_high, r, a, b)) + MARGIN_SLACK
+
+    def _minmax(self, flat: np.ndarray, r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """suffix_minmax over one of the flat suffix-minimum tables (`flat_table`)."""
+        return flat_minmax(flat, self.rows, r, a, b, self.total)
 
     @staticmethod
     def table_bytes(layouts: int, pp: int, rows: int, multipliers: int = 5) -> int:
@@ -298,6 +311,19 @@ class MinMax:
         return suffix_minmax(self.env, np.arange(a.shape[1])[None, :], a, b, total)
 
 
+def _compact_rows(real: np.ndarray, capacity: np.ndarray, layouts: int, P: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the (layout, stage) rows a BoxBounds table keeps, the (layouts, P) map to them): every real stage, and the
+    first missing one standing for all (a missing stage's rows are alike: 0 at n = 0, else ±inf; its m_lo /
+    capacity too when every such capacity is positive — else nothing is shared)."""
+    pads = np.flatnonzero(~real)
+    if len(pads) == 0 or not (capacity[pads] > 0).all():
+        return np.arange(len(real)), np.arange(len(real)).reshape(layouts, P)
+    keep = np.append(np.flatnonzero(real), pads[0])
+    rowmap = np.full(len(real), len(keep) - 1)
+    rowmap[keep[:-1]] = np.arange(len(keep) - 1)
+    return keep, rowmap.reshape(layouts, P)
+
+
 def suffix_min(x: np.ndarray) -> np.ndarray:
     """x̂(r, n) = min_{n′ ≥ n} x(r, n′) along the last axis."""
     return np.minimum.accumulate(x[..., ::-1], axis=-1)[..., ::-1]
@@ -306,20 +332,37 @@ def suffix_min(x: np.ndarray) -> np.ndarray:
 def suffix_minmax(env: np.ndarray, r: np.ndarray, a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
     """MinMax's bound for boxes [a, b] (B, P) over rows r (B, P) of env (a suffix minimum, `suffix_min`);
     +inf where no split reaches L within the box."""
+    return flat_minmax(flat_table(env), env.shape[-1], r, a, b, total)
+
+
+def flat_table(env: np.ndarray) -> np.ndarray:
+    """env (rows, n) raveled with n × +inf after it: what flat_minmax reads (every count a box reaches past a row's
+    end stays inside the array); in float32 when that holds every value exactly (the fitted times and peaks are
+    float32 values: flat_minmax only selects entries, so its bounds are the same, and sorting halves the bytes)."""
+    flat = np.concatenate([env.ravel(), np.full(env.shape[-1], np.inf)])
+    narrow = flat.astype(np.float32)
+    return narrow if np.array_equal(narrow, flat) else flat
+
+
+def flat_minmax(flat: np.ndarray, cols: int, r: np.ndarray, a: np.ndarray, b: np.ndarray, total: int) -> np.ndarray:
+    """suffix_minmax over `flat_table(env)` (env of `cols` columns): the increments gathered by one flat `take`,
+    the counts beyond a box's end pointed at a +inf (issue #26: the 2-D fancy index and the mask were half of it)."""
     if len(a) == 0:
         return np.zeros(0)
-    out = env[r, a].max(axis=1)
+    at = r * cols + a  # (B, P) flat index of env[r, a]
+    out = flat.take(at).max(axis=1)
     k = total - a.sum(axis=1)
     width = int((b - a).max())
     if width > 0:
-        n = a[:, :, None] + np.arange(1, width + 1)
-        inc = np.where(n <= b[:, :, None], env[r[:, :, None], np.minimum(n, env.shape[-1] - 1)], np.inf)
-        inc = np.sort(inc.reshape(len(a), -1), axis=1)
+        step = np.arange(1, width + 1)
+        idx = at[:, :, None] + step
+        np.copyto(idx, len(flat) - 1, where=step > (b - a)[:, :, None])
+        inc = np.sort(flat.take(idx.reshape(len(a), -1)), axis=1)
         kth = np.where(k <= inc.shape[1], inc[np.arange(len(a)), np.clip(k - 1, 0, inc.shape[1] - 1)], np.inf)
         out = np.where(k > 0, np.maximum(out, kth), out)
     else:
         out = np.where(k > 0, np.inf, out)
-    return out
+    return out.astype(np.float64, copy=False)  # entries of the table, selected: exact from float32
 
 
 def _lagrange_tables(x: np.ndarray, n: np.ndarray) -> list[tuple[float, RangeTable]]:
@@ -338,12 +381,29 @@ def lagrange_multipliers(x: np.ndarray) -> list[float]:
 
 
 def _thin(lams: list[float]) -> list[float]:
+    return _thin_many([lams])[0]
+
+
+def _thin_many(many: list[list[float]]) -> list[list[float]]:
+    """Each list of multipliers thinned (`_thin`); the quantiles of all lists of one length in one np.quantile
+    call along axis 1 (the same elementwise interpolation as one list's: issue #26, 200 calls a search)."""
+    out = [_spread(lams) for lams in many]
+    by_len: dict[int, list[int]] = {}
+    for i, kept in enumerate(out):
+        if len(kept) > 5:  # keep 0 and 4 spread quantiles
+            by_len.setdefault(len(kept), []).append(i)
+    for rows in by_len.values():
+        q = np.quantile(np.array([out[i] for i in rows]), np.linspace(0, 1, 4), axis=1).T.tolist()
+        for i, qs in zip(rows, q):
+            out[i] = sorted({0.0, *qs})
+    return out
+
+
+def _spread(lams: list[float]) -> list[float]:
     kept: list[float] = []
     for lam in sorted(lams):  # slopes within 2 % of one already tried add little: stages of one GPU type and tp
         if not kept or lam > kept[-1] + 0.02 * abs(kept[-1]) + 1e-9:
             kept.append(lam)
-    if len(kept) > 5:  # keep 0 and 4 spread quantiles
-        kept = sorted({0.0, *np.quantile(kept, np.linspace(0, 1, 4)).tolist()})
     return kept
 
 

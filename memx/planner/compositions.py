@@ -13,6 +13,8 @@ import math
 import numpy as np
 
 INT64_SAFE = 1 << 62
+FLOAT64_EXACT = 1 << 53  # integers below this add exactly in float64
+DRAW_CHUNK = 1 << 14  # draws of sample_many worked through at once (whole layouts)
 
 
 def count_splits(total: int, allowed: np.ndarray) -> int:
@@ -76,6 +78,32 @@ def suffix_counts(total: int, allowed: np.ndarray) -> np.ndarray:
     return out
 
 
+def suffix_counts_many(total: int, allowed: list[np.ndarray]) -> list[np.ndarray]:
+    """suffix_counts of many layouts, the same values: the layouts whose counts are below 2^53 (at most
+    C(total + pp, pp), every composition of ≤ total layers over pp stages, zeros allowed) formed together — one
+    shifted add per (stage from the end, n) over all of them, every partial sum an integer below 2^53 and so
+    exact in float64 in any order, as np.convolve's; the others one by one."""
+    out: list[np.ndarray | None] = [None] * len(allowed)
+    safe = [i for i, ok in enumerate(allowed) if math.comb(total + ok.shape[0], ok.shape[0]) < FLOAT64_EXACT]
+    for i in set(range(len(allowed))) - set(safe):
+        out[i] = suffix_counts(total, allowed[i])
+    if safe:
+        T = total + 1
+        pp = np.array([allowed[i].shape[0] for i in safe])
+        rev = np.zeros((len(safe), int(pp.max()), T))  # [l, t]: stage pp_l − 1 − t of layout l (0 past its stages)
+        for r, i in enumerate(safe):
+            width = min(allowed[i].shape[1], T)
+            rev[r, :pp[r], :width] = allowed[i][::-1, :width]
+        acc = np.zeros((len(safe), int(pp.max()) + 1, T))  # [l, t]: splits over the last t stages
+        acc[:, 0, 0] = 1.0
+        for t in range(int(pp.max())):
+            for n in np.nonzero(rev[:, t].any(axis=0))[0]:
+                acc[:, t + 1, n:] += acc[:, t, :T - n] * rev[:, t, n:n + 1]
+        for r, i in enumerate(safe):
+            out[i] = acc[r, pp[r]::-1].copy()  # row s: the last pp_l − s stages
+    return out
+
+
 def sample_splits(total: int, allowed: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     """n splits drawn uniformly (with replacement) from the allowed splits: (n, pp) int16 (`sample_many`)."""
     return sample_many(total, [allowed], [n], rng)[0]
@@ -101,24 +129,41 @@ def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.ran
     if not live:
         return out
     pp = np.array([allowed[li].shape[0] for li in live])
-    P, T = int(pp.max()), total + 1
     counts = np.array([n[li] for li in live])
     uniform = rng.random(int((counts * pp).sum()))
     start = np.concatenate([[0], np.cumsum(counts * pp)[:-1]])  # draw d of layout l at stage s: uniform[start_l + s·n_l + d]
-    # The layouts are worked through with the most stages first, so the draws still open at stage s are a prefix.
+    # The layouts are worked through with the most stages first, so the draws still open at stage s are a prefix;
+    # in groups of consecutive layouts of about DRAW_CHUNK draws (a layout's draws in one group: each draw's rank j
+    # and row are its layout's alone, so the same draws; issue #26: the temporaries of a group stay in cache).
     order = np.argsort(-pp, kind="stable")
     live, pp, counts, start = [live[i] for i in order], pp[order], counts[order], start[order]
-    owner = np.repeat(np.arange(len(live)), counts)
+    group = np.cumsum(counts) // DRAW_CHUNK
+    cuts = np.flatnonzero(np.r_[True, group[1:] != group[:-1], True])
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        res, valid = _draw_group(total, [suffix[li] for li in live[lo:hi]], [allowed[li] for li in live[lo:hi]],
+                                 pp[lo:hi], counts[lo:hi], start[lo:hi], uniform)
+        first_draw = np.cumsum(counts[lo:hi]) - counts[lo:hi]
+        for r, li in enumerate(live[lo:hi]):
+            a, b = first_draw[r], first_draw[r] + counts[lo + r]
+            out[li] = res[a:b][valid[a:b], :pp[lo + r]]
+    return out
+
+
+def _draw_group(total: int, suffix: list[np.ndarray], allowed: list[np.ndarray], pp: np.ndarray, counts: np.ndarray,
+                start: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`sample_many`'s draws of a group of layouts (most stages first): (splits (N, P), whether each is valid)."""
+    P, T = int(pp.max()), total + 1
+    owner = np.repeat(np.arange(len(pp)), counts)
     first_draw = np.cumsum(counts) - counts
     u_at = np.repeat(start, counts) + (np.arange(len(owner)) - np.repeat(first_draw, counts))
     u_step = np.repeat(counts, counts)
     open_at = [int(counts[pp > s].sum()) for s in range(P)]
-    suf = np.zeros((len(live), P + 1, T))
-    ok = np.zeros((len(live), P, T))
-    for r, li in enumerate(live):
-        suf[r, :pp[r] + 1] = suffix[li]
-        ok[r, :pp[r]] = allowed[li][:, :T]
-    allowed_at = ok.astype(bool)
+    suf = np.zeros((len(pp), P + 1, T))
+    ok = np.zeros((len(pp), P, T))
+    for r in range(len(pp)):
+        suf[r, :pp[r] + 1] = suffix[r]
+        ok[r, :pp[r]] = allowed[r][:, :T]
+    allowed_flat = ok.astype(bool).ravel()  # [(layout · P + s) · T + n]
     left = np.full(len(owner), total, dtype=np.int64)
     res = np.zeros((len(owner), P), dtype=np.int16)
     valid = np.ones(len(owner), dtype=bool)
@@ -126,26 +171,24 @@ def sample_many(total: int, allowed: list[np.ndarray], n: list[int], rng: np.ran
     for s in range(P):
         m = open_at[s]
         own, rem = owner[:m], left[:m]
-        keys, inv = _unique_small(own * T + rem, len(live) * T - 1)
+        keys, inv = _unique_small(own * T + rem, len(pp) * T - 1)
         kl, kr = keys // T, keys % T
         first = np.searchsorted(kl, kl, side="left")  # each layout's rows: j = rank among its remaining counts
         j = (np.arange(len(keys)) - first).astype(np.float64)
         rest = kr[:, None] - k[None, :]
-        w = np.where(rest >= 0, suf[kl, s + 1][np.arange(len(keys))[:, None], np.clip(rest, 0, total)], 0.0) * ok[kl, s]
+        # flat takes (issue #26: numpy's take is 2–3× its fancy index on these gathers; the same entries)
+        nxt = suf[:, s + 1].take(kl, axis=0).ravel().take(np.arange(len(keys))[:, None] * T + np.clip(rest, 0, total))
+        w = np.where(rest >= 0, nxt, 0.0) * ok[:, s].take(kl, axis=0)
         cw = np.cumsum(w, axis=1)
         tot = cw[:, -1:]
         cw = cw / np.where(tot > 0, tot, 1.0)
         e = cw + j[:, None]
-        q = j[inv] + uniform[u_at[:m] + s * u_step[:m]]
+        q = j.take(inv) + uniform.take(u_at[:m] + s * u_step[:m])
         pos = np.minimum(upper_bound_rows(e, inv, q), total)
-        valid[:m] &= allowed_at[own, s, pos] & (pos <= rem)
+        valid[:m] &= allowed_flat.take((own * P + s) * T + pos) & (pos <= rem)
         res[:m, s] = pos
         left[:m] = np.maximum(rem - pos, 0)
-    valid &= left == 0
-    for r, li in enumerate(live):
-        lo, hi = first_draw[r], first_draw[r] + counts[r]
-        out[li] = res[lo:hi][valid[lo:hi], :pp[r]]
-    return out
+    return res, valid & (left == 0)
 
 
 def upper_bound_rows(e: np.ndarray, row: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -159,7 +202,7 @@ def upper_bound_rows(e: np.ndarray, row: np.ndarray, q: np.ndarray) -> np.ndarra
     count = np.zeros(len(q), dtype=np.int64)
     step = width >> 1
     while step:
-        count += step * (flat[at + count + step] <= q)
+        count += step * (flat.take(at + count + step) <= q)
         step >>= 1
     return count
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from memx.planner.runtime_terms import (
     per_run,
     ring_ms,
     shapes,
+    uniform_precision,
 )
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def gemm_peak_tflops(names: np.ndarray, precision, gpus: Mapping[str, GpuType]) 
         return np.zeros(0)
     p = np.broadcast_to(np.asarray(precision, dtype=object), n.shape)
     uniq, inv = name_codes(n.reshape(-1))
-    if (p == p.flat[0]).all():  # one precision (the usual case): per GPU name only
+    if np.ndim(precision) == 0 or (p == p.flat[0]).all():  # one precision (the usual case): per GPU name only
         return np.array([gpus[g].peak_tflops(str(p.flat[0]), strict=False) for g in uniq])[inv].reshape(n.shape)
     prec, p_inv = name_codes(p.reshape(-1))
     pairs, pair_inv = np.unique(inv * len(prec) + p_inv, return_inverse=True)  # each (GPU, precision) once
@@ -295,6 +296,7 @@ class AnalyticStageModel:
     recomputation cost depend on memory bandwidth, the paper's §3.1.1 observation).
     """
 
+    ROW_WISE: ClassVar[bool] = True  # each row's prediction is a function of that row alone (memx.planner.predictions.predict_rows)
     gpus: Mapping[str, GpuType]
     mfu: float = 0.5
     elementwise_passes: float = 2.0
@@ -480,7 +482,7 @@ def predict_runtime_frame(sigs: Any, gpus: Mapping[str, GpuType],
     first, last = c["first"].astype(bool), c["last"].astype(bool)
     n_rec = recomputed_layers(c["recompute"], c["recompute_layers"], L)
     selective = c["recompute"] == Recompute.SELECTIVE
-    prec = precision_column(sigs)
+    prec = uniform_precision(precision_column(sigs))
     rc_linear = replace(rc, peak_flop_per_ms=gemm_peak_tflops(c["gpu"], prec, gpus) * 1e9)  # fp8: te.Linear only
     time_ms = _runtime_time_ms(x, rc, L, n_rec, selective, first, last, rc_linear)
 

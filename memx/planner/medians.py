@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from memx.planner.compositions import sample_many, suffix_counts
+from memx.planner.compositions import sample_many, suffix_counts_many
 from memx.planner.schedule import MemoryStats
 
 BINS = 1 << 16
@@ -81,6 +81,9 @@ class RadixMedians:
         return out[0], out[1], out[2]
 
 
+SCORE_CHUNK = 1 << 14  # sampled plans scored at once
+
+
 def stats_of(a_stats: MemoryStats, time_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return time_ms, a_stats.max_mib, a_stats.variance_mib2
 
@@ -99,7 +102,7 @@ def sampled_medians(allowed: list[np.ndarray], total: int, n: int, seed: int,
     sample at once: splits (N, P) padded with 0 beyond each layout's pp, layouts (N,); it returns the
     (T, M, V) of the feasible ones (or None). Returns (medians, plans in the sample)."""
     rng = np.random.default_rng(seed)
-    suffix = [suffix_counts(total, ok) for ok in allowed]
+    suffix = suffix_counts_many(total, allowed)
     weight = np.array([suf[0, total] for suf in suffix])
     draws = rng.multinomial(n, weight / weight.sum())
     drawn = sample_many(total, allowed, [int(d) for d in draws], rng, suffix)  # layout order
@@ -107,6 +110,9 @@ def sampled_medians(allowed: list[np.ndarray], total: int, n: int, seed: int,
     splits = np.zeros((int(sizes.sum()), max(ok.shape[0] for ok in allowed)), dtype=np.int16)  # padded with 0
     for S, end in zip(drawn, np.cumsum(sizes).tolist()):
         splits[end - len(S):end, :S.shape[1]] = S
-    got = score(np.repeat(np.arange(len(drawn)), sizes), splits) if len(splits) else None
-    values = [got] if got is not None else []
+    owner = np.repeat(np.arange(len(drawn)), sizes)
+    # Scored SCORE_CHUNK plans at a time: each plan's (T, M, V) is its own, so the same values in the same order
+    # (issue #26: one batch of 2¹⁷ plans touched ~50 MB of fresh temporaries; a chunk's stay in cache)
+    got = [score(owner[i:i + SCORE_CHUNK], splits[i:i + SCORE_CHUNK]) for i in range(0, len(splits), SCORE_CHUNK)]
+    values = [g for g in got if g is not None]
     return exact_medians(values), sum(len(v[0]) for v in values)

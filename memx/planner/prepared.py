@@ -71,19 +71,72 @@ class Prepared:
 
 def prepare(lay: Layout, pt: PredictedTables, cluster: Cluster, model: ModelArch, seq: int,
             slowdown: float, assembly: AssemblyCalibration = IDENTITY_ASSEMBLY) -> Prepared | None:
-    ctxs = lay.contexts()
-    stages = tuple(pt.tables.get(c) for c in ctxs)  # one lookup per stage context
-    if any(st is None for st in stages):
-        return None
+    return prepare_many([lay], pt, cluster, model, seq, slowdown, assembly)[0]
+
+
+def prepare_many(lays: list[Layout], pt: PredictedTables, cluster: Cluster, model: ModelArch, seq: int,
+                 slowdown: float, assembly: AssemblyCalibration = IDENTITY_ASSEMBLY) -> list[Prepared | None]:
+    """`prepare` of every layout (None where a stage context has no table), the slowdown caps of all of them
+    at once (`slowdown_caps_many`)."""
+    found = []
+    for lay in lays:
+        ctxs = lay.contexts()
+        stages = tuple(pt.tables.get(c) for c in ctxs)  # one lookup per stage context
+        found.append(None if any(st is None for st in stages) else (ctxs, stages))
+    live = [f[1] for f in found if f is not None]
+    caps = iter(slowdown_caps_many(live, model.layers, slowdown) if slowdown > 0 and live else [None] * len(live))
+    return [None if f is None else _prepared(lay, f[0], f[1], next(caps), pt, cluster, model, seq, assembly)
+            for lay, f in zip(lays, found)]
+
+
+def _prepared(lay: Layout, ctxs: tuple[StageContext, ...], stages: tuple[StageTable, ...], caps: np.ndarray | None,
+              pt: PredictedTables, cluster: Cluster, model: ModelArch, seq: int, assembly: AssemblyCalibration) -> Prepared:
     cp = lay.context_parallel  # the rank-equivalent pipeline: dp·cp replicas of s/cp (memx.planner.context_parallel)
     pipe = pipeline(cluster, model, stage_gpus=lay.stage_gpus, stage_tp=lay.stage_tp, dp=lay.dp * cp,
                     micro_batch=lay.micro_batch, micro_batches=lay.micro_batches, seq_len=seq // cp, p2p_gbps=lay.p2p_gbps,
                     dp_gbps=lay.dp_gbps, p2p_latency_ms=lay.p2p_latency_ms, distributed_optimizer=lay.distributed_optimizer,
                     assembly=assembly, virtual_stages=lay.virtual_stages, wrap_gbps=lay.wrap_gbps, precision=lay.precision)
     hi = np.array([pt.max_layers[c] for c in ctxs])
-    if slowdown > 0:
-        hi = np.minimum(hi, _slowdown_caps(stages, model.layers, slowdown))
+    if caps is not None:
+        hi = np.minimum(hi, caps)
     return Prepared(lay=lay, stages=stages, pipe=pipe, hi=hi)
+
+
+def slowdown_caps_many(layouts: list[tuple[StageTable, ...]], total: int, factor: float) -> list[np.ndarray]:
+    """`_slowdown_caps` of many layouts, the same caps: the layouts whose stages hold no NaN and some finite time
+    together — B* of each as the total-th smallest entry of its stages' envelopes (one np.partition over the
+    layouts, missing stages and counts beyond a layout's entries +inf: then min(+inf, largest) is the largest
+    fitted time, as `_slowdown_caps` takes it), each stage's cap the number of its envelope entries ≤ x (the
+    envelope is non-decreasing: np.searchsorted's count); the others one by one."""
+    plain = [i for i, stages in enumerate(layouts)
+             if not any(st.fitted_summary[1] for st in stages) and any(st.fitted_summary[0] is not None for st in stages)]
+    out: list[np.ndarray | None] = [None] * len(layouts)
+    for i in set(range(len(layouts))) - set(plain):
+        out[i] = _slowdown_caps(layouts[i], total, factor)
+    if not plain:
+        return out
+    uniq: dict[int, int] = {}
+    tables: list[StageTable] = []
+    for i in plain:
+        for st in layouts[i]:
+            if id(st) not in uniq:
+                uniq[id(st)] = len(tables)
+                tables.append(st)
+    env = np.stack([st.fitted_envelope[1:] for st in tables] + [np.full(len(tables[0].fitted_envelope) - 1, np.inf)])
+    P = max(len(layouts[i]) for i in plain)
+    idx = np.full((len(plain), P), len(tables))  # the +inf row for a missing stage
+    largest = np.empty(len(plain))
+    for r, i in enumerate(plain):
+        idx[r, :len(layouts[i])] = [uniq[id(st)] for st in layouts[i]]
+        largest[r] = max(st.fitted_summary[0] for st in layouts[i] if st.fitted_summary[0] is not None)
+    E = env[idx]  # (layouts, P, n − 1)
+    flat = E.reshape(len(plain), -1)
+    kth = np.partition(flat, total - 1, axis=1)[:, total - 1] if total <= flat.shape[1] else np.full(len(plain), np.inf)
+    x = np.minimum(kth, largest) * factor
+    caps = np.maximum((E <= x[:, None, None]).sum(axis=2), 1)
+    for r, i in enumerate(plain):
+        out[i] = caps[r, :len(layouts[i])].astype(np.int64)
+    return out
 
 
 def _slowdown_caps(stages: tuple[StageTable, ...], total: int, factor: float) -> np.ndarray:

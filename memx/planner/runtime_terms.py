@@ -39,6 +39,13 @@ def name_codes(values) -> tuple[np.ndarray, np.ndarray]:
     return uniq, inv.reshape(-1)
 
 
+def uniform_precision(prec: np.ndarray) -> str | np.ndarray:
+    """A column of names (memx.planner.cost.precision_column's) as its one name when every row has it (a search's
+    usual case: rows broadcast it in one step instead of comparing 10⁵ Python strings per use), else the column."""
+    names = set(prec.tolist())
+    return next(iter(names)) if len(names) == 1 else prec
+
+
 def per_run(terms: Callable[..., dict[str, np.ndarray]], *columns) -> dict[str, np.ndarray]:
     """terms(*columns) for rows given as dataclasses of equal-length arrays, computed once per run of
     consecutive rows equal in every field (a search's signature rows come context by context: ~10⁵ rows,

@@ -224,7 +224,8 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
     the plan's training precision, memx.domain.precision).
     Interleaved (virtual_stages v > 1; wrap_gbps: the link from the last stage back to the first), each
     boundary is crossed v times and the wrap v − 1 times (memx.planner.interleave.p2p_hops)."""
-    gpus = [cluster.gpu(g) for g in stage_gpus]
+    types = {g.name: g for g in cluster.gpu_types}  # Cluster.gpu walks the nodes: once per layout, not per stage
+    gpus = [types[g] for g in stage_gpus]
     lat = cluster.inter_node_latency_ms if p2p_latency_ms is None else np.asarray(p2p_latency_ms, dtype=np.float64)
     p2p = p2p_ms(micro_batch, seq_len, model.hidden, np.asarray(p2p_gbps), lat)
     total = float(2.0 * p2p.sum())

@@ -43,7 +43,7 @@ from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.objective import auto_profile, parse_weights, phi
 from memx.planner.pick import apply_pick
 from memx.planner.predictions import PredictedTables, predict_tables
-from memx.planner.prepared import Prepared, chunks, layout_contexts, prepare, score_rows, score_splits
+from memx.planner.prepared import Prepared, chunks, layout_contexts, prepare, prepare_many, score_rows, score_splits
 from memx.planner.result import SearchResult, SpaceCount
 from memx.planner.schedule import MemoryStats, assembly_of
 from memx.planner.space import Layout, check_space_input, count_compositions, count_with_options, enumerate_layouts
@@ -197,8 +197,8 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
                             space.reserve_gib, predictor)
         hits.append(getattr(predictor, "last_hit_rate", None))  # of the table call, before any later query
         pts.append(pt)
-        for lay in lays:
-            if p := prepare(lay, pt, cluster, v.model, v.seq_len, space.max_stage_slowdown, assembly):
+        for p in prepare_many(lays, pt, cluster, v.model, v.seq_len, space.max_stage_slowdown, assembly):
+            if p is not None:
                 prepared.append(p)
                 owner.append(vi)
     pt = pts[0] if len(pts) == 1 else _joined(pts)
