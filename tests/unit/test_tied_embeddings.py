@@ -6,7 +6,6 @@ The closed form, the records, the learned features, the cache and the virtual cl
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from memx.domain.catalog import load_gpu, load_model

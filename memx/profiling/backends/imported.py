@@ -12,7 +12,6 @@ no row survives, and `InputError` (file, line, field) for a malformed number in 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
