@@ -228,10 +228,10 @@ def with_candidate(r: SearchResult, m: PlanMetrics, margin_high: float, space: S
 def with_candidates(r: SearchResult, ms: list[PlanMetrics], margins_high: dict, space: SearchSpace, model: ModelArch,
                     predictor: StagePredictor, *, safe: list[PlanMetrics] | None = None) -> SearchResult:
     """`r` with more kept candidates `ms` from other searches (their Φ on `r`'s medians, `phi_on`; upper-bound
-    margins by plan key in `margins_high`): in the top-k by Φ and by time where they rank, in the safe set (`safe`
-    when given: those of `ms` another search found safe; else all of `ms`), and the pick rule applied again to them
-    all (`apply_pick`): the pick obeys the configured rule whichever space it comes from and is never a plan another
-    kept plan dominates."""
+    margins by plan key in `margins_high`): every one of them kept (`apply_pick` reduces the kept plans to their
+    front), in the top-k by Φ and by time where they rank, in the safe set (`safe` when given: those of `ms` another
+    search found safe; else all of `ms`), and the pick rule applied again to them all (`apply_pick`): the pick obeys
+    the configured rule whichever space it comes from and is never a plan another kept plan dominates."""
     ms = [phi_on(m, r, space) for m in ms]
     on_r = {plan_key(m): m for m in ms}
     safe = ms if safe is None else [on_r.get(plan_key(m), m) for m in safe]
@@ -239,7 +239,7 @@ def with_candidates(r: SearchResult, ms: list[PlanMetrics], margins_high: dict, 
     merged = dataclasses.replace(
         r, top=unique(sorted([*r.top, *ms], key=lambda c: c.phi if c.phi is not None else float("inf")))[:k],
         top_time=unique(sorted([*r.top_time, *ms], key=lambda c: c.iteration_time_ms))[:k_time],
-        safe=unique([*r.safe, *safe]), margins_high={**r.margins_high, **margins_high})
+        pareto=unique([*r.pareto, *ms]), safe=unique([*r.safe, *safe]), margins_high={**r.margins_high, **margins_high})
     return apply_pick(merged, space, model, predictor)
 
 
