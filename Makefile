@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	@$(BIN)/python -c 'from memx.cli.orchestration import build_prefect_template as b; b()' || \
 	  echo "no migrated Prefect database template: a first run migrates its own (about 9 s more)"
 	@$(BIN)/python -c 'from memx.pipeline.registry import build_mlflow_template as b; b()' || \
-	  echo "no migrated MLflow database template: each new SQLite store migrates its own (about 1.5 s more)"
+	  echo "no migrated MLflow database template: each new SQLite store migrates its own (about 3 s more)"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -64,10 +64,8 @@ def _seed_prefect_db() -> None:
     the $MEMX_HOME lock, before the server starts, so no running server's database is ever replaced."""
     home = memx_home() / "prefect"
     db = home / "prefect.db"
-    if (os.environ.get("PREFECT_HOME") != str(home) or "PREFECT_API_DATABASE_CONNECTION_URL" in os.environ
-            or db.exists()):
-        return
-    seed_from_template(db, prefect_template())
+    if os.environ.get("PREFECT_HOME") == str(home) and "PREFECT_API_DATABASE_CONNECTION_URL" not in os.environ:
+        seed_from_template(db, prefect_template())  # never over an existing database
 
 
 def matplotlib_env() -> None:

@@ -156,8 +156,8 @@ def mlflow_template() -> Path:
 
 def build_mlflow_template() -> Path:
     """Migrate an empty SQLite tracking store once per environment (`make install`): a new SQLite store starts
-    as a copy (`seed_sqlite`) instead of running MLflow's Alembic migrations (~1.5 CPU s each time a fresh
-    $MEMX_HOME or a test's temporary home opens its store, docs/benchmarks.md §Test time). Without the default
+    as a copy (`seed_sqlite`) instead of running MLflow's Alembic migrations (~2.7 CPU s each time a fresh
+    $MEMX_HOME or a test's temporary home opens its store, docs/benchmarks.md §Test time and plan CPU, session 5). Without the default
     experiment, which MLflow creates on first open with that store's own artifact root. Written to a temporary
     name, then renamed."""
     path = mlflow_template()

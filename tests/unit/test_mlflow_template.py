@@ -5,6 +5,7 @@ store's own artifact root; an existing store is never touched."""
 from __future__ import annotations
 
 import sqlite3
+from importlib.metadata import version
 
 import pytest
 
@@ -44,4 +45,4 @@ def test_a_store_seeded_from_the_template_opens_without_migrating(tmp_path, monk
     assert set(rows) == {"Default", registry.EXPERIMENT}
     assert rows[registry.EXPERIMENT] == (tmp_path / "home" / "mlartifacts").as_uri()
     assert rows["Default"].endswith("/mlruns/0")  # MLflow's own default, as on an unseeded store: not the template's build folder
-    assert template.name == f"mlflow-{__import__('importlib.metadata').metadata.version('mlflow')}.db"
+    assert template.name == f"mlflow-{version('mlflow')}.db"
