@@ -39,7 +39,7 @@ import pandas as pd
 
 from memx.domain.io import atomic_write_bytes
 from memx.domain.moe_records import MOE_DEFAULTS, MOE_STAGE_COLUMNS
-from memx.domain.records import with_record_defaults
+from memx.domain.records import BOOL_COLUMNS, with_record_defaults
 from memx.learn.experts import predict_columns
 from memx.planner.cost import precision_column
 from memx.planner.signatures import INTERVAL_COLUMNS, PREDICTION_COLUMNS, PREDICTOR_INPUT_COLUMNS, StagePredictor
@@ -51,7 +51,6 @@ KEY_COLUMNS = tuple(c for c in PREDICTOR_INPUT_COLUMNS if c != TIED)
 # memx.learn.experts) and tied embeddings (issue #23: one weight on a pp = 1 stage), hashed only on rows where
 # one is not default, so an entry written before them keeps its key
 STORED_COLUMNS = (*KEY_COLUMNS, *MOE_STAGE_COLUMNS, TIED)
-_BOOLS = ("first", "last", "distributed_optimizer", "sequence_parallel", TIED)
 
 # What is cached per signature: the prediction and, when the predictor gives one, its interval (NaN otherwise).
 CACHED_COLUMNS = PREDICTION_COLUMNS + INTERVAL_COLUMNS
@@ -69,7 +68,7 @@ def canonical_signatures(sigs: pd.DataFrame) -> pd.DataFrame:
     sigs = with_record_defaults(sigs)  # option columns absent: their defaults (memx.domain.records)
     out = {c: sigs[c].to_numpy(dtype=np.int64) for c in _INT}
     out["recompute_layers"] = pd.to_numeric(sigs["recompute_layers"], errors="coerce").fillna(-1).to_numpy(np.int64)
-    for c in _BOOLS:
+    for c in BOOL_COLUMNS:
         out[c] = sigs[c].to_numpy(dtype=bool).astype(np.int64)
     for c in ("gpu", "recompute", "mlp"):
         out[c] = sigs[c].astype(str).to_numpy(dtype=object)
@@ -79,7 +78,7 @@ def canonical_signatures(sigs: pd.DataFrame) -> pd.DataFrame:
 
 
 _EMPTY_SIGS = pd.DataFrame({c: pd.Series(dtype=object if c in ("gpu", "recompute", "mlp", "precision") else
-                                      bool if c in _BOOLS else np.int64) for c in (*KEY_COLUMNS, TIED)}).assign(
+                                      bool if c in BOOL_COLUMNS else np.int64) for c in (*KEY_COLUMNS, TIED)}).assign(
     **{c: pd.Series(dtype=np.float64) for c in MOE_STAGE_COLUMNS})
 
 
@@ -174,7 +173,7 @@ class CachedPredictor:
         rows = rng.choice(len(df), size=min(SPOT_CHECKS, len(df)), replace=False)
         sample = sigs.iloc[rows].copy()
         sample["recompute_layers"] = sample["recompute_layers"].where(sample["recompute_layers"] >= 0)
-        for c in _BOOLS:
+        for c in BOOL_COLUMNS:
             sample[c] = sample[c].astype(bool)
         fresh = self.inner.predict(sample).reindex(columns=list(PREDICTION_COLUMNS)).to_numpy(np.float64)
         cached = values[rows][:, :len(PREDICTION_COLUMNS)]
