@@ -20,6 +20,7 @@ import pandas as pd
 
 from memx.domain.plan import SEARCH_BLOCK, Recompute
 from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
+from memx.domain.records import tied_on_ends
 from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.moe import dense_layers_model
@@ -80,7 +81,7 @@ def point(gpu: str, model: ModelArch, *, tp: int, layers: int, micro_batch: int,
             "first": bool(first), "last": bool(last), "inflight": int(inflight), "hidden": model.hidden,
             "ffn_hidden": model.ffn_hidden, "heads": model.heads, "query_groups": model.query_groups,
             "vocab": model.vocab, "mlp": model.mlp, "sequence_parallel": bool(sequence_parallel and tp > 1),
-            "tied_embeddings": bool(model.tied_embeddings and (first or last)), "source": source}
+            "tied_embeddings": bool(tied_on_ends(model.tied_embeddings, first, last)), "source": source}
 
 
 # The analytic model leaves out the allocator's context and fragmentation; grid points are placed
