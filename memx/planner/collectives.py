@@ -91,8 +91,7 @@ def tail_collectives_ms(model: ModelArch, *, stage_tp: Sequence[int], dp: int, v
     """(pp,) what the two collectives add to each stage's tail: the DP step's latency (dp_latency: each stage's
     ring step latency, ms; None: no latency known, 0), one collective per model chunk, and the tied embedding's
     all-reduce on the first and last stage (`tied_embedding_ms`)."""
-    pp = len(stage_tp)
-    out = np.zeros(pp) if dp_latency is None else dp_latency_ms(dp, np.asarray(dp_latency), virtual_stages)
+    out = np.zeros(len(stage_tp)) if dp_latency is None else dp_latency_ms(dp, dp_latency, virtual_stages)
     emb = tied_embedding_ms(model, stage_tp, emb_link, precision)
     out[0] += emb  # 0 at pp = 1: one stage holds both ends, nothing to exchange
     out[-1] += emb

@@ -104,14 +104,15 @@ def plan_links(cluster: Cluster, plan: Plan) -> tuple | None:
     a p2p transfer on the link between the two stages' nodes, the replicas' concurrent transfers sharing the
     NICs they cross (`p2p_link`, the slowest replica); a stage's dp replicas in one
     ring per tp rank, at the ring's slowest hop, the stage's GPUs sharing their nodes' NICs; the embedding
-    group's pairs all at once (memx.planner.collectives.embedding_link)."""
+    group's pairs all at once (memx.planner.collectives.embedding_link; None at pp 1: no embedding group)."""
     where = place_plan(plan, cluster)
     if where is None:
         return None
     p2p = tuple(p2p_link(cluster, [(w[s], w[s + 1]) for w in where]) for s in range(plan.pp - 1))
     rings = [ring_link(cluster, [where[r][s] for r in range(plan.dp)], st.tp) for s, st in enumerate(plan.stages)]
     return (tuple(bw for bw, _ in p2p), tuple(bw for bw, _ in rings), tuple(lat for _, lat in p2p),
-            tuple(lat for _, lat in rings), embedding_link(cluster, where, [st.tp for st in plan.stages]))
+            tuple(lat for _, lat in rings),
+            embedding_link(cluster, where, [st.tp for st in plan.stages]) if plan.pp > 1 else None)
 
 
 def enumerate_layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) -> list[Layout]:
