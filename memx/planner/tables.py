@@ -400,8 +400,9 @@ class StackedTables:
             c = ctx[members][where]
             mbw = np.concatenate([layouts[li][1].memory_bandwidth_gbps for li in members])
             dbw = np.concatenate([layouts[li][1].dp_gbps for li in members])
+            coll = np.concatenate([layouts[li][1].stage_collectives_ms for li in members])
             sub = tail[members]
-            sub[where] = stage_tail_ms(static[c], params[c], mbw, dbw, **key._asdict())
+            sub[where] = stage_tail_ms(static[c], params[c], mbw, dbw, collectives_ms=coll, **key._asdict())
             tail[members] = sub
         for li, (stages, pipe) in enumerate(layouts):
             n = len(stages)
