@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.context_parallel import add_ring_terms
 from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
@@ -79,7 +80,7 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     """contexts maps each context to the most layers any layout may give it. Vectorised over contexts,
     layer counts and options: one (context, n, option) array of predictions, all ladders at once
     (memx.planner.tables.ladders)."""
-    limits = {g.name: g.memory_mib - reserve_gib * 1024.0 for g in cluster.gpu_types}
+    limits = {g.name: usable_capacity_mib(g) - reserve_gib * 1024.0 for g in cluster.gpu_types}
     contexts = with_twins(contexts)  # interleaved contexts' ⌊k/v⌋ + 1 twins (memx.planner.interleave)
     bounds = static_bounds(contexts, model, limits)
     ctx_list = [c for c in contexts if bounds[c] > 0]

@@ -82,7 +82,7 @@ class RuntimeColumns:
     p2p_ms: np.ndarray
     flash: np.ndarray
     sp: np.ndarray
-    fixed_mib: np.ndarray  # driver reserve + context
+    fixed_mib: np.ndarray  # context (the driver reserve is off the capacity, not in a peak: usable_capacity_mib)
     coll_mib: np.ndarray
     p2p_mib: np.ndarray
     frag: np.ndarray
@@ -104,7 +104,7 @@ class RuntimeColumns:
             "attn_eff": [p.attention_efficiency for p in r], "step_ms": [p.collective_step_ms for p in r],
             "launch_ms": [p.kernel_launch_ms for p in r], "host_ms": [p.host_op_ms for p in r],
             "p2p_ms": [p.p2p_latency_ms for p in r], "flash": [p.flash_attention for p in r],
-            "sp": [p.sequence_parallel for p in r], "fixed_mib": [p.driver_reserved_mib + p.context_mib for p in r],
+            "sp": [p.sequence_parallel for p in r], "fixed_mib": [p.context_mib for p in r],
             "coll_mib": [p.collective_comm_mib for p in r], "p2p_mib": [p.p2p_comm_mib for p in r],
             "frag": [p.allocator_overhead_fraction for p in r],
         }

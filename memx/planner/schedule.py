@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from memx.domain.precision import DEFAULT_PRECISION
+from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.collectives import tail_collectives_ms
 from memx.planner.cost import ACT_BYTES, dp_step_ms, stepped_static_fraction
@@ -180,7 +181,7 @@ class Pipeline:
     micro_batches: int  # m
     p2p_total_ms: float  # Σ_s 2·p2p_s: each activation forward and its gradient backward
     gpu_weight: np.ndarray  # (pp,) GPUs per stage replica (tp)
-    capacity_mib: np.ndarray  # (pp,)
+    capacity_mib: np.ndarray  # (pp,) usable: nominal − driver reserve (memx.domain.runtime.usable_capacity_mib)
     memory_bandwidth_gbps: np.ndarray  # (pp,)
     dp: int
     dp_gbps: np.ndarray  # (pp,) bandwidth of each stage's DP all-reduce ring
@@ -254,7 +255,7 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
         total = hops * total + wrap_hops * float(2.0 * wrap.sum())
     return Pipeline(micro_batches=micro_batches, p2p_total_ms=total, virtual_stages=virtual_stages,
                     gpu_weight=np.asarray(stage_tp, dtype=np.float64),
-                    capacity_mib=np.asarray([g.memory_mib for g in gpus], dtype=np.float64),
+                    capacity_mib=np.asarray([usable_capacity_mib(g) for g in gpus], dtype=np.float64),
                     memory_bandwidth_gbps=np.asarray([g.memory_bandwidth_gbps for g in gpus], dtype=np.float64),
                     dp=dp, dp_gbps=np.asarray(dp_gbps, dtype=np.float64), distributed_optimizer=distributed_optimizer,
                     assembly=assembly, precision=precision,

@@ -40,6 +40,7 @@ from collections import Counter
 import numpy as np
 
 from memx.domain.plan import Plan
+from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch
 from memx.domain.stage_dp import handoff, place_stage_groups, stage_dps, stage_micro_batches
 from memx.planner.collectives import dp_latency_ms
@@ -119,7 +120,7 @@ def assemble(plan: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem:
     fixed = (assembly.comm_scale * p2p_total_ms(cluster, plan, model, where) + assembly.overhead_ms
              + assembly.p2p_per_transfer_ms * blocking_transfers(plan.pp, plan.micro_batches))
     T = iteration_time_ms(t[:, None], plan.micro_batches, fixed, tail)
-    capacity = np.asarray([g.memory_mib for g in gpus], dtype=np.float64)
+    capacity = np.asarray([usable_capacity_mib(g) for g in gpus], dtype=np.float64)
     weight = np.asarray([st.tp for st in plan.stages], dtype=np.float64) * dps
     stats = memory_stats(mem[:, None], weight, capacity)
     return plan_metrics(plan, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=capacity,

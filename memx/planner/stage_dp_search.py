@@ -31,6 +31,7 @@ import numpy as np
 
 from memx.domain.errors import InfeasibleError
 from memx.domain.plan import Plan, Stage
+from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.domain.stage_dp import place_stage_groups, stage_dp_problems, stage_dps
 from memx.planner import stage_dp
@@ -126,7 +127,7 @@ def _tables(per_probe: list[tuple], model: ModelArch, space: SearchSpace, predic
     top = np.where(np.isnan(high), peak, np.maximum(high, peak))
     out, edges = {}, np.searchsorted(idx, np.arange(len(ctxs) + 1))  # rows come context by context
     for i, c in enumerate(ctxs):
-        r, cap = np.arange(edges[i], edges[i + 1]), cluster.gpu(c.gpu).memory_mib
+        r, cap = np.arange(edges[i], edges[i + 1]), usable_capacity_mib(cluster.gpu(c.gpu))
         fits = peak[r] <= cap - space.reserve_gib * 1024.0
         params = np.asarray(params_per_rank(c, np.arange(model.layers + 1), model), dtype=np.float64)
         out[c] = _Rows(layers=layers[r], codes=codes[r], time_ms=pred["time_ms"][r], static_mib=pred["static_mem_mib"][r],

@@ -70,6 +70,7 @@ class PlanRun:
     reason: str
     oom_gpus: tuple[int, ...]  # indices (same order) of GPUs whose demand exceeds capacity
     demand_mem_mib: tuple[float, ...]  # simulated per-GPU demand, given even on OOM (diagnostics)
+    capacity_mib: tuple[float, ...]  # per GPU (same order): what it can allocate, nominal − driver reserve (traits)
     stage_time_ms: tuple[float, ...]  # noise-free fwd+bwd of one micro batch per stage
     stage_busy_fraction: tuple[float, ...]  # share of the iteration each stage computes (replica mean)
     p2p_ms: tuple[float, ...]  # per stage boundary, one transfer, slowest replica
@@ -286,7 +287,8 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
         over += [len(demand) + i for i in o]
         demand += d
     breakdown = dict(
-        demand_mem_mib=tuple(demand), stage_time_ms=tuple(c.time_ms for g in groups for c in g.costs),
+        demand_mem_mib=tuple(demand), capacity_mib=tuple(c.capacity_mib for g in groups for _ in range(g.plan.dp)
+                                                      for c, st in zip(g.costs, g.plan.stages) for _ in range(st.tp)), stage_time_ms=tuple(c.time_ms for g in groups for c in g.costs),
         p2p_ms=tuple(float(x) for g in groups for x in g.p2p.max(axis=0)),
         dp_allreduce_ms=tuple(x for g in groups for x in g.dp_ar),
         optimizer_ms=tuple(c.optimizer_ms for g in groups for c in g.costs),
@@ -328,7 +330,7 @@ def _meshes_run(plan: Plan, cluster: Cluster, model: ModelArch, seed: int, conf_
     tr = _traits_for({s.gpu for s in plan.stages}, traits, conf_root)
     run = simulate_meshes(plan, cluster, model, stage_signatures(plan, model), tr, static_bytes_per_param, seed,
                           one_f1b_order)
-    fields = {f: getattr(run, f) for f in ("demand_mem_mib", "oom_gpus", "stage_time_ms", "stage_busy_fraction",
+    fields = {f: getattr(run, f) for f in ("demand_mem_mib", "capacity_mib", "oom_gpus", "stage_time_ms", "stage_busy_fraction",
                                            "p2p_ms", "dp_allreduce_ms", "optimizer_ms")}
     if run.oom_gpus:
         first = run.oom_gpus[0]
