@@ -210,3 +210,74 @@ def test_draws_in_groups_of_layouts_equal_one_group(monkeypatch):
         grouped = compositions.sample_many(total, allowed, n, np.random.default_rng(trial))
         monkeypatch.undo()
         assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(one, grouped))
+
+
+def _predicted(peer, **kw):
+    cl, mo, sp, lays, _ = peer
+    args = dict(reserve_gib=sp.reserve_gib, predictor=AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}))
+    args.update(kw)
+    return predictions.predict_tables(layout_contexts(lays, mo.layers), cl, mo, mo.seq_len, sp.recompute_levels,
+                                      args["reserve_gib"], args["predictor"])
+
+
+def test_cached_stage_tables_equal_the_predicted_ones(peer, tmp_path, monkeypatch):
+    """A table-cache hit (memx.planner.table_cache) gives the tables predict_tables computes: every array equal,
+    dtype and all, the same contexts, static bounds and signature count — and predicts nothing."""
+    from memx.planner import table_cache
+
+    pt = peer[-1]
+    with table_cache.use(tmp_path) as cache:
+        miss = _predicted(peer)
+        assert len(cache.pending) == 1  # written when the block ends
+    assert len(list(tmp_path.glob("*.pickle"))) == 1
+    monkeypatch.setattr(predictions, "predict_rows", None)  # a hit must not predict
+    with table_cache.use(tmp_path) as cache:
+        hit = _predicted(peer)
+        assert not cache.pending
+    for got in (miss, hit):
+        assert list(got.tables) == list(pt.tables) and got.max_layers == pt.max_layers
+        assert got.signatures == pt.signatures
+        for c, t in pt.tables.items():
+            for f in (*predictions.TABLE_FIELDS, "fitted_ms", "fitted_envelope", "fitted_summary"):
+                a, b = getattr(t, f), getattr(got.tables[c], f)
+                if isinstance(a, np.ndarray):
+                    assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True), (c, f)
+                else:
+                    assert a == b, (c, f)
+
+
+def test_table_cache_names_change_with_every_input(peer, monkeypatch):
+    """Another reserve, closed-form field, layer cap, code version or predictor type: another file name."""
+    from memx.planner import table_cache
+
+    cl, mo, sp, lays, _ = peer
+    ctx = layout_contexts(lays, mo.layers)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+
+    def name(contexts=ctx, reserve=sp.reserve_gib, p=pred):
+        return predictions._cache_key(contexts, cl, mo, mo.seq_len, sp.recompute_levels, reserve, {}, p)
+
+    base = name()
+    first = next(iter(ctx))
+    names = {base, name(reserve=sp.reserve_gib + 0.5), name(p=AnalyticStageModel(gpus=pred.gpus, mfu=0.51)),
+             name(p=AnalyticStageModel(gpus=pred.gpus, runtime="none")), name(contexts={**ctx, first: ctx[first] - 1})}
+    assert len(names) == 5 and name() == base
+    monkeypatch.setattr(table_cache, "code_version", lambda: "another MemX")
+    assert name() != base
+    assert name(p=object()) is None  # only the closed form is a function of the code alone
+
+
+def test_table_cache_ignores_a_bad_file_and_writes_nothing_on_error(tmp_path):
+    from memx.planner import table_cache
+
+    cache = table_cache.TableCache(folder=tmp_path)
+    cache.path("k").write_bytes(b"not a pickle")
+    assert cache.get("k") is None and predictions._unpacked(cache.get("k"), []) is None
+    with pytest.raises(RuntimeError), table_cache.use(tmp_path / "new") as c:
+        c.put("k", {})
+        raise RuntimeError
+    assert not (tmp_path / "new").exists()
+    for i in range(table_cache.KEEP + 3):  # only the newest KEEP are kept
+        with table_cache.use(tmp_path / "keep") as c:
+            c.put(f"k{i}", {"i": i})
+    assert len(list((tmp_path / "keep").glob("*.pickle"))) == table_cache.KEEP
