@@ -246,7 +246,19 @@ def _packed(pt: PredictedTables, contexts: list[StageContext], stacked: tuple) -
     in it, and the stacked arrays every StageTable is a row of (TABLE_FIELDS; high_mib may be None)."""
     where = {c: i for i, c in enumerate(contexts)}
     return {"max_layers": [pt.max_layers[c] for c in contexts], "rows": [where[c] for c in pt.tables],
-            "signatures": pt.signatures, "predict_s": pt.predict_s, **dict(zip(TABLE_FIELDS, stacked))}
+            "signatures": pt.signatures, "predict_s": pt.predict_s, **dict(zip(TABLE_FIELDS, map(_narrow, stacked)))}
+
+
+def _narrow(a: np.ndarray | None) -> np.ndarray | tuple | None:
+    """An integer array as (the smallest integer dtype that holds its values, its dtype): a third of the file."""
+    if a is None or a.dtype.kind != "i" or not a.size:
+        return a
+    small = np.promote_types(np.min_scalar_type(int(a.min())), np.min_scalar_type(int(a.max())))
+    return a.astype(small), a.dtype.str
+
+
+def _widened(a):
+    return a[0].astype(a[1]) if isinstance(a, tuple) else a
 
 
 def _unpacked(data: dict | None, contexts: list[StageContext]) -> PredictedTables | None:
@@ -255,7 +267,7 @@ def _unpacked(data: dict | None, contexts: list[StageContext]) -> PredictedTable
     one of another form."""
     if data is None or len(data.get("max_layers", ())) != len(contexts):
         return None
-    arrays = [data[f] for f in TABLE_FIELDS]
+    arrays = [_widened(data[f]) for f in TABLE_FIELDS]
     tables = {contexts[r]: StageTable(**{f: None if a is None else a[i] for f, a in zip(TABLE_FIELDS, arrays)})
               for i, r in enumerate(data["rows"])}
     set_fitted(list(tables.values()))
