@@ -131,7 +131,7 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     tables = {c: StageTable(time_ms=t[i], peak_mib=m[i], code=code[i], length=length[i], fit=fit[i],
                             static_mib=static[i], params_per_rank=params[i],
                             high_mib=None if high is None else high[i]) for i, c in enumerate(ctx_list)}
-    set_fitted(list(tables.values()))  # what every layout's slowdown caps read (memx.planner.prepared)
+    set_fitted(list(tables.values()), (t, fit))  # what every layout's slowdown caps read (memx.planner.prepared)
     out = PredictedTables(tables=tables, max_layers=bounds, signatures=len(layers), predict_s=predict_s)
     if name is not None:
         cache.put(name, _packed(out, list(contexts), (t, m, code, length, fit, static, params, high)))
@@ -270,6 +270,6 @@ def _unpacked(data: dict | None, contexts: list[StageContext]) -> PredictedTable
     arrays = [_widened(data[f]) for f in TABLE_FIELDS]
     tables = {contexts[r]: StageTable(**{f: None if a is None else a[i] for f, a in zip(TABLE_FIELDS, arrays)})
               for i, r in enumerate(data["rows"])}
-    set_fitted(list(tables.values()))
+    set_fitted(list(tables.values()), (arrays[0], arrays[4]))  # TABLE_FIELDS' time_ms and fit
     return PredictedTables(tables=tables, max_layers=dict(zip(contexts, data["max_layers"])),
                            signatures=data["signatures"], predict_s=0.0)

@@ -281,3 +281,19 @@ def test_table_cache_ignores_a_bad_file_and_writes_nothing_on_error(tmp_path):
         with table_cache.use(tmp_path / "keep") as c:
             c.put(f"k{i}", {"i": i})
     assert len(list((tmp_path / "keep").glob("*.pickle"))) == table_cache.KEEP
+
+
+def test_fitted_columns_of_stacked_arrays_equal_the_tables_own():
+    """set_fitted given the tables' time_ms and fit already stacked fills the same fitted columns."""
+    rng = np.random.default_rng(8)
+    pool = [_table(rng, 17, 3, nan=i % 5 == 0) for i in range(12)]
+    pool[2].time_ms[:] = np.inf
+    stacked = (np.stack([t.time_ms for t in pool]), np.stack([t.fit for t in pool]))
+    for got, want in zip(tables_fitted(pool, stacked), tables_fitted(pool, None)):
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
+
+
+def tables_fitted(pool, stacked):
+    from memx.planner.tables import fitted_columns
+
+    return fitted_columns(pool, stacked)
