@@ -456,15 +456,14 @@ def lowest_reachable(peak: np.ndarray, length: np.ndarray, fit: np.ndarray, cap:
     """(R, rows) peak of the first ladder level at or above the fit that is not tight — refinement moves a
     stage only while it is tight (recompute.refine), so it never goes below this — or the ladder top.
     peak (R, rows, K) float32 as the search evaluates it, length and fit (R, rows), cap (R,) MiB."""
-    level = np.maximum(fit, 0).astype(np.int64)
-    cap = np.asarray(cap)[:, None]
-    for _ in range(peak.shape[2]):
-        cur = np.take_along_axis(peak, level[..., None], axis=2)[..., 0]
-        tight = (cap - cur) / cap < target_margin  # the same test as recompute.refine
-        move = tight & (level < length - 1)
-        if not move.any():
-            break
-        level = level + move
+    # Each (row, n) climbs on its own while its level is tight and below its ladder top: it stops at the first level
+    # l ≥ max(fit, 0) that is not tight or is ≥ length − 1 — found for all at once (issue #26: the climb one level
+    # per pass took up to K passes of gathers; the same levels).
+    cap = np.asarray(cap, dtype=np.float64)[:, None, None]
+    l = np.arange(peak.shape[2])
+    tight = (cap - peak) / cap < target_margin  # the same test as recompute.refine
+    stop = ~tight | (l >= (length - 1)[..., None])
+    level = np.argmax(stop & (l >= np.maximum(fit, 0)[..., None]), axis=2)
     return np.take_along_axis(peak, level[..., None], axis=2)[..., 0].astype(np.float64)
 
 

@@ -297,3 +297,32 @@ def tables_fitted(pool, stacked):
     from memx.planner.tables import fitted_columns
 
     return fitted_columns(pool, stacked)
+
+
+def _lowest_reachable_by_climbing(peak, length, fit, cap, target_margin):
+    """The form bounds.lowest_reachable replaces: every (row, n) climbs one level per pass."""
+    level = np.maximum(fit, 0).astype(np.int64)
+    cap = np.asarray(cap)[:, None]
+    for _ in range(peak.shape[2]):
+        cur = np.take_along_axis(peak, level[..., None], axis=2)[..., 0]
+        move = ((cap - cur) / cap < target_margin) & (level < length - 1)
+        if not move.any():
+            break
+        level = level + move
+    return np.take_along_axis(peak, level[..., None], axis=2)[..., 0].astype(np.float64)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lowest_reachable_levels_at_once_equal_the_climb(seed):
+    rng = np.random.default_rng(seed)
+    R, rows, K = 40, 17, 9
+    peak = np.sort(rng.uniform(100, 2000, (R, rows, K)), axis=2)[..., ::-1].astype(np.float32)  # ladders: peaks fall
+    peak[rng.random((R, rows, K)) < 0.05] = np.inf
+    peak[rng.random((R, rows, K)) < 0.02] = np.nan
+    length = rng.integers(0, K + 1, (R, rows))
+    fit = np.where(rng.random((R, rows)) < 0.2, -1, rng.integers(0, K, (R, rows)))
+    cap = rng.uniform(500, 2500, R)
+    for margin in (0.0, 0.1, 0.5):
+        got, want = bounds.lowest_reachable(peak, length, fit, cap, margin), _lowest_reachable_by_climbing(
+            peak, length, fit, cap, margin)
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
