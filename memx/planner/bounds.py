@@ -150,9 +150,11 @@ class BoxBounds:
         self.next_ok = np.ascontiguousarray(np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1])
         self.prev_ok = np.maximum.accumulate(np.where(self.ok, n[None, :], -1), axis=1)
         sums = self.t1[:, :, None] - np.repeat(self.lams, P, axis=0)[keep, None, :] * n[None, :, None]
-        # one table of every range-minimum channel: tail, m_lo, m_lo / capacity, then t1 − λ·n per λ
+        # the range-minimum channels in two tables, each query gathering only its own (issue #26: a time bound
+        # read the memory channels too, a corner every λ's): tail, then t1 − λ·n per λ; m_lo, m_lo / capacity
         tail = per_row(st.tail_ms.astype(np.float64), np.inf)[keep]
-        self.mins = RangeTable(np.concatenate([tail[..., None], lo[..., None], used[..., None], sums], axis=2))
+        self.mins = RangeTable(np.concatenate([tail[..., None], sums], axis=2))
+        self.mem_mins = RangeTable(np.stack([lo, used], axis=2))
         self.m1_max = RangeTable(per_row(st.fit_peak_mib.astype(np.float64), -np.inf)[keep], maximum=True)
         self.env_t, self.env_m, self.env_used = suffix_min(self.t1), suffix_min(lo), suffix_min(used)
         self.flat_t, self.flat_m, self.flat_used = flat_table(self.env_t), flat_table(self.env_m), flat_table(self.env_used)
@@ -251,9 +253,9 @@ class BoxBounds:
     def time_lb(self, a: np.ndarray, b: np.ndarray, li: np.ndarray) -> np.ndarray:
         """Lower bound of T over each box, deflated by SLACK."""
         r = self.rows_of(li)
-        mins = self.mins.query_rows(r, a, b)  # (B, P, 3 + Λ)
+        mins = self.mins.query_rows(r, a, b)  # (B, P, 1 + Λ)
         tmax = self._minmax(self.flat_t, r, a, b)
-        tsum = (self.lams[li] * self.total + mins[:, :, 3:].sum(axis=1)).max(axis=1)  # max_lagrange_sum
+        tsum = (self.lams[li] * self.total + mins[:, :, 1:].sum(axis=1)).max(axis=1)  # max_lagrange_sum
         m, v = self.micro_batches[li], self.virtual_stages[li]
         with np.errstate(invalid="ignore"):  # pipeline_compute_ms per box: plain 1F1B, or interleaved (issue #27)
             compute = np.where(v == 1, (m - 1) * tmax + tsum, m * tmax + (tsum - tmax) / v)
@@ -262,8 +264,8 @@ class BoxBounds:
 
     def corner(self, a: np.ndarray, b: np.ndarray, li: np.ndarray, time_lb: np.ndarray) -> Corner:
         r = self.rows_of(li)
-        mins = self.mins.query_rows(r, a, b)
-        lo, used = mins[:, :, 1], mins[:, :, 2]
+        mins = self.mem_mins.query_rows(r, a, b)
+        lo, used = mins[:, :, 0], mins[:, :, 1]
         hi = self.m1_max.query_rows(r, a, b)
         m_lb = np.maximum(lo.max(axis=1), self._minmax(self.flat_m, r, a, b))
         used_lb = np.maximum(used.max(axis=1), self._minmax(self.flat_used, r, a, b))
