@@ -326,3 +326,14 @@ def test_lowest_reachable_levels_at_once_equal_the_climb(seed):
         got, want = bounds.lowest_reachable(peak, length, fit, cap, margin), _lowest_reachable_by_climbing(
             peak, length, fit, cap, margin)
         assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
+
+
+def test_time_channels_in_their_own_table_sum_as_in_the_joint_one():
+    """BoxBounds keeps the time channels (tail, λ sums) and the memory ones in two range tables: the λ sums over
+    the stages, read from the time table's gather, equal those read from the one table of every channel."""
+    rng = np.random.default_rng(3)
+    for P in (1, 4, 8, 9, 16):
+        for lams in (1, 5):
+            x = rng.uniform(-1e4, 1e4, (300, P, 3 + lams))  # tail, m_lo, m_lo / capacity, λ sums
+            time_only = np.concatenate([x[:, :, :1], x[:, :, 3:]], axis=2)
+            assert np.array_equal(time_only[:, :, 1:].sum(axis=1), x[:, :, 3:].sum(axis=1))
