@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memx.domain.specs import Weights
+from memx.planner.medians import sorted_quantiles
 from memx.planner.tables import StackedTables
 
 SLACK = 1e-5  # relative: float32 totals of ≤ 64 stages are within ~64·2⁻²⁴ ≈ 4e−6 of exact arithmetic
@@ -388,14 +389,14 @@ def _thin(lams: list[float]) -> list[float]:
 
 def _thin_many(many: list[list[float]]) -> list[list[float]]:
     """Each list of multipliers thinned (`_thin`); the quantiles of all lists of one length in one np.quantile
-    call along axis 1 (the same elementwise interpolation as one list's: issue #26, 200 calls a search)."""
+    call along axis 1 (`medians.sorted_quantiles`: `_spread` keeps them sorted) (the same elementwise interpolation as one list's: issue #26, 200 calls a search)."""
     out = [_spread(lams) for lams in many]
     by_len: dict[int, list[int]] = {}
     for i, kept in enumerate(out):
         if len(kept) > 5:  # keep 0 and 4 spread quantiles
             by_len.setdefault(len(kept), []).append(i)
     for rows in by_len.values():
-        q = np.quantile(np.array([out[i] for i in rows]), np.linspace(0, 1, 4), axis=1).T.tolist()
+        q = sorted_quantiles(np.array([out[i] for i in rows]), np.linspace(0, 1, 4)).T.tolist()  # np.quantile's
         for i, qs in zip(rows, q):
             out[i] = sorted({0.0, *qs})
     return out
