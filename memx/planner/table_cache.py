@@ -13,8 +13,9 @@ memx.learn.cache, and a model version is not a function of the code).
 
 The cache is on only inside `use(folder)` (the CLI's analytic `memx plan`: `memx.cli.plan`); library calls,
 tests and the other commands predict as before. Entries are written when the block ends without an exception,
-each to a temporary name and then renamed (memx.domain.io.atomic_write_bytes); at most KEEP files are kept
-(each is 4–18 MB: the newest by modification time; a hit touches its file).
+each to a temporary name and then renamed (memx.domain.io.atomic_write_bytes); the newest files (by modification
+time: a hit touches its file) are kept up to KEEP_BYTES in all — a table call is 0.1–13 MB, a `--search replicas`
+plan's calls about 30 MB.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from memx.domain.errors import InputError
 from memx.domain.hashing import stable_hash
 from memx.domain.io import atomic_write_bytes
 
-KEEP = 16  # table files kept in a home (the newest)
+KEEP_BYTES = 1 << 28  # the table files a home keeps (the newest, at least one)
 FORMAT = 1  # the layout of a file's mapping (`memx.planner.predictions._packed`)
 
 
@@ -68,7 +69,7 @@ class TableCache:
         self.pending[self.path(key)] = pickle.dumps({**data, "format": FORMAT}, protocol=pickle.HIGHEST_PROTOCOL)
 
     def flush(self) -> None:
-        """Write the pending entries, then drop all but the KEEP newest files; a folder that cannot be written is
+        """Write the pending entries, then drop the oldest files past KEEP_BYTES; a folder that cannot be written is
         skipped (the cache only saves time)."""
         while self.pending:
             path, blob = self.pending.popitem()
@@ -77,9 +78,11 @@ class TableCache:
             except (OSError, InputError):
                 return
         try:
-            files = sorted(self.folder.glob("*.pickle"), key=lambda p: p.stat().st_mtime, reverse=True)
-            for old in files[KEEP:]:
-                old.unlink(missing_ok=True)
+            files = sorted(((p.stat(), p) for p in self.folder.glob("*.pickle")), key=lambda f: f[0].st_mtime, reverse=True)
+            sizes = np.cumsum([st.st_size for st, _ in files])
+            for (_, old), total in zip(files[1:], sizes[1:]):
+                if total > KEEP_BYTES:
+                    old.unlink(missing_ok=True)
         except OSError:
             pass
 

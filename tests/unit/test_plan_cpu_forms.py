@@ -267,7 +267,9 @@ def test_table_cache_names_change_with_every_input(peer, monkeypatch):
     assert name(p=object()) is None  # only the closed form is a function of the code alone
 
 
-def test_table_cache_ignores_a_bad_file_and_writes_nothing_on_error(tmp_path):
+def test_table_cache_ignores_a_bad_file_and_writes_nothing_on_error(tmp_path, monkeypatch):
+    import pickle
+
     from memx.planner import table_cache
 
     cache = table_cache.TableCache(folder=tmp_path)
@@ -277,10 +279,12 @@ def test_table_cache_ignores_a_bad_file_and_writes_nothing_on_error(tmp_path):
         c.put("k", {})
         raise RuntimeError
     assert not (tmp_path / "new").exists()
-    for i in range(table_cache.KEEP + 3):  # only the newest KEEP are kept
+    size = len(pickle.dumps({"i": 0, "pad": b"x" * 1000, "format": table_cache.FORMAT}, protocol=pickle.HIGHEST_PROTOCOL))
+    monkeypatch.setattr(table_cache, "KEEP_BYTES", 3 * size + 10)  # the newest files up to KEEP_BYTES are kept
+    for i in range(8):
         with table_cache.use(tmp_path / "keep") as c:
-            c.put(f"k{i}", {"i": i})
-    assert len(list((tmp_path / "keep").glob("*.pickle"))) == table_cache.KEEP
+            c.put(f"k{i}", {"i": i, "pad": b"x" * 1000})
+    assert sorted(p.name for p in (tmp_path / "keep").glob("*.pickle")) == ["k5.pickle", "k6.pickle", "k7.pickle"]
 
 
 def test_fitted_columns_of_stacked_arrays_equal_the_tables_own():
