@@ -37,6 +37,7 @@ from memx.domain.specs import SearchSpace, Weights
 from memx.planner.bnb import BATCH, Boxes, Work, advance, roots, take
 from memx.planner.bounds import BoxBounds
 from memx.planner.candidates import Keeper
+from memx.planner.kept_wire import Shipped, fold, found
 from memx.planner.prepared import score_rows
 from memx.planner.tables import StackedTables
 
@@ -56,11 +57,13 @@ class Problem:
     keys: np.ndarray
 
 
-def run_task(problem: Problem, weights: Weights | None, space: SearchSpace, keeper: Keeper, boxes: Boxes,
-             seconds: float | None = None) -> tuple[Keeper, Work, Boxes]:
-    """A worker's task: rounds of the serial engine on `boxes` with its own copy of `keeper` for `seconds`
-    (TASK_S; at least one round); returns (the kept sets, the work, the boxes left)."""
-    keeper = copy.copy(keeper)  # the coordinator's snapshot may be shared (in-process workers): never mutated
+def run_task(problem: Problem, weights: Weights | None, space: SearchSpace, kept: Shipped, boxes: Boxes,
+             seconds: float | None = None) -> tuple[Shipped | None, Work, Boxes]:
+    """A worker's task: rounds of the serial engine on `boxes` with its own copy of the kept sets `kept` for
+    `seconds` (TASK_S; at least one round); returns (the plans it kept that `kept` did not hold — memx.planner
+    .kept_wire.found —, the work, the boxes left)."""
+    start = kept.keeper
+    keeper = copy.copy(start)  # the coordinator's snapshot may be shared (in-process workers): never mutated
     evaluate = partial(score_rows, problem.tables, weights=weights, space=space, keys=problem.keys)
     work = Work()
     end = time.perf_counter() + (TASK_S if seconds is None else seconds)
@@ -68,7 +71,8 @@ def run_task(problem: Problem, weights: Weights | None, space: SearchSpace, keep
         boxes = advance(problem.bounds, keeper, evaluate, weights, space.epsilon_mib2, boxes, work)
         if time.perf_counter() >= end:
             break
-    return keeper, work, boxes
+    new = found(keeper, start)
+    return (None if new is None else Shipped(new)), work, boxes
 
 
 def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, weights: Weights | None,
@@ -81,6 +85,7 @@ def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, wei
     back: list[Boxes] = []  # boxes tasks returned, joined to the pool at the next take (one copy for many)
     running: dict[Any, None] = {}
     slots = max(1, pool.threads * IN_FLIGHT)
+    snapshot = Shipped(copy.copy(keeper))  # sent with every task until a task's plans change the kept sets
     while len(pending[0]) or back or ready or running:
         while len(running) < slots and (ready or back or len(pending[0])):
             if not ready:
@@ -92,13 +97,14 @@ def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, wei
                 ready = [tuple(x[i:i + TASK_BOXES] for x in batch) for i in range(0, len(batch[0]), TASK_BOXES)]
                 if not ready:
                     continue
-            running[pool.submit(run_task, shared, weights, space, copy.copy(keeper), ready.pop(0), TASK_S)] = None
+            running[pool.submit(run_task, shared, weights, space, snapshot, ready.pop(0), TASK_S)] = None
         if not running:
             break
         for fut in pool.first_done(list(running)):
             del running[fut]
-            kept, w, left = fut.result()
-            keeper.merge(kept)
+            new, w, left = fut.result()
+            if fold(keeper, None if new is None else new.keeper):
+                snapshot = Shipped(copy.copy(keeper))
             work.add(w)
             if len(left[0]):
                 back.append(left)
