@@ -3,9 +3,11 @@
 A coordinator (the calling process) keeps the pending boxes and the global kept sets (memx.planner.candidates
 .Keeper); a task is a batch of boxes of least time bound that a worker explores for a few rounds of the serial
 engine (memx.planner.bnb.advance) against a copy of the kept sets as they were when the task left, over the
-stacked tables and bound tables sent to every worker once (`Pool.share`). It returns its kept sets, its work
-and the boxes it has not finished; the coordinator merges the kept sets (Keeper.merge) and puts the boxes back
-in the pool. The answer is the serial search's exactly: every kept set is defined by the plans offered to it,
+stacked tables and bound tables sent to every worker once (`Pool.share`). It returns the plans it kept that its
+copy did not hold, its work and the boxes it has not finished; the coordinator merges those plans into its kept
+sets (Keeper.merge; nothing when none is new) and puts the boxes back in the pool. The kept sets travel as
+columns, packed once per snapshot (memx.planner.kept_wire: pickling them plan by plan was most of the deep case's
+coordinator CPU). The answer is the serial search's exactly: every kept set is defined by the plans offered to it,
 whatever their order or grouping (candidates.py), and a box is discarded only when kept sets built from a
 subset of the plans already prove that none of its plans can enter them — which stays true for every
 superset, so a worker pruning against an older copy only does more work. Only the count of plans scored
@@ -42,7 +44,9 @@ from memx.planner.prepared import score_rows
 from memx.planner.tables import StackedTables
 
 TASK_BOXES = BATCH  # boxes a task takes from the pool
-TASK_S = 0.5  # seconds a task runs rounds of the serial engine on its boxes (at least one; then it returns the rest)
+TASK_S = 1.0  # seconds a task runs rounds of the serial engine on its boxes (at least one; then it returns the rest);
+# 0.5 before issue #26 session 6 (405B pp 10, 2 workers: 282 → 187 tasks, the coordinator 25.9 → 20.6 CPU s with a take
+# for every slot at once; docs/benchmarks.md §Issue #26: deep case (session 6))
 IN_FLIGHT = 2  # tasks queued per worker thread (so a free worker always finds one, and Dask can steal)
 CONNECT_S = 10.0  # seconds to reach a Dask scheduler before `--dask ADDR` is refused (exit 2)
 
@@ -92,7 +96,7 @@ def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, wei
                 if back:
                     pending = tuple(np.concatenate(parts) for parts in zip(*back, pending))
                     back = []
-                batch, rest = take(bounds, keeper, pending, TASK_BOXES)
+                batch, rest = take(bounds, keeper, pending, TASK_BOXES * slots)  # a batch for every slot: one take
                 pending = rest if rest is not None else _empty(batch)
                 ready = [tuple(x[i:i + TASK_BOXES] for x in batch) for i in range(0, len(batch[0]), TASK_BOXES)]
                 if not ready:
