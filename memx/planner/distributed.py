@@ -44,9 +44,8 @@ from memx.planner.prepared import score_rows
 from memx.planner.tables import StackedTables
 
 TASK_BOXES = BATCH  # boxes a task takes from the pool
-TASK_S = 1.0  # seconds a task runs rounds of the serial engine on its boxes (at least one; then it returns the rest);
-# 0.5 before issue #26 session 6 (405B pp 10, 2 workers: 282 → 187 tasks, the coordinator 25.9 → 20.6 CPU s with a take
-# for every slot at once; docs/benchmarks.md §Issue #26: deep case (session 6))
+TASK_S = 0.5  # seconds a task runs rounds of the serial engine on its boxes (at least one; then it returns the rest);
+# 1 s was tried in issue #26 session 6: cheaper on 405B pp 10, but one deep 2-worker run scored 33 M plans (0.5 s: 1.1 M)
 IN_FLIGHT = 2  # tasks queued per worker thread (so a free worker always finds one, and Dask can steal)
 CONNECT_S = 10.0  # seconds to reach a Dask scheduler before `--dask ADDR` is refused (exit 2)
 
