@@ -136,10 +136,8 @@ def _variant(plan, world):
 
 def measure(plans, cluster, model, seed: int) -> dict:
     """{world: (N, 4) array of measured T, smallest margin, M, V; NaN T = OOM; all NaN = not applicable}."""
-    caps = {g.name: g.memory_mib for g in cluster.gpu_types}
     out = {w: np.full((len(plans), 4), np.nan) for w in WORLDS}
     for i, p in enumerate(plans):
-        cap = np.array([caps[st.gpu] for _ in range(p.dp) for st in p.stages for _ in range(st.tp)], dtype=float)
         for w in WORLDS:
             if w == "spike":
                 t, d = out["nominal"][i, 0], None
@@ -151,7 +149,7 @@ def measure(plans, cluster, model, seed: int) -> dict:
                 r = simulate_plan(_variant(p, w), cluster, model, seed=seed)
             except Exception:  # the variant is not a valid plan (e.g. the micro batches no longer divide)
                 continue
-            d = np.asarray(r.demand_mem_mib, dtype=float)
+            d, cap = np.asarray(r.demand_mem_mib, dtype=float), np.asarray(r.capacity_mib, dtype=float)  # the run's own
             out[w][i] = (r.iteration_time_ms if not r.oom else np.nan, float(np.min((cap - d) / cap)),
                          float(d.max()), float(d.var()))
     return out

@@ -8,7 +8,6 @@ runtime-aware closed form. The same plans at v = 1 are the baseline: the interle
 error of their own. Search: conf/search/default.yaml as is (virtual_stages_options [1]) vs [1, 2, 4].
 
 Usage: PYTHONPATH=. .venv/bin/python bench/interleave.py [--plans 40] [--seed 3] [--accuracy-only]
-(`mem_mape_measured`: the memory MAPE with the closed form's driver reserve taken out of its peaks, `driver_reserves`.)
 Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10 per case, search ratio ≤ 3×.
 """
 
@@ -29,7 +28,6 @@ from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E
 from memx.domain.plan import Plan  # noqa: E402
 from memx.planner.cost import AnalyticStageModel  # noqa: E402
 from memx.planner.estimate import estimate_plans  # noqa: E402
-from memx.planner.metrics import per_gpu_peaks  # noqa: E402
 from memx.planner.search import search  # noqa: E402
 from memx.simulator import draw_plans, simulate_plan  # noqa: E402
 
@@ -50,33 +48,17 @@ def interleaved(plan: Plan, v: int, layers: int) -> Plan | None:
                                virtual_stages=v)
 
 
-def figures(plans, runs, est, *, predicted_feasible: bool = False, less_mib=None) -> str:
+def figures(plans, runs, est, *, predicted_feasible: bool = False) -> str:
     """Time and memory MAPE of predictions `est` against virtual-cluster `runs` over the plans that ran (and, with
-    `predicted_feasible`, that the prediction calls feasible), the median memory ratio and OOM calls right.
-    `less_mib` (per plan, per GPU): MiB the prediction's peaks hold that no measured peak does — the closed form's
-    driver reserve (`driver_reserves`) — printed as a second memory MAPE, `mem_mape_measured`."""
+    `predicted_feasible`, that the prediction calls feasible), the median memory ratio and OOM calls right. Both
+    sides' peaks are what a process holds (no driver reserve: issue #27, docs/planner.md §Runtime terms)."""
     ok = [i for i, r in enumerate(runs) if not r.oom and (est[i].feasible or not predicted_feasible)]
     t = np.mean([abs(est[i].iteration_time_ms / runs[i].iteration_time_ms - 1) for i in ok]) if ok else float("nan")
-
-    def ratios(less) -> np.ndarray:
-        return np.concatenate([(np.asarray(est[i].peak_mem_mib) - less(i)) / np.asarray(runs[i].peak_mem_mib)
-                               for i in ok]) if ok else np.array([np.nan])
-
-    r = ratios(lambda i: 0.0)
+    r = np.concatenate([np.asarray(est[i].peak_mem_mib) / np.asarray(runs[i].peak_mem_mib)
+                        for i in ok]) if ok else np.array([np.nan])
     right = np.mean([e.feasible == (not run.oom) for e, run in zip(est, runs)])
-    tail = "" if less_mib is None else f" mem_mape_measured={np.mean(np.abs(ratios(lambda i: less_mib[i]) - 1)):.4f}"
     return (f"plans={len(plans):3d} ran={len(ok):3d} time_mape={t:.4f} mem_mape={np.mean(np.abs(r - 1)):.4f} "
-            f"mem_bias={np.median(r):.3f} oom_right={right:.3f}{tail}")
-
-
-def driver_reserves(plans, cluster, predictor) -> list[np.ndarray]:
-    """Per plan, per GPU (PlanMetrics.peak_mem_mib's order): the driver reserve the runtime-aware closed form counts
-    in every peak (docs/planner.md §Runtime terms: nominal − CUDA-reported capacity). A measured peak (process total,
-    torch's reserved bytes, the virtual cluster's demand) never holds it — tests/validation/test_closed_form_published.py
-    subtracts it before comparing with Aceso's measured process totals — so the second memory MAPE compares like
-    with like (issue #27 session 5, docs/results.md §14)."""
-    reserve = {g: p.driver_reserved_mib for g, p in predictor.profiles().items()}
-    return [np.asarray(per_gpu_peaks(p, [reserve[st.gpu] for st in p.stages])) for p in plans]
+            f"mem_bias={np.median(r):.3f} oom_right={right:.3f}")
 
 
 def errors(plans, cluster, model, *, predicted_feasible: bool = False) -> str:
@@ -84,8 +66,7 @@ def errors(plans, cluster, model, *, predicted_feasible: bool = False) -> str:
     runs = [simulate_plan(p, cluster, model, seed=i) for i, p in enumerate(plans)]
     pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
     est = estimate_plans(plans, cluster, model, pred)
-    return figures(plans, runs, est, predicted_feasible=predicted_feasible,
-                   less_mib=driver_reserves(plans, cluster, pred))
+    return figures(plans, runs, est, predicted_feasible=predicted_feasible)
 
 
 def search_seconds(cluster, model, space) -> tuple[float, float]:

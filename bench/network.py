@@ -27,6 +27,7 @@ import time
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.domain.groups import GroupedPlan, ReplicaGroup
 from memx.domain.plan import Stage
+from memx.domain.precision import resolve_precision
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.replicas import combine, cross_group_sync_ms, estimate_any_plans
 from memx.simulator.sample import draw_plans
@@ -60,7 +61,8 @@ def pure_dp_plans(cluster, model) -> list[GroupedPlan]:
                 for do in (False, True):
                     out.append(GroupedPlan(model=model.name, cluster=cluster.name, seq_len=model.seq_len,
                                            global_batch=sum(g.samples for g in groups), groups=groups,
-                                           distributed_optimizer=do, sequence_parallel=tp > 1))
+                                           distributed_optimizer=do, sequence_parallel=tp > 1,
+                                           precision=resolve_precision("auto", types)))  # V100/T4: fp16
     return out
 
 

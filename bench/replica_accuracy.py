@@ -25,6 +25,7 @@ import numpy as np
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.domain.errors import InputError
 from memx.domain.groups import GroupedPlan, ReplicaGroup, validate_any_plan
+from memx.domain.precision import resolve_precision
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.replica_search import formation_cluster, formations
 from memx.planner.replicas import estimate_any_plans
@@ -58,7 +59,8 @@ def grouped_plans(cluster, model, space, n: int, seed: int) -> list[GroupedPlan]
         if None in groups:
             continue
         plan = GroupedPlan(model=model.name, cluster=cluster.name, global_batch=gb, seq_len=space.seq_len or model.seq_len,
-                           groups=tuple(groups), distributed_optimizer=True, sequence_parallel=True)
+                           groups=tuple(groups), distributed_optimizer=True, sequence_parallel=True,
+                           precision=resolve_precision("auto", [cluster.gpu(st.gpu) for g in groups for st in g.stages]))
         if runs(plan, cluster, model):
             out.append(plan)
     return out

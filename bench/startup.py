@@ -4,9 +4,12 @@ measured in the same run.
 CPU s = user + system time of the child process (resource.getrusage(RUSAGE_CHILDREN) deltas), the
 minimum over --repeat runs; wall s beside it. Bytecode goes to a temporary PYTHONPYCACHEPREFIX and one
 warm-up run compiles it first (an installed package ships its .pyc: compiling is not start-up). MEMX_HOME
-is a temporary folder, shared by the runs: from the warm-up on, the validated catalog entries are read from its
-cache (memx.domain.spec_cache), as on a user's second and later runs; --cold gives every run an empty one (the
-first run after a catalog or MemX change). Commands:
+is a temporary folder, shared by the runs: from the warm-up (every command once) on, the validated catalog entries
+are read from its cache (memx.domain.spec_cache) and the closed form's stage tables from its table cache
+(memx.planner.table_cache), as on a user's second and later runs of a problem; --cold gives every run an empty one (the
+first run after a catalog or MemX change); --fresh-tables keeps the catalog entries but removes the closed form's
+cached stage tables (memx.planner.table_cache, `$MEMX_HOME/cache/tables`) before every run: the first plan of a
+new problem. Commands:
   numpy       python -c "import numpy"                                   (the baseline)
   help        memx --help
   peer        memx plan --predictor analytic --cluster a100-v100-16 --format json   (4 × A100-80G + 12 × V100-32G;
@@ -29,6 +32,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,13 +52,16 @@ nodes:
 WORK_DONE = ("search_s", "timings", "predict_s", "scored", "discarded_by_bound")  # not part of the answer
 
 
-def run(argv: list[str], env: dict[str, str], out: list | None = None, cold: bool = False) -> tuple[float, float]:
+def run(argv: list[str], env: dict[str, str], out: list | None = None, cold: bool = False,
+        fresh_tables: bool = False) -> tuple[float, float]:
     """(CPU s, wall s) of one child process, run in the checkout first on env's PYTHONPATH (`python -m` puts
     the working folder first on sys.path); it must succeed. `out`: its stdout is appended. `cold`: an empty
-    MEMX_HOME of its own."""
+    MEMX_HOME of its own. `fresh_tables`: no cached stage tables in its MEMX_HOME (removed by this process)."""
     if cold:
         with tempfile.TemporaryDirectory() as home:
             return run(argv, {**env, "MEMX_HOME": home}, out)
+    if fresh_tables:
+        shutil.rmtree(Path(env["MEMX_HOME"]) / "cache" / "tables", ignore_errors=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.PIPE if out is not None else subprocess.DEVNULL,
@@ -92,6 +99,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="run only these commands (names as in the docstring)")
     ap.add_argument("--baseline", type=Path, help="another checkout to run the same commands with, interleaved")
     ap.add_argument("--cold", action="store_true", help="every run with an empty MEMX_HOME (no cached catalog entries)")
+    ap.add_argument("--fresh-tables", action="store_true",
+                    help="every run without cached stage tables (the catalog entries still cached)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Path(tmp) / "a100-v100-4x4.yaml"
@@ -115,16 +124,18 @@ def main() -> None:
         }
         if args.only:
             commands = {k: v for k, v in commands.items() if k in args.only or k == "numpy"}
-        for e in envs.values():  # warm-up: bytecode of every module on the plan path
+        for e in envs.values():  # warm-up: bytecode of every module on the plan path; each plan's cached tables
             run([*memx, "--help"], e)
-            run([*plan, "--cluster", "a100-v100-16"], e)
+            for name, argv in commands.items():
+                if name not in ("numpy", "help"):
+                    run(argv, e)
         best: dict[str, dict[str, tuple[float, float]]] = {side: {} for side in envs}
         outputs: dict[str, dict[str, list]] = {side: {} for side in envs}
         for _ in range(args.repeat):
             for name, argv in commands.items():
                 for side, e in envs.items():
                     out = outputs[side].setdefault(name, []) if name not in ("numpy", "help") else None
-                    cpu, wall = run(argv, e, out, cold=args.cold)
+                    cpu, wall = run(argv, e, out, cold=args.cold, fresh_tables=args.fresh_tables)
                     if name not in best[side] or cpu < best[side][name][0]:
                         best[side][name] = (cpu, wall)
         for name in commands:

@@ -67,13 +67,13 @@ def inspect_cmd(file: PlanArg,
         console.print(f"{group_line(d, g)}: {gm.iteration_time_ms:,.0f} ms alone")
     if is_grouped(d):
         console.print(f"cross-group gradient sync: {m.cross_sync_ms:,.0f} ms, added to the slowest group's time")
-    t = Table(title="Per GPU type and stage: predicted peak against capacity")
-    for col in ("group", "stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "capacity GiB", "margin"):
+    t = Table(title="Per GPU type and stage: predicted peak against usable capacity")
+    for col in ("group", "stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "usable GiB", "margin"):
         t.add_column(col, justify="left" if col in ("GPU", "recompute") else "right")
     for (g, s, st, dp), peak, cap in zip(stage_rows(d), m.stage_peak_mib, m.capacity_mib):
         rec = st["recompute"] if st.get("recompute_layers") is None else f"{st['recompute']}:{st['recompute_layers']}"
         t.add_row("" if g is None else str(g), str(s), st["gpu"], f"{st['tp']}×{dp}", str(st["layers"]), str(rec),
-                  f"{peak / GIB:.1f}", f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}")
+                  f"{peak / GIB:.1f}", f"{cap / GIB:.1f}", f"{(cap - peak) / cap:.1%}")
     console.print(t)
     console.print(f"iteration {m.iteration_time_ms:,.0f} ms; max memory {m.max_mem_mib / GIB:.1f} GiB; memory std-dev "
                   f"{m.mem_variance_mib2 ** 0.5 / GIB:.2f} GiB (variance {m.mem_variance_mib2:,.0f} MiB²); smallest "

@@ -120,10 +120,13 @@ def plan_cmd(
     ref: dict = {}
     res = None
     if mode == "analytic":
+        from memx.domain.home import home_path
+        from memx.planner import table_cache
         from memx.planner.cost import AnalyticStageModel
 
         pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
-        with search_pool(dask) as pool, delayed_progress(show, "search") as cb:
+        with search_pool(dask) as pool, delayed_progress(show, "search") as cb, \
+                table_cache.use(home_path("cache", "tables")):  # the closed form's tables of an earlier run
             res = stage_dp_option(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb, pool=pool),
                                   cl, mo, sp, pred)  # opt-in per-stage dp (issue #27)
         obj = search_result_to_dict(res, "analytic")

@@ -22,6 +22,8 @@ from memx.domain.spec_cache import parsed_yaml, validated, validation_error
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
+    from memx.domain.specs import GpuType
+
 DEFAULT_ENTRY = "default"
 _META_KEYS = ("name", "extends", "notes")
 _MAX_EXTENDS = 8
@@ -40,7 +42,8 @@ class RuntimeProfile:
     sequence_parallel: bool
     """Megatron sequence parallelism: norm/dropout activations sharded over TP (Korthikanti 2022 §4.2.2)."""
     driver_reserved_mib: float
-    """Memory the driver keeps out of the process's reach: nominal capacity − reported total."""
+    """Memory the driver keeps out of the process's reach: nominal capacity − reported total (what
+    `usable_capacity_mib` takes off the nominal memory; no predicted peak holds it)."""
     context_mib: float
     """CUDA/HIP/CANN context, loaded kernels and library workspaces, per process."""
     collective_comm_mib: float
@@ -169,3 +172,24 @@ def load_runtime_file(path: Path) -> RuntimeProfile:
     if not path.is_file():
         raise InputError(f"{path}: no such runtime file")
     return _load_entry(path.stem, str(path.parent.resolve()))
+
+
+def usable_capacity_mib(gpu: GpuType, profile: RuntimeProfile | None = None) -> float:
+    """The memory a training process on `gpu` can hold, MiB: the nominal memory of the GPU catalog less the
+    driver reserve, i.e. the CUDA/HIP-reported total capacity (PyTorch's "total capacity" figures, cited per
+    entry in conf/runtime) — what every measured peak (torch.cuda statistics, a process's total) is out of,
+    so peaks, feasibility and margins compare like with like (docs/planner.md §Runtime terms).
+
+    `profile`: the GPU's runtime profile; None (every planner path): the runtime catalog's entry of the GPU
+    type (its name, else its vendor, else default.yaml: `load_runtime`), so the closed form, the learned model
+    and the baselines — whatever their own profiles — are all held to the capacity of the same hardware."""
+    reserve = (profile.driver_reserved_mib if profile is not None
+               else _catalog_reserve_mib(gpu.name, gpu.vendor))
+    return gpu.memory_mib - reserve
+
+
+@functools.lru_cache(maxsize=256)
+def _catalog_reserve_mib(gpu_name: str, vendor: str) -> float:
+    """The packaged runtime catalog's driver reserve of a GPU type (looked up once per type: a search builds a
+    pipeline per layout)."""
+    return load_runtime(gpu_name, vendor).driver_reserved_mib

@@ -115,15 +115,15 @@ def build_cluster(name: str, per_type: dict, *, node_size: int = 8, bandwidth_gb
 
 
 def measure(plans: list[AnyPlan], cluster: Cluster, model: ModelArch, *, seed: int, **sim) -> pd.DataFrame:
-    """Simulate each plan once: time, per-GPU peaks, OOM, M, V, smallest margin."""
-    caps = {g.name: g.memory_mib for g in cluster.gpu_types}
+    """Simulate each plan once: time, per-GPU peaks, OOM, M, V, smallest margin (out of each GPU's own capacity, as
+    the run reports it: nominal − the virtual cluster's driver reserve)."""
     rows = []
     for i, p in enumerate(plans):
         r = simulate_plan(p, cluster, model, seed=seed * 1_000_003 + i, **sim)
         peaks = np.asarray(r.peak_mem_mib if r.peak_mem_mib is not None else r.demand_mem_mib, dtype=float)
-        cap = np.array([caps[st.gpu] for g in group_plans(p) for _ in range(g.dp) for st in g.stages for _ in range(st.tp)])
+        cap = np.asarray(r.capacity_mib, dtype=float)
         rows.append({"plan": any_plan_to_json(p), "time_ms": r.iteration_time_ms if not r.oom else np.nan, "oom": r.oom,
-                     "peaks": peaks, "M": float(peaks.max()), "V": float(peaks.var()),
+                     "peaks": peaks, "capacity": cap, "M": float(peaks.max()), "V": float(peaks.var()),
                      "margin": float(((cap - peaks) / cap).min()), "reason": r.reason})
     return pd.DataFrame(rows)
 

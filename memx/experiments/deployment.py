@@ -20,7 +20,6 @@ import dataclasses
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from memx.domain.catalog import load_cluster, load_model
@@ -127,9 +126,8 @@ def run(out: Path, *, scale: str = "small", seed: int = 0, predictor: str | None
         pr = ok.loc[by_plan[plan_to_json(pick)]]
         fp = plan_from_json(fastest.plan)
         gpus = [f"{st.gpu}#{k}" for g in group_plans(fp) for _ in range(g.dp) for st in g.stages for k in range(st.tp)]
-        cap = np.array([cl.gpu(st.gpu).memory_mib for _ in range(pick.dp) for st in pick.stages for _ in range(st.tp)])
         res.files.append(figures.memory_bars(gpus, {"fastest measured": fastest.peaks, "MemX Φ pick (safety)": pr.peaks},
-                                             cap, out / "deployment-memory-bars.png"))
+                                             pr.capacity, out / "deployment-memory-bars.png"))
     pts = {}
     for name in ("amp", "metis", "hexiscale", "fasop", "ours", "ours-uniform"):
         pk = chosen[name].plan

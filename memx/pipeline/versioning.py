@@ -22,12 +22,14 @@ PRESENTATION_OPTIONS = ("progress", "jobs")  # profiling options that do not cha
 
 # What each step's code version covers, as packages/modules under memx/: a change there re-versions the
 # step (and, through the upstream versions, everything after it); unrelated code (reports, experiments,
-# CLI) does not.
+# CLI) does not. conf/runtime's driver reserves set every GPU's usable capacity (memx.domain.runtime.
+# usable_capacity_mib), which places the profiling design's points and bounds the search: both steps cover it.
 STEP_CODE = {
-    "profile": ("profiling", "simulator", "domain", "planner/cost.py", "planner/signatures.py", "../conf/simulator"),
+    "profile": ("profiling", "simulator", "domain", "planner/cost.py", "planner/signatures.py", "../conf/simulator",
+                "../conf/runtime"),
     "augment": ("learn/augment.py", "pipeline/training.py"),
     "train": ("learn", "pipeline/training.py", "pipeline/registry.py", "planner/cost.py"),
-    "search": ("planner", "domain", "learn/cache.py"),
+    "search": ("planner", "domain", "learn/cache.py", "../conf/runtime"),
 }
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memx.domain.specs import Weights
+from memx.planner.medians import sorted_quantiles
 from memx.planner.tables import StackedTables
 
 SLACK = 1e-5  # relative: float32 totals of ≤ 64 stages are within ~64·2⁻²⁴ ≈ 4e−6 of exact arithmetic
@@ -150,9 +151,11 @@ class BoxBounds:
         self.next_ok = np.ascontiguousarray(np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1])
         self.prev_ok = np.maximum.accumulate(np.where(self.ok, n[None, :], -1), axis=1)
         sums = self.t1[:, :, None] - np.repeat(self.lams, P, axis=0)[keep, None, :] * n[None, :, None]
-        # one table of every range-minimum channel: tail, m_lo, m_lo / capacity, then t1 − λ·n per λ
+        # the range-minimum channels in two tables, each query gathering only its own (issue #26: a time bound
+        # read the memory channels too, a corner every λ's): tail, then t1 − λ·n per λ; m_lo, m_lo / capacity
         tail = per_row(st.tail_ms.astype(np.float64), np.inf)[keep]
-        self.mins = RangeTable(np.concatenate([tail[..., None], lo[..., None], used[..., None], sums], axis=2))
+        self.mins = RangeTable(np.concatenate([tail[..., None], sums], axis=2))
+        self.mem_mins = RangeTable(np.stack([lo, used], axis=2))
         self.m1_max = RangeTable(per_row(st.fit_peak_mib.astype(np.float64), -np.inf)[keep], maximum=True)
         self.env_t, self.env_m, self.env_used = suffix_min(self.t1), suffix_min(lo), suffix_min(used)
         self.flat_t, self.flat_m, self.flat_used = flat_table(self.env_t), flat_table(self.env_m), flat_table(self.env_used)
@@ -251,9 +254,9 @@ class BoxBounds:
     def time_lb(self, a: np.ndarray, b: np.ndarray, li: np.ndarray) -> np.ndarray:
         """Lower bound of T over each box, deflated by SLACK."""
         r = self.rows_of(li)
-        mins = self.mins.query_rows(r, a, b)  # (B, P, 3 + Λ)
+        mins = self.mins.query_rows(r, a, b)  # (B, P, 1 + Λ)
         tmax = self._minmax(self.flat_t, r, a, b)
-        tsum = (self.lams[li] * self.total + mins[:, :, 3:].sum(axis=1)).max(axis=1)  # max_lagrange_sum
+        tsum = (self.lams[li] * self.total + mins[:, :, 1:].sum(axis=1)).max(axis=1)  # max_lagrange_sum
         m, v = self.micro_batches[li], self.virtual_stages[li]
         with np.errstate(invalid="ignore"):  # pipeline_compute_ms per box: plain 1F1B, or interleaved (issue #27)
             compute = np.where(v == 1, (m - 1) * tmax + tsum, m * tmax + (tsum - tmax) / v)
@@ -262,8 +265,8 @@ class BoxBounds:
 
     def corner(self, a: np.ndarray, b: np.ndarray, li: np.ndarray, time_lb: np.ndarray) -> Corner:
         r = self.rows_of(li)
-        mins = self.mins.query_rows(r, a, b)
-        lo, used = mins[:, :, 1], mins[:, :, 2]
+        mins = self.mem_mins.query_rows(r, a, b)
+        lo, used = mins[:, :, 0], mins[:, :, 1]
         hi = self.m1_max.query_rows(r, a, b)
         m_lb = np.maximum(lo.max(axis=1), self._minmax(self.flat_m, r, a, b))
         used_lb = np.maximum(used.max(axis=1), self._minmax(self.flat_used, r, a, b))
@@ -386,14 +389,14 @@ def _thin(lams: list[float]) -> list[float]:
 
 def _thin_many(many: list[list[float]]) -> list[list[float]]:
     """Each list of multipliers thinned (`_thin`); the quantiles of all lists of one length in one np.quantile
-    call along axis 1 (the same elementwise interpolation as one list's: issue #26, 200 calls a search)."""
+    call along axis 1 (`medians.sorted_quantiles`: `_spread` keeps them sorted) (the same elementwise interpolation as one list's: issue #26, 200 calls a search)."""
     out = [_spread(lams) for lams in many]
     by_len: dict[int, list[int]] = {}
     for i, kept in enumerate(out):
         if len(kept) > 5:  # keep 0 and 4 spread quantiles
             by_len.setdefault(len(kept), []).append(i)
     for rows in by_len.values():
-        q = np.quantile(np.array([out[i] for i in rows]), np.linspace(0, 1, 4), axis=1).T.tolist()
+        q = sorted_quantiles(np.array([out[i] for i in rows]), np.linspace(0, 1, 4)).T.tolist()  # np.quantile's
         for i, qs in zip(rows, q):
             out[i] = sorted({0.0, *qs})
     return out
@@ -456,15 +459,14 @@ def lowest_reachable(peak: np.ndarray, length: np.ndarray, fit: np.ndarray, cap:
     """(R, rows) peak of the first ladder level at or above the fit that is not tight — refinement moves a
     stage only while it is tight (recompute.refine), so it never goes below this — or the ladder top.
     peak (R, rows, K) float32 as the search evaluates it, length and fit (R, rows), cap (R,) MiB."""
-    level = np.maximum(fit, 0).astype(np.int64)
-    cap = np.asarray(cap)[:, None]
-    for _ in range(peak.shape[2]):
-        cur = np.take_along_axis(peak, level[..., None], axis=2)[..., 0]
-        tight = (cap - cur) / cap < target_margin  # the same test as recompute.refine
-        move = tight & (level < length - 1)
-        if not move.any():
-            break
-        level = level + move
+    # Each (row, n) climbs on its own while its level is tight and below its ladder top: it stops at the first level
+    # l ≥ max(fit, 0) that is not tight or is ≥ length − 1 — found for all at once (issue #26: the climb one level
+    # per pass took up to K passes of gathers; the same levels).
+    cap = np.asarray(cap, dtype=np.float64)[:, None, None]
+    l = np.arange(peak.shape[2])
+    tight = (cap - peak) / cap < target_margin  # the same test as recompute.refine
+    stop = ~tight | (l >= (length - 1)[..., None])
+    level = np.argmax(stop & (l >= np.maximum(fit, 0)[..., None]), axis=2)
     return np.take_along_axis(peak, level[..., None], axis=2)[..., 0].astype(np.float64)
 
 

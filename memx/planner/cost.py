@@ -469,9 +469,9 @@ def predict_runtime_frame(sigs: Any, gpus: Mapping[str, GpuType],
                           profiles: Mapping[str, RuntimeProfile]) -> dict[str, np.ndarray]:
     """time_ms, peak_mem_mib, static_mem_mib with the runtime terms (memx.planner.runtime_terms).
 
-    Peak = driver reserve + context + communicator buffers + (static + inflight × stored activations +
-    backward workspace) × (1 + allocator overhead): the caching allocator's reserved/allocated ratio
-    applies to everything it holds (PyTorch CUDA memory management docs; measured 1.01–1.12 by Aceso
+    Peak = context + communicators + (static + inflight × activations + workspace) × (1 + allocator overhead),
+    as measured: no driver reserve (off the capacity, memx.domain.runtime.usable_capacity_mib); the ratio applies
+    to everything it holds (PyTorch CUDA memory management docs; measured 1.01–1.12 by Aceso
     on Clariden, conf/runtime). The workspace is the larger of one layer's backward transients (plus
     the re-materialised layer under recomputation, Korthikanti 2022 §5) and the logits gradient."""
     c = signature_arrays(sigs)

@@ -137,10 +137,11 @@ def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: n
     if has_stage_dp(p):  # one pipeline, dp_s groups per stage (memx.planner.stage_dp)
         return stage_dp.assemble(p, cluster, model, t, mem, static, params, reserve_gib, assembly)
     plan, p = p, rank_equivalent(p)  # cp > 1: dp·cp replicas of s/cp (memx.domain.context_parallel)
-    p2p_gbps, dp_gbps, p2p_latency_ms = plan_links(cluster, p)
+    p2p_gbps, dp_gbps, p2p_latency_ms, dp_latency_ms, emb_link = plan_links(cluster, p)
     pipe = pipeline(cluster, model, stage_gpus=[st.gpu for st in p.stages], stage_tp=[st.tp for st in p.stages],
                     dp=p.dp, micro_batch=p.micro_batch, micro_batches=p.micro_batches, seq_len=p.seq_len,
-                    p2p_gbps=p2p_gbps, dp_gbps=dp_gbps, p2p_latency_ms=p2p_latency_ms,
+                    p2p_gbps=p2p_gbps, dp_gbps=dp_gbps, p2p_latency_ms=p2p_latency_ms, dp_latency_ms=dp_latency_ms,
+                    embedding_link=emb_link,
                     distributed_optimizer=p.distributed_optimizer, assembly=assembly, virtual_stages=p.virtual_stages,
                     wrap_gbps=wrap_gbps(cluster, p) if p.virtual_stages > 1 else None, precision=p.precision)
     T, stats = pipe.assemble(t[:, None], mem[:, None], pipe.tail_ms(static[:, None], params[:, None]))

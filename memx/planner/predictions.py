@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from dataclasses import fields as fields_of
 
 import numpy as np
 
+from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch
-from memx.planner.context_parallel import add_ring_terms
-from memx.planner.cost import MIB, stage_params_per_rank, static_bytes_per_param
-from memx.planner import moe
+from memx.planner.context_parallel import add_ring_terms, runtime_profiles
+from memx.planner.cost import MIB, AnalyticStageModel, stage_params_per_rank, static_bytes_per_param
+from memx.planner import moe, table_cache
 from memx.planner.interleave import allowed_layers, combine, context_twins
 from memx.planner.moe_dense import measured_dense_shift
 from memx.planner.signatures import StagePredictor, predict_arrays, signature_columns
@@ -79,8 +81,12 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     """contexts maps each context to the most layers any layout may give it. Vectorised over contexts,
     layer counts and options: one (context, n, option) array of predictions, all ladders at once
     (memx.planner.tables.ladders)."""
-    limits = {g.name: g.memory_mib - reserve_gib * 1024.0 for g in cluster.gpu_types}
+    limits = {g.name: usable_capacity_mib(g) - reserve_gib * 1024.0 for g in cluster.gpu_types}
+    cache = table_cache.active()  # the closed form's tables of an earlier process (memx.planner.table_cache)
+    name = None if cache is None else _cache_key(contexts, cluster, model, seq_len, levels, reserve_gib, limits, predictor)
     contexts = with_twins(contexts)  # interleaved contexts' ⌊k/v⌋ + 1 twins (memx.planner.interleave)
+    if name is not None and (hit := _unpacked(cache.get(name), list(contexts))) is not None:
+        return hit
     bounds = static_bounds(contexts, model, limits)
     ctx_list = [c for c in contexts if bounds[c] > 0]
     if not ctx_list:
@@ -126,8 +132,11 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     tables = {c: StageTable(time_ms=t[i], peak_mib=m[i], code=code[i], length=length[i], fit=fit[i],
                             static_mib=static[i], params_per_rank=params[i],
                             high_mib=None if high is None else high[i]) for i, c in enumerate(ctx_list)}
-    set_fitted(list(tables.values()))  # what every layout's slowdown caps read (memx.planner.prepared)
-    return PredictedTables(tables=tables, max_layers=bounds, signatures=len(layers), predict_s=predict_s)
+    set_fitted(list(tables.values()), (t, fit))  # what every layout's slowdown caps read (memx.planner.prepared)
+    out = PredictedTables(tables=tables, max_layers=bounds, signatures=len(layers), predict_s=predict_s)
+    if name is not None:
+        cache.put(name, _packed(out, list(contexts), (t, m, code, length, fit, static, params, high)))
+    return out
 
 
 def predict_rows(predictor: StagePredictor, ctx_list: list[StageContext], layers: np.ndarray, codes: np.ndarray,
@@ -214,3 +223,54 @@ def _interleaved(ctx_list: list[StageContext], times: np.ndarray, mems: np.ndarr
         ok = allowed[v] & np.isfinite(times[i])
         times[i] = np.where(ok, times[i], np.inf)
         mems[i] = np.where(ok, peak, np.inf)
+
+
+TABLE_FIELDS = ("time_ms", "peak_mib", "code", "length", "fit", "static_mib", "params_per_rank", "high_mib")
+
+
+def _cache_key(contexts: dict[StageContext, int], cluster: Cluster, model: ModelArch, seq_len: int,
+               levels: tuple[str, ...], reserve_gib: float, limits: dict[str, float], predictor) -> str | None:
+    """The table cache's name for this call (memx.planner.table_cache), or None: only the closed form's tables
+    are a function of their inputs and the code alone — its fields, its runtime profiles and, with cp > 1, the
+    ring's (memx.planner.context_parallel.runtime_profiles) are part of the name."""
+    if type(predictor) is not AnalyticStageModel or not contexts:
+        return None
+    fields = {f.name: getattr(predictor, f.name) for f in fields_of(predictor) if f.name not in ("runtime", "conf_root")}
+    ring = runtime_profiles(cluster) if any(c.context_parallel > 1 for c in contexts) else None
+    runtime = "none" if predictor.runtime == "none" else dict(predictor.profiles())  # as predict_columns reads it
+    return table_cache.key("stage-tables", contexts, cluster, model, seq_len, list(levels), reserve_gib, limits,
+                           type(predictor).__qualname__, fields, runtime, ring)
+
+
+def _packed(pt: PredictedTables, contexts: list[StageContext], stacked: tuple) -> dict:
+    """What the cache keeps of a table call: the static bounds in `contexts`' order, the predicted contexts' rows
+    in it, and the stacked arrays every StageTable is a row of (TABLE_FIELDS; high_mib may be None)."""
+    where = {c: i for i, c in enumerate(contexts)}
+    return {"max_layers": [pt.max_layers[c] for c in contexts], "rows": [where[c] for c in pt.tables],
+            "signatures": pt.signatures, "predict_s": pt.predict_s, **dict(zip(TABLE_FIELDS, map(_narrow, stacked)))}
+
+
+def _narrow(a: np.ndarray | None) -> np.ndarray | tuple | None:
+    """An integer array as (the smallest integer dtype that holds its values, its dtype): a third of the file."""
+    if a is None or a.dtype.kind != "i" or not a.size:
+        return a
+    small = np.promote_types(np.min_scalar_type(int(a.min())), np.min_scalar_type(int(a.max())))
+    return a.astype(small), a.dtype.str
+
+
+def _widened(a):
+    return a[0].astype(a[1]) if isinstance(a, tuple) else a
+
+
+def _unpacked(data: dict | None, contexts: list[StageContext]) -> PredictedTables | None:
+    """The PredictedTables `_packed` kept: the same contexts, every table a row of the same arrays (the same
+    values, dtypes and layout), the fitted columns filled as predict_tables fills them; None for no entry or
+    one of another form."""
+    if data is None or len(data.get("max_layers", ())) != len(contexts):
+        return None
+    arrays = [_widened(data[f]) for f in TABLE_FIELDS]
+    tables = {contexts[r]: StageTable(**{f: None if a is None else a[i] for f, a in zip(TABLE_FIELDS, arrays)})
+              for i, r in enumerate(data["rows"])}
+    set_fitted(list(tables.values()), (arrays[0], arrays[4]))  # TABLE_FIELDS' time_ms and fit
+    return PredictedTables(tables=tables, max_layers=dict(zip(contexts, data["max_layers"])),
+                           signatures=data["signatures"], predict_s=0.0)

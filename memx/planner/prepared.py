@@ -94,7 +94,8 @@ def _prepared(lay: Layout, ctxs: tuple[StageContext, ...], stages: tuple[StageTa
     cp = lay.context_parallel  # the rank-equivalent pipeline: dp·cp replicas of s/cp (memx.planner.context_parallel)
     pipe = pipeline(cluster, model, stage_gpus=lay.stage_gpus, stage_tp=lay.stage_tp, dp=lay.dp * cp,
                     micro_batch=lay.micro_batch, micro_batches=lay.micro_batches, seq_len=seq // cp, p2p_gbps=lay.p2p_gbps,
-                    dp_gbps=lay.dp_gbps, p2p_latency_ms=lay.p2p_latency_ms, distributed_optimizer=lay.distributed_optimizer,
+                    dp_gbps=lay.dp_gbps, p2p_latency_ms=lay.p2p_latency_ms, dp_latency_ms=lay.dp_latency_ms,
+                    embedding_link=lay.embedding_link, distributed_optimizer=lay.distributed_optimizer,
                     assembly=assembly, virtual_stages=lay.virtual_stages, wrap_gbps=lay.wrap_gbps, precision=lay.precision)
     hi = np.array([pt.max_layers[c] for c in ctxs])
     if caps is not None:

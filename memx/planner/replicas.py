@@ -70,8 +70,9 @@ from memx.domain.groups import AnyPlan, GroupedPlan, group_plans, place_groups, 
 from memx.domain.plan import Plan, place_plan
 from memx.domain.precision import GRAD_BYTES
 from memx.domain.specs import Cluster, ModelArch, Node
+from memx.planner.collectives import dp_collective_ms, embedding_link, tied_embedding_ms
 from memx.planner.cost import (
-    MIB, dp_step_ms, ring_allreduce_ms, stage_params_per_rank, static_bytes_per_param,
+    MIB, ring_allreduce_ms, stage_params_per_rank, static_bytes_per_param,
     stepped_static_fraction,
 )
 from memx.planner.estimate import estimate_plans
@@ -154,17 +155,27 @@ def flat_dp_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch,
     hop, the GPUs of a node sharing its NICs (memx.planner.network.ring_link); a ring all-reduce of the fp32
     gradients, 2(N−1)/N · 4P / B, or with the distributed optimizer a reduce-scatter plus an all-gather of
     the bf16 parameters, (N−1)/N · 6P / B (memx.planner.cost.dp_step_ms; Patarasuk & Yuan 2009; NCCL's ring
-    algorithm, whose bus bandwidth is the algorithm bandwidth × 2(n−1)/n: nccl-tests doc/PERFORMANCE.md)."""
+    algorithm, whose bus bandwidth is the algorithm bandwidth × 2(n−1)/n: nccl-tests doc/PERFORMANCE.md), plus
+    the ring's 2(N−1) step latencies and, on the end stages, the slowest group's tied-embedding all-reduce
+    (memx.planner.collectives.dp_collective_ms, tied_embedding_ms; issue #23)."""
     parts = group_plans(plan)
     where = _placement(plan, cluster, where)
     n = sum(p.dp for p in parts)
+    emb = max(_embedding_ms(p, cluster, model, w) for p, w in zip(parts, where))
     out = []
     for s, (lo, hi) in enumerate(_stage_of(parts[0])):
         tp = parts[0].stages[s].tp
-        bw, _ = ring_link(cluster, [where[g][r][s] for g, p in enumerate(parts) for r in range(p.dp)], tp)
+        link = ring_link(cluster, [where[g][r][s] for g, p in enumerate(parts) for r in range(p.dp)], tp)
         params = _segment_params(model, lo, hi) / tp
-        out.append(float(dp_step_ms(params, n, bw, plan.distributed_optimizer, parts[0].precision)))
+        ends = emb if s in (0, len(parts[0].stages) - 1) else 0.0
+        out.append(dp_collective_ms(params, n, link, plan.distributed_optimizer, parts[0].precision) + ends)
     return out
+
+
+def _embedding_ms(p: Plan, cluster: Cluster, model: ModelArch, where: list[list[int]]) -> float:
+    """A group's tied-embedding all-reduce between its first and last stage (memx.planner.collectives)."""
+    tps = [st.tp for st in p.stages]
+    return tied_embedding_ms(model, tps, embedding_link(cluster, where, tps), p.precision)
 
 
 def _own_tails_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch, where: list[list[list[int]]]
@@ -174,14 +185,15 @@ def _own_tails_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch, where: list
     opt, own = [], []
     for g, p in enumerate(group_plans(plan)):
         do, o, d = p.distributed_optimizer, [], []
+        emb = _embedding_ms(p, cluster, model, where[g])
         for s, (lo, hi) in enumerate(_stage_of(p)):
             st = p.stages[s]
             params = _segment_params(model, lo, hi) / st.tp
             static_mib = params * float(static_bytes_per_param(do, p.dp, p.precision)) / MIB
             o.append(float(optimizer_ms(static_mib * stepped_static_fraction(do, p.dp, p.precision),
                                         cluster.gpu(st.gpu).memory_bandwidth_gbps)))
-            bw, _ = ring_link(cluster, [where[g][r][s] for r in range(p.dp)], st.tp)
-            d.append(float(dp_step_ms(params, p.dp, bw, do, p.precision)))
+            link = ring_link(cluster, [where[g][r][s] for r in range(p.dp)], st.tp)
+            d.append(dp_collective_ms(params, p.dp, link, do, p.precision) + (emb if s in (0, p.pp - 1) else 0.0))
         opt.append(o)
         own.append(d)
     return opt, own
@@ -197,9 +209,9 @@ def own_dp_ms(plan: Plan, cluster: Cluster, model: ModelArch) -> float:
     out = 0.0
     for s, (lo, hi) in enumerate(_stage_of(plan)):
         st = plan.stages[s]
-        bw, _ = ring_link(cluster, [where[r][s] for r in range(plan.dp)], st.tp)
-        out = max(out, float(dp_step_ms(_segment_params(model, lo, hi) / st.tp, plan.dp, bw, plan.distributed_optimizer,
-                                         plan.precision)))
+        link = ring_link(cluster, [where[r][s] for r in range(plan.dp)], st.tp)
+        out = max(out, dp_collective_ms(_segment_params(model, lo, hi) / st.tp, plan.dp, link, plan.distributed_optimizer,
+                                        plan.precision))
     return out
 
 

@@ -82,7 +82,7 @@ class RuntimeColumns:
     p2p_ms: np.ndarray
     flash: np.ndarray
     sp: np.ndarray
-    fixed_mib: np.ndarray  # driver reserve + context
+    fixed_mib: np.ndarray  # context (the driver reserve is off the capacity, not in a peak: usable_capacity_mib)
     coll_mib: np.ndarray
     p2p_mib: np.ndarray
     frag: np.ndarray
@@ -104,7 +104,7 @@ class RuntimeColumns:
             "attn_eff": [p.attention_efficiency for p in r], "step_ms": [p.collective_step_ms for p in r],
             "launch_ms": [p.kernel_launch_ms for p in r], "host_ms": [p.host_op_ms for p in r],
             "p2p_ms": [p.p2p_latency_ms for p in r], "flash": [p.flash_attention for p in r],
-            "sp": [p.sequence_parallel for p in r], "fixed_mib": [p.driver_reserved_mib + p.context_mib for p in r],
+            "sp": [p.sequence_parallel for p in r], "fixed_mib": [p.context_mib for p in r],
             "coll_mib": [p.collective_comm_mib for p in r], "p2p_mib": [p.p2p_comm_mib for p in r],
             "frag": [p.allocator_overhead_fraction for p in r],
         }
@@ -147,26 +147,30 @@ def shapes(c: Mapping[str, np.ndarray], sp: np.ndarray) -> Shapes:
 # ---------------------------------------------------------------- time
 
 
-def wave_efficiency(m, n, rc: RuntimeColumns) -> np.ndarray:
-    """Wave quantisation: ⌈M/tm⌉·⌈N/tn⌉ output tiles run in waves of `units` at once; the last wave
-    is partly idle (NVIDIA Matrix Multiplication Background User's Guide, 'wave quantization')."""
-    tiles = np.ceil(m / rc.tile_m) * np.ceil(n / rc.tile_n)
+def wave_efficiency(m, n, rc: RuntimeColumns, batch=1.0) -> np.ndarray:
+    """Wave quantisation: batch·⌈M/tm⌉·⌈N/tn⌉ output tiles run in waves of `units` at once; the last wave
+    is partly idle (NVIDIA Matrix Multiplication Background User's Guide, 'wave quantization'; a batched GEMM
+    launches every matrix's tiles in one grid, cuBLAS gemmStridedBatched)."""
+    tiles = batch * np.ceil(m / rc.tile_m) * np.ceil(n / rc.tile_n)
     units = np.maximum(rc.units, 1)
     return np.where(rc.units > 0, tiles / (np.ceil(tiles / units) * units), 1.0)
 
 
-def gemm_ms(m, n, k, rc: RuntimeColumns) -> np.ndarray:
-    """One [m×k]·[k×n] bf16 GEMM: 2mnk FLOPs at the large-GEMM efficiency × wave efficiency, never
-    faster than moving its operands (roofline, Williams et al. 2009), plus one launch."""
-    compute = 2.0 * m * n * k / (rc.peak_flop_per_ms * rc.gemm_eff * wave_efficiency(m, n, rc))
-    memory = BF16 * (m * k + k * n + m * n) / rc.membw_bytes_per_ms
+def gemm_ms(m, n, k, rc: RuntimeColumns, batch=1.0) -> np.ndarray:
+    """One [m×k]·[k×n] bf16 GEMM (`batch` independent ones in one batched kernel): 2mnk FLOPs per matrix at the
+    large-GEMM efficiency × wave efficiency, never faster than moving its operands (roofline, Williams et al.
+    2009), plus one launch."""
+    compute = 2.0 * batch * m * n * k / (rc.peak_flop_per_ms * rc.gemm_eff * wave_efficiency(m, n, rc, batch))
+    memory = BF16 * batch * (m * k + k * n + m * n) / rc.membw_bytes_per_ms
     return np.maximum(compute, memory) + rc.launch_ms
 
 
-def gemm_fwd_bwd_ms(m, n, k, rc: RuntimeColumns) -> tuple[np.ndarray, np.ndarray]:
+def gemm_fwd_bwd_ms(m, n, k, rc: RuntimeColumns, batch=1.0) -> tuple[np.ndarray, np.ndarray]:
     """Forward Y = X·W ([m×k]·[k×n]); backward dX = dY·Wᵀ ([m×n]·[n×k]) and dW = Xᵀ·dY ([k×m]·[m×n]):
-    2× the forward FLOPs (Narayanan 2021 §5.1), each GEMM with its own output shape."""
-    return gemm_ms(m, n, k, rc), gemm_ms(m, k, n, rc) + gemm_ms(k, n, m, rc)
+    2× the forward FLOPs (Narayanan 2021 §5.1), each GEMM with its own output shape. `batch`: that many
+    independent matrix products (the attention core's per-head GEMMs): each backward GEMM is batched too, so
+    dW's output is batch × k×n tiles, not one k×n reduced over the batch."""
+    return gemm_ms(m, n, k, rc, batch), gemm_ms(m, k, n, rc, batch) + gemm_ms(k, n, m, rc, batch)
 
 
 def layer_gemms_ms(x: Shapes, rc: RuntimeColumns) -> tuple[np.ndarray, np.ndarray]:
@@ -192,8 +196,10 @@ def attention_core_ms(x: Shapes, rc: RuntimeColumns) -> tuple[np.ndarray, np.nda
     dh, heads = x.h / x.a, x.b * x.a / x.t
     fused_fwd = 2.0 * x.b * x.s ** 2 * x.h / x.t / (rc.peak_flop_per_ms * rc.attn_eff) + rc.launch_ms
     scores = heads * x.s ** 2
-    qk_f, qk_b = gemm_fwd_bwd_ms(heads * x.s, x.s, dh, rc)
-    av_f, av_b = gemm_fwd_bwd_ms(heads * x.s, dh, x.s, rc)
+    # per head (b·a/t of them, one batched kernel each): S = Q·Kᵀ [s×dh]·[dh×s], O = P·V [s×s]·[s×dh]; their
+    # backward GEMMs are batched the same way (dK = dSᵀ·Q, dV = Pᵀ·dO: s×dh per head, Korthikanti 2022 §4.1)
+    qk_f, qk_b = gemm_fwd_bwd_ms(x.s, x.s, dh, rc, heads)
+    av_f, av_b = gemm_fwd_bwd_ms(x.s, dh, x.s, rc, heads)
     drop = np.where(x.dropout, 5.0, 0.0) * scores
     eager_fwd = qk_f + av_f + (4.0 * scores + drop) / rc.membw_bytes_per_ms + 2 * rc.launch_ms
     eager_bwd = qk_b + av_b + (6.0 * scores + drop) / rc.membw_bytes_per_ms + 2 * rc.launch_ms

@@ -17,7 +17,9 @@ from typing import NamedTuple
 import numpy as np
 
 from memx.domain.precision import DEFAULT_PRECISION
+from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch
+from memx.planner.collectives import tail_collectives_ms
 from memx.planner.cost import ACT_BYTES, dp_step_ms, stepped_static_fraction
 from memx.planner.interleave import interleaved_time_ms, p2p_hops
 
@@ -159,12 +161,16 @@ class TailKey(NamedTuple):
 
 def stage_tail_ms(static_mib: np.ndarray, params_per_rank: np.ndarray, memory_bandwidth_gbps: np.ndarray,
                   dp_gbps: np.ndarray, *, distributed_optimizer: bool, dp: int, precision: str,
-                  comm_scale: float) -> np.ndarray:
+                  comm_scale: float, collectives_ms: np.ndarray | None = None) -> np.ndarray:
     """Per stage (rows, with their bandwidths) and column: optimizer step + T_dp, the terms after the last
-    backward (×c, the calibrated communication scale)."""
+    backward, plus each row's step-level collectives (`collectives_ms`: the DP step's latency and the tied
+    embedding's all-reduce, memx.planner.collectives.tail_collectives_ms; None: none) (×c, the calibrated
+    communication scale)."""
     mbw, dbw = np.asarray(memory_bandwidth_gbps)[:, None], np.asarray(dp_gbps)[:, None]
     stepped = static_mib * stepped_static_fraction(distributed_optimizer, dp, precision)
     tail = optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, dp, dbw, distributed_optimizer, precision)
+    if collectives_ms is not None:
+        tail = tail + np.asarray(collectives_ms, dtype=np.float64)[:, None]
     return tail if comm_scale == 1.0 else tail * comm_scale
 
 
@@ -175,7 +181,7 @@ class Pipeline:
     micro_batches: int  # m
     p2p_total_ms: float  # Σ_s 2·p2p_s: each activation forward and its gradient backward
     gpu_weight: np.ndarray  # (pp,) GPUs per stage replica (tp)
-    capacity_mib: np.ndarray  # (pp,)
+    capacity_mib: np.ndarray  # (pp,) usable: nominal − driver reserve (memx.domain.runtime.usable_capacity_mib)
     memory_bandwidth_gbps: np.ndarray  # (pp,)
     dp: int
     dp_gbps: np.ndarray  # (pp,) bandwidth of each stage's DP all-reduce ring
@@ -183,6 +189,8 @@ class Pipeline:
     assembly: AssemblyCalibration = IDENTITY_ASSEMBLY  # calibrated c, o, d (memx.learn.calibration)
     virtual_stages: int = 1  # v model chunks per rank: interleaved 1F1B (memx.planner.interleave)
     precision: str = DEFAULT_PRECISION  # gradient bytes of the DP step, Adam's share of static bytes
+    # (pp,) each stage's step-level collectives: DP latency, tied-embedding all-reduce (memx.planner.collectives)
+    collectives_ms: np.ndarray | None = None
 
     @property
     def fixed_ms(self) -> float:
@@ -192,10 +200,16 @@ class Pipeline:
         d = a.p2p_per_transfer_ms * blocking_transfers(len(self.gpu_weight), self.micro_batches) * self.virtual_stages
         return a.comm_scale * self.p2p_total_ms + a.overhead_ms + d
 
+    @property
+    def stage_collectives_ms(self) -> np.ndarray:
+        """(pp,) the step-level collectives of each stage's tail (`collectives_ms`; 0 where none is given)."""
+        return np.zeros(len(self.gpu_weight)) if self.collectives_ms is None else np.asarray(self.collectives_ms)
+
     def tail_ms(self, static_mib: np.ndarray, params_per_rank: np.ndarray) -> np.ndarray:
-        """Per stage (rows) and column: optimizer step + T_dp, the terms after the last backward."""
+        """Per stage (rows) and column: optimizer step + T_dp + the step-level collectives, the terms after the
+        last backward."""
         return stage_tail_ms(static_mib, params_per_rank, self.memory_bandwidth_gbps, self.dp_gbps,
-                             **self.tail_key()._asdict())
+                             collectives_ms=self.stage_collectives_ms, **self.tail_key()._asdict())
 
     def tail_key(self) -> TailKey:
         """What tail_ms needs of the pipeline besides per-stage bandwidths: layouts that share it are computed
@@ -217,13 +231,18 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
              dp_gbps: Sequence[float], distributed_optimizer: bool = False,
              assembly: AssemblyCalibration = IDENTITY_ASSEMBLY,
              p2p_latency_ms: Sequence[float] | None = None, virtual_stages: int = 1,
-             wrap_gbps: float | None = None, precision: str = DEFAULT_PRECISION) -> Pipeline:
+             wrap_gbps: float | None = None, precision: str = DEFAULT_PRECISION,
+             dp_latency_ms: Sequence[float] | None = None,
+             embedding_link: tuple[float, float] | None = None) -> Pipeline:
     """The Pipeline of a layout or plan on `cluster` (p2p_gbps and p2p_latency_ms: between stage s and s+1,
     memx.planner.space.plan_links; latency None: the cluster's inter-node latency on every boundary; `assembly`:
     the calibrated c, o and d of the predictor that scores it, memx.planner.schedule.assembly_of; `precision`:
     the plan's training precision, memx.domain.precision).
     Interleaved (virtual_stages v > 1; wrap_gbps: the link from the last stage back to the first), each
-    boundary is crossed v times and the wrap v − 1 times (memx.planner.interleave.p2p_hops)."""
+    boundary is crossed v times and the wrap v − 1 times (memx.planner.interleave.p2p_hops).
+    dp_latency_ms (each stage's DP ring step latency) and embedding_link (GB/s, ms between the first and last
+    stage's nodes; memx.planner.space.plan_links) give the tail's step-level collectives
+    (memx.planner.collectives.tail_collectives_ms); None: that term is left out."""
     types = {g.name: g for g in cluster.gpu_types}  # Cluster.gpu walks the nodes: once per layout, not per stage
     gpus = [types[g] for g in stage_gpus]
     lat = cluster.inter_node_latency_ms if p2p_latency_ms is None else np.asarray(p2p_latency_ms, dtype=np.float64)
@@ -236,7 +255,10 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
         total = hops * total + wrap_hops * float(2.0 * wrap.sum())
     return Pipeline(micro_batches=micro_batches, p2p_total_ms=total, virtual_stages=virtual_stages,
                     gpu_weight=np.asarray(stage_tp, dtype=np.float64),
-                    capacity_mib=np.asarray([g.memory_mib for g in gpus], dtype=np.float64),
+                    capacity_mib=np.asarray([usable_capacity_mib(g) for g in gpus], dtype=np.float64),
                     memory_bandwidth_gbps=np.asarray([g.memory_bandwidth_gbps for g in gpus], dtype=np.float64),
                     dp=dp, dp_gbps=np.asarray(dp_gbps, dtype=np.float64), distributed_optimizer=distributed_optimizer,
-                    assembly=assembly, precision=precision)
+                    assembly=assembly, precision=precision,
+                    collectives_ms=tail_collectives_ms(model, stage_tp=stage_tp, dp=dp, virtual_stages=virtual_stages,
+                                                       precision=precision, dp_latency=dp_latency_ms,
+                                                       emb_link=embedding_link))

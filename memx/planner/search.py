@@ -29,6 +29,7 @@ import numpy as np
 
 from memx.domain.errors import InfeasibleError
 from memx.domain.plan import with_idle_gpus, with_model_changes
+from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
 from memx.planner import moe
 from memx.planner.bnb import Work, explore
@@ -297,15 +298,18 @@ def _space_total(layouts, total: int, levels: tuple[str, ...]) -> int:
 
 def _infeasible_reason(cluster: Cluster, model: ModelArch, space: SearchSpace, pt: PredictedTables) -> str:
     need = (moe.model_static_bytes(model) if model.is_moe else model_static_bytes(model)) / 2**30
-    have = sum(n.count * (n.gpu.memory_gib - space.reserve_gib) for n in cluster.nodes)
+    usable = {g.name: usable_capacity_mib(g) / 1024.0 for g in cluster.gpu_types}  # GiB: nominal − driver reserve
+    have = sum(n.count * (usable[n.gpu.name] - space.reserve_gib) for n in cluster.nodes)
     if need > have:
         # 18 B/param in all: the distributed optimizer shards 12 of them over dp ranks but still holds them once.
         return (f"{model.name} needs ≥ {need:,.0f} GiB for weights, gradients and optimizer state (18 B/param); "
-                f"cluster {cluster.name} has {have:,.0f} GiB usable ({space.reserve_gib} GiB reserve per GPU)")
+                f"cluster {cluster.name} has {have:,.0f} GiB usable (nominal less the driver reserve, less "
+                f"{space.reserve_gib} GiB reserve per GPU)")
     for g in cluster.gpu_types:
         if all(pt.max_layers[c] == 0 for c in pt.max_layers if c.gpu == g.name):
-            return (f"{g.name} ({g.memory_gib:g} GiB) cannot hold even one layer of {model.name} at any tp in "
-                    f"{list(space.tp_options)}; drop it from the cluster or set use_all_gpus: false")
+            return (f"{g.name} ({g.memory_gib:g} GiB, {usable[g.name]:.2f} GiB usable) cannot hold even one layer of "
+                    f"{model.name} at any tp in {list(space.tp_options)}; drop it from the cluster or set "
+                    "use_all_gpus: false")
     return (f"no layer split of {model.name} fits on {cluster.name} with any recompute level "
             f"(micro batch {list(space.micro_batch_options)}, tp {list(space.tp_options)}, pp ≤ {space.max_pp})")
 

@@ -24,6 +24,7 @@ from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.planner.context_parallel import cp_links, launcher_runs_cp
 from memx.planner.interleave import wrap_gbps
 from memx.planner.moe import a2a_links, expert_dp_size, expert_option_problems, expert_parallelisms, with_experts
+from memx.planner.collectives import embedding_link
 from memx.planner.network import p2p_link, ring_link
 from memx.planner.tables import StageContext, stage_contexts
 
@@ -40,6 +41,8 @@ class Layout:
     p2p_gbps: tuple[float, ...]  # bandwidth between stage s and s+1 (len pp-1)
     dp_gbps: tuple[float, ...]  # bandwidth of stage s's DP all-reduce ring
     p2p_latency_ms: tuple[float, ...] | None = None  # latency between stage s and s+1; None: the cluster's
+    dp_latency_ms: tuple[float, ...] | None = None  # step latency of stage s's DP ring; None: no latency term
+    embedding_link: tuple[float, float] | None = None  # first ↔ last stage (GB/s, ms): the tied-embedding all-reduce
     distributed_optimizer: bool = False  # ZeRO-1 over the dp ranks (memx.planner.cost.static_bytes_per_param)
     sequence_parallel: bool = False  # at tp > 1 (Korthikanti et al. 2022)
     virtual_stages: int = 1  # interleaved 1F1B chunks per rank (memx.planner.interleave); 1: plain 1F1B
@@ -94,18 +97,22 @@ def _stage_counts(count: int, dp: int, tp: int, use_all: bool) -> list[int]:
     return list(range(1, count // (dp * tp) + 1))
 
 
-def plan_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] | None:
+def plan_links(cluster: Cluster, plan: Plan) -> tuple | None:
     """(bandwidth between consecutive stages GB/s, bandwidth of each stage's DP ring GB/s, latency between
-    consecutive stages ms) from the first-fit placement (memx.planner.network, docs/planner.md §Network):
+    consecutive stages ms, each stage's DP ring step latency ms, (GB/s, latency ms) of the first ↔ last stage
+    embedding all-reduce) from the first-fit placement (memx.planner.network, docs/planner.md §Network):
     a p2p transfer on the link between the two stages' nodes, the replicas' concurrent transfers sharing the
     NICs they cross (`p2p_link`, the slowest replica); a stage's dp replicas in one
-    ring per tp rank, at the ring's slowest hop, the stage's GPUs sharing their nodes' NICs."""
+    ring per tp rank, at the ring's slowest hop, the stage's GPUs sharing their nodes' NICs; the embedding
+    group's pairs all at once (memx.planner.collectives.embedding_link; None at pp 1: no embedding group)."""
     where = place_plan(plan, cluster)
     if where is None:
         return None
     p2p = tuple(p2p_link(cluster, [(w[s], w[s + 1]) for w in where]) for s in range(plan.pp - 1))
-    dpbw = tuple(ring_link(cluster, [where[r][s] for r in range(plan.dp)], st.tp)[0] for s, st in enumerate(plan.stages))
-    return tuple(bw for bw, _ in p2p), dpbw, tuple(lat for _, lat in p2p)
+    rings = [ring_link(cluster, [where[r][s] for r in range(plan.dp)], st.tp) for s, st in enumerate(plan.stages)]
+    return (tuple(bw for bw, _ in p2p), tuple(bw for bw, _ in rings), tuple(lat for _, lat in p2p),
+            tuple(lat for _, lat in rings),
+            embedding_link(cluster, where, [st.tp for st in plan.stages]) if plan.pp > 1 else None)
 
 
 def enumerate_layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) -> list[Layout]:
@@ -202,7 +209,8 @@ def _layouts(cluster, model, space, probe: Plan, links, precision, experts, cp: 
     dp = probe.dp // cp
     return [
         Layout(stage_gpus=gpus, stage_tp=tps, dp=dp, micro_batch=mb, micro_batches=space.global_batch // (dp * mb),
-               p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], distributed_optimizer=do,
+               p2p_gbps=links[0], dp_gbps=links[1], p2p_latency_ms=links[2], dp_latency_ms=links[3],
+               embedding_link=links[4], distributed_optimizer=do,
                sequence_parallel=sp, virtual_stages=v, wrap_gbps=wrap, precision=precision, expert_parallel=ep,
                a2a_links=a2a, context_parallel=cp, cp_links=ring)
         for mb in space.micro_batch_options

@@ -40,8 +40,10 @@ from collections import Counter
 import numpy as np
 
 from memx.domain.plan import Plan
+from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch
 from memx.domain.stage_dp import handoff, place_stage_groups, stage_dps, stage_micro_batches
+from memx.planner.collectives import dp_latency_ms
 from memx.planner.metrics import PlanMetrics, plan_metrics
 from memx.planner.network import nic_share_gbps, pair_link, ring_link
 from memx.planner.schedule import (
@@ -98,9 +100,9 @@ def p2p_total_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[lis
     return total
 
 
-def dp_ring_gbps(cluster: Cluster, plan: Plan, where: list[list[int]]) -> np.ndarray:
-    """Per stage, GB/s of its gradient ring over its dp_s groups (tp_s concurrent rings)."""
-    return np.asarray([ring_link(cluster, nodes, st.tp)[0] for nodes, st in zip(where, plan.stages)])
+def dp_rings(cluster: Cluster, plan: Plan, where: list[list[int]]) -> list[tuple[float, float]]:
+    """Per stage, (GB/s, step latency ms) of its gradient ring over its dp_s groups (tp_s concurrent rings)."""
+    return [ring_link(cluster, nodes, st.tp) for nodes, st in zip(where, plan.stages)]
 
 
 def assemble(plan: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: np.ndarray, static: np.ndarray,
@@ -110,13 +112,15 @@ def assemble(plan: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem:
     assert where is not None  # estimate_plans validated the plan
     gpus = [cluster.gpu(st.gpu) for st in plan.stages]
     dps = np.asarray(stage_dps(plan), dtype=np.float64)
+    rings = dp_rings(cluster, plan, where)  # + each ring's 2(dp_s − 1) step latencies (memx.planner.collectives)
     tail = stage_tail_ms(static[:, None], params[:, None], [g.memory_bandwidth_gbps for g in gpus],
-                         dp_ring_gbps(cluster, plan, where), distributed_optimizer=plan.distributed_optimizer,
-                         dp=dps[:, None], precision=plan.precision, comm_scale=assembly.comm_scale)
+                         [bw for bw, _ in rings], distributed_optimizer=plan.distributed_optimizer,
+                         dp=dps[:, None], precision=plan.precision, comm_scale=assembly.comm_scale,
+                         collectives_ms=dp_latency_ms(dps, [lat for _, lat in rings]))
     fixed = (assembly.comm_scale * p2p_total_ms(cluster, plan, model, where) + assembly.overhead_ms
              + assembly.p2p_per_transfer_ms * blocking_transfers(plan.pp, plan.micro_batches))
     T = iteration_time_ms(t[:, None], plan.micro_batches, fixed, tail)
-    capacity = np.asarray([g.memory_mib for g in gpus], dtype=np.float64)
+    capacity = np.asarray([usable_capacity_mib(g) for g in gpus], dtype=np.float64)
     weight = np.asarray([st.tp for st in plan.stages], dtype=np.float64) * dps
     stats = memory_stats(mem[:, None], weight, capacity)
     return plan_metrics(plan, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=capacity,

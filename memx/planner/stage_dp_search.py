@@ -31,9 +31,11 @@ import numpy as np
 
 from memx.domain.errors import InfeasibleError
 from memx.domain.plan import Plan, Stage
+from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.domain.stage_dp import place_stage_groups, stage_dp_problems, stage_dps
 from memx.planner import stage_dp
+from memx.planner.collectives import dp_latency_ms
 from memx.planner.estimate import estimate_plans, upper_margins
 from memx.planner.metrics import PlanMetrics
 from memx.planner.predictions import params_per_rank
@@ -125,7 +127,7 @@ def _tables(per_probe: list[tuple], model: ModelArch, space: SearchSpace, predic
     top = np.where(np.isnan(high), peak, np.maximum(high, peak))
     out, edges = {}, np.searchsorted(idx, np.arange(len(ctxs) + 1))  # rows come context by context
     for i, c in enumerate(ctxs):
-        r, cap = np.arange(edges[i], edges[i + 1]), cluster.gpu(c.gpu).memory_mib
+        r, cap = np.arange(edges[i], edges[i + 1]), usable_capacity_mib(cluster.gpu(c.gpu))
         fits = peak[r] <= cap - space.reserve_gib * 1024.0
         params = np.asarray(params_per_rank(c, np.arange(model.layers + 1), model), dtype=np.float64)
         out[c] = _Rows(layers=layers[r], codes=codes[r], time_ms=pred["time_ms"][r], static_mib=pred["static_mem_mib"][r],
@@ -227,9 +229,9 @@ class _Layout:
                  assembly: AssemblyCalibration, tails: dict):
         self.probe, self.rows, self.ok = probe, rows, ok
         where = place_stage_groups(probe, cluster)
-        ring = stage_dp.dp_ring_gbps(cluster, probe, where)
-        self.tail = [_tail(r, probe, st, dp, float(bw), cluster, assembly, tails)
-                     for r, st, dp, bw in zip(rows, probe.stages, stage_dps(probe), ring)]
+        rings = stage_dp.dp_rings(cluster, probe, where)
+        self.tail = [_tail(r, probe, st, dp, ring, cluster, assembly, tails)
+                     for r, st, dp, ring in zip(rows, probe.stages, stage_dps(probe), rings)]
         self.fixed_ms = (assembly.comm_scale * stage_dp.p2p_total_ms(cluster, probe, model, where) + assembly.overhead_ms
                          + assembly.p2p_per_transfer_ms * blocking_transfers(probe.pp, probe.micro_batches))
         # no split has a smaller largest tail: every stage holds some eligible row
@@ -251,16 +253,17 @@ class _Layout:
             t[:, None], self.probe.micro_batches, self.fixed_ms, np.zeros((len(t), 1)))[0]), tail
 
 
-def _tail(rows: _Rows, probe: Plan, stage: Stage, dp: int, ring_gbps: float, cluster: Cluster,
+def _tail(rows: _Rows, probe: Plan, stage: Stage, dp: int, ring: tuple[float, float], cluster: Cluster,
           assembly: AssemblyCalibration, cache: dict) -> np.ndarray:
-    """Per row, the stage's tail (optimizer step + T_dp over its dp ranks: schedule.stage_tail_ms), cached per
-    context, ring and dp."""
-    key = (id(rows), ring_gbps, dp)
+    """Per row, the stage's tail (optimizer step + T_dp over its dp ranks, latency included: schedule.stage_tail_ms,
+    memx.planner.collectives.dp_latency_ms; `ring`: (GB/s, step latency ms)), cached per context, ring and dp."""
+    key = (id(rows), ring, dp)
     if key not in cache:
         gpu, k = cluster.gpu(stage.gpu), rows.layers.size
         cache[key] = stage_tail_ms(rows.static_mib[:, None], rows.params[:, None], np.full(k, gpu.memory_bandwidth_gbps),
-                                   np.full(k, ring_gbps), distributed_optimizer=probe.distributed_optimizer, dp=dp,
-                                   precision=probe.precision, comm_scale=assembly.comm_scale)[:, 0]
+                                   np.full(k, ring[0]), distributed_optimizer=probe.distributed_optimizer, dp=dp,
+                                   precision=probe.precision, comm_scale=assembly.comm_scale,
+                                   collectives_ms=np.full(k, float(dp_latency_ms(dp, ring[1]))))[:, 0]
     return cache[key]
 
 

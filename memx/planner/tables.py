@@ -164,10 +164,13 @@ class StageTable:
         return (None if most[0] == -np.inf else float(most[0])), bool(nan[0])
 
 
-def fitted_columns(tables: Sequence[StageTable]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def fitted_columns(tables: Sequence[StageTable], stacked: tuple[np.ndarray, np.ndarray] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """StageTable.fitted_ms, fitted_envelope, the largest finite fitted time (−inf: none) and whether a NaN is
-    there, of many tables of the same shape at once (rows: the tables)."""
-    time_ms, fit = np.stack([t.time_ms for t in tables]), np.stack([t.fit for t in tables])
+    there, of many tables of the same shape at once (rows: the tables). `stacked`: their time_ms and fit already
+    stacked (row i: table i's own), so not copied again."""
+    time_ms, fit = stacked if stacked is not None else (np.stack([t.time_ms for t in tables]),
+                                                        np.stack([t.fit for t in tables]))
     n = np.arange(fit.shape[1])[None, :]
     ok = (fit >= 0) & (n > 0)
     level = np.take_along_axis(time_ms, np.maximum(fit, 0)[..., None], axis=2)[..., 0]
@@ -177,12 +180,12 @@ def fitted_columns(tables: Sequence[StageTable]) -> tuple[np.ndarray, np.ndarray
     return fitted, envelope, most, np.isnan(fitted).any(axis=1)
 
 
-def set_fitted(tables: Sequence[StageTable]) -> None:
-    """Fill the tables' fitted_ms, fitted_envelope and fitted_summary in one pass (`fitted_columns`): the
-    values each would compute on first use (functools.cached_property keeps them in the instance dict)."""
+def set_fitted(tables: Sequence[StageTable], stacked: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """Fill the tables' fitted_ms, fitted_envelope and fitted_summary in one pass (`fitted_columns`, `stacked` as
+    there): the values each would compute on first use (functools.cached_property keeps them in the instance dict)."""
     if not tables:
         return
-    fitted, envelope, most, nan = fitted_columns(tables)
+    fitted, envelope, most, nan = fitted_columns(tables, stacked)
     for i, t in enumerate(tables):
         vars(t).update(fitted_ms=fitted[i], fitted_envelope=envelope[i],
                        fitted_summary=(None if most[i] == -np.inf else float(most[i]), bool(nan[i])))
@@ -400,8 +403,9 @@ class StackedTables:
             c = ctx[members][where]
             mbw = np.concatenate([layouts[li][1].memory_bandwidth_gbps for li in members])
             dbw = np.concatenate([layouts[li][1].dp_gbps for li in members])
+            coll = np.concatenate([layouts[li][1].stage_collectives_ms for li in members])
             sub = tail[members]
-            sub[where] = stage_tail_ms(static[c], params[c], mbw, dbw, **key._asdict())
+            sub[where] = stage_tail_ms(static[c], params[c], mbw, dbw, collectives_ms=coll, **key._asdict())
             tail[members] = sub
         for li, (stages, pipe) in enumerate(layouts):
             n = len(stages)

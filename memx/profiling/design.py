@@ -21,6 +21,7 @@ import pandas as pd
 from memx.domain.plan import SEARCH_BLOCK, Recompute
 from memx.domain.precision import DEFAULT_PRECISION, resolve_precision
 from memx.domain.records import tied_on_ends
+from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, GpuType, ModelArch, SearchSpace
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.moe import dense_layers_model
@@ -85,7 +86,8 @@ def point(gpu: str, model: ModelArch, *, tp: int, layers: int, micro_batch: int,
 
 
 # The analytic model leaves out the allocator's context and fragmentation; grid points are placed
-# within this share of (capacity − reserve) so few of them OOM (our choice).
+# within this share of (usable capacity − reserve) so few of them OOM (our choice; usable = nominal − driver
+# reserve, memx.domain.runtime.usable_capacity_mib: what the measured peaks are out of).
 FIT_SHARE = 0.9
 
 
@@ -101,7 +103,7 @@ def fitting_layers(gpu: GpuType, model: ModelArch, space: SearchSpace, combos: l
     peak = AnalyticStageModel(gpus={gpu.name: gpu}, runtime="none").predict(sigs)["peak_mem_mib"].to_numpy()
     if experts is not None:
         peak = peak + expert_peak_delta(experts, sigs, ep)
-    fits = peak.reshape(len(combos), len(n)) <= FIT_SHARE * (gpu.memory_mib - space.reserve_gib * 1024.0)
+    fits = peak.reshape(len(combos), len(n)) <= FIT_SHARE * (usable_capacity_mib(gpu) - space.reserve_gib * 1024.0)
     return {c: int(n[row].max()) if row.any() else 0 for c, row in zip(combos, fits)}
 
 

@@ -106,7 +106,7 @@ def comparison_table(obj: Mapping[str, Any]) -> str:
 def stage_table(obj: Mapping[str, Any]) -> str:
     plan = obj["plan"]
     head = _tr(["stage", "GPU", "GPUs (tp × dp)", "layers", "recompute", "time / micro batch (ms)", "peak (GiB)",
-                "capacity (GiB)", MARGIN_POINT], tag="th")
+                "usable (GiB)", MARGIN_POINT], tag="th")
     rows = []
     for (g, s, st, dp), d in zip(stage_rows(plan), obj["stages"]):
         cap, peak = float(d["capacity_mib"]), float(d["peak_mib"])

@@ -120,7 +120,7 @@ def memory_figure(obj: Mapping[str, Any]) -> Figure:
            zorder=2)
     ax.bar(x, [b.capacity_mib / MIB_PER_GIB for b in bars], width=0.8, facecolor="none", edgecolor="black",
            linewidth=1.0, zorder=3)
-    handles = [Patch(facecolor="none", edgecolor="black", label="GPU memory (capacity)")]
+    handles = [Patch(facecolor="none", edgecolor="black", label="usable GPU memory (capacity)")]
     for s, ((g, k, st, _dp), d) in enumerate(zip(stage_rows(plan), obj["stages"])):
         if s == LEGEND_STAGES:
             handles.append(Patch(facecolor="white", label=f"… {len(obj['stages']) - s} more stage rows"))

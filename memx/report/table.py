@@ -83,16 +83,16 @@ def _stage_table(obj: dict[str, Any]) -> list[str]:
     """The pick's stages; a schema-2 plan's rows carry their group and each pipeline's dp."""
     p = obj["plan"]
     grouped = is_grouped(p)
-    lines = ([f"| group | stage | GPU | tp × dp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | {MARGIN_POINT} |",
+    lines = ([f"| group | stage | GPU | tp × dp | layers | recompute | time/µbatch ms | peak GiB | usable GiB | {MARGIN_POINT} |",
               "|---|---|---|---|---|---|---|---|---|---|"] if grouped else
-             [f"| stage | GPU | tp | layers | recompute | time/µbatch ms | peak GiB | capacity GiB | {MARGIN_POINT} |",
+             [f"| stage | GPU | tp | layers | recompute | time/µbatch ms | peak GiB | usable GiB | {MARGIN_POINT} |",
               "|---|---|---|---|---|---|---|---|---|"])
     for (g, s, st, dp), d in zip(stage_rows(p), obj["stages"]):
         cap = d["capacity_mib"]
         tp = f"{st['tp']} × {dp}" if grouped or "data_parallel" in st else st["tp"]  # issue #27: a stage's own dp
         head = f"| {g} | {s} | {st['gpu']} | {tp} |" if grouped else f"| {s} | {st['gpu']} | {tp} |"
         lines.append(f"{head} {st['layers']} | {recompute_text(st, long=True)} | {d['time_ms']:.1f} | "
-                     f"{d['peak_mib'] / GIB:.1f} | {cap / GIB:.0f} | {(cap - d['peak_mib']) / cap:.1%} |")
+                     f"{d['peak_mib'] / GIB:.1f} | {cap / GIB:.1f} | {(cap - d['peak_mib']) / cap:.1%} |")
     return lines
 
 
@@ -128,14 +128,14 @@ def print_table(obj: dict[str, Any], console) -> None:
     console.print(top)
     for line in group_lines(obj):
         console.print(f"  {line}")
-    mem = Table(title="Pick: per-GPU memory against capacity (each row = tp × dp = the stage's GPUs)")
-    for col in ("stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "capacity GiB", MARGIN_POINT, ""):
+    mem = Table(title="Pick: per-GPU memory against usable capacity (each row = tp × dp = the stage's GPUs)")
+    for col in ("stage", "GPU", "GPUs", "layers", "recompute", "peak GiB", "usable GiB", MARGIN_POINT, ""):
         mem.add_column(col)
     for (g, s, st, dp), d in zip(stage_rows(p), obj["stages"]):
         cap, peak = d["capacity_mib"], d["peak_mib"]
         fill = round(20 * peak / cap)
         mem.add_row(str(s) if g is None else f"g{g} s{s}", st["gpu"], f"{st['tp']}×{dp}", str(st["layers"]), recompute_text(st), f"{peak / GIB:.1f}",
-                    f"{cap / GIB:.0f}", f"{(cap - peak) / cap:.1%}", "█" * fill + "░" * (20 - fill))
+                    f"{cap / GIB:.1f}", f"{(cap - peak) / cap:.1%}", "█" * fill + "░" * (20 - fill))
     console.print(mem)
     _print_pareto(obj, console)
     q = f["predicted"]

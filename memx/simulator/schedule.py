@@ -47,6 +47,7 @@ from memx.simulator.links import link, shared_nic
 from memx.simulator.moe import dense_ffn, moe_stage_costs
 from memx.domain.stage_dp import has_stage_dp
 from memx.simulator.stage_dp import dp_step_ms, simulate_meshes
+from memx.simulator.step_sync import chunk_latency_ms, embedding_allreduce_ms, synchronised
 from memx.simulator.physics import BF16_BYTES, Device
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
@@ -69,6 +70,7 @@ class PlanRun:
     reason: str
     oom_gpus: tuple[int, ...]  # indices (same order) of GPUs whose demand exceeds capacity
     demand_mem_mib: tuple[float, ...]  # simulated per-GPU demand, given even on OOM (diagnostics)
+    capacity_mib: tuple[float, ...]  # per GPU (same order): what it can allocate, nominal − driver reserve (traits)
     stage_time_ms: tuple[float, ...]  # noise-free fwd+bwd of one micro batch per stage
     stage_busy_fraction: tuple[float, ...]  # share of the iteration each stage computes (replica mean)
     p2p_ms: tuple[float, ...]  # per stage boundary, one transfer, slowest replica
@@ -77,6 +79,8 @@ class PlanRun:
     # schema 2 with two or more groups (issue #15); empty / 0 otherwise, so schema-1 runs are unchanged
     group_iteration_ms: tuple[float, ...] = ()  # per group: its own iteration without the cross-group exchange
     cross_sync_ms: float = 0.0  # what the cross-group gradient exchange adds: iteration − max(group_iteration_ms)
+    # tied embeddings at pp > 1: the first ↔ last stage gradient all-reduce (memx.simulator.step_sync); 0 otherwise
+    embedding_sync_ms: float = 0.0
 
 
 def stage_signatures(plan: Plan, model: ModelArch) -> list[StageSignature]:
@@ -177,8 +181,10 @@ def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs
     docs/architecture.md §1F1B assembly); with the distributed optimizer a reduce-scatter of the fp32
     gradients plus an all-gather of the bf16 parameters (memx.simulator.stage_dp.dp_step_ms, over the replicas'
     nodes). When the replicas span nodes, the stage's tp concurrent rings share the node's network link
-    (simulator assumption)."""
-    return dp_step_ms(plan, cluster, [[where[r][s] for r in range(plan.dp)] for s in range(plan.pp)], costs, tr)
+    (simulator assumption). An interleaved plan runs one collective per model chunk: v times the ring's latency
+    steps (memx.simulator.step_sync.chunk_latency_ms)."""
+    ring = dp_step_ms(plan, cluster, [[where[r][s] for r in range(plan.dp)] for s in range(plan.pp)], costs, tr)
+    return [a + b for a, b in zip(ring, chunk_latency_ms(plan, cluster, where, tr))]
 
 
 def _memory(plan: Plan, sigs: list[StageSignature], costs: list[StageCost],
@@ -211,6 +217,7 @@ class _Group:
     p2p: np.ndarray
     dp_ar: list[float]
     chunks: list[list[StageCost]] | None = None  # interleaved 1F1B: each rank's v chunk costs
+    emb_ms: float = 0.0  # tied embeddings at pp > 1: the first ↔ last stage all-reduce (step_sync)
 
 
 def _prepare(plan: Plan, where: list[list[int]], cluster: Cluster, model: ModelArch, tr: dict[str, GpuTraits],
@@ -240,7 +247,7 @@ def _prepare(plan: Plan, where: list[list[int]], cluster: Cluster, model: ModelA
             chunks = [[ring(s, sig, c) for sig, c in zip(chunk_sigs[s], chunks[s])] for s in range(plan.pp)]
     dp_ar = [a + b for a, b in zip(_dp_allreduce_ms(plan, cluster, where, costs, tr), expert_dp)]
     return _Group(plan=plan, where=where, sigs=sigs, costs=costs, p2p=_p2p_ms(plan, model, cluster, where, tr),
-                  dp_ar=dp_ar, chunks=chunks)
+                  dp_ar=dp_ar, chunks=chunks, emb_ms=embedding_allreduce_ms(plan, model, cluster, where, tr))
 
 
 def _oom_reason(groups: list[_Group], first: int, demand: float) -> str:
@@ -280,10 +287,12 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
         over += [len(demand) + i for i in o]
         demand += d
     breakdown = dict(
-        demand_mem_mib=tuple(demand), stage_time_ms=tuple(c.time_ms for g in groups for c in g.costs),
+        demand_mem_mib=tuple(demand), capacity_mib=tuple(c.capacity_mib for g in groups for _ in range(g.plan.dp)
+                                                      for c, st in zip(g.costs, g.plan.stages) for _ in range(st.tp)), stage_time_ms=tuple(c.time_ms for g in groups for c in g.costs),
         p2p_ms=tuple(float(x) for g in groups for x in g.p2p.max(axis=0)),
         dp_allreduce_ms=tuple(x for g in groups for x in g.dp_ar),
         optimizer_ms=tuple(c.optimizer_ms for g in groups for c in g.costs),
+        embedding_sync_ms=float(max(g.emb_ms for g in groups)),
     )
     if over:
         reason = _oom_reason(groups, over[0], demand[over[0]])
@@ -292,14 +301,15 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
     rng = np.random.default_rng(seed)
     runs = [_replicas(g.plan, g.costs, g.p2p, tr, rng) if g.chunks is None
             else interleaved_replicas(g.plan, g.chunks, g.p2p, tr, rng) for g in groups]
-    ready = [[finish[:, s].max() + g.dp_ar[s] for s in range(g.plan.pp)] for g, (finish, _) in zip(groups, runs)]
+    ready = [synchronised([finish[:, s].max() + g.dp_ar[s] for s in range(g.plan.pp)], g.emb_ms)
+             for g, (finish, _) in zip(groups, runs)]
     alone = [max(r + c.optimizer_ms for r, c in zip(rd, g.costs)) for g, rd in zip(groups, ready)]
     extra: dict = {}
     if len(groups) > 1:
         if shared_partition(plan):  # one DP collective per stage over every group's replicas (module docstring)
             done = [max(finish[:, s].max() for finish, _ in runs) for s in range(plans[0].pp)]
-            synced = [[t + flat_stage_ms(plans, placement, s, groups[0].costs[s].params, cluster, tr)
-                       for s, t in enumerate(done)]] * len(groups)
+            synced = [synchronised([t + flat_stage_ms(plans, placement, s, groups[0].costs[s].params, cluster, tr)
+                                    for s, t in enumerate(done)], max(g.emb_ms for g in groups))] * len(groups)
         else:
             segs = segments(plans, model)
             seg_ms = [segment_ms(sg, plans, placement, cluster, tr) for sg in segs]
@@ -320,7 +330,7 @@ def _meshes_run(plan: Plan, cluster: Cluster, model: ModelArch, seed: int, conf_
     tr = _traits_for({s.gpu for s in plan.stages}, traits, conf_root)
     run = simulate_meshes(plan, cluster, model, stage_signatures(plan, model), tr, static_bytes_per_param, seed,
                           one_f1b_order)
-    fields = {f: getattr(run, f) for f in ("demand_mem_mib", "oom_gpus", "stage_time_ms", "stage_busy_fraction",
+    fields = {f: getattr(run, f) for f in ("demand_mem_mib", "capacity_mib", "oom_gpus", "stage_time_ms", "stage_busy_fraction",
                                            "p2p_ms", "dp_allreduce_ms", "optimizer_ms")}
     if run.oom_gpus:
         first = run.oom_gpus[0]

@@ -275,7 +275,7 @@ def stage_cost(sig: StageSignature, gpu: GpuType, traits: GpuTraits,
         workspace_mem_mib=workspace / MIB,
         context_mem_mib=traits.context_memory_mib,
         fragmentation_fraction=traits.fragmentation_fraction,
-        capacity_mib=gpu.memory_mib,
+        capacity_mib=traits.capacity_mib(gpu),
     )
 
 

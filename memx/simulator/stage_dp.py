@@ -167,6 +167,7 @@ class MeshRun:
     p2p_ms: tuple[float, ...]
     dp_allreduce_ms: tuple[float, ...]
     optimizer_ms: tuple[float, ...]
+    capacity_mib: tuple[float, ...]  # per GPU, as demand_mem_mib: what each can allocate (GpuTraits.capacity_mib)
 
 
 def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[StageSignature],
@@ -179,18 +180,19 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
     model = plan_model(plan, model)
     sigs = signatures(plan, sigs)
     costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
-    demand, over = [], []
+    demand, over, capacity = [], [], []
     for st, dp, sig, c in zip(plan.stages, stage_dps(plan), sigs, costs):
         peak = c.peak_mem_mib(sig.inflight)
         for _ in range(dp * st.tp):
             if peak > c.capacity_mib:
                 over.append(len(demand))
             demand.append(peak)
+            capacity.append(c.capacity_mib)
     pieces = [boundary_pieces(plan, model, cluster, where, s, tr) for s in range(plan.pp - 1)]
     dp_ar = dp_step_ms(plan, cluster, where, costs, tr)  # `where`: each stage's dp_s group nodes
     common = dict(demand_mem_mib=tuple(demand), oom_gpus=tuple(over), stage_time_ms=tuple(c.time_ms for c in costs),
                   p2p_ms=tuple(max(ms for _, _, ms in p) for p in pieces), dp_allreduce_ms=tuple(dp_ar),
-                  optimizer_ms=tuple(c.optimizer_ms for c in costs))
+                  optimizer_ms=tuple(c.optimizer_ms for c in costs), capacity_mib=tuple(capacity))
     if over:
         return MeshRun(iteration_time_ms=None, stage_busy_fraction=(), **common)
     rng = np.random.default_rng(seed)

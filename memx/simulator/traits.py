@@ -20,7 +20,7 @@ from annotated_types import Ge, Interval, Le
 
 from memx.domain.catalog import catalog_roots, parse_yaml
 from memx.domain.errors import InputError, short_repr
-from memx.domain.specs import MAX_GPU_MEMORY_MIB, MAX_LATENCY_MS, GpuName, gpu_name_problem
+from memx.domain.specs import MAX_GPU_MEMORY_MIB, MAX_LATENCY_MS, GpuName, GpuType, gpu_name_problem
 from memx.domain.validation import check_spec
 
 DEFAULT_TRAITS = "default"
@@ -52,6 +52,9 @@ class GpuTraits:
     """Fraction of memory bandwidth elementwise kernels achieve."""
     context_memory_mib: Annotated[float, Ge(0), Le(MAX_GPU_MEMORY_MIB)]
     """CUDA/ROCm context, NCCL/HCCL buffers, workspace held on every GPU, MiB."""
+    driver_reserved_mib: Annotated[float, Ge(0), Le(MAX_GPU_MEMORY_MIB)]
+    """Device memory a process never gets: nominal memory − the driver-reported total (ECC, driver, firmware), MiB;
+    the part's OOM threshold is nominal − this (`capacity_mib`)."""
     fragmentation_fraction: Annotated[float, Interval(ge=0, lt=1)]
     """Caching-allocator overhead, as a fraction of allocated bytes."""
     link_efficiency: Fraction
@@ -73,6 +76,11 @@ class GpuTraits:
 
     def __post_init__(self) -> None:
         check_spec(self)
+
+    def capacity_mib(self, gpu: GpuType) -> float:
+        """What a process on `gpu` can allocate, MiB: the spec sheet's memory less the driver reserve, the total a
+        real device reports (torch.cuda.mem_get_info) and runs out of memory at (docs/simulator.md §Memory)."""
+        return gpu.memory_mib - self.driver_reserved_mib
 
 
 def traits_folder(conf_root: Path | None = None) -> Path:

@@ -173,6 +173,7 @@ CASES = [
     # simulator traits
     Case("traits-link-efficiency-nan", traits(link_efficiency=NAN), InputError, ("link_efficiency", "bad-1g.yaml")),
     Case("traits-context-inf", traits(context_memory_mib=INF), InputError, ("context_memory_mib", "bad-1g.yaml")),
+    Case("traits-driver-reserve-negative", traits(driver_reserved_mib="-1"), InputError, ("driver_reserved_mib", "bad-1g.yaml")),
     Case("traits-launch-overhead-over-bound", traits(kernel_launch_overhead_ms="1.0e+9"), InputError,
          ("kernel_launch_overhead_ms",)),
     Case("traits-gpu-name-is-a-path", call(lambda: load_traits("../../etc/passwd")), InputError,

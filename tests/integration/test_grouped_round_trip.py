@@ -18,11 +18,13 @@ SPECS = ["--cluster", "xy-2", "--model", "llama-6l"]
 
 
 def _two_groups(fast_share: int) -> GroupedPlan:
-    """vendor-x-32g (full recompute to fit) and vendor-y-64g each run the whole model; shares add to 16."""
+    """vendor-x-32g (full recompute to fit) and vendor-y-64g each run the whole model; shares add to 16. Sequences of
+    1,024 tokens: at 2,048 the x group needs 32,290 MiB on the virtual cluster, 34 MiB over the 32,256 MiB a 32 GiB part
+    can allocate once the driver's reserve is off (issue #27); the test is about the round trip, not that edge."""
     x = ReplicaGroup(dp=1, micro_batch=1, micro_batches=fast_share,
                      stages=(Stage(gpu="vendor-x-32g", tp=1, layers=6, recompute="full"),))
     y = ReplicaGroup(dp=1, micro_batch=1, micro_batches=16 - fast_share, stages=(Stage(gpu="vendor-y-64g", tp=1, layers=6),))
-    return GroupedPlan(model="llama-6l", cluster="xy-2", global_batch=16, seq_len=2048, groups=(x, y))
+    return GroupedPlan(model="llama-6l", cluster="xy-2", global_batch=16, seq_len=1024, groups=(x, y))
 
 
 def test_two_groups_round_trip_through_the_cli(tmp_path, monkeypatch):

@@ -210,3 +210,155 @@ def test_draws_in_groups_of_layouts_equal_one_group(monkeypatch):
         grouped = compositions.sample_many(total, allowed, n, np.random.default_rng(trial))
         monkeypatch.undo()
         assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(one, grouped))
+
+
+def _predicted(peer, **kw):
+    cl, mo, sp, lays, _ = peer
+    args = dict(reserve_gib=sp.reserve_gib, predictor=AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}))
+    args.update(kw)
+    return predictions.predict_tables(layout_contexts(lays, mo.layers), cl, mo, mo.seq_len, sp.recompute_levels,
+                                      args["reserve_gib"], args["predictor"])
+
+
+def test_cached_stage_tables_equal_the_predicted_ones(peer, tmp_path, monkeypatch):
+    """A table-cache hit (memx.planner.table_cache) gives the tables predict_tables computes: every array equal,
+    dtype and all, the same contexts, static bounds and signature count — and predicts nothing."""
+    from memx.planner import table_cache
+
+    pt = peer[-1]
+    with table_cache.use(tmp_path) as cache:
+        miss = _predicted(peer)
+        assert len(cache.pending) == 1  # written when the block ends
+    assert len(list(tmp_path.glob("*.pickle"))) == 1
+    monkeypatch.setattr(predictions, "predict_rows", None)  # a hit must not predict
+    with table_cache.use(tmp_path) as cache:
+        hit = _predicted(peer)
+        assert not cache.pending
+    for got in (miss, hit):
+        assert list(got.tables) == list(pt.tables) and got.max_layers == pt.max_layers
+        assert got.signatures == pt.signatures
+        for c, t in pt.tables.items():
+            for f in (*predictions.TABLE_FIELDS, "fitted_ms", "fitted_envelope", "fitted_summary"):
+                a, b = getattr(t, f), getattr(got.tables[c], f)
+                if isinstance(a, np.ndarray):
+                    assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True), (c, f)
+                else:
+                    assert a == b, (c, f)
+
+
+def test_table_cache_names_change_with_every_input(peer, monkeypatch):
+    """Another reserve, closed-form field, layer cap, code version or predictor type: another file name."""
+    from memx.planner import table_cache
+
+    cl, mo, sp, lays, _ = peer
+    ctx = layout_contexts(lays, mo.layers)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+
+    def name(contexts=ctx, reserve=sp.reserve_gib, p=pred):
+        return predictions._cache_key(contexts, cl, mo, mo.seq_len, sp.recompute_levels, reserve, {}, p)
+
+    base = name()
+    first = next(iter(ctx))
+    names = {base, name(reserve=sp.reserve_gib + 0.5), name(p=AnalyticStageModel(gpus=pred.gpus, mfu=0.51)),
+             name(p=AnalyticStageModel(gpus=pred.gpus, runtime="none")), name(contexts={**ctx, first: ctx[first] - 1})}
+    assert len(names) == 5 and name() == base
+    monkeypatch.setattr(table_cache, "code_version", lambda: "another MemX")
+    assert name() != base
+    assert name(p=object()) is None  # only the closed form is a function of the code alone
+
+
+def test_table_cache_ignores_a_bad_file_and_writes_nothing_on_error(tmp_path, monkeypatch):
+    import pickle
+
+    from memx.planner import table_cache
+
+    cache = table_cache.TableCache(folder=tmp_path)
+    cache.path("k").write_bytes(b"not a pickle")
+    assert cache.get("k") is None and predictions._unpacked(cache.get("k"), []) is None
+    with pytest.raises(RuntimeError), table_cache.use(tmp_path / "new") as c:
+        c.put("k", {})
+        raise RuntimeError
+    assert not (tmp_path / "new").exists()
+    size = len(pickle.dumps({"i": 0, "pad": b"x" * 1000, "format": table_cache.FORMAT}, protocol=pickle.HIGHEST_PROTOCOL))
+    monkeypatch.setattr(table_cache, "KEEP_BYTES", 3 * size + 10)  # the newest files up to KEEP_BYTES are kept
+    for i in range(8):
+        with table_cache.use(tmp_path / "keep") as c:
+            c.put(f"k{i}", {"i": i, "pad": b"x" * 1000})
+    assert sorted(p.name for p in (tmp_path / "keep").glob("*.pickle")) == ["k5.pickle", "k6.pickle", "k7.pickle"]
+
+
+def test_fitted_columns_of_stacked_arrays_equal_the_tables_own():
+    """set_fitted given the tables' time_ms and fit already stacked fills the same fitted columns."""
+    rng = np.random.default_rng(8)
+    pool = [_table(rng, 17, 3, nan=i % 5 == 0) for i in range(12)]
+    pool[2].time_ms[:] = np.inf
+    stacked = (np.stack([t.time_ms for t in pool]), np.stack([t.fit for t in pool]))
+    for got, want in zip(tables_fitted(pool, stacked), tables_fitted(pool, None)):
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
+
+
+def tables_fitted(pool, stacked):
+    from memx.planner.tables import fitted_columns
+
+    return fitted_columns(pool, stacked)
+
+
+def _lowest_reachable_by_climbing(peak, length, fit, cap, target_margin):
+    """The form bounds.lowest_reachable replaces: every (row, n) climbs one level per pass."""
+    level = np.maximum(fit, 0).astype(np.int64)
+    cap = np.asarray(cap)[:, None]
+    for _ in range(peak.shape[2]):
+        cur = np.take_along_axis(peak, level[..., None], axis=2)[..., 0]
+        move = ((cap - cur) / cap < target_margin) & (level < length - 1)
+        if not move.any():
+            break
+        level = level + move
+    return np.take_along_axis(peak, level[..., None], axis=2)[..., 0].astype(np.float64)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lowest_reachable_levels_at_once_equal_the_climb(seed):
+    rng = np.random.default_rng(seed)
+    R, rows, K = 40, 17, 9
+    peak = np.sort(rng.uniform(100, 2000, (R, rows, K)), axis=2)[..., ::-1].astype(np.float32)  # ladders: peaks fall
+    peak[rng.random((R, rows, K)) < 0.05] = np.inf
+    peak[rng.random((R, rows, K)) < 0.02] = np.nan
+    length = rng.integers(0, K + 1, (R, rows))
+    fit = np.where(rng.random((R, rows)) < 0.2, -1, rng.integers(0, K, (R, rows)))
+    cap = rng.uniform(500, 2500, R)
+    for margin in (0.0, 0.1, 0.5):
+        got, want = bounds.lowest_reachable(peak, length, fit, cap, margin), _lowest_reachable_by_climbing(
+            peak, length, fit, cap, margin)
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
+
+
+def test_time_channels_in_their_own_table_sum_as_in_the_joint_one():
+    """BoxBounds keeps the time channels (tail, λ sums) and the memory ones in two range tables: the λ sums over
+    the stages, read from the time table's gather, equal those read from the one table of every channel."""
+    rng = np.random.default_rng(3)
+    for P in (1, 4, 8, 9, 16):
+        for lams in (1, 5):
+            x = rng.uniform(-1e4, 1e4, (300, P, 3 + lams))  # tail, m_lo, m_lo / capacity, λ sums
+            time_only = np.concatenate([x[:, :, :1], x[:, :, 3:]], axis=2)
+            assert np.array_equal(time_only[:, :, 1:].sum(axis=1), x[:, :, 3:].sum(axis=1))
+
+
+def test_median_and_sorted_quantiles_equal_numpys():
+    """medians.median and medians.sorted_quantiles (no numpy.ma import) give np.median's and np.quantile's values,
+    bit for bit: odd and even sizes, float32 and float64, ties, NaN; quantiles of sorted rows of every length."""
+    from memx.planner.medians import median, sorted_quantiles
+
+    rng = np.random.default_rng(11)
+    for n in (1, 2, 3, 4, 7, 10, 101, 1000):
+        for dtype in (np.float32, np.float64):
+            x = rng.lognormal(3, 2, n).astype(dtype)
+            x[rng.random(n) < 0.2] = x[0]  # ties
+            assert median(x) == float(np.median(x))
+            x[n // 2] = np.nan
+            assert np.isnan(median(x)) and np.isnan(float(np.median(x)))
+    for n in range(2, 40):
+        x = np.sort(rng.normal(0, rng.uniform(0.01, 1e4), (30, n)), axis=1)
+        for q in (np.linspace(0, 1, 4), np.linspace(0, 1, 7), np.array([0.5, 0.25, 1.0])):
+            want = np.quantile(x, q, axis=1)
+            got = sorted_quantiles(x, q)
+            assert got.shape == want.shape and np.array_equal(got, want)

@@ -97,7 +97,7 @@ def test_runtime_none_is_the_earlier_closed_form(conf_root):
         AnalyticStageModel(gpus=gpus, runtime="bogus").predict(df)
 
 
-def test_fixed_overheads_and_allocator_fraction_enter_the_peak(conf_root):
+def test_fixed_overheads_and_allocator_fraction_enter_the_peak_but_not_the_driver_reserve(conf_root):
     c = load_cluster("three-vendor-20", conf_root)
     gpus = {g.name: g for g in c.gpu_types}
     prof = load_runtime("a100-80g", "nvidia", conf_root)
@@ -106,9 +106,12 @@ def test_fixed_overheads_and_allocator_fraction_enter_the_peak(conf_root):
     df = _frame(stage_row())
     full = AnalyticStageModel(gpus=gpus, runtime={"a100-80g": prof}).predict(df)["peak_mem_mib"].iloc[0]
     alloc = AnalyticStageModel(gpus=gpus, runtime={"a100-80g": bare}).predict(df)["peak_mem_mib"].iloc[0]
-    # interior stage, tp 2: tp + dp + model-parallel + world collectives, two pipeline neighbours
-    fixed = prof.driver_reserved_mib + prof.context_mib + 4 * prof.collective_comm_mib + 2 * prof.p2p_comm_mib
+    # interior stage, tp 2: tp + dp + model-parallel + world collectives, two pipeline neighbours; the driver
+    # reserve is off the capacity (usable_capacity_mib), never in a peak (issue #27)
+    fixed = prof.context_mib + 4 * prof.collective_comm_mib + 2 * prof.p2p_comm_mib
     assert full == pytest.approx(alloc * (1 + prof.allocator_overhead_fraction) + fixed)
+    more = dataclasses.replace(prof, driver_reserved_mib=prof.driver_reserved_mib + 4096)
+    assert AnalyticStageModel(gpus=gpus, runtime={"a100-80g": more}).predict(df)["peak_mem_mib"].iloc[0] == full
 
 
 def test_flash_attention_sequence_parallel_and_logits_change_memory_the_right_way(conf_root):

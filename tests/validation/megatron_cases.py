@@ -135,10 +135,10 @@ def _gpu(name: str) -> GpuType:
 
 @lru_cache(maxsize=8)
 def _profile(gpu: str, vendor: str, fused: bool) -> RuntimeProfile:
-    """The GPU's runtime entry with only what torch.cuda.max_memory_allocated counts: no driver reserve, CUDA
-    context, communicator buffers nor allocator overhead (those lie outside allocated bytes; as in
-    test_closed_form_published.py's Aceso check)."""
-    return dataclasses.replace(load_runtime(gpu, vendor), flash_attention=fused, driver_reserved_mib=0, context_mib=0,
+    """The GPU's runtime entry with only what torch.cuda.max_memory_allocated counts: no CUDA context,
+    communicator buffers nor allocator overhead (those lie outside allocated bytes; as in
+    test_closed_form_published.py's Aceso check; the driver reserve is in no peak at all, issue #27)."""
+    return dataclasses.replace(load_runtime(gpu, vendor), flash_attention=fused, context_mib=0,
                                collective_comm_mib=0, p2p_comm_mib=0, allocator_overhead_fraction=0)
 
 

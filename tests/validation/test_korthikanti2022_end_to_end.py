@@ -3,7 +3,13 @@
 interleaved schedule at 3 virtual stages) with full recomputation and with sequence parallelism + selective
 recomputation, read in place from ../shared/realdata/papers (skipped when absent). Each is predicted as a given
 plan by the runtime-aware closed form (tests/validation/megatron_cases.py). Measured (session 4): MAPE 2.0 %
-(every case within −4.4 … +4.5 %; the interleaved 175B and 530B: 2.3 %), the flat form 29.1 % (+13 … +44 %). Table 5 was used by no
+(every case within −4.4 … +4.5 %; the interleaved 175B and 530B: 2.3 %), the flat form 29.1 % (+13 … +44 %).
+Issue #23 (the attention core's backward GEMMs batched per head, runtime_terms.gemm_fwd_bwd_ms `batch`): MAPE
+3.4 % (−8.2 … +0.2 %; interleaved 3.8 %). The 22B layer itself moved towards Table 4's measurement (+14/+9/+12/+7 %
+→ +5.3/−0.2/+3.8/−1.4 %, tests/validation/test_closed_form_options.py), so the session-4 agreement of the
+iterations was partly two errors cancelling: what the selective runs now miss (up to 8 %) lies outside the
+layer's forward and backward (not found yet; docs/benchmarks.md §Issue #23: embedding-gradient and latency
+terms). Table 5 was used by no
 fit: the A100 efficiencies in conf/runtime cite NVIDIA's GEMM guide and FlashAttention-2; of this paper's times only
 Table 4's 22B layer was checked before (test_closed_form_published.py).
 """
@@ -37,15 +43,15 @@ def test_table5_iteration_time(rows):
     assert mape <= 0.04, mape
     assert _mape(rows, "interleaved")[0] <= 0.05 and _mape(rows, "interleaved")[1] == 4
     for case, mode, _, p, m in rows:
-        assert p / m - 1 == pytest.approx(0.0, abs=0.06), (case, mode, p, m)
-    # the speed-up of sequence parallelism + selective over full recomputation (Table 5: +29 … +32 %) within 8
-    # points (measured: predicted +34 … +37 %, 2.3–6.8 points high: the closed form's recomputed forward costs
-    # a little more than Megatron's)
+        assert p / m - 1 == pytest.approx(0.0, abs=0.09), (case, mode, p, m)  # −8.2 … +0.2 % (module docstring)
+    # the speed-up of sequence parallelism + selective over full recomputation (Table 5: +29 … +32 %) within 10
+    # points (measured: predicted +35 … +39 %, 3.0–9.8 points high: the closed form's recomputed forward costs
+    # more than Megatron's, and the selective runs miss what lies outside the layer; 2.3–6.8 before issue #23)
     pred = {(c, mode): p for c, mode, _, p, _ in rows}
     meas = {(c, mode): m for c, mode, _, _, m in rows}
     for c in {c for c, _ in pred}:
         gain = pred[(c, "full")] / pred[(c, "selective")] - meas[(c, "full")] / meas[(c, "selective")]
-        assert 0.0 <= gain <= 0.08, (c, gain)
+        assert 0.0 <= gain <= 0.10, (c, gain)
 
 
 def test_table5_flat_form_is_worse(cases, rows):

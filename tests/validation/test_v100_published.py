@@ -45,8 +45,11 @@ def test_megatron_gpt2_1_2b_on_one_v100_fp16():
     err = abs(m.iteration_time_ms - ITERATION_MS_V1) / ITERATION_MS_V1
     print(f"Megatron 1.2B on one V100: closed form {m.iteration_time_ms:.0f} ms (flat {flat.iteration_time_ms:.0f}); "
           f"published {ITERATION_MS_V1:.0f} ms (v1.0) / {ITERATION_MS_2019:.0f} ms (2019); error vs v1.0 {err:.3f}")
-    # measured 1569 ms: between the two published code versions, 21.8 % slower than v1.0's fused kernels
-    assert ITERATION_MS_V1 < m.iteration_time_ms < ITERATION_MS_2019 and err < 0.25
+    # 1387 ms: between the two published code versions, 7.7 % slower than v1.0's fused kernels. It was 1566 ms
+    # (21.6 %) while the attention core's per-head backward GEMMs were costed as one GEMM whose weight gradient
+    # reduces over all b·a heads (k×n output tiles: 8 tiles on 80 SMs); batched, they are b·a × k×n tiles
+    # (issue #23, runtime_terms.gemm_fwd_bwd_ms `batch`; the virtual cluster always batched them)
+    assert ITERATION_MS_V1 < m.iteration_time_ms < ITERATION_MS_2019 and err < 0.10
     assert m.feasible  # it trained on one 32 GB V100 (fp16: 20 B/param, memx.domain.precision)
 
 

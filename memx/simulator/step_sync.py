@@ -1,0 +1,69 @@
+"""The virtual cluster's step-level collectives besides the DP gradient ring (issue #23; docs/simulator.md
+§Step-level collectives). Its own reading of what Megatron-LM runs (nothing here reads the planner):
+
+- **Tied embeddings at pp > 1**: the last stage keeps a copy of the word embedding, and once per step, after
+  the DP gradient sync and before the optimizer step, every (replica, tp rank)'s first- and last-stage ranks
+  all-reduce that weight's gradient (megatron/core/distributed/finalize_model_grads.py, finalize_model_grads:
+  `finish_grad_sync`, then `_allreduce_word_embedding_grads`, an all_reduce of `weight.main_grad` over the
+  embedding group). The tensor is the rank's vocab/tp × hidden shard in the main-grad dtype
+  (physics.GRAD_BYTES_OF: fp32 under bf16 / fp8, fp16 under fp16); a ring of 2 members (links.ring: the
+  slowest hop at the sender's link efficiency, each step the collective step latency + the link latency),
+  every replica's tp rings at once through the nodes' NICs. It is a blocking collective: both ends start it
+  when the later of them has finished its DP step, and both leave it together (`synchronised`). With different
+  tp at the two ends (FlagScale) the larger shard is sent (simulator assumption).
+- **One DP collective per model chunk**: Megatron-LM wraps each interleaved model chunk in its own
+  DistributedDataParallel with its own gradient buffer, and without `--overlap-grad-reduce` a buffer is one
+  bucket (megatron/core/distributed/distributed_data_parallel.py: bucket_size None) — so a rank of an
+  interleaved plan runs v DP collectives of 1/v of its gradients each: the same bytes, v times the ring's
+  2(r − 1) latency steps (`chunk_latency_ms`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from memx.domain.plan import Plan
+from memx.domain.specs import Cluster, ModelArch
+from memx.simulator.links import ring, ring_flows
+from memx.simulator.physics import GRAD_BYTES_OF, ring_allreduce_ms
+from memx.simulator.traits import GpuTraits
+
+
+def embedding_allreduce_ms(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]],
+                           tr: dict[str, GpuTraits]) -> float:
+    """The tied embedding's gradient all-reduce of the slowest replica (module docstring); 0 untied or at pp 1."""
+    if not (model.tied_embeddings and plan.pp > 1):
+        return 0.0
+    first, last = plan.stages[0], plan.stages[-1]
+    tp = min(first.tp, last.tp)
+    nbytes = GRAD_BYTES_OF[plan.precision] * model.vocab * model.hidden / tp
+    pairs = [[w[0], w[-1]] for w in where]
+    every: Counter = sum((ring_flows(p, tp) for p in pairs), Counter())
+    out = 0.0
+    for p in pairs:
+        own = ring_flows(p, tp)
+        bw, step = ring(cluster, p, [tr[first.gpu], tr[last.gpu]], tp, every - own)
+        out = max(out, ring_allreduce_ms(nbytes, 2, bw, step))
+    return out
+
+
+def synchronised(ready: list[float], emb_ms: float) -> list[float]:
+    """Each stage's time after its DP step (`ready`) with the embedding all-reduce: the first and last stage
+    leave it together, `emb_ms` after the later of them arrives; the others unchanged."""
+    if emb_ms <= 0.0 or len(ready) < 2:
+        return ready
+    both = max(ready[0], ready[-1]) + emb_ms
+    return [both, *ready[1:-1], both]
+
+
+def chunk_latency_ms(plan: Plan, cluster: Cluster, where: list[list[int]], tr: dict[str, GpuTraits]) -> list[float]:
+    """Per stage, the latency of the v − 1 further DP collectives of an interleaved plan (module docstring):
+    (v − 1) · 2(r − 1) ring steps over the stage's replicas (r = plan.dp); 0 for plain 1F1B."""
+    v, r = plan.virtual_stages, plan.dp
+    if v <= 1 or r <= 1:
+        return [0.0] * plan.pp
+    out = []
+    for s, st in enumerate(plan.stages):
+        _, step = ring(cluster, [where[k][s] for k in range(r)], [tr[st.gpu]] * r, st.tp)
+        out.append((v - 1) * 2.0 * (r - 1) * step)
+    return out
