@@ -7,12 +7,16 @@ seconds, and prints the ratio of wall times and whether the pick, top-k and Pare
 Cases (issue #13) and the peak-RSS-against-space-size table (same model and cluster, growing space).
 One line per case:
 case=<name> evaluated=<n> scored=<n> discarded=<n> wall_s=<s> peak_rss_mib=<n> [full_s=<s> ratio=<x> same=<bool>]
+`--fixed` instead times the search's fixed costs outside the boxes (CPU s of `enumerate_layouts`, `predict_tables`,
+`prepare_many`), with `--baseline DIR` also for the source tree DIR (e.g. `git worktree add ../base main`) in the
+same run: case=<name> layouts=<n> enum_cpu_s=<s> predict_cpu_s=<s> prepare_cpu_s=<s> [baseline_enum_cpu_s=<s> …]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -62,6 +66,46 @@ def run_case(cluster: str, model: str, search_name: str, changes: dict, exhausti
             "medians_sample": r.refs_sample, "pick_ms": r.best.iteration_time_ms}
 
 
+def fixed_costs(cluster: str, model: str, search_name: str, changes: dict) -> dict:
+    """In this process: CPU seconds of the layout enumeration, the stage tables' prediction and the layouts'
+    preparation of one case (memx.planner.search.search's first step)."""
+    import dataclasses
+
+    from memx.domain.catalog import load_cluster, load_model, load_search
+    from memx.planner.cost import AnalyticStageModel
+    from memx.planner.predictions import predict_tables
+    from memx.planner.prepared import layout_contexts, prepare_many
+    from memx.planner.schedule import assembly_of
+    from memx.planner.space import enumerate_layouts
+
+    cl, mo = load_cluster(cluster), load_model(model)
+    sp = dataclasses.replace(load_search(search_name), **changes)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    seq = sp.seq_len or mo.seq_len
+    t0 = time.process_time()
+    lays = enumerate_layouts(cl, mo, sp)
+    t1 = time.process_time()
+    pt = predict_tables(layout_contexts(lays, mo.layers), cl, mo, seq, sp.recompute_levels, sp.reserve_gib, pred)
+    t2 = time.process_time()
+    prepare_many(lays, pt, cl, mo, seq, sp.max_stage_slowdown, assembly_of(pred))
+    t3 = time.process_time()
+    return {"layouts": len(lays), "enum_cpu_s": t1 - t0, "predict_cpu_s": t2 - t1, "prepare_cpu_s": t3 - t2}
+
+
+def _fixed_line(name: str, spec: tuple, baseline: str | None) -> str:
+    code = ("import json, runpy, sys; fixed_costs = runpy.run_path(sys.argv[2])['fixed_costs']; "
+            "print(json.dumps(fixed_costs(*json.loads(sys.argv[1]))))")  # this file's function, the tree's memx
+    runs = [("", None)] + ([("baseline_", baseline)] if baseline else [])
+    parts = [f"case={name}"]
+    for prefix, tree in runs:
+        env = dict(os.environ, PYTHONPATH=tree or os.environ.get("PYTHONPATH", os.getcwd()))
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(list(spec)), os.path.abspath(__file__)], capture_output=True,
+                             text=True, check=True, env=env, cwd=tree)  # -c puts the cwd first on sys.path
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        parts += [f"{prefix}{k}={v:.2f}" if isinstance(v, float) else f"{prefix}{k}={v}" for k, v in got.items()]
+    return " ".join(parts) + f" load={os.getloadavg()[0]:.1f}"
+
+
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
@@ -85,12 +129,17 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="also run the full enumeration where it finishes")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--full-timeout", type=float, default=900.0)
+    ap.add_argument("--fixed", action="store_true", help="time the fixed costs outside the boxes instead")
+    ap.add_argument("--baseline", help="with --fixed: also time this source tree's (a checkout's root directory)")
     args = ap.parse_args()
     table = {**CASES, **GROWTH, **DEEP}
     names = (list(CASES) if args.cases == "all" else list(GROWTH) if args.cases == "growth"
              else list(DEEP) if args.cases == "deep" else args.cases.split(","))
     for name in names:
         spec = table[name]
+        if args.fixed:
+            print(_fixed_line(name, spec, args.baseline), flush=True)
+            continue
         got = _subprocess(spec, False, args.timeout)
         if got is None:
             print(f"case={name} timeout_s={args.timeout:.0f}", flush=True)

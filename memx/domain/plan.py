@@ -440,13 +440,25 @@ def place_plan(plan: Plan, cluster: Cluster, free: list[int] | None = None) -> l
     free = [n.count for n in cluster.nodes] if free is None else free
     n_rep = plan.dp * getattr(plan, "context_parallel", 1)  # cp > 1: dp·cp TP groups per stage, cp-major
     where = [[-1] * plan.pp for _ in range(n_rep)]
+    nodes_of: dict[str, list[int]] = {}
+    for i, node in enumerate(cluster.nodes):
+        nodes_of.setdefault(node.gpu.name, []).append(i)
+    # First fit, a node at a time: the replicas a node takes in turn are the next ones, up to free // tp. The first
+    # node of a type with ≥ tp free never moves back (free only falls), so each (type, tp) keeps its cursor.
+    cursor: dict[tuple[str, int], int] = {}
     for s, stage in enumerate(plan.stages):
-        for r in range(n_rep):
-            for i, node in enumerate(cluster.nodes):
-                if node.gpu.name == stage.gpu and free[i] >= stage.tp:
-                    free[i] -= stage.tp
-                    where[r][s] = i
-                    break
-            else:
+        idx, tp = nodes_of.get(stage.gpu, []), stage.tp
+        j, r = cursor.get((stage.gpu, tp), 0), 0
+        while r < n_rep:
+            while j < len(idx) and free[idx[j]] < tp:
+                j += 1
+            if j == len(idx):
                 return None
+            i = idx[j]
+            k = min(n_rep - r, free[i] // tp) if tp > 0 else n_rep - r
+            free[i] -= k * tp
+            for row in where[r:r + k]:
+                row[s] = i
+            r += k
+        cursor[(stage.gpu, tp)] = j
     return where

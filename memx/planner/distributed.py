@@ -3,9 +3,11 @@
 A coordinator (the calling process) keeps the pending boxes and the global kept sets (memx.planner.candidates
 .Keeper); a task is a batch of boxes of least time bound that a worker explores for a few rounds of the serial
 engine (memx.planner.bnb.advance) against a copy of the kept sets as they were when the task left, over the
-stacked tables and bound tables sent to every worker once (`Pool.share`). It returns its kept sets, its work
-and the boxes it has not finished; the coordinator merges the kept sets (Keeper.merge) and puts the boxes back
-in the pool. The answer is the serial search's exactly: every kept set is defined by the plans offered to it,
+stacked tables and bound tables sent to every worker once (`Pool.share`). It returns the plans it kept that its
+copy did not hold, its work and the boxes it has not finished; the coordinator merges those plans into its kept
+sets (Keeper.merge; nothing when none is new) and puts the boxes back in the pool. The kept sets travel as
+columns, packed once per snapshot (memx.planner.kept_wire: pickling them plan by plan was most of the deep case's
+coordinator CPU). The answer is the serial search's exactly: every kept set is defined by the plans offered to it,
 whatever their order or grouping (candidates.py), and a box is discarded only when kept sets built from a
 subset of the plans already prove that none of its plans can enter them — which stays true for every
 superset, so a worker pruning against an older copy only does more work. Only the count of plans scored
@@ -37,11 +39,13 @@ from memx.domain.specs import SearchSpace, Weights
 from memx.planner.bnb import BATCH, Boxes, Work, advance, roots, take
 from memx.planner.bounds import BoxBounds
 from memx.planner.candidates import Keeper
+from memx.planner.kept_wire import Shipped, fold, found
 from memx.planner.prepared import score_rows
 from memx.planner.tables import StackedTables
 
 TASK_BOXES = BATCH  # boxes a task takes from the pool
-TASK_S = 0.5  # seconds a task runs rounds of the serial engine on its boxes (at least one; then it returns the rest)
+TASK_S = 0.5  # seconds a task runs rounds of the serial engine on its boxes (at least one; then it returns the rest);
+# 1 s was tried in issue #26 session 6: cheaper on 405B pp 10, but one deep 2-worker run scored 33 M plans (0.5 s: 1.1 M)
 IN_FLIGHT = 2  # tasks queued per worker thread (so a free worker always finds one, and Dask can steal)
 CONNECT_S = 10.0  # seconds to reach a Dask scheduler before `--dask ADDR` is refused (exit 2)
 
@@ -56,11 +60,13 @@ class Problem:
     keys: np.ndarray
 
 
-def run_task(problem: Problem, weights: Weights | None, space: SearchSpace, keeper: Keeper, boxes: Boxes,
-             seconds: float | None = None) -> tuple[Keeper, Work, Boxes]:
-    """A worker's task: rounds of the serial engine on `boxes` with its own copy of `keeper` for `seconds`
-    (TASK_S; at least one round); returns (the kept sets, the work, the boxes left)."""
-    keeper = copy.copy(keeper)  # the coordinator's snapshot may be shared (in-process workers): never mutated
+def run_task(problem: Problem, weights: Weights | None, space: SearchSpace, kept: Shipped, boxes: Boxes,
+             seconds: float | None = None) -> tuple[Shipped | None, Work, Boxes]:
+    """A worker's task: rounds of the serial engine on `boxes` with its own copy of the kept sets `kept` for
+    `seconds` (TASK_S; at least one round); returns (the plans it kept that `kept` did not hold — memx.planner
+    .kept_wire.found —, the work, the boxes left)."""
+    start = kept.keeper
+    keeper = copy.copy(start)  # the coordinator's snapshot may be shared (in-process workers): never mutated
     evaluate = partial(score_rows, problem.tables, weights=weights, space=space, keys=problem.keys)
     work = Work()
     end = time.perf_counter() + (TASK_S if seconds is None else seconds)
@@ -68,7 +74,8 @@ def run_task(problem: Problem, weights: Weights | None, space: SearchSpace, keep
         boxes = advance(problem.bounds, keeper, evaluate, weights, space.epsilon_mib2, boxes, work)
         if time.perf_counter() >= end:
             break
-    return keeper, work, boxes
+    new = found(keeper, start)
+    return (None if new is None else Shipped(new)), work, boxes
 
 
 def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, weights: Weights | None,
@@ -81,24 +88,26 @@ def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, wei
     back: list[Boxes] = []  # boxes tasks returned, joined to the pool at the next take (one copy for many)
     running: dict[Any, None] = {}
     slots = max(1, pool.threads * IN_FLIGHT)
+    snapshot = Shipped(copy.copy(keeper))  # sent with every task until a task's plans change the kept sets
     while len(pending[0]) or back or ready or running:
         while len(running) < slots and (ready or back or len(pending[0])):
             if not ready:
                 if back:
                     pending = tuple(np.concatenate(parts) for parts in zip(*back, pending))
                     back = []
-                batch, rest = take(bounds, keeper, pending, TASK_BOXES)
+                batch, rest = take(bounds, keeper, pending, TASK_BOXES * slots)  # a batch for every slot: one take
                 pending = rest if rest is not None else _empty(batch)
                 ready = [tuple(x[i:i + TASK_BOXES] for x in batch) for i in range(0, len(batch[0]), TASK_BOXES)]
                 if not ready:
                     continue
-            running[pool.submit(run_task, shared, weights, space, copy.copy(keeper), ready.pop(0), TASK_S)] = None
+            running[pool.submit(run_task, shared, weights, space, snapshot, ready.pop(0), TASK_S)] = None
         if not running:
             break
         for fut in pool.first_done(list(running)):
             del running[fut]
-            kept, w, left = fut.result()
-            keeper.merge(kept)
+            new, w, left = fut.result()
+            if fold(keeper, None if new is None else new.keeper):
+                snapshot = Shipped(copy.copy(keeper))
             work.add(w)
             if len(left[0]):
                 back.append(left)

@@ -26,17 +26,51 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from memx.domain.specs import Cluster
 
 
+@dataclass(frozen=True)
+class _Nodes:
+    """A cluster's per-node figures as tuples (read once per cluster: the link searches of a layout enumeration
+    ask for them hundreds of thousands of times)."""
+
+    nic_gbps: tuple[float, ...]
+    latency_ms: tuple[float, ...]
+    nics: tuple[int, ...]
+    vendor: tuple[str, ...]
+    intra_gbps: tuple[float, ...]
+
+
+_NODES: dict[int, tuple[Cluster, _Nodes]] = {}  # id(cluster) → (the cluster, its columns); a few clusters at most
+
+
+def _nodes(cluster: Cluster) -> _Nodes:
+    hit = _NODES.get(id(cluster))
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    n = range(len(cluster.nodes))
+    cols = _Nodes(nic_gbps=tuple(cluster.nic_gbps(i) for i in n), latency_ms=tuple(cluster.nic_latency(i) for i in n),
+                  nics=tuple(node.nics for node in cluster.nodes), vendor=tuple(node.gpu.vendor for node in cluster.nodes),
+                  intra_gbps=tuple(node.gpu.intra_node_bandwidth_gbps for node in cluster.nodes))
+    if len(_NODES) >= 8:
+        _NODES.clear()
+    _NODES[id(cluster)] = (cluster, cols)
+    return cols
+
+
 def pair_link(cluster: Cluster, node_a: int, node_b: int) -> tuple[float, float]:
     """(GB/s, latency ms) of one flow between a GPU of node_a and one of node_b (module docstring)."""
-    if node_a == node_b:
-        return cluster.nodes[node_a].gpu.intra_node_bandwidth_gbps, 0.0
-    bw = min(cluster.nic_gbps(node_a), cluster.nic_gbps(node_b))
-    lat = max(cluster.nic_latency(node_a), cluster.nic_latency(node_b))
-    if cluster.cross_vendor(node_a, node_b):
+    return _pair(cluster, _nodes(cluster), node_a, node_b)
+
+
+def _pair(cluster: Cluster, nodes: _Nodes, a: int, b: int) -> tuple[float, float]:
+    if a == b:
+        return nodes.intra_gbps[a], 0.0
+    bw = min(nodes.nic_gbps[a], nodes.nic_gbps[b])
+    lat = max(nodes.latency_ms[a], nodes.latency_ms[b])
+    if nodes.vendor[a] != nodes.vendor[b]:  # Cluster.cross_vendor
         if cluster.cross_vendor_bandwidth_gbps is not None:
             bw = min(bw, cluster.cross_vendor_bandwidth_gbps)
         if cluster.cross_vendor_latency_ms is not None:
@@ -46,20 +80,28 @@ def pair_link(cluster: Cluster, node_a: int, node_b: int) -> tuple[float, float]
 
 def nic_share_gbps(cluster: Cluster, node: int, flows: int) -> float:
     """GB/s per flow when `flows` flows cross node `node`'s NICs at once: NIC · min(1, NICs / flows)."""
-    return cluster.nic_gbps(node) * min(1.0, cluster.nodes[node].nics / max(flows, 1))
+    return _share(_nodes(cluster), node, flows)
+
+
+def _share(nodes: _Nodes, node: int, flows: int) -> float:
+    return nodes.nic_gbps[node] * min(1.0, nodes.nics[node] / max(flows, 1))
 
 
 def slowest_hop(cluster: Cluster, hops: Sequence[tuple[int, int]], flows_per_hop: int = 1) -> tuple[float, float]:
     """(GB/s, latency ms) of the slowest of `hops` (sender node, receiver node) running at once, each crossing
     between nodes `flows_per_hop` flows through both nodes' NICs."""
-    out = Counter(a for a, b in hops if a != b)
-    into = Counter(b for a, b in hops if a != b)
-    bw, lat = math.inf, 0.0
-    for a, b in hops:
-        link_bw, link_lat = pair_link(cluster, a, b)
+    each = Counter(hops)  # a hop's link depends only on its two nodes and the counts: each distinct hop once
+    out, into = Counter(), Counter()
+    for (a, b), k in each.items():
         if a != b:
-            link_bw = min(link_bw, nic_share_gbps(cluster, a, flows_per_hop * out[a]),
-                          nic_share_gbps(cluster, b, flows_per_hop * into[b]))
+            out[a] += k
+            into[b] += k
+    nodes = _nodes(cluster)
+    bw, lat = math.inf, 0.0
+    for a, b in each:
+        link_bw, link_lat = _pair(cluster, nodes, a, b)
+        if a != b:
+            link_bw = min(link_bw, _share(nodes, a, flows_per_hop * out[a]), _share(nodes, b, flows_per_hop * into[b]))
         bw, lat = min(bw, link_bw), max(lat, link_lat)
     return bw, lat
 

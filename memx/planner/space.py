@@ -121,16 +121,16 @@ def enumerate_layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) ->
     out: list[Layout] = []
     subsets = gpu_subsets(cluster, space)
     precisions = subset_precisions(cluster, space, subsets)
+    count = {g.name: cluster.gpu_count(g.name) for g in cluster.gpu_types}
     for subset in subsets:
         if subset not in precisions:
             continue
-        min_count = min(cluster.gpu_count(g) for g in subset)
-        for dp in range(1, min_count + 1):
-            tp_choices = [valid_tps(model, cluster, g, space.tp_options) for g in subset]
+        tp_choices = [valid_tps(model, cluster, g, space.tp_options) for g in subset]
+        for dp in range(1, min(count[g] for g in subset) + 1):
             for tps in itertools.product(*tp_choices):
                 if not launcher_runs(space.launcher, tps):
                     continue
-                k_choices = [_stage_counts(cluster.gpu_count(g), dp, t, space.use_all_gpus) for g, t in zip(subset, tps)]
+                k_choices = [_stage_counts(count[g], dp, t, space.use_all_gpus) for g, t in zip(subset, tps)]
                 for ks in itertools.product(*k_choices):
                     pp = sum(ks)
                     if not (space.min_pp <= pp <= min(space.max_pp, model.layers)):
