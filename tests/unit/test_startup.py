@@ -55,6 +55,7 @@ def test_a_json_plan_draws_nothing_with_rich_and_validates_nothing_with_pydantic
     assert "memx.report.table" in mods and not any(m == "rich" or m.startswith("rich.") for m in mods)
     assert heavy(mods) == [] and not [m for m in mods if m.split(".")[0] in ("pydantic", "pydantic_core")]
     assert "typer._adapters" not in mods and "yaml" not in mods  # the parsed catalog texts are cached too
+    assert "numpy.ma" not in mods  # the medians' own quantiles (memx.planner.medians; issue #26, session 6)
     # `memx plan` mounts only plan (memx.cli.app.main): no other command module, no report it does not write
     others = ("memx.cli.inspect", "memx.cli.simulate", "memx.cli.learn", "memx.cli.profile", "memx.cli.artifacts",
               "memx.cli.catalog", "memx.cli.ui", "memx.cli.experiments", "memx.report.check", "memx.report.megatron")
