@@ -188,14 +188,15 @@ def _dp_allreduce_ms(plan: Plan, cluster: Cluster, where: list[list[int]], costs
 
 
 def _memory(plan: Plan, sigs: list[StageSignature], costs: list[StageCost],
-            chunks: list[list[StageCost]] | None = None) -> tuple[list[float], list[int]]:
-    """Per-GPU demand and the GPUs over capacity; interleaved (`chunks`: each rank's chunk costs), the micro
-    batches held are the chunk activations the interleaved order holds at most (memx.simulator.interleave)."""
+            chunks: list[list[StageCost]] | None = None) -> tuple[list[float], list[int], list[float]]:
+    """Per-GPU demand, the GPUs over capacity and each GPU's capacity (same order); interleaved (`chunks`: each
+    rank's chunk costs), the micro batches held are the chunk activations the interleaved order holds at most
+    (memx.simulator.interleave)."""
     held = [sig.inflight for sig in sigs]
     if chunks is not None:
         top = peak_held_mib(plan, [[c.act_mem_mib for c in row] for row in chunks])
         held = [t / c.act_mem_mib if c.act_mem_mib else 0.0 for t, c in zip(top, costs)]
-    demand, over = [], []
+    demand, over, capacity = [], [], []
     for _r in range(plan.dp):
         for s, st in enumerate(plan.stages):
             peak = costs[s].peak_mem_mib(held[s])
@@ -203,7 +204,8 @@ def _memory(plan: Plan, sigs: list[StageSignature], costs: list[StageCost],
                 if peak > costs[s].capacity_mib:
                     over.append(len(demand))
                 demand.append(peak)
-    return demand, over
+                capacity.append(costs[s].capacity_mib)
+    return demand, over, capacity
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -281,14 +283,15 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
     cp = getattr(plan, "context_parallel", 1)  # schema 1 only: dp·cp replicas of s/cp (domain.context_parallel)
     groups = [_prepare(rank_equivalent(p), w, cluster, model, tr, static_bytes_per_param, cp)
               for p, w in zip(plans, placement)]
-    demand, over = [], []
+    demand, over, capacity = [], [], []
     for grp in groups:
-        d, o = _memory(grp.plan, grp.sigs, grp.costs, grp.chunks)
+        d, o, c = _memory(grp.plan, grp.sigs, grp.costs, grp.chunks)
         over += [len(demand) + i for i in o]
         demand += d
+        capacity += c
     breakdown = dict(
-        demand_mem_mib=tuple(demand), capacity_mib=tuple(c.capacity_mib for g in groups for _ in range(g.plan.dp)
-                                                      for c, st in zip(g.costs, g.plan.stages) for _ in range(st.tp)), stage_time_ms=tuple(c.time_ms for g in groups for c in g.costs),
+        demand_mem_mib=tuple(demand), capacity_mib=tuple(capacity),
+        stage_time_ms=tuple(c.time_ms for g in groups for c in g.costs),
         p2p_ms=tuple(float(x) for g in groups for x in g.p2p.max(axis=0)),
         dp_allreduce_ms=tuple(x for g in groups for x in g.dp_ar),
         optimizer_ms=tuple(c.optimizer_ms for g in groups for c in g.costs),
