@@ -111,9 +111,8 @@ def _unpack(state: dict) -> Keeper:
     cands = []
     for i, (lo, hi) in enumerate(zip(starts.tolist(), ends.tolist())):
         parts = {f: _part(arrays[f], i, lo, hi) for f in ARRAYS}
-        cands.append(Cand(time_ms=cols["time_ms"][i], max_mib=cols["max_mib"][i], var_mib2=cols["var_mib2"][i],
-                          score=cols["score"][i], margin=cols["margin"][i], layout=int(layout[i]),
-                          split=tuple(split_l[lo:hi]), margin_high=cols["margin_high"][i], **parts))
+        cands.append(Cand(**{f: cols[f][i] for f in FLOATS}, layout=int(layout[i]), split=tuple(split_l[lo:hi]),
+                          **parts))
     keeper = Keeper.__new__(Keeper)
     keeper.__dict__.update(state)
     for name in LISTS:
