@@ -78,7 +78,7 @@ def dense_layers_measured(predictor, model) -> bool:
 
 def measures_dense_layers(seen: Mapping[str, Mapping[str, Any]], model) -> bool:
     """Whether training rows `seen` (`structures_seen`) held `model`'s dense-first layers measured as dense layers of
-    its `ffn_hidden` (memx.planner.moe.measures_dense_layers asks; the planner then takes those layers from the
+    its `ffn_hidden` (memx.planner.moe_dense.measures_dense_layers asks; the planner then takes those layers from the
     predictor, not from the closed form's MLP difference)."""
     if not model.is_moe or not model.moe_first_dense_layers:
         return False

@@ -389,7 +389,8 @@ def _thin(lams: list[float]) -> list[float]:
 
 def _thin_many(many: list[list[float]]) -> list[list[float]]:
     """Each list of multipliers thinned (`_thin`); the quantiles of all lists of one length in one np.quantile
-    call along axis 1 (`medians.sorted_quantiles`: `_spread` keeps them sorted) (the same elementwise interpolation as one list's: issue #26, 200 calls a search)."""
+    call along axis 1 (the same elementwise interpolation as one list's: issue #26, 200 calls a search), by
+    `medians.sorted_quantiles` (np.quantile's arithmetic on rows already sorted: `_spread` keeps them so)."""
     out = [_spread(lams) for lams in many]
     by_len: dict[int, list[int]] = {}
     for i, kept in enumerate(out):
