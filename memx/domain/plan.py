@@ -326,7 +326,7 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
     # fewer GPUs than the cluster has is a valid plan (the rest stay idle); more is not
     for gpu, used in plan.gpus_per_type().items():
         if gpu in known and used > cluster.gpu_count(gpu):
-            problems.append(f"plan uses {used} × {gpu} ({'Σ tp_i × dp_i' if has_stage_dp(plan) else 'dp × cp × Σ tp'}), "
+            problems.append(f"plan uses {used} × {gpu} ({_gpu_formula(plan)}), "
                             f"cluster {cluster.name} has {cluster.gpu_count(gpu)}")
     problems += _idle_record_problems(plan, cluster)
     problems += interleave_problems(plan)
@@ -338,6 +338,12 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelArch, source: str = 
         problems.append("the stages' TP groups cannot be placed on the cluster's nodes (a TP group must fit in one node)")
     if problems:
         raise InputError(f"{source}: invalid plan: " + "; ".join(problems))
+
+
+def _gpu_formula(plan: Plan) -> str:
+    """How a plan's GPUs of one type are counted (Plan.gpus_per_type), for the message that names them."""
+    cp = " × cp" if plan.context_parallel > 1 else ""
+    return f"Σ tp_i × dp_i{cp}" if has_stage_dp(plan) else "dp × cp × Σ tp"
 
 
 def model_problems(plan: Plan, model: ModelArch) -> list[str]:

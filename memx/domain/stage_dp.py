@@ -16,7 +16,11 @@ own the overlapping rows (flagscale/train/hetero/parallel_context.py `find_overl
 
 In the plan, `dp` and `micro_batch` keep meaning stage 0's (so m = global_batch / (dp × micro_batch) as
 before) and a stage may carry `data_parallel` (its dp_i; absent: the plan's dp). Older plans have none and
-load unchanged. This module is pure domain (who holds what, who sends to whom): the planner
+load unchanged. Context parallelism combines with it: one cp for the plan (FlagScale's pre_validate_args asserts every
+mesh's cp equal; its heterogeneous ParallelContext then asserts cp == 1, so FlagScale does not start such a plan
+today: memx.planner.context_parallel.launcher_runs_cp), each stage holding dp_i · cp TP groups (`stage_groups`).
+The tied embedding's gradient all-reduce between the first and last stage follows FlagScale's pipeline paths
+(`embedding_groups`). This module is pure domain (who holds what, who sends to whom): the planner
 (memx.planner.stage_dp) and the virtual cluster (memx.simulator.stage_dp) each put their own costs on it.
 """
 
@@ -51,9 +55,11 @@ def stage_dp_problems(plan: Any, model: Any) -> list[str]:
     """One message per factor a per-stage dp breaks (empty for a plan without one). FlagScale's assertions
     (flagscale/train/arguments.py pre_validate_args): stage 0's dp is the job's (`data_parallel_size =
     hetero_process_meshes_dp[0]`); every dp_i divides B = dp × micro_batch; with tied embeddings and the
-    distributed optimizer, dp_0 and dp_last divide one another. What MemX does not model together with it
-    (FlagScale refuses the first two: 'virtual pipeline not support now!', 'Context parallelism is not
-    supported.'): virtual_stages > 1, context_parallel > 1, expert_parallel > 1, a mixture-of-experts model."""
+    distributed optimizer, dp_0 and dp_last divide one another. Context parallelism combines (one cp for the
+    whole plan: pre_validate_args asserts 'all hetero_process_meshes_cp ... should be the same'; its checks are
+    memx.domain.context_parallel's). What does not (FlagScale refuses the first: `pre_validate_args` asserts
+    'virtual pipeline not support now!' whenever enable_hetero is set): virtual_stages > 1; expert_parallel > 1
+    and a mixture-of-experts model (not modelled together)."""
     raw = [getattr(st, "data_parallel", None) for st in plan.stages]
     if all(d is None for d in raw):
         return []
@@ -67,9 +73,8 @@ def stage_dp_problems(plan: Any, model: Any) -> list[str]:
             for i, d in enumerate(stage_dps(plan)) if b % d]
     if not has_stage_dp(plan):
         return out
-    for field, value, runtime in (("virtual_stages", plan.virtual_stages, "FlagScale: 'virtual pipeline not support now!'"),
-                                  ("context_parallel", plan.context_parallel,
-                                   "FlagScale: 'Context parallelism is not supported.'"),
+    for field, value, runtime in (("virtual_stages", plan.virtual_stages,
+                                   "FlagScale: 'virtual pipeline not support now!' with heterogeneous meshes"),
                                   ("expert_parallel", plan.expert_parallel, "not modelled together yet")):
         if value > 1:
             out.append(f"field '{field}' ({value}) with a per-stage data_parallel: not supported ({runtime}); "
@@ -105,14 +110,22 @@ def handoff(dp_a: int, dp_b: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def stage_groups(plan: Any) -> tuple[int, ...]:
+    """TP groups of every stage: dp_i · cp (with context parallelism the ranks are ordered tp, cp, dp, pp —
+    FlagScale's ProcessMesh order 'tp-cp-ep-dp-pp', hetero/parallel_context.py — so group g·cp + c is cp rank c of
+    the stage's dp rank g)."""
+    cp = getattr(plan, "context_parallel", 1)
+    return tuple(d * cp for d in stage_dps(plan))
+
+
 def place_stage_groups(plan: Any, cluster: Any, free: list[int] | None = None) -> list[list[int]] | None:
-    """Per stage, the node of each of its dp_i TP groups (first-fit, stage by stage, as
+    """Per stage, the node of each of its dp_i · cp TP groups (`stage_groups`; first-fit, stage by stage, as
     memx.domain.plan.place_plan packs replicas), or None when they do not fit."""
     free = [n.count for n in cluster.nodes] if free is None else free
     out = []
-    for stage, dp in zip(plan.stages, stage_dps(plan)):
+    for stage, groups in zip(plan.stages, stage_groups(plan)):
         row = []
-        for _ in range(dp):
+        for _ in range(groups):
             node = next((i for i, n in enumerate(cluster.nodes) if n.gpu.name == stage.gpu and free[i] >= stage.tp), None)
             if node is None:
                 return None
@@ -120,3 +133,38 @@ def place_stage_groups(plan: Any, cluster: Any, free: list[int] | None = None) -
             row.append(node)
         out.append(row)
     return out
+
+
+def group_handoff(plan: Any, s: int) -> list[tuple[int, int, int]]:
+    """`handoff` from stage s to s + 1 between TP groups (`stage_groups` indices): cp rank c of one stage sends
+    to cp rank c of the next (one cp for the plan: the sequence segments match), the batch re-sliced as `handoff`."""
+    cp, dps = getattr(plan, "context_parallel", 1), stage_dps(plan)
+    return [(a * cp + c, b * cp + c, rows) for a, b, rows in handoff(dps[s], dps[s + 1]) for c in range(cp)]
+
+
+def embedding_groups(plan: Any) -> list[tuple[int, int, float]]:
+    """The tied embedding's gradient all-reduces of one (tp, cp) coordinate, in the order the ranks run them:
+    (first-stage dp rank, last-stage dp rank, the share of the rank's vocab/tp × hidden gradient it reduces).
+
+    FlagScale (hetero/parallel_context.py build_global_process_groups): every pipeline path — a rank of each
+    stage, consecutive ones joined where their batch segments overlap (`find_overlapped_mapping`, `handoff`) —
+    gives the embedding group [its first rank, its last rank]; a rank in several groups all-reduces in each in
+    turn (backends/Megatron-LM/.../finalize_model_grads.py.patch `_allreduce_embedding_grad`, `for group in
+    embd_group`). With equal dp at every stage this is Megatron-LM's one group per pipeline. What each moves:
+    the whole shard, except with the distributed optimizer and different first and last dp, where FlagScale
+    requires `use_partial_reduce_for_shared_embedding` (pre_validate_args; memx.report.flagscale sets it) and a
+    rank of dp_own ranks in g groups reduces 1 / (dp_own · g) of the shard per group (the rows of its own
+    optimizer shard, split over its groups). With the distributed optimizer, equal end dp and a rank in several
+    groups FlagScale reduces only in its first group; the cost model charges every group (an upper bound)."""
+    dps = stage_dps(plan)
+    reach: list[set[int]] = [{k} for k in range(dps[0])]  # per rank of the current stage: the first ranks joined to it
+    for s in range(len(dps) - 1):
+        nxt: list[set[int]] = [set() for _ in range(dps[s + 1])]
+        for a, b, _ in handoff(dps[s], dps[s + 1]):
+            nxt[b] |= reach[a]
+        reach = nxt
+    pairs = sorted((f, last) for last, firsts in enumerate(reach) for f in firsts)
+    if not (getattr(plan, "distributed_optimizer", False) and dps[0] != dps[-1]):
+        return [(f, last, 1.0) for f, last in pairs]
+    per_first = {f: sum(1 for x, _ in pairs if x == f) for f, _ in pairs}
+    return [(f, last, 1.0 / (dps[0] * per_first[f])) for f, last in pairs]

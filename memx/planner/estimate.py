@@ -73,9 +73,9 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
 
 
 def _contexts(plan: Plan, model: ModelArch, cluster: Cluster | None):
+    if has_stage_dp(plan):  # each stage at its per-rank micro batch, its own cp rings (memx.planner.stage_dp)
+        return stage_dp.plan_stage_contexts(plan, cluster)
     ctxs = plan_contexts(plan, cp_links(cluster, plan) if plan.context_parallel > 1 and cluster else None)
-    if has_stage_dp(plan):  # each stage at its per-rank micro batch (memx.planner.stage_dp; no cp, ep, v)
-        return stage_dp.contexts(plan, ctxs)
     if not model.is_moe:
         return ctxs
     if cluster is None:  # memory only: the all-to-all link does not change it

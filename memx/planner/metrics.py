@@ -14,7 +14,7 @@ import numpy as np
 
 from memx.domain.groups import AnyPlan
 from memx.domain.plan import Plan
-from memx.domain.stage_dp import has_stage_dp, stage_dps
+from memx.domain.stage_dp import has_stage_dp, stage_groups
 from memx.planner.schedule import MemoryStats
 
 
@@ -40,10 +40,10 @@ class PlanMetrics:
 
 def per_gpu_peaks(plan: Plan, stage_peak_mib: Sequence[float]) -> tuple[float, ...]:
     """Every GPU of a stage (its tp ranks, in each of the dp replicas and cp ranks) has the stage's peak. A plan
-    with a per-stage dp (memx.domain.stage_dp) has no replicas: stage-major, then its dp_s groups, then tp rank."""
+    with a per-stage dp (memx.domain.stage_dp) has no replicas: stage-major, then its dp_s · cp groups, then tp rank."""
     if has_stage_dp(plan):
-        return tuple(float(stage_peak_mib[s]) for s, (st, dp) in enumerate(zip(plan.stages, stage_dps(plan)))
-                     for _ in range(dp * st.tp))
+        return tuple(float(stage_peak_mib[s]) for s, (st, g) in enumerate(zip(plan.stages, stage_groups(plan)))
+                     for _ in range(g * st.tp))
     n_rep = plan.dp * getattr(plan, "context_parallel", 1)  # replica-major, cp ranks within (memx.domain.context_parallel)
     return tuple(float(stage_peak_mib[s]) for _ in range(n_rep) for s, st in enumerate(plan.stages)
                  for _ in range(st.tp))

@@ -42,10 +42,10 @@ import numpy as np
 from memx.domain.plan import Plan
 from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch
-from memx.domain.stage_dp import handoff, place_stage_groups, stage_dps, stage_micro_batches
-from memx.planner.collectives import dp_latency_ms
+from memx.domain.stage_dp import embedding_groups, group_handoff, place_stage_groups, stage_groups, stage_micro_batches
+from memx.planner.collectives import dp_latency_ms, embedding_link, embedding_sync_ms
 from memx.planner.metrics import PlanMetrics, plan_metrics
-from memx.planner.network import nic_share_gbps, pair_link, ring_link
+from memx.planner.network import nic_share_gbps, pair_link, ring_link, slowest_hop
 from memx.planner.schedule import (
     AssemblyCalibration,
     blocking_transfers,
@@ -54,14 +54,20 @@ from memx.planner.schedule import (
     p2p_ms,
     stage_tail_ms,
 )
-from memx.planner.tables import StageContext
+from memx.planner.tables import StageContext, plan_contexts
 
 
 def contexts(plan: Plan, ctxs: tuple[StageContext, ...]) -> tuple[StageContext, ...]:
     """The plan's stage contexts at each stage's per-rank micro batch b_s and, with the distributed optimizer,
-    its dp_s optimizer shards (module docstring)."""
-    return tuple(_at_rank(c, b, d if c.distributed_optimizer else 1)
-                 for c, b, d in zip(ctxs, stage_micro_batches(plan), stage_dps(plan), strict=True))
+    its dp_s · cp optimizer shards (module docstring)."""
+    return tuple(_at_rank(c, b, g if c.distributed_optimizer else 1)
+                 for c, b, g in zip(ctxs, stage_micro_batches(plan), stage_groups(plan), strict=True))
+
+
+def plan_stage_contexts(plan: Plan, cluster: Cluster | None) -> tuple[StageContext, ...]:
+    """`contexts` of a given plan; with context parallelism and a cluster, each stage's cp ring (`cp_links`)."""
+    rings = cp_links(cluster, plan) if plan.context_parallel > 1 and cluster is not None else None
+    return contexts(plan, plan_contexts(plan, rings))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -70,12 +76,22 @@ def _at_rank(ctx: StageContext, micro_batch: int, dp: int) -> StageContext:
     return dataclasses.replace(ctx, micro_batch=micro_batch, dp=dp)
 
 
+def cp_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per stage, (GB/s, latency ms) of its cp rings: the cp groups of each dp rank (`stage_groups` order), one ring
+    per TP rank, every ring of the stage at once — the slowest hop (memx.planner.context_parallel's rule on this
+    placement)."""
+    where, cp = place_stage_groups(plan, cluster), plan.context_parallel
+    assert where is not None  # validated
+    links = [slowest_hop(cluster, [(row[g * cp + c], row[g * cp + (c + 1) % cp]) for g in range(len(row) // cp)
+                                   for c in range(cp)], st.tp) for row, st in zip(where, plan.stages)]
+    return tuple(b for b, _ in links), tuple(t for _, t in links)
+
+
 def boundary(cluster: Cluster, plan: Plan, where: list[list[int]], s: int) -> tuple[int, int, float, float]:
     """(busiest rank's samples max(b_a, b_b), pieces per rank max(fan_in, fan_out), GB/s, latency ms) of the
-    hand-off from stage s to s + 1 (module docstring)."""
-    dp_a, dp_b = stage_dps(plan)[s], stage_dps(plan)[s + 1]
+    hand-off from stage s to s + 1 (module docstring), every cp rank's pieces at once."""
     b_a, b_b = stage_micro_batches(plan)[s], stage_micro_batches(plan)[s + 1]
-    pieces = handoff(dp_a, dp_b)
+    pieces = group_handoff(plan, s)
     fan = max(max(Counter(a for a, _, _ in pieces).values()), max(Counter(b for _, b, _ in pieces).values()))
     hops = [(a, b, where[s][a], where[s + 1][b]) for a, b, _ in pieces]
     # a rank sends (receives) its pieces one after another: the flows through a node's NICs at once are its
@@ -92,17 +108,41 @@ def boundary(cluster: Cluster, plan: Plan, where: list[list[int]], s: int) -> tu
 
 
 def p2p_total_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]]) -> float:
-    """Σ_s 2 · p2p_s: each micro batch's activation forward and its gradient backward over every boundary."""
+    """Σ_s 2 · p2p_s: each micro batch's activation forward and its gradient backward over every boundary (a cp
+    rank's message holds its s/cp tokens)."""
     total = 0.0
     for s in range(plan.pp - 1):
         rows, fan, bw, lat = boundary(cluster, plan, where, s)
-        total += 2.0 * float(p2p_ms(rows, plan.seq_len, model.hidden, np.asarray([bw]), fan * lat)[0])
+        total += 2.0 * float(p2p_ms(rows, plan.seq_len // plan.context_parallel, model.hidden, np.asarray([bw]),
+                                    fan * lat)[0])
     return total
 
 
 def dp_rings(cluster: Cluster, plan: Plan, where: list[list[int]]) -> list[tuple[float, float]]:
-    """Per stage, (GB/s, step latency ms) of its gradient ring over its dp_s groups (tp_s concurrent rings)."""
+    """Per stage, (GB/s, step latency ms) of its gradient ring over its dp_s · cp groups (the dp-cp group,
+    memx.domain.context_parallel; tp_s concurrent rings)."""
     return [ring_link(cluster, nodes, st.tp) for nodes, st in zip(where, plan.stages)]
+
+
+def embedding_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]]) -> float:
+    """The tied embedding's gradient all-reduces between the first and last stage (memx.domain.stage_dp.
+    embedding_groups: FlagScale's groups along the pipeline paths): every group of every cp rank at once on their
+    slowest hop (memx.planner.collectives.embedding_link, one flow per tp rank), each bytes · share / B + 2α
+    (collectives.embedding_sync_ms, a 2-rank ring); a rank runs its groups in their order, each blocking (it
+    starts when both ranks have left their previous one), so the time is the longest such chain.
+    0 without tied embeddings or at pp 1 (collectives.tied_embedding_ms's rule)."""
+    if not (model.tied_embeddings and plan.pp > 1):
+        return 0.0
+    cp, groups = plan.context_parallel, embedding_groups(plan)
+    pairs = [[where[0][f * cp + c], where[-1][last * cp + c]] for f, last, _ in groups for c in range(cp)]
+    bw, lat = embedding_link(cluster, pairs, [plan.stages[0].tp, plan.stages[-1].tp])
+    tp = min(plan.stages[0].tp, plan.stages[-1].tp)
+    whole = embedding_sync_ms(model.vocab, model.hidden, tp, bw, 0.0, plan.precision)  # bandwidth part, full shard
+    done: dict[tuple[str, int], float] = {}
+    for f, last, share in groups:  # blocking, in order: a group starts when both its ranks left their previous one
+        end = max(done.get(("first", f), 0.0), done.get(("last", last), 0.0)) + share * whole + 2.0 * lat
+        done[("first", f)] = done[("last", last)] = end
+    return float(max(done.values()))
 
 
 def assemble(plan: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: np.ndarray, static: np.ndarray,
@@ -111,17 +151,35 @@ def assemble(plan: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem:
     where = place_stage_groups(plan, cluster)
     assert where is not None  # estimate_plans validated the plan
     gpus = [cluster.gpu(st.gpu) for st in plan.stages]
-    dps = np.asarray(stage_dps(plan), dtype=np.float64)
-    rings = dp_rings(cluster, plan, where)  # + each ring's 2(dp_s − 1) step latencies (memx.planner.collectives)
-    tail = stage_tail_ms(static[:, None], params[:, None], [g.memory_bandwidth_gbps for g in gpus],
-                         [bw for bw, _ in rings], distributed_optimizer=plan.distributed_optimizer,
-                         dp=dps[:, None], precision=plan.precision, comm_scale=assembly.comm_scale,
-                         collectives_ms=dp_latency_ms(dps, [lat for _, lat in rings]))
-    fixed = (assembly.comm_scale * p2p_total_ms(cluster, plan, model, where) + assembly.overhead_ms
-             + assembly.p2p_per_transfer_ms * blocking_transfers(plan.pp, plan.micro_batches))
-    T = iteration_time_ms(t[:, None], plan.micro_batches, fixed, tail)
+    groups = np.asarray(stage_groups(plan), dtype=np.float64)
+    T = iteration_time_ms(t[:, None], plan.micro_batches, fixed_ms(cluster, plan, model, where, assembly),
+                          tails(plan, cluster, model, where, static[:, None], params[:, None], assembly))
     capacity = np.asarray([usable_capacity_mib(g) for g in gpus], dtype=np.float64)
-    weight = np.asarray([st.tp for st in plan.stages], dtype=np.float64) * dps
+    weight = np.asarray([st.tp for st in plan.stages], dtype=np.float64) * groups
     stats = memory_stats(mem[:, None], weight, capacity)
     return plan_metrics(plan, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=capacity,
                         stats=stats, feasible=bool(np.all(mem <= capacity - reserve_gib * 1024.0)))
+
+
+def fixed_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]],
+             assembly: AssemblyCalibration) -> float:
+    """The plan's fixed term: Σ 2·p2p (×c) + a calibration's overhead and per-transfer cost."""
+    return (assembly.comm_scale * p2p_total_ms(cluster, plan, model, where) + assembly.overhead_ms
+            + assembly.p2p_per_transfer_ms * blocking_transfers(plan.pp, plan.micro_batches))
+
+
+def tails(plan: Plan, cluster: Cluster, model: ModelArch, where: list[list[int]], static: np.ndarray,
+          params: np.ndarray, assembly: AssemblyCalibration) -> np.ndarray:
+    """(pp, k) each stage's tail for k columns of static MiB and parameters per rank: optimizer step + T_dp over
+    its dp_s · cp ring with its 2(n − 1) step latencies (memx.planner.collectives.dp_latency_ms), and on the first
+    and last stage the tied embedding's all-reduce (`embedding_ms`), as schedule.stage_tail_ms adds them."""
+    groups = np.asarray(stage_groups(plan), dtype=np.float64)
+    rings = dp_rings(cluster, plan, where)
+    extra = dp_latency_ms(groups, [lat for _, lat in rings])
+    emb = embedding_ms(cluster, plan, model, where)
+    extra[0] += emb
+    extra[-1] += emb  # 0 at pp = 1: one stage holds both ends
+    return stage_tail_ms(static, params, [cluster.gpu(st.gpu).memory_bandwidth_gbps for st in plan.stages],
+                         [bw for bw, _ in rings], distributed_optimizer=plan.distributed_optimizer,
+                         dp=groups[:, None], precision=plan.precision, comm_scale=assembly.comm_scale,
+                         collectives_ms=extra)

@@ -33,29 +33,38 @@ from memx.domain.errors import InfeasibleError
 from memx.domain.plan import Plan, Stage
 from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
-from memx.domain.stage_dp import place_stage_groups, stage_dp_problems, stage_dps
+from memx.domain.stage_dp import place_stage_groups, stage_dp_problems, stage_groups
 from memx.planner import stage_dp
 from memx.planner.collectives import dp_latency_ms
+from memx.planner.context_parallel import add_ring_terms, launcher_runs_cp
 from memx.planner.estimate import estimate_plans, upper_margins
 from memx.planner.metrics import PlanMetrics
 from memx.planner.predictions import params_per_rank
 from memx.planner.pick import with_candidate
 from memx.planner.result import SearchResult, plan_key
-from memx.planner.schedule import AssemblyCalibration, assembly_of, blocking_transfers, iteration_time_ms, stage_tail_ms
+from memx.planner.schedule import AssemblyCalibration, assembly_of, iteration_time_ms, stage_tail_ms
 from memx.planner.signatures import predict_arrays, signature_columns
 from memx.planner.space import _effective, _ends_ok, gpu_subsets, subset_precisions, valid_tps
-from memx.planner.tables import decode_option, plan_contexts, stage_options
+from memx.planner.tables import decode_option, stage_options
 
 
-def _meshes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: str) -> list[tuple[int, int, int]]:
-    """(tp, dp, stages) of one GPU type's mesh: tp · dp · stages its GPUs (all of them with use_all_gpus)."""
-    count = cluster.gpu_count(gpu)
+def _meshes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: str, cp: int) -> list[tuple[int, int, int]]:
+    """(tp, dp, stages) of one GPU type's mesh: tp · cp · dp · stages its GPUs (all of them with use_all_gpus)."""
+    count = cluster.gpu_count(gpu) // cp
     out = []
     for tp in valid_tps(model, cluster, gpu, space.tp_options):
         for dp in range(1, count // tp + 1):
             ks = [count // (tp * dp)] if space.use_all_gpus else range(1, count // (tp * dp) + 1)
-            out += [(tp, dp, k) for k in ks if k >= 1 and (not space.use_all_gpus or k * tp * dp == count)]
+            out += [(tp, dp, k) for k in ks if k >= 1 and (not space.use_all_gpus or k * tp * dp * cp == cluster.gpu_count(gpu))]
     return out
+
+
+def context_parallels(cluster: Cluster, space: SearchSpace, subset: tuple[str, ...], seq: int) -> list[int]:
+    """The cp of SearchSpace.context_parallel_options a plan on `subset` may take: 2·cp divides the sequence
+    (memx.domain.context_parallel) and the launcher starts cp on these GPUs (context_parallel.launcher_runs_cp:
+    never under `flagscale`, whose heterogeneous ParallelContext asserts cp == 1)."""
+    runs = launcher_runs_cp(space.launcher, [cluster.gpu(g) for g in subset])
+    return [cp for cp in space.context_parallel_options if cp == 1 or (runs and seq % (2 * cp) == 0)]
 
 
 def layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) -> list[Plan]:
@@ -67,16 +76,18 @@ def layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) -> list[Plan
     precisions = subset_precisions(cluster, space, subsets) if subsets else {}
     out = []
     for subset in (s for s in subsets if s in precisions):
-        for meshes in itertools.product(*(_meshes(cluster, model, space, g) for g in subset)):
-            if len({dp for _, dp, _ in meshes}) == 1 or not space.min_pp <= sum(k for *_, k in meshes) <= min(
-                    space.max_pp, model.layers):
-                continue
-            for order in itertools.permutations(range(len(subset))):
-                out += _probes(cluster, model, space, [(subset[i], *meshes[i]) for i in order], seq, precisions[subset])
+        for cp in context_parallels(cluster, space, subset, seq):
+            for meshes in itertools.product(*(_meshes(cluster, model, space, g, cp) for g in subset)):
+                if len({dp for _, dp, _ in meshes}) == 1 or not space.min_pp <= sum(k for *_, k in meshes) <= min(
+                        space.max_pp, model.layers):
+                    continue
+                for order in itertools.permutations(range(len(subset))):
+                    out += _probes(cluster, model, space, [(subset[i], *meshes[i]) for i in order], seq,
+                                   precisions[subset], cp)
     return out
 
 
-def _probes(cluster, model, space, meshes, seq, precision) -> list[Plan]:
+def _probes(cluster, model, space, meshes, seq, precision, cp) -> list[Plan]:
     stages = tuple(Stage(gpu=g, tp=tp, layers=1, data_parallel=dp) for g, tp, dp, k in meshes for _ in range(k))
     if not _ends_ok(space.launcher, model, tuple(st.tp for st in stages)):
         return []
@@ -87,7 +98,7 @@ def _probes(cluster, model, space, meshes, seq, precision) -> list[Plan]:
             continue
         probe = Plan(model=model.name, cluster=cluster.name, global_batch=space.global_batch, micro_batch=mb,
                      seq_len=seq, dp=dp0, stages=stages, distributed_optimizer=do, sequence_parallel=sp,
-                     precision=precision)
+                     precision=precision, context_parallel=cp)
         if not stage_dp_problems(probe, model) and place_stage_groups(probe, cluster) is not None:
             out.append(probe)
     return out
@@ -121,7 +132,8 @@ def _tables(per_probe: list[tuple], model: ModelArch, space: SearchSpace, predic
     idx = np.repeat(np.arange(len(ctxs)), len(pattern))
     layers, codes = np.tile(per_n, len(ctxs)), np.tile(per_code, len(ctxs))
     seq = space.seq_len or model.seq_len
-    pred = predict_arrays(predictor, signature_columns(ctxs, layers, codes, idx, model, seq))
+    sigs = signature_columns(ctxs, layers, codes, idx, model, seq)
+    pred = add_ring_terms(predict_arrays(predictor, sigs), sigs, ctxs, idx, cluster)  # cp > 1: the ring's terms
     peak = pred["peak_mem_mib"]
     high = pred.get("peak_mem_mib_high", np.full_like(peak, np.nan))
     top = np.where(np.isnan(high), peak, np.maximum(high, peak))
@@ -230,10 +242,12 @@ class _Layout:
         self.probe, self.rows, self.ok = probe, rows, ok
         where = place_stage_groups(probe, cluster)
         rings = stage_dp.dp_rings(cluster, probe, where)
-        self.tail = [_tail(r, probe, st, dp, ring, cluster, assembly, tails)
-                     for r, st, dp, ring in zip(rows, probe.stages, stage_dps(probe), rings)]
-        self.fixed_ms = (assembly.comm_scale * stage_dp.p2p_total_ms(cluster, probe, model, where) + assembly.overhead_ms
-                         + assembly.p2p_per_transfer_ms * blocking_transfers(probe.pp, probe.micro_batches))
+        tail = [_tail(r, probe, st, g, ring, cluster, assembly, tails)
+                for r, st, g, ring in zip(rows, probe.stages, stage_groups(probe), rings)]
+        # the tied embedding's all-reduce on the first and last stage (a layout constant, ×c as stage_tail_ms)
+        emb = assembly.comm_scale * stage_dp.embedding_ms(cluster, probe, model, where)
+        self.tail = [tl + emb if s in (0, len(tail) - 1) else tl for s, tl in enumerate(tail)]
+        self.fixed_ms = stage_dp.fixed_ms(cluster, probe, model, where, assembly)
         # no split has a smaller largest tail: every stage holds some eligible row
         self.tail_floor = max(float(tl[o].min()) for tl, o in zip(self.tail, ok))
 
@@ -255,7 +269,8 @@ class _Layout:
 
 def _tail(rows: _Rows, probe: Plan, stage: Stage, dp: int, ring: tuple[float, float], cluster: Cluster,
           assembly: AssemblyCalibration, cache: dict) -> np.ndarray:
-    """Per row, the stage's tail (optimizer step + T_dp over its dp ranks, latency included: schedule.stage_tail_ms,
+    """Per row, the stage's tail without the embedding's all-reduce (optimizer step + T_dp over its dp = dp_s · cp
+    ranks, latency included: schedule.stage_tail_ms,
     memx.planner.collectives.dp_latency_ms; `ring`: (GB/s, step latency ms)), cached per context, ring and dp."""
     key = (id(rows), ring, dp)
     if key not in cache:
@@ -298,7 +313,7 @@ class _Space:
 
 def _space(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, levels: tuple[str, ...]) -> _Space:
     probes = layouts(cluster, model, space)
-    per_probe = [stage_dp.contexts(p, plan_contexts(p)) for p in probes]
+    per_probe = [stage_dp.plan_stage_contexts(p, cluster) for p in probes]
     tables = _tables(per_probe, model, space, predictor, levels, cluster) if probes else {}
     return _Space(probes=probes, rows=[[tables[c] for c in pctx] for pctx in per_probe])
 

@@ -334,7 +334,7 @@ def _meshes_run(plan: Plan, cluster: Cluster, model: ModelArch, seed: int, conf_
     run = simulate_meshes(plan, cluster, model, stage_signatures(plan, model), tr, static_bytes_per_param, seed,
                           one_f1b_order)
     fields = {f: getattr(run, f) for f in ("demand_mem_mib", "capacity_mib", "oom_gpus", "stage_time_ms", "stage_busy_fraction",
-                                           "p2p_ms", "dp_allreduce_ms", "optimizer_ms")}
+                                           "p2p_ms", "dp_allreduce_ms", "optimizer_ms", "embedding_sync_ms")}
     if run.oom_gpus:
         first = run.oom_gpus[0]
         return PlanRun(iteration_time_ms=None, peak_mem_mib=None, oom=True,

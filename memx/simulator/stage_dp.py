@@ -27,27 +27,57 @@ import numpy as np
 
 from memx.domain.plan import Plan, plan_model
 from memx.domain.specs import Cluster, ModelArch
-from memx.domain.stage_dp import handoff, place_stage_groups, samples_per_micro_batch, stage_dps, stage_micro_batches
+from memx.domain.stage_dp import (
+    embedding_groups,
+    group_handoff,
+    place_stage_groups,
+    samples_per_micro_batch,
+    stage_dps,
+    stage_groups,
+    stage_micro_batches,
+)
+from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.links import link, ring, shared_nic
-from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, ring_allreduce_ms, ring_collective_ms
+from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, Device, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import StageCost, StageSignature, noise_factor, stage_cost
+from memx.simulator.step_sync import mesh_embedding_sync
 from memx.simulator.traits import GpuTraits
 
 Piece = tuple[int, int, float]  # (source group, destination group, ms)
 
 
 def signatures(plan: Plan, sigs: list[StageSignature]) -> list[StageSignature]:
-    """The plan's stage signatures at each stage's per-rank micro batch b_s and its dp_s (optimizer shards)."""
-    return [dataclasses.replace(sig, micro_batch=b, dp=d)
-            for sig, b, d in zip(sigs, stage_micro_batches(plan), stage_dps(plan), strict=True)]
+    """The plan's stage signatures as one rank runs them: its per-rank micro batch b_s, its dp_s · cp optimizer
+    shards and, with context parallelism, its s/cp tokens."""
+    seq = plan.seq_len // plan.context_parallel
+    return [dataclasses.replace(sig, micro_batch=b, dp=g, seq_len=seq)
+            for sig, b, g in zip(sigs, stage_micro_batches(plan), stage_groups(plan), strict=True)]
+
+
+def ring_costs(plan: Plan, cluster: Cluster, where: list[list[int]], sigs: list[StageSignature],
+               costs: list[StageCost], tr: dict[str, GpuTraits]) -> list[StageCost]:
+    """`costs` with the ring attention of context parallelism (memx.simulator.context_parallel.with_ring) on each
+    stage's cp rings: group g·cp + c is cp rank c of dp rank g (memx.domain.stage_dp.stage_groups), laid out as
+    the rank-equivalent replicas context_parallel.cp_ring_links reads. `costs` itself at cp 1."""
+    cp = plan.context_parallel
+    if cp == 1:
+        return costs
+    out = []
+    for s, (st, sig, c) in enumerate(zip(plan.stages, sigs, costs)):
+        (link_ms,) = cp_ring_links(dataclasses.replace(plan, stages=(st,)), cluster, [[n] for n in where[s]], tr, cp)
+        t = tr[st.gpu]
+        out.append(with_ring(c, sig, cp, Device.of(cluster.gpu(st.gpu), t, sig.precision), *link_ms,
+                             t.recompute_penalty_factor))
+    return out
 
 
 def boundary_pieces(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]], s: int,
                     tr: dict[str, GpuTraits]) -> list[Piece]:
-    """Every piece of the hand-off from stage s to s + 1 with its transfer time (module docstring)."""
+    """Every piece of the hand-off from stage s to s + 1 with its transfer time (module docstring), between TP
+    groups (cp rank c to cp rank c, memx.domain.stage_dp.group_handoff)."""
     dp_a, dp_b = stage_dps(plan)[s], stage_dps(plan)[s + 1]
     unit = samples_per_micro_batch(plan) / math.lcm(dp_a, dp_b)  # samples per row of handoff
-    pieces = handoff(dp_a, dp_b)
+    pieces = group_handoff(plan, s)
     nodes = [(where[s][a], where[s + 1][b]) for a, b, _ in pieces]
     # each rank sends (takes) its pieces in turn: one flow per rank through its node's NICs at a time
     out_flows = Counter(x for x, _ in {(x, a) for (a, _, _), (x, y) in zip(pieces, nodes) if x != y})
@@ -58,7 +88,7 @@ def boundary_pieces(plan: Plan, model: ModelArch, cluster: Cluster, where: list[
         bw, lat = link(cluster, x, y)
         if x != y:
             bw = min(bw, shared_nic(cluster, x, out_flows[x]), shared_nic(cluster, y, in_flows[y]))
-        nbytes = BF16_BYTES * rows * unit * plan.seq_len * model.hidden
+        nbytes = BF16_BYTES * rows * unit * (plan.seq_len // plan.context_parallel) * model.hidden
         out.append((a, b, nbytes / (bw * t.link_efficiency) + lat + t.p2p_overhead_ms))
     return out
 
@@ -168,6 +198,7 @@ class MeshRun:
     dp_allreduce_ms: tuple[float, ...]
     optimizer_ms: tuple[float, ...]
     capacity_mib: tuple[float, ...]  # per GPU, as demand_mem_mib: what each can allocate (GpuTraits.capacity_mib)
+    embedding_sync_ms: float = 0.0  # tied embeddings at pp > 1: what the first ↔ last all-reduces add (step_sync)
 
 
 def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[StageSignature],
@@ -179,17 +210,18 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
     assert where is not None  # validated
     model = plan_model(plan, model)
     sigs = signatures(plan, sigs)
-    costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
+    costs = ring_costs(plan, cluster, where, sigs,
+                       [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs], tr)
     demand, over, capacity = [], [], []
-    for st, dp, sig, c in zip(plan.stages, stage_dps(plan), sigs, costs):
+    for st, groups, sig, c in zip(plan.stages, stage_groups(plan), sigs, costs):
         peak = c.peak_mem_mib(sig.inflight)
-        for _ in range(dp * st.tp):
+        for _ in range(groups * st.tp):
             if peak > c.capacity_mib:
                 over.append(len(demand))
             demand.append(peak)
             capacity.append(c.capacity_mib)
     pieces = [boundary_pieces(plan, model, cluster, where, s, tr) for s in range(plan.pp - 1)]
-    dp_ar = dp_step_ms(plan, cluster, where, costs, tr)  # `where`: each stage's dp_s group nodes
+    dp_ar = dp_step_ms(plan, cluster, where, costs, tr)  # `where`: each stage's dp_s · cp group nodes
     common = dict(demand_mem_mib=tuple(demand), oom_gpus=tuple(over), stage_time_ms=tuple(c.time_ms for c in costs),
                   p2p_ms=tuple(max(ms for _, _, ms in p) for p in pieces), dp_allreduce_ms=tuple(dp_ar),
                   optimizer_ms=tuple(c.optimizer_ms for c in costs), capacity_mib=tuple(capacity))
@@ -198,11 +230,14 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
     rng = np.random.default_rng(seed)
     m = plan.micro_batches
     fwd, bwd = [], []
-    for st, dp, c in zip(plan.stages, stage_dps(plan), costs):
-        noise = noise_factor(rng, tr[st.gpu].noise_std_fraction, (dp, m, 2))
+    for st, groups, c in zip(plan.stages, stage_groups(plan), costs):
+        noise = noise_factor(rng, tr[st.gpu].noise_std_fraction, (groups, m, 2))
         fwd.append(c.fwd_ms * noise[:, :, 0])
         bwd.append(c.bwd_ms * noise[:, :, 1])
     finish, busy = run_meshes(fwd, bwd, pieces, order)
-    iteration = float(max(f.max() + a + c.optimizer_ms for f, a, c in zip(finish, dp_ar, costs)))
+    ready = [float(f.max() + a) for f, a in zip(finish, dp_ar)]  # a stage's ranks leave its DP collective together
+    ready[0], ready[-1] = mesh_embedding_sync(plan, model, cluster, where, tr, ready[0], ready[-1])
+    emb = max(ready[0], ready[-1]) - max(float(finish[0].max() + dp_ar[0]), float(finish[-1].max() + dp_ar[-1]))
+    iteration = float(max(r + c.optimizer_ms for r, c in zip(ready, costs)))
     return MeshRun(iteration_time_ms=iteration, stage_busy_fraction=tuple(float(b.mean() / iteration) for b in busy),
-                   **common)
+                   embedding_sync_ms=emb, **common)

@@ -11,6 +11,12 @@
   every replica's tp rings at once through the nodes' NICs. It is a blocking collective: both ends start it
   when the later of them has finished its DP step, and both leave it together (`synchronised`). With different
   tp at the two ends (FlagScale) the larger shard is sent (simulator assumption).
+- **The same with a data-parallel degree per stage** (FlagScale's per-mesh dp, memx.domain.stage_dp): the
+  embedding groups are FlagScale's, one per pipeline path (memx.domain.stage_dp.embedding_groups: a first-stage
+  rank may sit in several, a last-stage one too), every (tp, cp) coordinate's at once; a rank runs its groups'
+  all-reduces one after another in their order, each blocking: it starts when both its ranks have left their
+  previous one (or their stage's DP step) and ends for both together (`mesh_embedding_sync`). The bytes of one
+  are the shard's share embedding_groups gives (FlagScale's partial reduce with the distributed optimizer).
 - **One DP collective per model chunk**: Megatron-LM wraps each interleaved model chunk in its own
   DistributedDataParallel with its own gradient buffer, and without `--overlap-grad-reduce` a buffer is one
   bucket (megatron/core/distributed/distributed_data_parallel.py: bucket_size None) — so a rank of an
@@ -23,6 +29,7 @@ from __future__ import annotations
 from collections import Counter
 
 from memx.domain.plan import Plan
+from memx.domain.stage_dp import embedding_groups
 from memx.domain.specs import Cluster, ModelArch
 from memx.simulator.links import ring, ring_flows
 from memx.simulator.physics import GRAD_BYTES_OF, ring_allreduce_ms
@@ -67,3 +74,29 @@ def chunk_latency_ms(plan: Plan, cluster: Cluster, where: list[list[int]], tr: d
         _, step = ring(cluster, [where[k][s] for k in range(r)], [tr[st.gpu]] * r, st.tp)
         out.append((v - 1) * 2.0 * (r - 1) * step)
     return out
+
+
+def mesh_embedding_sync(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]],
+                        tr: dict[str, GpuTraits], first_ready: float, last_ready: float) -> tuple[float, float]:
+    """When the first and the last stage of a per-stage-dp plan (`where`: each stage's TP group nodes, group
+    g·cp + c cp rank c of dp rank g) leave the tied embedding's all-reduces, both having left their DP step at
+    `first_ready` / `last_ready` (module docstring); the ready times unchanged untied or at pp 1."""
+    if not (model.tied_embeddings and plan.pp > 1):
+        return first_ready, last_ready
+    first, last, cp = plan.stages[0], plan.stages[-1], plan.context_parallel
+    tp = min(first.tp, last.tp)
+    nbytes = GRAD_BYTES_OF[plan.precision] * model.vocab * model.hidden / tp
+    groups = embedding_groups(plan)
+    pairs = {(f, l_, c): [where[0][f * cp + c], where[-1][l_ * cp + c]] for f, l_, _ in groups for c in range(cp)}
+    every: Counter = sum((ring_flows(p, tp) for p in pairs.values()), Counter())
+    done_f: dict[int, float] = {}
+    done_l: dict[int, float] = {}
+    for f, l_, share in groups:  # in order: each rank's groups one after another
+        ms = 0.0
+        for c in range(cp):  # the cp coordinates' all-reduces run at once, on their own ranks
+            p = pairs[(f, l_, c)]
+            bw, step = ring(cluster, p, [tr[first.gpu], tr[last.gpu]], tp, every - ring_flows(p, tp))
+            ms = max(ms, ring_allreduce_ms(share * nbytes, 2, bw, step))
+        end = max(done_f.get(f, first_ready), done_l.get(l_, last_ready)) + ms
+        done_f[f] = done_l[l_] = end
+    return max(done_f.values()), max(done_l.values())

@@ -28,8 +28,9 @@ CASES = [
      ("stages[0].data_parallel (1)", "stages[1].data_parallel (3)", "44 × v100-32g")),
     ("with-interleaving", {"virtual_stages": 2, "stages": [dict(s, layers=n) for s, n in zip(_dps(2, 1, 2), (12, 10, 10))]},
      ("'virtual_stages' (2)", "per-stage data_parallel")),
-    ("with-context-parallel", {"context_parallel": 2, "micro_batch": 2, "stages": _dps(2, 1, 1)},
-     ("'context_parallel' (2)", "per-stage data_parallel")),
+    ("with-context-parallel-that-does-not-fit", {"context_parallel": 3, "micro_batch": 2, "stages": _dps(2, 1, 1)},
+     ("'seq_len' (4096) is not divisible by context_parallel (3)", "2 × context_parallel (6)",
+      "12 × a100-80g (Σ tp_i × dp_i × cp)", "24 × v100-32g")),
     ("mixture-of-experts", {"model": "qwen1.5-moe-a2.7b", "stages": [dict(s, layers=n) for s, n in
                                                                      zip(_dps(2, 1, 2), (8, 8, 8))]},
      ("mixture-of-experts", "qwen1.5-moe-a2.7b")),

@@ -2,7 +2,9 @@
 stage): on small mixed clusters its floor-then-fastest plan equals a full enumeration of the same space — every
 layout, every layer split and every recompute option per stage, each plan scored by `estimate_plans` (the given-plan
 closed form, memx.planner.stage_dp) — with the closed form and with an interval predictor (the floor on the
-upper-bound margin). The default set runs a few seeded spaces; the slow test runs more."""
+upper-bound margin). The default set runs a few seeded spaces; the slow test runs more. Extended to the dims that
+combine with a per-stage dp (issue #27): context parallelism (context_parallel_options [1, 2]) and tied embeddings
+(the first ↔ last stage all-reduce along FlagScale's pipeline paths, memx.domain.stage_dp.embedding_groups)."""
 
 from __future__ import annotations
 
@@ -22,18 +24,19 @@ from tests.unit.test_pick_exact import predictor_for
 PAIRS = (("h100-80g", "mi300x-192g"), ("a100-40g", "l40s-48g"), ("v100-16g", "a100-80g"), ("a100-80g", "v100-32g"))
 
 
-def _space(seed: int):
+def _space(seed: int, new_dims: bool = False):
     rng = np.random.default_rng(seed)
     pair = PAIRS[seed % len(PAIRS)]
     nodes = tuple(Node(gpu=load_gpu(name), count=int(rng.choice((2, 4)))) for name in pair)
     cluster = Cluster(name="mixed", inter_node_bandwidth_gbps=float(rng.choice((12.0, 50.0))), nodes=nodes)
     model = dataclasses.replace(load_model("llama-6l"), layers=int(rng.integers(3, 6)),
                                 hidden=int(rng.choice((4096, 8192))), heads=32, query_groups=8,
-                                seq_len=int(rng.choice((2048, 4096))))
+                                seq_len=int(rng.choice((2048, 4096))), tied_embeddings=new_dims)
     levels = ("none", "selective", "full") if seed % 2 else ("none", "full", "block")
     space = dataclasses.replace(load_search("small"), global_batch=int(rng.choice((8, 16))), tp_options=(1, 2),
                                 micro_batch_options=(1, 2), recompute_levels=levels, max_pp=3,
-                                margin_floor=float(rng.choice((0.1, 0.3, 0.5, 0.7))), stage_data_parallel=True)
+                                margin_floor=float(rng.choice((0.1, 0.3, 0.5, 0.7))), stage_data_parallel=True,
+                                context_parallel_options=(1, 2) if new_dims else (1,))
     return cluster, model, space
 
 
@@ -58,8 +61,8 @@ def _enumerated(cluster, model, space, predictor):
     return best
 
 
-def _check(seed: int, kind: str) -> bool:
-    cluster, model, space = _space(seed)
+def _check(seed: int, kind: str, new_dims: bool = False) -> bool:
+    cluster, model, space = _space(seed, new_dims)
     predictor = predictor_for(cluster, kind)
     want = _enumerated(cluster, model, space, predictor)
     plan, _ = floor_then_fastest(cluster, model, space, predictor, (space.recompute_levels,))
@@ -73,13 +76,14 @@ def _check(seed: int, kind: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize(("seed", "kind"), [(0, "point"), (14, "interval")])
-def test_per_stage_dp_pick_equals_full_enumeration(seed, kind):
-    assert _check(seed, kind)
+@pytest.mark.parametrize(("seed", "kind", "new_dims"), [(0, "point", False), (14, "interval", False), (2, "point", True)])
+def test_per_stage_dp_pick_equals_full_enumeration(seed, kind, new_dims):
+    assert _check(seed, kind, new_dims)
 
 
 @pytest.mark.slow
 def test_per_stage_dp_pick_equals_full_enumeration_on_many_spaces():
-    found = [_check(seed, kind) for seed in range(24) for kind in ("point", "interval", "interval-nan")]
+    found = [_check(seed, kind, new_dims) for seed in range(24) for kind in ("point", "interval", "interval-nan")
+             for new_dims in (False, True)]
     assert sum(found) >= len(found) // 2  # most spaces have a plan: the comparison is not vacuous
 
