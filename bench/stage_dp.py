@@ -17,8 +17,14 @@ memx.simulator.draw_plans from the same search on the same cluster — the stage
 Usage: PYTHONPATH=. .venv/bin/python bench/stage_dp.py [--plans 150] [--seed 5]
        PYTHONPATH=. .venv/bin/python bench/stage_dp.py --accuracy-only   (the random-plan rows only)
        PYTHONPATH=. .venv/bin/python bench/stage_dp.py --time a100-v100-16 h100-h20-16 three-vendor-20
+       PYTHONPATH=. .venv/bin/python bench/stage_dp.py --new-dims [--plans 100]   (issue #27: with cp, tied embeddings)
 (`--time`: only the search time, CPU s, the best of 2 runs each way interleaved in this process, with and without the
 option, and the ratio; goal ≤ 3×.)
+`--new-dims`: the accuracy rows on random per-stage-dp plans with context parallelism (a random layout of the space
+with context_parallel_options [1, 2, 4] whose cp > 1) and with tied embeddings (gpt-neo-2.7b: the first ↔ last
+all-reduce along FlagScale's pipeline paths, cp 1, 2 or 4), and the per-stage-dp search's CPU time
+(stage_dp_search.search_stage_dp, conf/search/default.yaml) with context_parallel_options [1, 2] and [1, 2, 4]
+against [1] (today's per-stage-dp space), the best of 2 runs each, interleaved; goal ≤ 3×.
 Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case.
 """
 
@@ -51,9 +57,9 @@ SIDE_BY_SIDE = (("a100-v100-16", "llama2-7b"), ("h100-h20-16", "llama2-7b"), ("v
 CASES = (("a100-v100-16", "llama2-7b"), ("h100-h20-16", "llama2-7b"), ("a100-t4-16", "llama2-7b"))
 
 
-def random_plans(cluster, model, space, n: int, seed: int):
+def random_plans(cluster, model, space, n: int, seed: int, keep=lambda probe: True):
     rnd = random.Random(seed)
-    probes = layouts(cluster, model, space)
+    probes = [p for p in layouts(cluster, model, space) if keep(p)]
     out = []
     while len(out) < n:
         probe = rnd.choice(probes)
@@ -121,13 +127,52 @@ def timing(cname: str, mname: str = "llama2-7b") -> None:
           f"{r.chosen.iteration_time_ms:,.0f} ms, dp {dp_text(plan_to_dict(r.chosen.plan))}", flush=True)
 
 
+NEW_DIMS = (("a100-v100-16", "llama2-7b", "cp > 1"), ("h100-h20-16", "llama2-7b", "cp > 1"),
+            ("a100-t4-16", "llama2-7b", "cp > 1"), ("a100-v100-16", "gpt-neo-2.7b", "tied"),
+            ("h100-h20-16", "gpt-neo-2.7b", "tied"))
+
+
+def new_dims(n: int, seed: int) -> None:
+    """Issue #27's combined dims: accuracy on random per-stage-dp plans with cp / tied embeddings, and search time."""
+    for cname, mname, kind in NEW_DIMS:
+        cluster, model = load_cluster(cname), load_model(mname)
+        space = dataclasses.replace(load_search("default"), context_parallel_options=(1, 2, 4))
+        keep = (lambda p: p.context_parallel > 1) if kind == "cp > 1" else (lambda p: True)
+        plans = random_plans(cluster, model, space, n, seed, keep)
+        cps = sorted({p.context_parallel for p in plans})
+        print(f"{cname} {mname} per-stage dp, {kind} (cp {cps})  {errors(plans, cluster, model)}", flush=True)
+        uniform = draw_plans(cluster, model, space, n=n, seed=seed)  # the stage model's own error, one dp, same space
+        print(f"{cname} {mname} one dp (drawn, cp options [1, 2, 4]) {errors(uniform, cluster, model)}", flush=True)
+    for cname, mname, _ in NEW_DIMS[:2] + NEW_DIMS[3:4]:
+        cluster, model, space = load_cluster(cname), load_model(mname), load_search("default")
+        pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
+        cpu: dict[tuple, list[float]] = {}
+        for _ in range(2):
+            for cps in ((1,), (1, 2), (1, 2, 4)):
+                sp = dataclasses.replace(space, context_parallel_options=cps)
+                t0 = time.process_time()
+                best, _ = search_stage_dp(cluster, model, sp, pred)
+                cpu.setdefault(cps, []).append(time.process_time() - t0)
+                cpu.setdefault(("n", cps), [len(layouts(cluster, model, sp))])
+                cpu.setdefault(("pick", cps), [best.iteration_time_ms, best.plan.context_parallel])
+        base = min(cpu[(1,)])
+        print(f"search_stage_dp {cname} / {mname}: " + "; ".join(
+            f"cp {list(cps)} {min(cpu[cps]):.2f} CPU s ({min(cpu[cps]) / base:.2f}x), {cpu[('n', cps)][0]} layouts, "
+            f"pick {cpu[('pick', cps)][0]:,.0f} ms at cp {cpu[('pick', cps)][1]}" for cps in ((1,), (1, 2), (1, 2, 4))),
+            flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=150)
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--accuracy-only", action="store_true", help="the random-plan accuracy rows only")
     ap.add_argument("--time", nargs="+", metavar="CLUSTER", help="only the search-time ratio on these clusters")
+    ap.add_argument("--new-dims", action="store_true", help="issue #27's cp / tied-embedding rows and search time")
     args = ap.parse_args()
+    if args.new_dims:
+        new_dims(args.plans, args.seed)
+        return
     if args.time:
         for cname in args.time:
             timing(cname)

@@ -16,6 +16,12 @@ Mixture of experts (issue #27): both take one expert-parallel size for the whole
 pre_validate_args) — and need ep to divide dp (expert tp = tp); a layout of memx.planner.space has one ep that
 divides its dp, so every launcher runs it; replica groups (schema 2) carry none (memx.planner.moe).
 
+The opt-in per-stage-dp space (`stage_data_parallel`, memx.planner.stage_dp_search; refused with `megatron`, which
+has one dp): under `flagscale` its layouts keep cp 1 (the same launcher_runs_cp rule: FlagScale's meshes may
+name a cp, all equal, but its heterogeneous ParallelContext asserts cp == 1) and no interleaving (FlagScale asserts
+'virtual pipeline not support now!' with heterogeneous meshes); under `any` they take every cp of
+context_parallel_options (issue #27).
+
 `launcher_gain` runs the unconstrained search beside a constrained one: what the heterogeneous plan gains
 over the best plan the launcher runs (time and margin), for the report.
 """

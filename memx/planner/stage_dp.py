@@ -26,6 +26,13 @@ flow through the stages in 1F1B order. What changes against memx.planner.schedul
   the iteration ends with the slowest stage's tail.
 - memory: M, V and the margin over GPUs weight stage s's peak by its tp_s · dp_s GPUs (paper §3.1.2).
 
+- tied embeddings: the first and last stage's tails carry FlagScale's embedding all-reduces (`embedding_ms`,
+  memx.domain.stage_dp.embedding_groups).
+- context parallelism cp (one for the plan, memx.domain.stage_dp): stage s has dp_s · cp TP groups; every rank
+  computes b_s samples of s/cp tokens (its signature's seq_len, memx.planner.signatures) plus the ring attention's
+  terms over the stage's cp rings (`cp_links`, memx.planner.context_parallel.add_ring_terms); the hand-off goes cp
+  rank to cp rank with b · (s/cp) · h messages; T_dp and the optimizer shards are over dp_s · cp ranks.
+
 T = (m − 1) · max_s t_s + Σ_s t_s + Σ_{s<pp−1} 2 · p2p_s + max_s tail_s (paper §3.1.2, Narayanan et al. 2021
 §2.2.1), the same formula as every other plan; a calibrated predictor's c, o and d apply as in
 schedule.Pipeline.fixed_ms.

@@ -4,8 +4,9 @@ parallel per stage).
 Layouts: every GPU type of the plan is one FlagScale process mesh — its stages share one tp and one dp
 (FlagScale's mesh is [tp, cp, ep, dp, pp]: flagscale/train/arguments.py pre_validate_args), k stages of tp × dp
 GPUs — in every type order, with the first mesh's dp and micro batch b_0 fixing B = dp_0 · b_0 samples per
-micro batch (every dp_i dividing B, global_batch a multiple of B). Only layouts whose meshes differ in dp are
-enumerated here: those with one dp are today's space, which the batched engine searches exactly.
+micro batch (every dp_i dividing B, global_batch a multiple of B), and every cp of `context_parallel_options` the
+launcher starts (`context_parallels`; one cp for the plan, tp · cp · dp · k GPUs per mesh). Only layouts whose
+meshes differ in dp are enumerated here: those with one dp are today's space, which the batched engine searches exactly.
 
 Scoring stays outside the batched engine (memx.planner.tables / bounds / prepared know one dp and one micro
 batch per layout): one predictor call for every (stage context, layers, recompute option) row of every layout
@@ -123,9 +124,10 @@ class _Rows:
 
 def _tables(per_probe: list[tuple], model: ModelArch, space: SearchSpace, predictor, levels: tuple[str, ...],
             cluster: Cluster) -> dict:
-    """{context: _Rows} for every stage context of `probes`, from one predictor call. A row's margin is taken at
-    max(upper bound, point peak) — the point peak where the predictor gives no interval
-    (memx.planner.estimate.upper_margins, the margin the pick compares)."""
+    """{context: _Rows} for every stage context of `probes`, from one predictor call (a cp > 1 context with its
+    ring's terms, memx.planner.context_parallel.add_ring_terms). A row's margin is taken at max(upper bound, point
+    peak) — the point peak where the predictor gives no interval (memx.planner.estimate.upper_margins, the margin
+    the pick compares)."""
     ctxs = list(dict.fromkeys(c for pctx in per_probe for c in pctx))
     pattern = [(n, code) for n in range(1, model.layers + 1) for code in stage_options(n, levels)]  # every context's
     per_n, per_code = (np.asarray(col, dtype=np.int64) for col in zip(*pattern))
@@ -133,9 +135,11 @@ def _tables(per_probe: list[tuple], model: ModelArch, space: SearchSpace, predic
     layers, codes = np.tile(per_n, len(ctxs)), np.tile(per_code, len(ctxs))
     seq = space.seq_len or model.seq_len
     sigs = signature_columns(ctxs, layers, codes, idx, model, seq)
-    pred = add_ring_terms(predict_arrays(predictor, sigs), sigs, ctxs, idx, cluster)  # cp > 1: the ring's terms
+    raw = predict_arrays(predictor, sigs)
+    pred = add_ring_terms(raw, sigs, ctxs, idx, cluster)  # cp > 1: the ring's time and buffers
     peak = pred["peak_mem_mib"]
-    high = pred.get("peak_mem_mib_high", np.full_like(peak, np.nan))
+    # the upper bound without the ring's buffers, as upper_margins takes it (estimate._predict_stages without a cluster)
+    high = raw.get("peak_mem_mib_high", np.full_like(peak, np.nan))
     top = np.where(np.isnan(high), peak, np.maximum(high, peak))
     out, edges = {}, np.searchsorted(idx, np.arange(len(ctxs) + 1))  # rows come context by context
     for i, c in enumerate(ctxs):

@@ -10,8 +10,13 @@ receive), and a sender's pieces leave one after another too, each piece rows · 
 link's achieved rate (the sender GPU's link efficiency) plus the link latency and the per-transfer overhead; a
 node's NICs are shared by its ranks that send (take) pieces across nodes, one flow each (links.shared_nic).
 Gradients go back the same way. After its last backward each stage's groups ring all-reduce their gradients over the stage's dp_s
-groups (tp_s rings at once; reduce-scatter + all-gather with the distributed optimizer), then run the Adam step;
-the iteration ends when the last stage has.
+groups (tp_s rings at once; reduce-scatter + all-gather with the distributed optimizer); with tied embeddings the
+first and last stage then run FlagScale's embedding all-reduces (memx.simulator.step_sync.mesh_embedding_sync);
+then the Adam step; the iteration ends when the last stage has.
+With context parallelism cp (one for the plan) stage s has dp_s · cp groups (group g·cp + c: cp rank c of dp rank g,
+memx.domain.stage_dp.stage_groups), each a rank of s/cp tokens running the ring attention on its cp ring
+(memx.simulator.context_parallel.with_ring, `ring_costs`); cp rank c hands off to cp rank c; the gradient ring is
+the stage's dp_s · cp groups.
 Memory per GPU: stage s holds min(pp − s, m) micro batches of its b_s-sample activations (1F1B), GPUs
 stage-major, then group, then TP rank.
 """
