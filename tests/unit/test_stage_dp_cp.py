@@ -21,6 +21,7 @@ from memx.planner.predictions import params_per_rank
 from memx.planner.schedule import IDENTITY_ASSEMBLY
 from memx.planner.stage_dp_search import layouts
 from memx.report.flagscale import flagscale_problems
+from memx.report.notation import dp_text
 from memx.simulator import simulate_plan
 from memx.simulator.schedule import _traits_for, one_f1b_order, stage_signatures
 from memx.simulator.stage import ADAM_STATIC_BYTES_PER_PARAM
@@ -127,6 +128,7 @@ def test_cp_with_a_per_stage_dp_validates_and_the_two_models_agree():
     no_cp = plan_from_dict(_with_dps(LLAMA_CP, 2, 4, 2, dp=2, context_parallel=1))  # same GPUs, s tokens per rank
     assert max(estimate_plans([no_cp], cluster, model, pred)[0].peak_mem_mib) > max(est.peak_mem_mib)
     assert any("context parallelism" in p for p in flagscale_problems(plan, model))  # FlagScale cannot start it
+    assert dp_text(LLAMA_CP) == "1/2/1·cp2"
     with pytest.raises(InputError, match=r"'virtual_stages' \(2\) with a per-stage data_parallel"):
         validate_plan(dataclasses.replace(plan, virtual_stages=2), cluster, model)
 
