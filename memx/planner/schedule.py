@@ -233,7 +233,8 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
              p2p_latency_ms: Sequence[float] | None = None, virtual_stages: int = 1,
              wrap_gbps: float | None = None, precision: str = DEFAULT_PRECISION,
              dp_latency_ms: Sequence[float] | None = None,
-             embedding_link: tuple[float, float] | None = None) -> Pipeline:
+             embedding_link: tuple[float, float] | None = None, expert_parallel: int = 1,
+             expert_links: Sequence[Sequence[float]] | None = None) -> Pipeline:
     """The Pipeline of a layout or plan on `cluster` (p2p_gbps and p2p_latency_ms: between stage s and s+1,
     memx.planner.space.plan_links; latency None: the cluster's inter-node latency on every boundary; `assembly`:
     the calibrated c, o and d of the predictor that scores it, memx.planner.schedule.assembly_of; `precision`:
@@ -241,8 +242,9 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
     Interleaved (virtual_stages v > 1; wrap_gbps: the link from the last stage back to the first), each
     boundary is crossed v times and the wrap v − 1 times (memx.planner.interleave.p2p_hops).
     dp_latency_ms (each stage's DP ring step latency) and embedding_link (GB/s, ms between the first and last
-    stage's nodes; memx.planner.space.plan_links) give the tail's step-level collectives
-    (memx.planner.collectives.tail_collectives_ms); None: that term is left out."""
+    stage's nodes; memx.planner.space.plan_links) give the tail's step-level collectives, with a MoE model's
+    expert-gradient collective from expert_parallel and expert_links (memx.planner.moe.a2a_links; dp: the dp·cp
+    ranks) (memx.planner.collectives.tail_collectives_ms); None: that term is left out."""
     types = {g.name: g for g in cluster.gpu_types}  # Cluster.gpu walks the nodes: once per layout, not per stage
     gpus = [types[g] for g in stage_gpus]
     lat = cluster.inter_node_latency_ms if p2p_latency_ms is None else np.asarray(p2p_latency_ms, dtype=np.float64)
@@ -261,4 +263,5 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
                     assembly=assembly, precision=precision,
                     collectives_ms=tail_collectives_ms(model, stage_tp=stage_tp, dp=dp, virtual_stages=virtual_stages,
                                                        precision=precision, dp_latency=dp_latency_ms,
-                                                       emb_link=embedding_link))
+                                                       emb_link=embedding_link, expert_parallel=expert_parallel,
+                                                       expert_links=expert_links))
