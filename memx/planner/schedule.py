@@ -16,11 +16,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from memx.domain.precision import DEFAULT_PRECISION
+from memx.domain.precision import DEFAULT_PRECISION, GRAD_BYTES, PARAM_BYTES
 from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.collectives import tail_collectives_ms
-from memx.planner.cost import ACT_BYTES, dp_step_ms, stepped_static_fraction
+from memx.planner.cost import ACT_BYTES, dp_step_ms, optimizer_shards, static_bytes_per_param
 from memx.planner.interleave import interleaved_time_ms, p2p_hops
 
 
@@ -45,10 +45,38 @@ def dp_allreduce_ms(params_per_rank: np.ndarray, dp: int, bandwidth_gbps: np.nda
     return dp_step_ms(params_per_rank, dp, bandwidth_gbps, distributed_optimizer, precision)
 
 
-def optimizer_ms(static_mib: np.ndarray, memory_bandwidth_gbps: np.ndarray) -> np.ndarray:
-    """Adam step: memory-bound; reads and writes every optimizer-state byte once (our assumption,
-    the 'fixed overhead' of the paper's 1F1B formula, §3.1.2)."""
-    return 2.0 * static_mib * 1024.0 * 1024.0 / (np.asarray(memory_bandwidth_gbps) * 1e9) * 1e3
+def optimizer_step_bytes(precision: str = DEFAULT_PRECISION) -> tuple[float, float]:
+    """(bytes per parameter the rank holds, bytes per parameter it steps) that Megatron-LM's optimizer step moves —
+    the 'fixed overhead' of the paper's 1F1B formula (§3.1.2), every pass memory-bound. Over the whole gradient
+    buffer of g B/param (memx.domain.precision.GRAD_BYTES): `zero_grad_buffer` writes it before the forward, and
+    the 1/dp pre-scaling reads and writes it before the reduction (megatron/core/distributed/
+    param_and_grad_buffer.py start_grad_sync: `grad_data *= gradient_scaling_factor`, average_in_collective off by
+    default; it skips a factor of 1, one data-parallel rank in the whole job, where the 2022 code of Korthikanti et
+    al.'s runs divides always: megatron/model/distributed.py allreduce_gradients at 2755bcb — counted always, so a
+    replica group of dp 1 in a larger job pays it too). Over the parameters the rank steps (all, or its 1/dp shard
+    with the distributed optimizer): the gradient norm reads the fp32 main grads, 4 B (clip_grads.
+    get_grad_norm_fp32; the clip's scale runs only when the norm exceeds --clip-grad: not counted); fused Adam reads
+    the fp32 master weight, grad, m and v and writes master, m and v, 28 B (apex / Transformer Engine
+    multi_tensor_adam); the master → model copy reads 4 B and writes the 16-bit weight
+    (_copy_main_params_to_model_params, memx.domain.precision.PARAM_BYTES). fp16 adds the copy of the fp16 main grad
+    to an fp32 one (2 + 4 B, _copy_model_grads_to_main_grads: `main_grad.float()`) and the loss-scale unscale + inf
+    check over it (4 + 4 B, `_amp_foreach_non_finite_check_and_unscale_`) (megatron/core/optimizer/optimizer.py,
+    MixedPrecisionOptimizer.prepare_grads / step_with_ready_grads). bf16: 3·4 + 38 = 50 B/param (was 2 × 18 =
+    36 B: every state byte read and written once, our earlier assumption)."""
+    held = 3.0 * GRAD_BYTES[precision]
+    stepped = 4.0 + 28.0 + 4.0 + PARAM_BYTES[precision] + (6.0 + 8.0 if precision == "fp16" else 0.0)
+    return held, stepped
+
+
+def optimizer_ms(static_mib: np.ndarray, memory_bandwidth_gbps: np.ndarray, distributed_optimizer=False, dp=1,
+                 precision: str = DEFAULT_PRECISION) -> np.ndarray:
+    """The optimizer step of a rank whose static memory (weights, grads, optimizer state) is `static_mib`:
+    `optimizer_step_bytes` over its parameters (static bytes / memx.planner.cost.static_bytes_per_param; a MoE
+    stage's experts, sharded over fewer ranks, counted at the dense rate) at the memory bandwidth."""
+    params = np.asarray(static_mib) * 1024.0 * 1024.0 / static_bytes_per_param(distributed_optimizer, dp, precision)
+    held, stepped = optimizer_step_bytes(precision)
+    nbytes = params * (held + stepped / optimizer_shards(distributed_optimizer, dp))
+    return nbytes / (np.asarray(memory_bandwidth_gbps) * 1e9) * 1e3
 
 
 def iteration_time_ms(stage_ms: np.ndarray, m: int, fixed_ms: float, tail_ms: np.ndarray) -> np.ndarray:
@@ -167,8 +195,8 @@ def stage_tail_ms(static_mib: np.ndarray, params_per_rank: np.ndarray, memory_ba
     embedding's all-reduce, memx.planner.collectives.tail_collectives_ms; None: none) (×c, the calibrated
     communication scale)."""
     mbw, dbw = np.asarray(memory_bandwidth_gbps)[:, None], np.asarray(dp_gbps)[:, None]
-    stepped = static_mib * stepped_static_fraction(distributed_optimizer, dp, precision)
-    tail = optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, dp, dbw, distributed_optimizer, precision)
+    tail = optimizer_ms(static_mib, mbw, distributed_optimizer, dp, precision) \
+        + dp_allreduce_ms(params_per_rank, dp, dbw, distributed_optimizer, precision)
     if collectives_ms is not None:
         tail = tail + np.asarray(collectives_ms, dtype=np.float64)[:, None]
     return tail if comm_scale == 1.0 else tail * comm_scale
