@@ -12,7 +12,7 @@ import pytest
 from memx.domain.catalog import load_gpu
 from memx.planner.cost import AnalyticStageModel, dp_step_ms, stage_params_per_rank, static_bytes_per_param
 from memx.planner.runtime_terms import activation_bytes, shapes
-from memx.planner.schedule import Pipeline
+from memx.planner.schedule import Pipeline, optimizer_step_bytes
 
 GPUS = {"a100-80g": load_gpu("a100-80g")}
 MIB = 2**20
@@ -46,6 +46,8 @@ def test_optimizer_step_shards_over_dp():
     # plain: 50 GB / 1000 GB/s = 50 ms + 70 ms; DO: 12 + 38/8 = 16.75 ms + 52.5 ms
     assert float(plain[0, 0]) == pytest.approx(50.0 + 70.0)
     assert float(do[0, 0]) == pytest.approx(16.75 + 52.5)
+    # fp16: a 2 B grad buffer (3 × 2 B) and, per stepped param, the fp16 → fp32 grad copy (2 + 4) and the unscale (4 + 4)
+    assert optimizer_step_bytes("bf16") == (12.0, 38.0) and optimizer_step_bytes("fp16") == (6.0, 52.0)
 
 
 def _sig(**over):
