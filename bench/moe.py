@@ -10,7 +10,12 @@ context parallelism (dp/cp replicas of cp = 2 or 4 ranks) and an ep dividing dp�
 with expert_parallel_options [1] (as is) vs [1, 2, 4, 8] (those dividing the experts), and the latter with
 context_parallel_options [1, 2] too.
 
-Usage: PYTHONPATH=. .venv/bin/python bench/moe.py [--plans 40] [--seed 3]
+Usage: PYTHONPATH=. .venv/bin/python bench/moe.py [--plans 40] [--seed 3] [--accuracy-only]
+(`--accuracy-only`: the closed form vs the virtual cluster only, no search timing.)
+
+The expert-dp collective's latency (issue #23, memx.planner.collectives.expert_dp_latency_ms) at scale: random-ep
+plans on conf/clusters/mixed-1024.yaml (dp up to 128) at its 10 µs per NIC message and at 0.1 ms, the closed
+form with and without that term (the same process, the term zeroed) against the virtual cluster.
 Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case, search ratio ≤ 3×.
 """
 
@@ -19,9 +24,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
+
+import numpy as np
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,9 +38,11 @@ sys.path.insert(0, str(REPO))
 
 from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
 from memx.domain.plan import Plan  # noqa: E402
+from memx.planner import collectives  # noqa: E402
 from memx.planner.cost import AnalyticStageModel  # noqa: E402
+from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.planner.search import search  # noqa: E402
-from memx.simulator import draw_plans  # noqa: E402
+from memx.simulator import draw_plans, simulate_plan  # noqa: E402
 
 from bench.interleave import errors as interleave_errors  # noqa: E402  (issue #27's accuracy figures)
 
@@ -62,6 +73,34 @@ def errors(plans, cluster, model) -> str:
     return interleave_errors(plans, cluster, model, predicted_feasible=True)
 
 
+def _no_expert_latency(dp, expert_parallel, expert_links, collectives=1) -> np.ndarray:
+    return np.zeros(len(expert_links or ()))
+
+
+def expert_latency_case(cluster, model, plans) -> str:
+    """Time MAPE of the closed form with and without the expert-dp collective's latency over the plans that ran
+    (neither side OOM), and the term's share of the predicted step."""
+    runs = [simulate_plan(p, cluster, model, seed=i) for i, p in enumerate(plans)]
+    kept = [(p, r) for p, r in zip(plans, runs) if not r.oom]
+    if not kept:
+        return "no plan ran"
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
+    ps = [p for p, _ in kept]
+    new = estimate_plans(ps, cluster, model, pred)
+    with mock.patch.object(collectives, "expert_dp_latency_ms", _no_expert_latency):
+        old = estimate_plans(ps, cluster, model, pred)
+    ran = [(a, b, r) for a, b, (_, r) in zip(new, old, kept) if a.feasible]
+    if not ran:
+        return "no plan the closed form calls feasible ran"
+    ape = [abs(a.iteration_time_ms / r.iteration_time_ms - 1) for a, _, r in ran]
+    ape0 = [abs(b.iteration_time_ms / r.iteration_time_ms - 1) for _, b, r in ran]
+    share = [1 - b.iteration_time_ms / a.iteration_time_ms for a, b, _ in ran]
+    edp = max(p.dp * p.context_parallel // p.expert_parallel for p in ps)
+    return (f"ran={len(ran):3d} (expert dp up to {edp}) time_mape with={statistics.fmean(ape):.4f} "
+            f"without={statistics.fmean(ape0):.4f}; term's share of T median {100 * statistics.median(share):.3f} % "
+            f"max {100 * max(share):.3f} %")
+
+
 def search_seconds(cluster, model, space) -> tuple[float, float, int]:
     pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
     t0 = time.perf_counter()
@@ -73,6 +112,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=40)
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--accuracy-only", action="store_true", help="skip the search timing")
     args = ap.parse_args()
     rnd = random.Random(args.seed)
     for cname, mname in CASES:
@@ -84,6 +124,15 @@ def main() -> None:
         print(f"{cname} {mname} same, ep=1 {errors(plain, cluster, model)}", flush=True)
         both = [q for q in (with_cp_and_experts(p, model.num_experts, rnd) for p in drawn) if q is not None]
         print(f"{cname} {mname} cp and ep  {errors(both, cluster, model)}", flush=True)
+    base = load_cluster("mixed-1024")
+    for cluster in (base, dataclasses.replace(base, inter_node_latency_ms=0.1)):
+        model = load_model("qwen1.5-moe-a2.7b")
+        drawn = draw_plans(cluster, model, load_search("default"), n=args.plans, seed=args.seed)
+        plans = [with_experts(p, model.num_experts, rnd) for p in drawn]
+        print(f"mixed-1024 ({cluster.inter_node_latency_ms:g} ms) {model.name} random ep  "
+              f"{expert_latency_case(cluster, model, plans)}", flush=True)
+    if args.accuracy_only:
+        return
     for cname, mname in CASES[:2]:
         cluster, model, space = load_cluster(cname), load_model(mname), load_search("default")
         off, t_off, _ = search_seconds(cluster, model, space)

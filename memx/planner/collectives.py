@@ -1,6 +1,6 @@
-"""Two step-level collectives of the closed form's tail (issue #23; docs/planner.md §1F1B assembly).
+"""Three step-level collectives of the closed form's tail (issue #23; docs/planner.md §1F1B assembly).
 
-Both are per-stage constants (they do not depend on a stage's layer count) added to the stage's tail —
+All are per-stage constants (they do not depend on a stage's layer count) added to the stage's tail —
 optimizer step + T_dp, the terms after the last backward (memx.planner.schedule.stage_tail_ms):
 
 - **The DP collective's latency.** NCCL's ring all-reduce of n ranks runs 2(n − 1) steps, each paying the
@@ -29,6 +29,19 @@ optimizer step + T_dp, the terms after the last backward (memx.planner.schedule.
   shard, vocab·hidden / min(tp_first, tp_last), is taken (our assumption). The position embedding's
   all-reduce (_allreduce_position_embedding_grads) is for learned absolute positions, which no catalog model
   has (rotary): not modelled.
+- **The expert gradients' collective (MoE).** Megatron-LM's DistributedDataParallel groups parameters by
+  (dtype, is_expert_parallel) and gives the expert ones (`allreduce = False`) their own buffers over the expert
+  data-parallel group `intra_expt_dp_group`, world / (expert tp · ep · pp) = dp·cp/ep ranks, with their own
+  bucket groups (`expert_parallel_buffers`, `expert_parallel_bucket_groups`); start_grad_sync /
+  finish_grad_sync run the dense bucket groups, then the expert ones — without `--overlap-grad-reduce`
+  synchronously, one collective (all-reduce, or reduce-scatter with the distributed optimizer, whose
+  parameter all-gather loops the expert buffers too) per model chunk after the dense one
+  (megatron/core/distributed/distributed_data_parallel.py). Its ring of n = dp·cp/ep ranks pays its own
+  2(n − 1)·α per collective (`expert_dp_latency_ms`), α = the slowest hop of the ep expert-dp rings (replicas
+  r ≡ j mod ep; memx.planner.moe.a2a_links); its bandwidth term, on the expert rings' own link, is in
+  memx.planner.moe.dp_params_per_rank. 0 for a dense model or at n = 1 (ep = dp·cp: no expert replica).
+  A stage (or chunk) holding only a MoE model's dense first layers has no expert buffer: charged anyway
+  (the closed form takes every stage to hold a MoE layer, as memx.planner.moe.split_layers does past the first).
 
 Nothing here reads the simulator (which has its own model: memx/simulator/schedule.py, memx/simulator/links.py).
 """
@@ -50,6 +63,16 @@ def dp_latency_ms(dp, step_latency_ms, collectives=1) -> np.ndarray:
     docstring: one per model chunk); 0 at n = 1."""
     n = np.asarray(dp, dtype=np.float64)
     return np.where(n > 1, 2.0 * (n - 1) * np.asarray(step_latency_ms, dtype=np.float64) * collectives, 0.0)
+
+
+def expert_dp_latency_ms(dp: int, expert_parallel: int, expert_links: Sequence[Sequence[float]] | None,
+                         collectives: int = 1) -> np.ndarray:
+    """(pp,) the latency of each stage's expert-gradient collective (module docstring): `dp_latency_ms` over
+    n = dp / ep ranks (`dp`: the pipeline's data-parallel ranks, dp·cp) at each stage's expert-dp step latency
+    (memx.planner.moe.a2a_links' fourth field), `collectives` of them (one per model chunk); 0 without links."""
+    if expert_links is None:
+        return np.zeros(0)
+    return dp_latency_ms(dp // expert_parallel, [link[3] for link in expert_links], collectives)
 
 
 def embedding_sync_ms(vocab: int, hidden: int, tp: int, bandwidth_gbps: float, latency_ms: float,
@@ -87,11 +110,16 @@ def dp_collective_ms(params_per_rank: float, dp: int, link: tuple[float, float],
 
 
 def tail_collectives_ms(model: ModelArch, *, stage_tp: Sequence[int], dp: int, virtual_stages: int, precision: str,
-                        dp_latency: Sequence[float] | None, emb_link: tuple[float, float] | None) -> np.ndarray:
-    """(pp,) what the two collectives add to each stage's tail: the DP step's latency (dp_latency: each stage's
-    ring step latency, ms; None: no latency known, 0), one collective per model chunk, and the tied embedding's
-    all-reduce on the first and last stage (`tied_embedding_ms`)."""
+                        dp_latency: Sequence[float] | None, emb_link: tuple[float, float] | None,
+                        expert_parallel: int = 1, expert_links: Sequence[Sequence[float]] | None = None) -> np.ndarray:
+    """(pp,) what the step-level collectives add to each stage's tail: the DP step's latency (dp_latency: each
+    stage's ring step latency, ms; None: no latency known, 0), one collective per model chunk; a MoE model's
+    expert-gradient collective's latency (`expert_dp_latency_ms`; expert_links: memx.planner.moe.a2a_links of the
+    plan, None for a dense model); and the tied embedding's all-reduce on the first and last stage
+    (`tied_embedding_ms`)."""
     out = np.zeros(len(stage_tp)) if dp_latency is None else dp_latency_ms(dp, dp_latency, virtual_stages)
+    if model.is_moe and expert_links is not None:
+        out = out + expert_dp_latency_ms(dp, expert_parallel, expert_links, virtual_stages)
     emb = tied_embedding_ms(model, stage_tp, emb_link, precision)
     out[0] += emb  # 0 at pp = 1: one stage holds both ends, nothing to exchange
     out[-1] += emb

@@ -147,16 +147,6 @@ def dp_step_ms(params_per_rank, dp, bandwidth_gbps, distributed_optimizer=False,
     return np.where(np.asarray(distributed_optimizer, dtype=bool), sharded, plain)
 
 
-def stepped_static_fraction(distributed_optimizer, dp, precision=DEFAULT_PRECISION) -> np.ndarray:
-    """The share of a rank's static memory its Adam step reads and writes, as a multiple of that
-    static memory: 1 plain; with the distributed optimizer each rank steps params/dp (ZeRO §5.1), whose
-    18 B/param are (18/dp) / (6 + 12/dp) of its static bytes. The optimizer step (schedule.optimizer_ms)
-    thus stays "read and write the stepped state once" whatever predicted the static memory."""
-    shards = optimizer_shards(distributed_optimizer, dp)
-    plain = static_bytes_per_param(False, 1, precision)
-    return plain / shards / static_bytes_per_param(distributed_optimizer, dp, precision)
-
-
 def layer_params(hidden, ffn_hidden, heads, query_groups, mlp):
     """Parameters of one transformer layer (whole layer, all TP ranks).
 

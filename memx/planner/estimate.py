@@ -143,7 +143,9 @@ def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: n
                     p2p_gbps=p2p_gbps, dp_gbps=dp_gbps, p2p_latency_ms=p2p_latency_ms, dp_latency_ms=dp_latency_ms,
                     embedding_link=emb_link,
                     distributed_optimizer=p.distributed_optimizer, assembly=assembly, virtual_stages=p.virtual_stages,
-                    wrap_gbps=wrap_gbps(cluster, p) if p.virtual_stages > 1 else None, precision=p.precision)
+                    wrap_gbps=wrap_gbps(cluster, p) if p.virtual_stages > 1 else None, precision=p.precision,
+                    expert_parallel=p.expert_parallel,
+                    expert_links=moe.a2a_links(cluster, p) if model.is_moe else None)
     T, stats = pipe.assemble(t[:, None], mem[:, None], pipe.tail_ms(static[:, None], params[:, None]))
     return plan_metrics(plan, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=pipe.capacity_mib,
                         stats=stats, feasible=bool(np.all(mem <= pipe.capacity_mib - reserve_gib * 1024.0)))

@@ -20,7 +20,8 @@ the average tokens, and every rank waits for it in the combine). `adjust` then a
   2·h·f_e); the expert weights' optimizer state is sharded over the expert dp group (dp / ep) with the
   distributed optimizer (Megatron-LM dist_optimizer docs; ZeRO §5.1), the rest over dp
   (memx.planner.cost.static_bytes_per_param);
-- the gradient step: expert gradients reduced over dp / ep ranks, the rest over dp (`dp_params_per_rank`);
+- the gradient step: expert gradients reduced over dp / ep ranks in their own collective on the expert-dp rings'
+  link, the rest over dp (`dp_params_per_rank`; its latency memx.planner.collectives.expert_dp_latency_ms);
 - time per layer and micro batch: 4 all-to-alls (dispatch and combine, forward and backward; a fully
   recomputed layer repeats its forward 2), each rank sending λ·T·k·h·2 bytes · (ep − 1)/ep with T = b·s/tp
   tokens per rank (sequence parallel, which Megatron requires with ep > 1 and tp > 1) over the link its ep
@@ -237,11 +238,18 @@ def stage_static_bytes(model: ModelArch, ctx, layers: np.ndarray, dense_bytes: n
 
 
 def dp_params_per_rank(model: ModelArch, ctx, layers: np.ndarray, dense_params: np.ndarray) -> np.ndarray:
-    """The parameter count whose gradient step over the stage's dp ranks costs what the MoE stage's costs: the
-    non-expert part over dp plus the expert part over dp / ep — a ring step costs ∝ (n − 1)/n · bytes
-    (memx.planner.cost.dp_step_ms), so the expert part counts (1 − ep/dp)/(1 − 1/dp) times, times the dp
-    ring's bandwidth over the expert-dp rings' (`expert_dp_slowdown`, `a2a_links`: the tail runs at the dp
-    ring's). `dense_params`: the dense equivalent's count (stage_params_per_rank)."""
+    """The parameter count whose gradient step over the stage's dp ranks costs the bandwidth part of the MoE
+    stage's two DP collectives. Megatron-LM keeps the expert parameters (`allreduce = False`) in their own
+    gradient buffers, reduced over the expert data-parallel group, beside the dense buffers reduced over the
+    dp × cp group (megatron/core/distributed/distributed_data_parallel.py: `expert_parallel_buffers` on
+    `intra_expt_dp_group`, `expert_parallel_bucket_groups`; start/finish_grad_sync run the dense bucket groups
+    then the expert ones): the non-expert part's ring over dp ranks, the expert part's over dp / ep ranks on the
+    expert-dp rings' own link. A ring step's bandwidth term is ∝ (n − 1)/n · bytes / B
+    (memx.planner.cost.dp_step_ms), so the expert ring's term equals the dp ring's on the expert part × share,
+    share = (1 − ep/dp)/(1 − 1/dp) · B_dp / B_edp (`expert_dp_slowdown`, `a2a_links`) — exact, not an
+    approximation. The expert collective's own latency, 2(n − 1)·α over its ranks, is a tail constant
+    (memx.planner.collectives.expert_dp_latency_ms). `dense_params`: the dense equivalent's count
+    (stage_params_per_rank)."""
     dp = ctx.expert_parallel * ctx.expert_dp
     dense, expert = layer_params_split(model, ctx.tp, ctx.expert_parallel)
     eq = dense_equivalent(model)
@@ -252,26 +260,31 @@ def dp_params_per_rank(model: ModelArch, ctx, layers: np.ndarray, dense_params: 
     return dense_params + n_moe * (dense + expert * share - eq_layer) + n_dense * mlp_gap
 
 
-def a2a_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, float, float], ...]:
-    """(effective GB/s per rank, latency ms, expert-dp slowdown) of each stage's all-to-all over its ep groups (ep consecutive dp
+def a2a_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, float, float, float], ...]:
+    """(effective GB/s per rank, latency ms, expert-dp slowdown, expert-dp step latency ms) of each stage's
+    all-to-all over its ep groups (ep consecutive dp
     replicas: Megatron's rank order tp-cp-ep-dp-pp puts ep inside dp; the first-fit placement puts a stage's
     replicas on as few nodes as it can, memx.domain.plan.place_plan). A rank sends 1/ep of its volume V to
     each of the other ep − 1 ranks of its group; the all-to-all takes the longest of: a rank's peers in its
     node over the intra-node link, its peers on other nodes over the pair link (memx.planner.network.pair_link,
     cross-vendor included), and a node's bytes leaving over its NICs — all tp ranks of every group of the stage
     at once (`nic_share_gbps`). Effective bandwidth = V·(ep − 1)/ep ÷ that time. ep 1: no all-to-all (0, 0).
-    The slowdown: the stage's dp ring bandwidth (tp rings, memx.planner.network.ring_link) over the slowest of
-    the ep expert-dp rings (replicas r ≡ j mod ep, tp·ep rings at once: they all run together); 1 at ep 1."""
+    The expert-dp rings: the replicas r ≡ j (mod ep) hold the same experts (Megatron's expert data-parallel
+    group), one ring per expert slot j and tp rank, tp·ep rings at once: they all run together
+    (memx.planner.network.ring_link). The slowdown is the stage's dp ring bandwidth (tp rings) over the slowest
+    expert-dp ring's; the step latency the slowest hop's of any of them (`dp_params_per_rank`,
+    memx.planner.collectives.expert_dp_latency_ms). ep 1: slowdown 1, latency 0."""
     ep = plan.expert_parallel
     where = place_plan(plan, cluster)
     if ep == 1 or where is None:
-        return tuple((0.0, 0.0, 1.0) for _ in plan.stages)
+        return tuple((0.0, 0.0, 1.0, 0.0) for _ in plan.stages)
     out = []
     for s, st in enumerate(plan.stages):
         nodes = [where[r][s] for r in range(plan.dp)]
         dp_bw = ring_link(cluster, nodes, st.tp)[0]
-        edp_bw = min(ring_link(cluster, nodes[j::ep], st.tp * ep)[0] for j in range(ep))
-        out.append((*_stage_a2a(cluster, nodes, ep, st.tp), dp_bw / edp_bw))
+        rings = [ring_link(cluster, nodes[j::ep], st.tp * ep) for j in range(ep)]
+        edp_bw, edp_lat = min(bw for bw, _ in rings), max(lat for _, lat in rings)
+        out.append((*_stage_a2a(cluster, nodes, ep, st.tp), dp_bw / edp_bw, edp_lat))
     return tuple(out)
 
 
@@ -301,10 +314,11 @@ def expert_dp_size(dp: int, cp: int, ep: int) -> int:
     return dp * cp // ep
 
 
-def with_experts(ctxs: Sequence, ep: int, expert_dp: int, links: Sequence[tuple[float, float, float]]) -> tuple:
-    """Stage contexts carrying ep, the expert dp size and each stage's links (`a2a_links`; a MoE model's)."""
+def with_experts(ctxs: Sequence, ep: int, expert_dp: int, links: Sequence[tuple[float, ...]]) -> tuple:
+    """Stage contexts carrying ep, the expert dp size and each stage's links (`a2a_links`; a MoE model's; the
+    expert-dp latency is the pipeline's, not a context's: memx.planner.collectives.expert_dp_latency_ms)."""
     return tuple(dataclasses.replace(c, expert_parallel=ep, expert_dp=expert_dp, a2a_gbps=bw, a2a_latency_ms=lat,
-                                     expert_dp_slowdown=slow) for c, (bw, lat, slow) in zip(ctxs, links, strict=True))
+                                     expert_dp_slowdown=slow) for c, (bw, lat, slow, *_) in zip(ctxs, links, strict=True))
 
 
 def plan_expert_contexts(ctxs: Sequence, plan: Plan, model: ModelArch, cluster: Cluster) -> tuple:

@@ -96,7 +96,8 @@ def _prepared(lay: Layout, ctxs: tuple[StageContext, ...], stages: tuple[StageTa
                     micro_batch=lay.micro_batch, micro_batches=lay.micro_batches, seq_len=seq // cp, p2p_gbps=lay.p2p_gbps,
                     dp_gbps=lay.dp_gbps, p2p_latency_ms=lay.p2p_latency_ms, dp_latency_ms=lay.dp_latency_ms,
                     embedding_link=lay.embedding_link, distributed_optimizer=lay.distributed_optimizer,
-                    assembly=assembly, virtual_stages=lay.virtual_stages, wrap_gbps=lay.wrap_gbps, precision=lay.precision)
+                    assembly=assembly, virtual_stages=lay.virtual_stages, wrap_gbps=lay.wrap_gbps, precision=lay.precision,
+                    expert_parallel=lay.expert_parallel, expert_links=lay.a2a_links)
     hi = np.array([pt.max_layers[c] for c in ctxs])
     if caps is not None:
         hi = np.minimum(hi, caps)

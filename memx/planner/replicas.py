@@ -71,10 +71,7 @@ from memx.domain.plan import Plan, place_plan
 from memx.domain.precision import GRAD_BYTES
 from memx.domain.specs import Cluster, ModelArch, Node
 from memx.planner.collectives import dp_collective_ms, embedding_link, tied_embedding_ms
-from memx.planner.cost import (
-    MIB, ring_allreduce_ms, stage_params_per_rank, static_bytes_per_param,
-    stepped_static_fraction,
-)
+from memx.planner.cost import MIB, ring_allreduce_ms, stage_params_per_rank, static_bytes_per_param
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics
 from memx.planner.network import ring_link
@@ -190,8 +187,7 @@ def _own_tails_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch, where: list
             st = p.stages[s]
             params = _segment_params(model, lo, hi) / st.tp
             static_mib = params * float(static_bytes_per_param(do, p.dp, p.precision)) / MIB
-            o.append(float(optimizer_ms(static_mib * stepped_static_fraction(do, p.dp, p.precision),
-                                        cluster.gpu(st.gpu).memory_bandwidth_gbps)))
+            o.append(float(optimizer_ms(static_mib, cluster.gpu(st.gpu).memory_bandwidth_gbps, do, p.dp, p.precision)))
             link = ring_link(cluster, [where[g][r][s] for r in range(p.dp)], st.tp)
             d.append(dp_collective_ms(params, p.dp, link, do, p.precision) + (emb if s in (0, p.pp - 1) else 0.0))
         opt.append(o)

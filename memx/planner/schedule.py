@@ -16,11 +16,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from memx.domain.precision import DEFAULT_PRECISION
+from memx.domain.precision import DEFAULT_PRECISION, GRAD_BYTES, PARAM_BYTES
 from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch
 from memx.planner.collectives import tail_collectives_ms
-from memx.planner.cost import ACT_BYTES, dp_step_ms, stepped_static_fraction
+from memx.planner.cost import ACT_BYTES, dp_step_ms, optimizer_shards, static_bytes_per_param
 from memx.planner.interleave import interleaved_time_ms, p2p_hops
 
 
@@ -45,10 +45,38 @@ def dp_allreduce_ms(params_per_rank: np.ndarray, dp: int, bandwidth_gbps: np.nda
     return dp_step_ms(params_per_rank, dp, bandwidth_gbps, distributed_optimizer, precision)
 
 
-def optimizer_ms(static_mib: np.ndarray, memory_bandwidth_gbps: np.ndarray) -> np.ndarray:
-    """Adam step: memory-bound; reads and writes every optimizer-state byte once (our assumption,
-    the 'fixed overhead' of the paper's 1F1B formula, §3.1.2)."""
-    return 2.0 * static_mib * 1024.0 * 1024.0 / (np.asarray(memory_bandwidth_gbps) * 1e9) * 1e3
+def optimizer_step_bytes(precision: str = DEFAULT_PRECISION) -> tuple[float, float]:
+    """(bytes per parameter the rank holds, bytes per parameter it steps) that Megatron-LM's optimizer step moves —
+    the 'fixed overhead' of the paper's 1F1B formula (§3.1.2), every pass memory-bound. Over the whole gradient
+    buffer of g B/param (memx.domain.precision.GRAD_BYTES): `zero_grad_buffer` writes it before the forward, and
+    the 1/dp pre-scaling reads and writes it before the reduction (megatron/core/distributed/
+    param_and_grad_buffer.py start_grad_sync: `grad_data *= gradient_scaling_factor`, average_in_collective off by
+    default; it skips a factor of 1, one data-parallel rank in the whole job, where the 2022 code of Korthikanti et
+    al.'s runs divides always: megatron/model/distributed.py allreduce_gradients at 2755bcb — counted always, so a
+    replica group of dp 1 in a larger job pays it too). Over the parameters the rank steps (all, or its 1/dp shard
+    with the distributed optimizer): the gradient norm reads the fp32 main grads, 4 B (clip_grads.
+    get_grad_norm_fp32; the clip's scale runs only when the norm exceeds --clip-grad: not counted); fused Adam reads
+    the fp32 master weight, grad, m and v and writes master, m and v, 28 B (apex / Transformer Engine
+    multi_tensor_adam); the master → model copy reads 4 B and writes the 16-bit weight
+    (_copy_main_params_to_model_params, memx.domain.precision.PARAM_BYTES). fp16 adds the copy of the fp16 main grad
+    to an fp32 one (2 + 4 B, _copy_model_grads_to_main_grads: `main_grad.float()`) and the loss-scale unscale + inf
+    check over it (4 + 4 B, `_amp_foreach_non_finite_check_and_unscale_`) (megatron/core/optimizer/optimizer.py,
+    MixedPrecisionOptimizer.prepare_grads / step_with_ready_grads). bf16: 3·4 + 38 = 50 B/param (was 2 × 18 =
+    36 B: every state byte read and written once, our earlier assumption)."""
+    held = 3.0 * GRAD_BYTES[precision]
+    stepped = 4.0 + 28.0 + 4.0 + PARAM_BYTES[precision] + (6.0 + 8.0 if precision == "fp16" else 0.0)
+    return held, stepped
+
+
+def optimizer_ms(static_mib: np.ndarray, memory_bandwidth_gbps: np.ndarray, distributed_optimizer=False, dp=1,
+                 precision: str = DEFAULT_PRECISION) -> np.ndarray:
+    """The optimizer step of a rank whose static memory (weights, grads, optimizer state) is `static_mib`:
+    `optimizer_step_bytes` over its parameters (static bytes / memx.planner.cost.static_bytes_per_param; a MoE
+    stage's experts, sharded over fewer ranks, counted at the dense rate) at the memory bandwidth."""
+    params = np.asarray(static_mib) * 1024.0 * 1024.0 / static_bytes_per_param(distributed_optimizer, dp, precision)
+    held, stepped = optimizer_step_bytes(precision)
+    nbytes = params * (held + stepped / optimizer_shards(distributed_optimizer, dp))
+    return nbytes / (np.asarray(memory_bandwidth_gbps) * 1e9) * 1e3
 
 
 def iteration_time_ms(stage_ms: np.ndarray, m: int, fixed_ms: float, tail_ms: np.ndarray) -> np.ndarray:
@@ -167,8 +195,8 @@ def stage_tail_ms(static_mib: np.ndarray, params_per_rank: np.ndarray, memory_ba
     embedding's all-reduce, memx.planner.collectives.tail_collectives_ms; None: none) (×c, the calibrated
     communication scale)."""
     mbw, dbw = np.asarray(memory_bandwidth_gbps)[:, None], np.asarray(dp_gbps)[:, None]
-    stepped = static_mib * stepped_static_fraction(distributed_optimizer, dp, precision)
-    tail = optimizer_ms(stepped, mbw) + dp_allreduce_ms(params_per_rank, dp, dbw, distributed_optimizer, precision)
+    tail = optimizer_ms(static_mib, mbw, distributed_optimizer, dp, precision) \
+        + dp_allreduce_ms(params_per_rank, dp, dbw, distributed_optimizer, precision)
     if collectives_ms is not None:
         tail = tail + np.asarray(collectives_ms, dtype=np.float64)[:, None]
     return tail if comm_scale == 1.0 else tail * comm_scale
@@ -233,7 +261,8 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
              p2p_latency_ms: Sequence[float] | None = None, virtual_stages: int = 1,
              wrap_gbps: float | None = None, precision: str = DEFAULT_PRECISION,
              dp_latency_ms: Sequence[float] | None = None,
-             embedding_link: tuple[float, float] | None = None) -> Pipeline:
+             embedding_link: tuple[float, float] | None = None, expert_parallel: int = 1,
+             expert_links: Sequence[Sequence[float]] | None = None) -> Pipeline:
     """The Pipeline of a layout or plan on `cluster` (p2p_gbps and p2p_latency_ms: between stage s and s+1,
     memx.planner.space.plan_links; latency None: the cluster's inter-node latency on every boundary; `assembly`:
     the calibrated c, o and d of the predictor that scores it, memx.planner.schedule.assembly_of; `precision`:
@@ -241,8 +270,9 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
     Interleaved (virtual_stages v > 1; wrap_gbps: the link from the last stage back to the first), each
     boundary is crossed v times and the wrap v − 1 times (memx.planner.interleave.p2p_hops).
     dp_latency_ms (each stage's DP ring step latency) and embedding_link (GB/s, ms between the first and last
-    stage's nodes; memx.planner.space.plan_links) give the tail's step-level collectives
-    (memx.planner.collectives.tail_collectives_ms); None: that term is left out."""
+    stage's nodes; memx.planner.space.plan_links) give the tail's step-level collectives, with a MoE model's
+    expert-gradient collective from expert_parallel and expert_links (memx.planner.moe.a2a_links; dp: the dp·cp
+    ranks) (memx.planner.collectives.tail_collectives_ms); None: that term is left out."""
     types = {g.name: g for g in cluster.gpu_types}  # Cluster.gpu walks the nodes: once per layout, not per stage
     gpus = [types[g] for g in stage_gpus]
     lat = cluster.inter_node_latency_ms if p2p_latency_ms is None else np.asarray(p2p_latency_ms, dtype=np.float64)
@@ -261,4 +291,5 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
                     assembly=assembly, precision=precision,
                     collectives_ms=tail_collectives_ms(model, stage_tp=stage_tp, dp=dp, virtual_stages=virtual_stages,
                                                        precision=precision, dp_latency=dp_latency_ms,
-                                                       emb_link=embedding_link))
+                                                       emb_link=embedding_link, expert_parallel=expert_parallel,
+                                                       expert_links=expert_links))

@@ -49,7 +49,7 @@ class Layout:
     wrap_gbps: float | None = None  # interleaved: bandwidth of the last stage → first stage hop
     precision: str = DEFAULT_PRECISION  # the plan's training precision (memx.domain.precision.resolve_precision)
     expert_parallel: int = 1  # MoE (memx.planner.moe): ep, one for every stage
-    a2a_links: tuple[tuple[float, float, float], ...] | None = None  # MoE: memx.planner.moe.a2a_links; None: dense
+    a2a_links: tuple[tuple[float, float, float, float], ...] | None = None  # MoE: memx.planner.moe.a2a_links; None: dense
     # context parallelism (memx.planner.context_parallel): cp, and each stage's ring (GB/s, latency ms); with
     # cp > 1 the links above are the rank-equivalent plan's (dp·cp replicas)
     context_parallel: int = 1

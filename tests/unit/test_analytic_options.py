@@ -10,10 +10,9 @@ import pandas as pd
 import pytest
 
 from memx.domain.catalog import load_gpu
-from memx.planner.cost import (AnalyticStageModel, dp_step_ms, stage_params_per_rank, static_bytes_per_param,
-                               stepped_static_fraction)
+from memx.planner.cost import AnalyticStageModel, dp_step_ms, stage_params_per_rank, static_bytes_per_param
 from memx.planner.runtime_terms import activation_bytes, shapes
-from memx.planner.schedule import Pipeline
+from memx.planner.schedule import Pipeline, optimizer_step_bytes
 
 GPUS = {"a100-80g": load_gpu("a100-80g")}
 MIB = 2**20
@@ -36,18 +35,19 @@ def test_dp_step_hand_values():
 
 
 def test_optimizer_step_shards_over_dp():
-    # Adam reads + writes 18 B/param of the params this rank steps: P/dp with the distributed optimizer.
-    # static (DO, dp 8) = 7.5 B/param → the stepped fraction is (18/8) / 7.5 = 0.3 of it.
-    assert float(stepped_static_fraction(True, 8)) == pytest.approx(0.3)
-    assert float(stepped_static_fraction(False, 8)) == 1.0
+    # the parameters this rank steps: P/dp with the distributed optimizer (static 7.5 B/param at dp 8: P from it).
     pipe = dict(micro_batches=4, p2p_total_ms=0.0, gpu_weight=np.ones(1), capacity_mib=np.full(1, 8e4),
                 memory_bandwidth_gbps=np.full(1, 1000.0), dp=8, dp_gbps=np.full(1, 100.0))
     P = 1e9
     plain = Pipeline(**pipe).tail_ms(np.array([[18 * P / MIB]]), np.array([[P]]))
     do = Pipeline(**pipe, distributed_optimizer=True).tail_ms(np.array([[7.5 * P / MIB]]), np.array([[P]]))
-    # plain: 2·18 GB / 1000 GB/s = 36 ms + 70 ms; DO: 36/8 = 4.5 ms + 52.5 ms
-    assert float(plain[0, 0]) == pytest.approx(36.0 + 70.0)
-    assert float(do[0, 0]) == pytest.approx(4.5 + 52.5)
+    # Megatron's step (memx.planner.schedule.optimizer_step_bytes): zero + 1/dp scaling over the 4 B fp32 grad
+    # buffer, 12 B/param of every parameter held; grad norm 4 + Adam 28 + master → bf16 copy 6 = 38 B/param stepped.
+    # plain: 50 GB / 1000 GB/s = 50 ms + 70 ms; DO: 12 + 38/8 = 16.75 ms + 52.5 ms
+    assert float(plain[0, 0]) == pytest.approx(50.0 + 70.0)
+    assert float(do[0, 0]) == pytest.approx(16.75 + 52.5)
+    # fp16: a 2 B grad buffer (3 × 2 B) and, per stepped param, the fp16 → fp32 grad copy (2 + 4) and the unscale (4 + 4)
+    assert optimizer_step_bytes("bf16") == (12.0, 38.0) and optimizer_step_bytes("fp16") == (6.0, 52.0)
 
 
 def _sig(**over):

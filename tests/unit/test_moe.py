@@ -4,7 +4,9 @@ link, the search option, and the closed form against the virtual cluster.
 Hand calculations, each with its source:
 - Mixtral 8x7B has 46.7B parameters, 12.9B active per token (Jiang et al. 2024 §2); Qwen1.5-MoE-A2.7B 14.3B,
   2.7B activated (Qwen blog, "Qwen1.5-MoE"; its QKV biases and shared-expert gate are not modelled);
-- one all-to-all moves λ·T·k·h·2 bytes per rank, (ep − 1)/ep of it off the rank; 4 per layer and micro batch.
+- one all-to-all moves λ·T·k·h·2 bytes per rank, (ep − 1)/ep of it off the rank; 4 per layer and micro batch;
+- the expert gradients' own ring over dp·cp/ep ranks (Megatron-LM DDP's expert_parallel_buffers on the expert
+  data-parallel group) pays 2(n − 1)·α per collective, one per model chunk (Patarasuk & Yuan 2009).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from memx.domain.errors import InputError
 from memx.domain.plan import Plan, Stage, plan_from_json, plan_to_json, validate_plan
 from memx.domain.specs import ModelArch
 from memx.planner import moe
+from memx.planner.collectives import tail_collectives_ms
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import estimate_plans
 from memx.planner.search import search
@@ -109,10 +112,32 @@ def test_all_to_all_inside_a_node_runs_at_nvlink_across_nodes_at_the_nic():
     cluster = load_cluster("h100-mi300x-32")
     inside = _mixtral_plan(ep=2, dp=4, tp=4)  # replicas 0, 1 share a node: ep groups never leave it
     across = _mixtral_plan(ep=4, dp=4, tp=4)  # 4 replicas × tp 4 = 2 nodes per stage
-    (bw_in, lat_in, _), _ = moe.a2a_links(cluster, inside)
-    (bw_x, lat_x, _), _ = moe.a2a_links(cluster, across)
+    (bw_in, lat_in, *_), _ = moe.a2a_links(cluster, inside)
+    (bw_x, lat_x, *_), _ = moe.a2a_links(cluster, across)
     assert bw_in == pytest.approx(cluster.nodes[0].gpu.intra_node_bandwidth_gbps) and lat_in == 0.0
     assert bw_x < cluster.inter_node_bandwidth_gbps and lat_x > 0.0
+
+
+def test_expert_gradients_pay_their_own_ring_latency():
+    """ep 2 of dp 4 at tp 4: replicas 0, 1 share a node, so both expert-dp rings (replicas 0, 2 and 1, 3) cross the
+    NICs: n = 2 ranks, 2·(2 − 1)·α per collective with α the cluster's NIC latency, × v model chunks; at ep = dp no
+    expert replica (n = 1): nothing; a dense model: nothing."""
+    cluster, mixtral = load_cluster("h100-mi300x-32"), load_model("mixtral-8x7b")
+    alpha = cluster.inter_node_latency_ms
+    links = moe.a2a_links(cluster, _mixtral_plan(ep=2, dp=4, tp=4))
+    assert [link[3] for link in links] == [alpha, alpha]
+
+    def extra(model, ep, v=1):
+        kw = dict(stage_tp=(4, 4), dp=4, virtual_stages=v, precision="bf16", dp_latency=[0.0, 0.0], emb_link=None)
+        with_links = tail_collectives_ms(model, expert_parallel=ep, expert_links=links, **kw)
+        return list(with_links - tail_collectives_ms(model, **kw))
+
+    assert extra(mixtral, 2) == pytest.approx([2 * alpha, 2 * alpha])
+    assert extra(mixtral, 2, v=2) == pytest.approx([4 * alpha, 4 * alpha])
+    assert extra(mixtral, 4) == [0.0, 0.0]
+    assert extra(load_model("llama2-7b"), 2) == [0.0, 0.0]
+    inside = moe.a2a_links(cluster, _mixtral_plan(ep=2, dp=4, tp=2))  # one node per stage: expert rings on NVLink
+    assert [link[3] for link in inside] == [0.0, 0.0]
 
 
 def test_search_option_finds_expert_parallel_plans_that_estimate_the_same():

@@ -8,8 +8,14 @@ Issue #23 (the attention core's backward GEMMs batched per head, runtime_terms.g
 3.4 % (−8.2 … +0.2 %; interleaved 3.8 %). The 22B layer itself moved towards Table 4's measurement (+14/+9/+12/+7 %
 → +5.3/−0.2/+3.8/−1.4 %, tests/validation/test_closed_form_options.py), so the session-4 agreement of the
 iterations was partly two errors cancelling: what the selective runs now miss (up to 8 %) lies outside the
-layer's forward and backward (not found yet; docs/benchmarks.md §Issue #23: embedding-gradient and latency
-terms). Table 5 was used by no
+layer's forward and backward (docs/benchmarks.md §Issue #23: embedding-gradient and latency terms). Issue #23
+(expert-DP collective and Korthikanti non-layer time): the optimizer step as the passes Megatron-LM's step makes
+(memx.planner.schedule.optimizer_step_bytes: 50 B/param in bf16 instead of 36) — MAPE 2.9 % (−6.5 … +0.2 %;
+interleaved 3.7 %); only the 22B (pp 1, 2.8 B params per GPU, one micro batch) moves by more than 0.2 points
+(selective −8.2 → −6.5 %, full −1.3 → +0.0 %). What the selective runs still miss is not outside the layer
+in the pipelined cases: the non-layer terms are the same in both modes there, and the full runs are within
+−2.5 … +0.2 %, so the selective-only miss scales with the layer (the closed form's full / selective layer
+ratio is 1.41 on Table 4's 22B layer against 1.34 measured). Table 5 was used by no
 fit: the A100 efficiencies in conf/runtime cite NVIDIA's GEMM guide and FlashAttention-2; of this paper's times only
 Table 4's 22B layer was checked before (test_closed_form_published.py).
 """
@@ -40,13 +46,13 @@ def _mape(rows, kind=None):
 def test_table5_iteration_time(rows):
     mape, n = _mape(rows)
     assert n == 8
-    assert mape <= 0.04, mape
-    assert _mape(rows, "interleaved")[0] <= 0.05 and _mape(rows, "interleaved")[1] == 4
+    assert mape <= 0.035, mape  # 2.9 % (module docstring)
+    assert _mape(rows, "interleaved")[0] <= 0.045 and _mape(rows, "interleaved")[1] == 4
     for case, mode, _, p, m in rows:
-        assert p / m - 1 == pytest.approx(0.0, abs=0.09), (case, mode, p, m)  # −8.2 … +0.2 % (module docstring)
+        assert p / m - 1 == pytest.approx(0.0, abs=0.075), (case, mode, p, m)  # −6.5 … +0.2 % (module docstring)
     # the speed-up of sequence parallelism + selective over full recomputation (Table 5: +29 … +32 %) within 10
     # points (measured: predicted +35 … +39 %, 3.0–9.8 points high: the closed form's recomputed forward costs
-    # more than Megatron's, and the selective runs miss what lies outside the layer; 2.3–6.8 before issue #23)
+    # more than Megatron's; 2.3–6.8 before issue #23; 3.0–9.0 with Megatron's optimizer step)
     pred = {(c, mode): p for c, mode, _, p, _ in rows}
     meas = {(c, mode): m for c, mode, _, _, m in rows}
     for c in {c for c, _ in pred}:
