@@ -10,7 +10,7 @@ context parallelism (dp/cp replicas of cp = 2 or 4 ranks) and an ep dividing dp�
 with expert_parallel_options [1] (as is) vs [1, 2, 4, 8] (those dividing the experts), and the latter with
 context_parallel_options [1, 2] too.
 
-Usage: PYTHONPATH=. .venv/bin/python bench/moe.py [--plans 40] [--seed 3]
+Usage: PYTHONPATH=. .venv/bin/python bench/moe.py [--plans 40] [--seed 3] [--accuracy-only]
 Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case, search ratio ≤ 3×.
 """
 
@@ -73,6 +73,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=40)
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--accuracy-only", action="store_true", help="the accuracy rows only (no search timing)")
     args = ap.parse_args()
     rnd = random.Random(args.seed)
     for cname, mname in CASES:
@@ -84,7 +85,7 @@ def main() -> None:
         print(f"{cname} {mname} same, ep=1 {errors(plain, cluster, model)}", flush=True)
         both = [q for q in (with_cp_and_experts(p, model.num_experts, rnd) for p in drawn) if q is not None]
         print(f"{cname} {mname} cp and ep  {errors(both, cluster, model)}", flush=True)
-    for cname, mname in CASES[:2]:
+    for cname, mname in ([] if args.accuracy_only else CASES[:2]):
         cluster, model, space = load_cluster(cname), load_model(mname), load_search("default")
         off, t_off, _ = search_seconds(cluster, model, space)
         options = tuple(e for e in (1, 2, 4, 8) if model.num_experts % e == 0)
