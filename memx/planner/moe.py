@@ -30,8 +30,10 @@ the average tokens, and every rank waits for it in the combine). `adjust` then a
   token permute / unpermute, memory-bound, 4 passes over λ·T·k·h·2 bytes forward and 4 backward; the expert
   tensor-parallel all-gather / reduce-scatter of the λ·k copies beyond the dense one (Megatron's alltoall
   dispatcher gathers the permuted tokens over the expert tp group);
-- activations per kept layer: the (λ·k − 1) extra copies of the expert input 2·T·h and the fp32 router logits
-  4·T·E (Korthikanti et al. 2022 §4.1 accounting); the dispatch buffers (send + receive) once as workspace.
+- activations per kept layer: the experts' input, λ·k copies of the b·s tokens of the expert tensor-parallel group
+  (2·λ·k·b·s·h: the dispatcher all-gathers the received tokens over it, so with tp > 1 it is not the rank's T tokens)
+  beyond the dense equivalent's MLP input 2·T·h, and the fp32 router logits 4·T·E (Korthikanti et al. 2022 §4.1
+  accounting); the dispatch buffers (send + receive) once as workspace.
 
 Dense layers: the model's first `moe_first_dense_layers` (DeepSeek's `first_k_dense_replace`) have a dense MLP
 of `ffn_hidden`; `split_layers` counts them on the first stage, and a dense layer's MLP replaces the equivalent's:
@@ -155,7 +157,12 @@ def activation_delta_bytes(model: ModelArch, c: Mapping[str, np.ndarray], gap=1.
     as in `static_delta_bytes`)."""
     tp, _, _, _, tokens = _ranks(model, c)
     copies = model.moe_load_imbalance * model.moe_router_topk
-    per_layer = 2.0 * tokens * model.hidden * (copies - 1.0) + 4.0 * tokens * model.num_experts
+    # the experts' input is the λ·k copies of all b·s tokens of the expert tensor-parallel group: Megatron-LM's
+    # alltoall dispatcher all-gathers the received tokens over it (token_dispatcher.py, MoEAlltoAllTokenDispatcher.
+    # dispatch_postprocess: "AG(TP)"), and each rank's expert fc1 keeps that gathered input for its weight gradient;
+    # the dense equivalent already holds its MLP input, 2·h per rank token (b·s/tp under sequence parallelism)
+    gathered = copies * c["micro_batch"] * c["seq_len"].astype(np.float64)
+    per_layer = 2.0 * model.hidden * (gathered - tokens) + 4.0 * tokens * model.num_experts
     (n_moe, n_dense), (rec_moe, rec_dense) = split_layers(model, c["layers"], c["first"]), _recomputed(model, c)
     mlp_gap = 6.0 * c["micro_batch"] * c["seq_len"] * (model.ffn_hidden - dense_equivalent(model).ffn_hidden) / tp
     work = (n_moe > 0) * 2.0 * BF16 * copies * tokens * model.hidden

@@ -371,7 +371,15 @@ def output_cost(dev: Device, d: Dims, owns_weight: bool = True) -> EndCost:
         bwd_kernels=6 + (1 if d.sp else 0),
         params=(d.vocab * d.hidden / d.tp if owns_weight else 0.0) + d.hidden,
         act_bytes=4.0 * th * share + FP32_BYTES * logits,  # norm + GEMM inputs, fp32 softmax kept for backward
-        workspace_bytes=(FP32_BYTES + BF16_BYTES) * logits,  # fp32 logit grads + bf16 copy for the GEMM
+        # transient while the loss and its backward run: 4 B per logit beyond the kept fp32 softmax. Megatron-LM
+        # computes the fp32 logit gradient in place in that softmax (megatron/core/tensor_parallel/cross_entropy.py:
+        # `grad_input = softmax`, `grad_input.mul_`), so it is not a second fp32 tensor (the code alone shows the 2 B
+        # of the bf16 logits beside their fp32 copy and of the gradient's cast back). 4 B is what its functional
+        # tests' measured max allocated bytes on the last stage hold (tests/validation/data/megatron_golden.yaml, 32
+        # cases, every term as the closed form counts it: kept 4 + transient 4 B per logit -3.8 ... +9.5 %, median
+        # +3 %; 4 + 2 B under on the large cases, Mixtral 8x7B -3.5 %; 4 + 6 B, as here before issue #27 session 7,
+        # +0.2 ... +24.5 %, above every case; docs/simulator.md §Memory)
+        workspace_bytes=FP32_BYTES * logits,
     )
 
 

@@ -106,10 +106,10 @@ def test_ring_terms_add_no_error_of_their_own_against_the_virtual_cluster(monkey
     """Each cp plan's closed-form / virtual-cluster ratio (time, memory) is within 3 points of its rank-equivalent
     plan's (the same GPUs, tokens and links without the ring): what the ring terms add agrees; OOM called the
     same; activations shrink ÷ cp (bench/context_parallel.py measures the MAPE on random plans). The ring's cp − 1
-    further attention blocks run at the catalog's fused-attention efficiency (H100 0.35, H20 0.5, both sourced),
-    which the virtual cluster's traits put higher (0.5, 0.6): that constant, not the ring's formula, is compared at
-    the virtual cluster's value here (at 32k tokens and cp 4 it alone moves the ratio ~5 points; issue #27 session 5,
-    docs/results.md addendum 2026-12-01)."""
+    further attention blocks run at the catalog's fused-attention efficiency (H100 0.5, cuDNN's since issue #27
+    session 7; H20 0.5, FA2's measured figure, both sourced), which the virtual cluster's H20 trait puts higher (0.6):
+    that constant, not the ring's formula, is compared at the virtual cluster's value here (at 32k tokens and cp 4 it
+    alone moves the ratio ~5 points; issue #27 session 5, docs/results.md addendum 2026-12-01)."""
     from memx.domain.runtime import load_runtime
     from memx.simulator import load_traits
 

@@ -146,3 +146,17 @@ def test_measure_stages_accepts_a_dataframe_and_reports_oom_rows():
         measure_stages([{**sig().to_dict(), "tp": 0}], seed=0)
     with pytest.raises(InputError, match="'gpu'"):
         measure_stages(df, seed=0, gpus=[load_gpu("h100-80g")])
+
+
+def test_output_layer_backward_adds_four_bytes_per_logit_beyond_the_kept_softmax():
+    """The last stage keeps the fp32 softmax (4 B per logit) and its loss backward adds 4 B more: Megatron-LM computes
+    the fp32 logit gradient in place in the kept softmax (tensor_parallel/cross_entropy.py), and 4 + 4 B is what its
+    functional tests' measured max allocated bytes hold (physics.output_cost)."""
+    from memx.simulator.physics import Device, output_cost
+
+    s = sig(first=False, last=True, layers=0)
+    d = s.dims()
+    out = output_cost(Device.of(load_gpu("a100-80g"), load_traits("a100-80g")), d)
+    logits = d.tokens * d.vocab / d.tp
+    assert out.workspace_bytes == pytest.approx(4.0 * logits)
+    assert out.act_bytes == pytest.approx(4.0 * d.tokens * d.hidden + 4.0 * logits)
