@@ -147,8 +147,8 @@ def predict_rows(predictor: StagePredictor, ctx_list: list[StageContext], layers
     predictor that declares its rows independent (`ROW_WISE`: each row's answer a function of that row alone, no
     state kept per call — the closed form) is called on ROW_CHUNK rows at a time: the same elementwise arithmetic
     on every row, so the same values, while the temporaries of a chunk stay in cache and are reused instead of
-    ~100 fresh arrays of every row (issue #26: 170 MB of first-touch pages on three-vendor-20). One that also
-    is listed in BROADCAST_FIELDS is asked once for the contexts that differ only in those fields (`_shared`)."""
+    ~100 fresh arrays of every row (issue #26: 170 MB of first-touch pages on three-vendor-20). One listed in
+    BROADCAST_FIELDS is asked once for the contexts that differ only in those fields (`_shared`)."""
     fields = BROADCAST_FIELDS.get(type(predictor), ()) if getattr(predictor, "ROW_WISE", False) else ()
     if fields and len(layers):
         return _shared(predictor, fields, ctx_list, layers, codes, ci, model, seq_len, cluster)
