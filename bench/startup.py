@@ -9,7 +9,8 @@ are read from its cache (memx.domain.spec_cache) and the closed form's stage tab
 (memx.planner.table_cache), as on a user's second and later runs of a problem; --cold gives every run an empty one (the
 first run after a catalog or MemX change); --fresh-tables keeps the catalog entries but removes the closed form's
 cached stage tables (memx.planner.table_cache, `$MEMX_HOME/cache/tables`) before every run: the first plan of a
-new problem. Commands:
+new problem; --first-runs runs every plan command both ways in one run (`NAME` with the cached tables beside
+`NAME-first` without, interleaved: the same load; the -first runs have a MEMX_HOME of their own). Commands:
   numpy       python -c "import numpy"                                   (the baseline)
   help        memx --help
   peer        memx plan --predictor analytic --cluster a100-v100-16 --format json   (4 × A100-80G + 12 × V100-32G;
@@ -84,6 +85,11 @@ def answer(text: str):
     return strip(json.loads(text))
 
 
+def first_home(env: dict[str, str]) -> dict[str, str]:
+    """env with the MEMX_HOME of the -first runs (--first-runs): their catalog entries cached, their tables removed."""
+    return {**env, "MEMX_HOME": env["MEMX_HOME"] + "-first"}
+
+
 def figures(best: dict[str, tuple[float, float]]) -> dict[str, str]:
     fig = {f"{k.replace('-', '')}_cpu_s": f"{v[0]:.2f}" for k, v in best.items()}
     if "help" in best:
@@ -101,6 +107,8 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true", help="every run with an empty MEMX_HOME (no cached catalog entries)")
     ap.add_argument("--fresh-tables", action="store_true",
                     help="every run without cached stage tables (the catalog entries still cached)")
+    ap.add_argument("--first-runs", action="store_true",
+                    help="each plan command also as NAME-first: without cached stage tables, in the same run")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Path(tmp) / "a100-v100-4x4.yaml"
@@ -124,18 +132,22 @@ def main() -> None:
         }
         if args.only:
             commands = {k: v for k, v in commands.items() if k in args.only or k == "numpy"}
+        if args.first_runs:
+            commands = {**commands, **{f"{k}-first": v for k, v in commands.items() if k not in ("numpy", "help")}}
         for e in envs.values():  # warm-up: bytecode of every module on the plan path; each plan's cached tables
             run([*memx, "--help"], e)
             for name, argv in commands.items():
                 if name not in ("numpy", "help"):
-                    run(argv, e)
+                    run(argv, first_home(e) if name.endswith("-first") else e)
         best: dict[str, dict[str, tuple[float, float]]] = {side: {} for side in envs}
         outputs: dict[str, dict[str, list]] = {side: {} for side in envs}
         for _ in range(args.repeat):
             for name, argv in commands.items():
                 for side, e in envs.items():
                     out = outputs[side].setdefault(name, []) if name not in ("numpy", "help") else None
-                    cpu, wall = run(argv, e, out, cold=args.cold, fresh_tables=args.fresh_tables)
+                    first = name.endswith("-first")
+                    cpu, wall = run(argv, first_home(e) if first else e, out, cold=args.cold,
+                                    fresh_tables=args.fresh_tables or first)
                     if name not in best[side] or cpu < best[side][name][0]:
                         best[side][name] = (cpu, wall)
         for name in commands:

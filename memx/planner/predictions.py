@@ -9,7 +9,7 @@ reserve. Signatures beyond that bound are never predicted.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from dataclasses import fields as fields_of
 
 import numpy as np
@@ -26,7 +26,11 @@ from memx.planner.tables import NONE, StageContext, StageTable, ladders, set_fit
 
 
 ROW_CHUNK = 1 << 14  # signature rows predicted at once by a row-wise predictor (`predict_rows`)
-LADDER_CHUNK = 16  # contexts whose ladders are sorted at once (16 × 33 × 34 floats: about malloc's mmap threshold)
+# The predictors whose answers are elementwise functions of these signature columns (`_shared`), by exact type (a
+# subclass may predict otherwise): the closed form's `inflight` only multiplies a peak's activations, its `dp` only
+# divides the optimizer state (memx.planner.cost.predict_runtime_frame and predict_stage_frame, memx.planner.moe.adjust;
+# tests/unit/test_plan_cpu_forms.py compares every table with asking each context's own rows).
+BROADCAST_FIELDS: dict[type, tuple[str, ...]] = {AnalyticStageModel: ("inflight", "dp")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,25 +106,23 @@ def predict_tables(contexts: dict[StageContext, int], cluster: Cluster, model: M
     rows = np.arange(n_max + 1)
     # every (context, n ≤ its static bound, option), context-major, n ascending, options in order
     ci, layers, pos = np.nonzero(option_ok[None, :, :] & (rows[None, :, None] <= cap[:, None, None]))
-    codes = option_code[layers, pos]
+    key = ci * (n_max + 1) + layers  # the (context, n) row, and below the (context, n, option) entry, as flat indices
+    flat = key * k_max + pos
+    codes = option_code.reshape(-1).take(layers * k_max + pos)
     t0 = time.perf_counter()
     pred = predict_rows(predictor, ctx_list, layers, codes, ci, model, seq_len, cluster)
     predict_s = time.perf_counter() - t0
     shape = (len(ctx_list), n_max + 1, k_max)
     times, mems = np.full(shape, np.inf), np.full(shape, np.inf)
-    times[ci, layers, pos], mems[ci, layers, pos] = pred["time_ms"], pred["peak_mem_mib"]
-    highs = _highs(pred, shape, (ci, layers, pos))  # the upper memory bound, where the predictor gives one
+    times.reshape(-1)[flat], mems.reshape(-1)[flat] = pred["time_ms"], pred["peak_mem_mib"]
+    highs = _highs(pred, shape, flat)  # the upper memory bound, where the predictor gives one
     _interleaved(ctx_list, times, mems, option_code, highs)  # interleaved contexts: peaks from their twins
     static = np.zeros(shape[:2])  # beyond the static bound: never predicted, never feasible
-    key = ci * (n_max + 1) + layers
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     static.flat[key[starts]] = np.maximum.reduceat(pred["static_mem_mib"], starts)
     limit = np.array([limits[c.gpu] for c in ctx_list])[:, None]
-    # one (n, option) code table for all; LADDER_CHUNK contexts at a time (each row's ladder is its own: the same
-    # values, the temporaries of a chunk in cache)
-    t, m, code, length, fit = (np.concatenate(x) for x in zip(*(
-        ladders(times[i:i + LADDER_CHUNK], mems[i:i + LADDER_CHUNK], option_code, limit[i:i + LADDER_CHUNK])
-        for i in range(0, len(ctx_list), LADDER_CHUNK))))
+    # one (n, option) code table for all; each n over its options only (`ladders_banded`)
+    t, m, code, length, fit = ladders_banded(times, mems, option_code, option_ok.sum(axis=1), limit[:, 0])
     attr = {f: np.array([getattr(c, f) for c in ctx_list])[:, None] for f in ("tp", "first", "last")}
     params = np.zeros(shape[:2])
     params[:, 1:] = stage_params_per_rank(rows[None, 1:], attr["tp"], attr["first"], attr["last"], model.hidden,
@@ -145,7 +147,20 @@ def predict_rows(predictor: StagePredictor, ctx_list: list[StageContext], layers
     predictor that declares its rows independent (`ROW_WISE`: each row's answer a function of that row alone, no
     state kept per call — the closed form) is called on ROW_CHUNK rows at a time: the same elementwise arithmetic
     on every row, so the same values, while the temporaries of a chunk stay in cache and are reused instead of
-    ~100 fresh arrays of every row (issue #26: 170 MB of first-touch pages on three-vendor-20)."""
+    ~100 fresh arrays of every row (issue #26: 170 MB of first-touch pages on three-vendor-20). One listed in
+    BROADCAST_FIELDS is asked once for the contexts that differ only in those fields (`_shared`)."""
+    fields = BROADCAST_FIELDS.get(type(predictor), ()) if getattr(predictor, "ROW_WISE", False) else ()
+    if fields and len(layers):
+        return _shared(predictor, fields, ctx_list, layers, codes, ci, model, seq_len, cluster)
+    return _predicted(predictor, ctx_list, layers, codes, ci, model, seq_len, cluster)
+
+
+def _predicted(predictor: StagePredictor, ctx_list: list[StageContext], layers: np.ndarray, codes: np.ndarray,
+               ci: np.ndarray, model: ModelArch, seq_len: int, cluster: Cluster,
+               members: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """predict_rows' columns, ROW_CHUNK rows at a time for a ROW_WISE predictor. `members`: signature columns as
+    (m, len(ctx_list)) arrays, every row's column then the (m,) column of its context (`_shared`); every answer
+    comes back as (m, rows)."""
     gpus = {g.name: g for g in cluster.gpu_types}
     step = ROW_CHUNK if getattr(predictor, "ROW_WISE", False) else max(len(layers), 1)
     parts = []
@@ -154,12 +169,105 @@ def predict_rows(predictor: StagePredictor, ctx_list: list[StageContext], layers
         c0, c1 = (int(ci[sl].min()), int(ci[sl].max()) + 1) if len(ci) else (0, 0)  # the chunk's contexts only
         sub, at = ctx_list[c0:c1], ci[sl] - c0
         sigs = signature_columns(sub, layers[sl], codes[sl], at, model, seq_len)
+        for f, col in (members or {}).items():
+            sigs[f] = col[:, c0:c1].take(at, axis=1)
         pred = moe.adjust(predict_arrays(predictor, sigs), sigs, model, gpus,
                           measured_dense_shift(predictor, sigs, model))
         parts.append(add_ring_terms(pred, sigs, sub, at, cluster))  # cp > 1 (context_parallel)
+    if members:  # every column (m, rows)
+        m = len(next(iter(members.values())))
+        parts = [{k: np.broadcast_to(v, (m, v.shape[-1])) for k, v in p.items()} for p in parts]
+        return {k: np.concatenate([p[k] for p in parts], axis=1) for k in parts[0]}
     if len(parts) == 1:
         return parts[0]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _shared(predictor: StagePredictor, fields: tuple[str, ...], ctx_list: list[StageContext], layers: np.ndarray,
+            codes: np.ndarray, ci: np.ndarray, model: ModelArch, seq_len: int,
+            cluster: Cluster) -> dict[str, np.ndarray]:
+    """predict_rows for a predictor whose answers are elementwise functions of the signature columns named by
+    context `fields` (BROADCAST_FIELDS: each answer the same arithmetic whether such a column holds one number
+    per row or an (m, rows) array broadcast against the other columns — the closed form's `inflight`, which only
+    multiplies a peak's activations, and `dp`, which only divides the optimizer state: memx.planner.cost,
+    memx.planner.moe.adjust). Contexts equal but for those fields (a pipeline's stages of one GPU, tp and micro
+    batch, at each dp: three-vendor-20's 612 contexts are 99 groups) are asked once, on the rows of the member
+    with the most layers (the others' rows are a prefix: n ascending, the same options for each n), those columns
+    (m, rows) with the members' values; groups of m members are asked together. Each row's answers are then
+    gathered from its group's: the same values as `_predicted` on every row (issue #26)."""
+    groups: dict[tuple, list[int]] = {}
+    rest = [f.name for f in fields_of(StageContext) if f.name not in fields]
+    for i, c in enumerate(ctx_list):
+        groups.setdefault(tuple(map(vars(c).__getitem__, rest)), []).append(i)
+    if len(groups) == len(ctx_list):  # nothing shared
+        return _predicted(predictor, ctx_list, layers, codes, ci, model, seq_len, cluster)
+    if type(predictor) is AnalyticStageModel and isinstance(predictor.runtime, str) and predictor.runtime != "none":
+        predictor = replace(predictor, runtime=dict(predictor.profiles()))  # the catalog read once, not per call
+    start = np.searchsorted(ci, np.arange(len(ctx_list) + 1))  # context i's rows: start[i]:start[i + 1]
+    count = np.diff(start)
+    gs = sorted(groups.values(), key=len)  # by size: the groups of one size asked together, ≤ ROW_CHUNK rows a call
+    reps = np.array([max(g, key=count.__getitem__) for g in gs])
+    calls, rows_in = [], 0
+    for k in range(1, len(gs)):
+        rows_in += count[reps[k - 1]]
+        if len(gs[k]) != len(gs[k - 1]) or rows_in + count[reps[k]] > ROW_CHUNK:
+            calls.append(k)
+            rows_in = 0
+    head = np.empty(len(ctx_list), dtype=np.intp)  # where context i's answers start in the gathered ones
+    out: dict[str, list[np.ndarray]] = {}
+    offset = 0
+    for k0, k1 in zip([0, *calls], [*calls, len(gs)]):
+        part, m = gs[k0:k1], len(gs[k0])
+        n_rows = count[reps[k0:k1]]
+        first = np.cumsum(n_rows) - n_rows  # group k's rows start at first[k - k0]
+        rows = np.repeat(start[reps[k0:k1]] - first, n_rows) + np.arange(n_rows.sum())
+        cols = {f: np.array([[getattr(ctx_list[i], f) for i in g] for g in part], dtype=np.int64).T
+                for f in fields}  # (m, groups)
+        pred = _predicted(predictor, [ctx_list[r] for r in reps[k0:k1]], layers[rows], codes[rows],
+                          np.repeat(np.arange(k1 - k0), n_rows), model, seq_len, cluster, cols)
+        for k, v in pred.items():
+            out.setdefault(k, []).append(v.reshape(-1))
+        for g, f0 in zip(part, first):
+            head[g] = offset + np.arange(len(g)) * len(rows) + f0
+        offset += m * len(rows)
+    src = np.repeat(head - start[:-1], count) + np.arange(len(layers))
+    return {k: np.concatenate(v).take(src) for k, v in out.items()}
+
+
+BAND_ELEMENTS = 1 << 14  # (contexts × rows × positions) a `ladders` call of ladders_banded: its temporaries in cache
+
+
+def ladders_banded(times: np.ndarray, mems: np.ndarray, codes: np.ndarray, widths: np.ndarray,
+                   limit_mib: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`ladders` of (contexts, n, K) times and mems whose row n holds its options in its first widths[n] positions
+    (+inf after; codes: the (n, K) code table; limit_mib: (contexts,)): the same arrays, sorting only the first
+    positions of each row. Rows n whose widths share a power-of-two band (3–4, 5–8, 9–16, …) are one `ladders`
+    call over that band's widest positions, BAND_ELEMENTS at a time. Exact: sorted, the +inf positions past a
+    row's width come after the others (ties by position) and are never kept, so the levels, lengths and fits
+    are those of the narrow row, and every position past the band's is padding, which holds the top level —
+    as the band's last position does (padding, or the top level itself). Three-vendor-20: 34 positions a row,
+    18.5 options on average (issue #26)."""
+    contexts, rows, k = times.shape
+    t, m = np.full(times.shape, np.inf), np.full(times.shape, np.inf)
+    c = np.full(times.shape, NONE, dtype=np.int64)
+    length, fit = np.zeros((contexts, rows), dtype=np.int64), np.full((contexts, rows), -1, dtype=np.int64)
+    band = [int(w - 1).bit_length() if w else -1 for w in widths]  # -1: no option (n = 0), an empty ladder
+    n0 = 0
+    while n0 < rows:
+        n1 = n0 + 1
+        while n1 < rows and band[n1] == band[n0]:
+            n1 += 1
+        w = int(max(widths[n0:n1]))
+        if w:
+            pad = np.minimum(np.arange(k), w - 1)
+            per = max(1, BAND_ELEMENTS // ((n1 - n0) * w))
+            for c0 in range(0, contexts, per):
+                cs, ns = slice(c0, c0 + per), slice(n0, n1)
+                lt, lm, lc, length[cs, ns], fit[cs, ns] = ladders(times[cs, ns, :w], mems[cs, ns, :w], codes[ns, :w],
+                                                                  limit_mib[cs, None])
+                t[cs, ns], m[cs, ns], c[cs, ns] = lt.take(pad, axis=2), lm.take(pad, axis=2), lc.take(pad, axis=2)
+        n0 = n1
+    return t, m, c, length, fit
 
 
 def with_twins(contexts: dict[StageContext, int]) -> dict[StageContext, int]:
@@ -171,7 +279,7 @@ def with_twins(contexts: dict[StageContext, int]) -> dict[StageContext, int]:
     return out
 
 
-def _highs(pred: dict[str, np.ndarray], shape: tuple[int, ...], where: tuple[np.ndarray, ...]) -> np.ndarray | None:
+def _highs(pred: dict[str, np.ndarray], shape: tuple[int, ...], where: np.ndarray) -> np.ndarray | None:
     """(context, n, option) upper memory bounds (`peak_mem_mib_high`, INTERVAL_COLUMNS; NaN where a row has
     none, +inf where nothing was predicted); None when the predictor gives no interval at all (as
     memx.planner.estimate.upper_margins: then the point margin stands)."""
@@ -179,7 +287,7 @@ def _highs(pred: dict[str, np.ndarray], shape: tuple[int, ...], where: tuple[np.
     if col is None or np.isnan(col).all():
         return None
     highs = np.full(shape, np.inf)
-    highs[where] = col
+    highs.reshape(-1)[where] = col  # where: flat indices
     return highs
 
 

@@ -14,7 +14,7 @@ from memx.planner.cost import AnalyticStageModel
 from memx.planner.runtime_terms import uniform_precision
 from memx.planner.prepared import _slowdown_caps, layout_contexts, slowdown_caps_many
 from memx.planner.space import enumerate_layouts
-from memx.planner.tables import StageTable, set_fitted
+from memx.planner.tables import StageTable, ladders, set_fitted
 
 
 def _table(rng, rows: int, k: int, nan: bool) -> StageTable:
@@ -62,11 +62,11 @@ def test_slowdown_caps_of_a_search_equal_each_layouts_own(peer):
 
 def test_predictions_in_row_chunks_equal_one_call(peer, monkeypatch):
     """A row-wise predictor (AnalyticStageModel.ROW_WISE) predicts ROW_CHUNK rows at a time, the ladders are sorted
-    LADDER_CHUNK contexts at a time: every table equal to the one-call tables, array by array, at chunk sizes that
+    BAND_ELEMENTS at a time: every table equal to the one-call tables, array by array, at chunk sizes that
     cut contexts anywhere."""
     cl, mo, sp, lays, pt = peer
     monkeypatch.setattr(predictions, "ROW_CHUNK", 777)
-    monkeypatch.setattr(predictions, "LADDER_CHUNK", 7)  # and the ladders of 7 contexts at a time
+    monkeypatch.setattr(predictions, "BAND_ELEMENTS", 7 * 34)  # and the ladders of a few contexts at a time
     chunked = predictions.predict_tables(layout_contexts(lays, mo.layers), cl, mo, mo.seq_len, sp.recompute_levels,
                                          sp.reserve_gib, AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}))
     assert pt.signatures > 777 * 10 and chunked.tables.keys() == pt.tables.keys() and chunked.max_layers == pt.max_layers
@@ -362,3 +362,61 @@ def test_median_and_sorted_quantiles_equal_numpys():
             want = np.quantile(x, q, axis=1)
             got = sorted_quantiles(x, q)
             assert got.shape == want.shape and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ladders_banded_equal_the_full_rows(seed):
+    """predictions.ladders_banded (each band of rows over its own widest positions, a few contexts at a time) gives the
+    arrays `ladders` gives on the full rows, ties in time and memory and rows with nothing predicted included."""
+    rng = np.random.default_rng(seed)
+    contexts, rows = int(rng.integers(1, 40)), int(rng.integers(2, 30))
+    widths = np.r_[0, np.sort(rng.integers(1, rows + 3, rows - 1))]
+    k = int(widths.max())
+    ok = np.arange(k)[None, :] < widths[:, None]
+    times = np.where(ok, np.round(rng.uniform(1, 20, (contexts, rows, k))), np.inf)  # rounded: ties
+    mems = np.where(ok, np.round(rng.uniform(1, 20, (contexts, rows, k))), np.inf)
+    gone = (rng.random((contexts, rows, k)) < 0.2) | (rng.random((contexts, rows, 1)) < 0.1)
+    times[gone], mems[gone] = np.inf, np.inf
+    codes = np.where(ok, rng.integers(-2, rows, (rows, k)), -2)
+    limit = rng.uniform(5, 15, contexts)
+    predictions.BAND_ELEMENTS, keep = int(rng.integers(1, 200)), predictions.BAND_ELEMENTS
+    try:
+        got = predictions.ladders_banded(times, mems, codes, widths, limit)
+    finally:
+        predictions.BAND_ELEMENTS = keep
+    for g, want in zip(got, ladders(times, mems, codes, limit[:, None])):
+        assert g.dtype == want.dtype and np.array_equal(g, want)
+
+
+def _tables_and_rows_asked(problem, monkeypatch, fields):
+    cl, mo, sp, lays = problem
+    asked = []
+    predict = predictions.predict_arrays
+    monkeypatch.setattr(predictions, "predict_arrays", lambda p, s: asked.append(len(s["layers"])) or predict(p, s))
+    monkeypatch.setattr(predictions, "BROADCAST_FIELDS", {AnalyticStageModel: fields} if fields else {})
+    pt = predictions.predict_tables(layout_contexts(lays, mo.layers), cl, mo, mo.seq_len, sp.recompute_levels,
+                                    sp.reserve_gib, AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}))
+    monkeypatch.undo()
+    return pt, sum(asked)
+
+
+@pytest.mark.parametrize("problem, share", [(("a100-v100-16", "llama2-7b", "default"), 0.5),
+                                            pytest.param(("v100-t4-6", "qwen1.5-moe-a2.7b", "moe"), 0.8,  # moe.adjust
+                                                         marks=pytest.mark.slow),
+                                            (("v100-t4-6", "llama3-8b-32k", "long-context"), 0.8)])  # cp 1, 2, 4
+def test_contexts_equal_but_inflight_and_dp_asked_once_equal_every_row_asked(problem, share, monkeypatch):
+    """The closed form (predictions.BROADCAST_FIELDS: inflight, dp) is asked once per group of contexts equal in all
+    else, those columns (m, rows), on fewer rows; every table equals the one of asking each context's own rows (array
+    by array, dtypes too)."""
+    cl, mo, sp = load_cluster(problem[0]), load_model(problem[1]), load_search(problem[2])
+    lays = enumerate_layouts(cl, mo, sp)
+    assert predictions.BROADCAST_FIELDS == {AnalyticStageModel: ("inflight", "dp")}
+    shared, rows = _tables_and_rows_asked((cl, mo, sp, lays), monkeypatch, ("inflight", "dp"))
+    each, all_rows = _tables_and_rows_asked((cl, mo, sp, lays), monkeypatch, ())
+    assert all_rows == each.signatures == shared.signatures
+    assert rows < share * all_rows, (rows, all_rows)
+    assert each.tables.keys() == shared.tables.keys() and each.max_layers == shared.max_layers
+    for c, t in shared.tables.items():
+        for f in ("time_ms", "peak_mib", "code", "length", "fit", "static_mib", "params_per_rank", "fitted_ms"):
+            a, b = getattr(t, f), getattr(each.tables[c], f)
+            assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True), (c, f)
