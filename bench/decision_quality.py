@@ -2,6 +2,7 @@
 
   python bench/decision_quality.py [--space catalog|paper] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
                                    [--reach 1.10] [--slack 0.10] [--seed 0] [--predictor analytic|learned]
+                                   [--rules R1,R2] [--population-worlds nominal,spike] [--dump DIR]
   python bench/decision_quality.py --scenarios mixed-1024/llama3-405b --sample-floors 0.1,0.2 [--fastest 5]
 
 For each scenario (cluster / model, the catalog's `default` search, weights auto) and predictor — `analytic` (the
@@ -35,6 +36,10 @@ among the window's plans whose predicted margin clears floor + allowance (none: 
 Output: one table row per (scenario, rule) with the four worlds side by side, then the totals per rule
 (misses counted in the nominal world), then per scenario the predictor's accuracy over the population (measured /
 predicted time, 5th–95th percentile; Spearman of predicted and measured time) and the seconds spent.
+`--rules` limits the rules searched; `--population-worlds` the worlds the whole population runs in (the picks always
+run in all four; the other worlds' cells then give the pick's margin only); `--dump DIR` writes each scenario's
+population (bench/decision_rules.py analyses candidate rules on it). mixed-1024/llama3-405b runs as a population
+with a narrower reach (docs/results.md: `--reach 1.05 --slack 0 --population-worlds nominal,spike`).
 `--sample-floors F1,F2,...` (`sample`): where the population is out of reach, only the default rule's pick at each
 floor and the `--fastest` fastest plans predicted safe at F1, measured in the four worlds (a sample, not a population).
 """
