@@ -2,6 +2,7 @@
 
   python bench/decision_quality.py [--space catalog|paper] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
                                    [--reach 1.10] [--slack 0.10] [--seed 0] [--predictor analytic|learned]
+                                   [--rules R1,R2] [--population-worlds nominal,spike] [--dump DIR]
   python bench/decision_quality.py --scenarios mixed-1024/llama3-405b --sample-floors 0.1,0.2 [--fastest 5]
 
 For each scenario (cluster / model, the catalog's `default` search, weights auto) and predictor — `analytic` (the
@@ -35,6 +36,10 @@ among the window's plans whose predicted margin clears floor + allowance (none: 
 Output: one table row per (scenario, rule) with the four worlds side by side, then the totals per rule
 (misses counted in the nominal world), then per scenario the predictor's accuracy over the population (measured /
 predicted time, 5th–95th percentile; Spearman of predicted and measured time) and the seconds spent.
+`--rules` limits the rules searched; `--population-worlds` the worlds the whole population runs in (the picks always
+run in all four; the other worlds' cells then give the pick's margin only); `--dump DIR` writes each scenario's
+population (bench/decision_rules.py analyses candidate rules on it). mixed-1024/llama3-405b runs as a population
+with a narrower reach (docs/results.md: `--reach 1.05 --slack 0 --population-worlds nominal,spike`).
 `--sample-floors F1,F2,...` (`sample`): where the population is out of reach, only the default rule's pick at each
 floor and the `--fastest` fastest plans predicted safe at F1, measured in the four worlds (a sample, not a population).
 """
@@ -52,7 +57,6 @@ import time
 import numpy as np
 
 from memx.domain.catalog import load_cluster, load_model, load_search
-from memx.experiments.common import describe, get_predictor
 from memx.planner import candidates as cand_module
 from memx.planner import search as search_module
 from memx.planner.cost import AnalyticStageModel
@@ -134,11 +138,12 @@ def _variant(plan, world):
     return plan
 
 
-def measure(plans, cluster, model, seed: int) -> dict:
-    """{world: (N, 4) array of measured T, smallest margin, M, V; NaN T = OOM; all NaN = not applicable}."""
+def measure(plans, cluster, model, seed: int, worlds=WORLDS, every: frozenset = frozenset()) -> dict:
+    """{world: (N, 4) array of measured T, smallest margin, M, V; NaN T = OOM; all NaN = not applicable or not
+    measured}: the plans of index in `every` in all WORLDS, the others in `worlds` only."""
     out = {w: np.full((len(plans), 4), np.nan) for w in WORLDS}
     for i, p in enumerate(plans):
-        for w in WORLDS:
+        for w in (WORLDS if i in every else worlds):
             if w == "spike":
                 t, d = out["nominal"][i, 0], None
                 m = _spike_margin(p, cluster, model)
@@ -155,16 +160,17 @@ def measure(plans, cluster, model, seed: int) -> dict:
     return out
 
 
-def judge(x: np.ndarray, i: int, floor: float, tol: float, weights, eps: float) -> dict:
-    """The pick i in one world's measurements x (N, 4)."""
+def judge(x: np.ndarray, i: int, floor: float, tol: float, weights, eps: float, alone: bool = False) -> dict:
+    """The pick i in one world's measurements x (N, 4); `alone`: the world was measured for the picks only (OOM
+    and margin, no T*, window or dominance)."""
     t, m = x[:, 0], x[:, 1]
     if np.isnan(m[i]):
         return {"na": True}
     oom = bool(np.isnan(t[i]))
     ok = ~np.isnan(t)
     safe = ok & (m >= floor)
-    row = {"na": False, "oom": oom, "margin": float(m[i])}
-    if not safe.any():
+    row = {"na": False, "oom": oom, "margin": float(m[i]), "alone": alone}
+    if alone or not safe.any():
         return {**row, "ratio": np.nan, "dominated": False, "rank": None, "window": 0}
     t_star = t[safe].min()
     window = safe & (t <= (1 + tol) * t_star)
@@ -192,6 +198,8 @@ def predictor(cl, mo, sp, kind: str, seed: int):
     caller points $MEMX_HOME at a temporary folder: memx.experiments.common.registered)."""
     if kind == "analytic":
         return AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    from memx.experiments.common import get_predictor  # the experiments layer: only when a run needs it
+
     return get_predictor(cl, mo, sp, "registered", seed)
 
 
@@ -209,7 +217,8 @@ def accuracy(keys, pool, meas) -> dict:
 
 
 def scenario(name: str, *, reach: float, slack: float, seed: int, space: str = "catalog", rules=PICK_RULES,
-             oracle: bool = False, allowances: tuple[float, ...] = (), kind: str = "analytic"):
+             oracle: bool = False, allowances: tuple[float, ...] = (), kind: str = "analytic", dump: str = "",
+             worlds: tuple[str, ...] = WORLDS):
     cl_name, mo_name = name.split("/")
     cl, mo = load_cluster(cl_name), load_model(mo_name)
     sp0 = base_space(space)
@@ -229,7 +238,8 @@ def scenario(name: str, *, reach: float, slack: float, seed: int, space: str = "
     keys = list(pool)
     plans = [pool[k].plan for k in keys]
     t1 = time.perf_counter()
-    meas = measure(plans, cl, mo, seed)
+    chosen = frozenset(keys.index(plan_key(m)) for m in picks.values())
+    meas = measure(plans, cl, mo, seed, worlds, chosen)
     t2 = time.perf_counter()
     w, eps = pop_r.weights, sp0.epsilon_mib2
     rows = []
@@ -245,9 +255,15 @@ def scenario(name: str, *, reach: float, slack: float, seed: int, space: str = "
     for rule, m in picks.items():
         i = keys.index(plan_key(m))
         rows.append({"scenario": name, "rule": rule, "pred_margin": m.min_margin, "pred_ms": m.iteration_time_ms,
-                     **{wd: judge(meas[wd], i, sp0.margin_floor, sp0.balance_tolerance, w, eps) for wd in WORLDS}})
+                     **{wd: judge(meas[wd], i, sp0.margin_floor, sp0.balance_tolerance, w, eps, wd not in worlds)
+                        for wd in WORLDS}})
     info = {"scenario": name, "population": len(keys), "train_s": t0 - tp, "search_s": t1 - t0,
-            "simulate_s": t2 - t1, "weights": w, **accuracy(keys, pool, meas)}
+            "simulate_s": t2 - t1, "weights": w, "worlds": worlds, **accuracy(keys, pool, meas)}
+    if dump:  # the population for offline pick-rule analysis (bench/decision_rules.py)
+        from bench.decision_rules import dump_population, time_bounds
+
+        dump_population(dump, f"{kind}-{space}-s{seed}-{name.replace('/', '+')}", keys, pool, meas, rows, info,
+                        time_bounds(plans, cl, mo, pred))
     return rows, info, (keys, pool, meas)
 
 
@@ -283,6 +299,8 @@ def sample(name: str, *, floors: tuple[float, ...], fastest: int, seed: int, spa
 def sample_table(rows, meas, floor: float) -> str:
     """One row per sampled plan; cell = measured margin · T / T* (nominal: and T), T* = the fastest plan of the
     sample measured safe (margin ≥ floor) in that world."""
+    from memx.experiments.common import describe
+
     out = ["", "| plan | stages | pred. ms | pred. margin | " + " | ".join(WORLDS) + " |",
            "|" + "---|" * (4 + len(WORLDS))]
     for i, (label, m) in enumerate(rows):
@@ -325,6 +343,8 @@ def _cell(j: dict) -> str:
         return "n/a"
     if j["oom"]:
         return "**OOM**"
+    if j.get("alone"):
+        return f"{j['margin']:.1%} (picks only)"
     rank = "—" if j["rank"] is None else f"{j['rank']}/{j['window']}"
     dom = " dom" if j["dominated"] else ""
     ratio = "—" if np.isnan(j["ratio"]) else f"{j['ratio']:.3f}"
@@ -368,8 +388,15 @@ def main(argv=None) -> int:
     ap.add_argument("--oracle", action="store_true", help="also the floor rules applied to the measured metrics")
     ap.add_argument("--allowances", default="", help="e.g. 0.05,0.1: also least Φ above floor + allowance")
     ap.add_argument("--sample-floors", default="", help="e.g. 0.1,0.2,0.3: the small-sample mode (`sample`)")
+    ap.add_argument("--rules", default=",".join(PICK_RULES), help="the rules searched (e.g. the floor rules only)")
+    ap.add_argument("--population-worlds", default=",".join(WORLDS),
+                    help="worlds the whole population runs in (the picks: all four), e.g. nominal,spike")
+    ap.add_argument("--dump", default="", help="folder: each scenario's population as a pickle (analysis)")
     ap.add_argument("--fastest", type=int, default=5, help="sample mode: the N fastest predicted safe plans")
     args = ap.parse_args(argv)
+    bad = sorted(set(args.population_worlds.split(",")) - set(WORLDS)) + ([] if "nominal" in args.population_worlds.split(",") else ["(nominal missing)"])
+    if bad:
+        ap.error(f"--population-worlds: {', '.join(bad)}; allowed: {', '.join(WORLDS)}, nominal among them")
     with contextlib.ExitStack() as stack:
         if args.predictor == "learned":  # the registry, store and caches of this run only
             home = stack.enter_context(tempfile.TemporaryDirectory(prefix="memx-dq-"))
@@ -400,7 +427,8 @@ def run(args):
     rows, infos = [], []
     for name in args.scenarios.split(","):
         r, info, _ = scenario(name, reach=args.reach, slack=args.slack, seed=args.seed, space=args.space,
-                               oracle=args.oracle, kind=args.predictor,
+                               oracle=args.oracle, kind=args.predictor, dump=args.dump,
+                               rules=tuple(args.rules.split(",")), worlds=tuple(args.population_worlds.split(",")),
                                allowances=tuple(float(a) for a in args.allowances.split(",") if a))
         rows += r
         infos.append(info)
