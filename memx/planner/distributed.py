@@ -14,10 +14,20 @@ superset, so a worker pruning against an older copy only does more work. Only th
 (work, not the answer) depends on the timing of the tasks.
 
 Granularity (docs/planner.md §Distributed boxes): a task takes TASK_BOXES boxes and runs rounds on them for
-TASK_S seconds (or until none is left) — long enough that sending the kept sets and the boxes and merging
-them costs little (a few ms a task), short enough that the coordinator's thresholds reach the workers
-often and that Dask's scheduler holds several tasks per worker to balance. The coordinator keeps IN_FLIGHT
-tasks per worker thread queued.
+TASK_S seconds, until none is left or until its boxes outnumber GROWTH × those it took — long enough that
+sending the kept sets and the boxes and merging them costs little (a few ms a task), short enough that the
+coordinator's thresholds reach the workers often and that Dask's scheduler holds several tasks per worker to
+balance. The coordinator keeps IN_FLIGHT tasks per worker thread queued.
+
+Order (issue #26, docs/benchmarks.md §Issue #26: Dask deep-search spread): until a plan is known no box can be
+discarded by time, and the serial engine descends best-first (its pool below bnb.POOL) to the fastest plans,
+which set the thresholds. Fanned out at once, the tasks each descended their own boxes and returned ~8× the boxes
+they took; the pool overshot POOL (150–200 k boxes on the 405B deep case), so the coordinator handed out the
+smallest boxes anywhere in the window for minutes, and the plans scored (0.6–33 M against one process's 1.85 M)
+depended on when the good leaves happened to be reached. Now a chunk whose keeper has no thresholds yet is first
+descended by one task alone (`seed`: the serial engine's rounds until the keeper is `seeded` or its pool reaches
+POOL), and the growth cap keeps the returned boxes near the taken ones, so the pool stays near POOL as the serial
+engine's does.
 """
 
 from __future__ import annotations
@@ -46,7 +56,8 @@ from memx.planner.tables import StackedTables
 
 TASK_BOXES = BATCH  # boxes a task takes from the pool
 TASK_S = 0.5  # seconds a task runs rounds of the serial engine on its boxes (at least one; then it returns the rest);
-# 1 s was tried in issue #26 session 6: cheaper on 405B pp 10, but one deep 2-worker run scored 33 M plans (0.5 s: 1.1 M)
+# 1 s was tried in issue #26 session 6: cheaper on 405B pp 10, but one deep 2-worker run scored 33 M plans (0.5 s: 1.1 M;
+# that spread was the order's, module docstring)
 GROWTH = 2  # a task returns once its boxes outnumber GROWTH × those it took (TASK_BOXES at least)
 SEED = True  # the first task of a chunk whose keeper has no thresholds yet descends alone (`seeded`)
 IN_FLIGHT = 2  # tasks queued per worker thread (so a free worker always finds one, and Dask can steal)
