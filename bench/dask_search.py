@@ -7,7 +7,8 @@ on a LocalCluster of N single-threaded worker processes on 127.0.0.1 for each N 
 is started before the clock starts; its start-up is printed apart). Wall seconds, CPU seconds (this process
 plus the workers' processes) and plans scored; ratio = serial wall / pool wall. The load average is printed
 before and after: the machine is shared.
-Last lines: one `workers=N wall_s=… ratio=…` line per N, then `same answer: yes|no`.
+Last lines: one `workers=N wall_s=… ratio=… scored_ratio=…` line per N (scored_ratio: plans scored against the
+one-process run's), then `same answer: yes|no`; `--workers 2,2,2` repeats a count (a fresh cluster each time).
 On a loaded machine the serial run can be done once and reused: `--save PATH` stores its answer and wall
 time (pickle), `--reference PATH` compares against them instead of running it again (the ratio is then
 against a run in another process: say so with the figures).
@@ -43,6 +44,9 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2,4", help="comma-separated local worker counts (\"\": none)")
     ap.add_argument("--without-joint", action="store_true", help="also time one process without the joint bound")
     ap.add_argument("--task-s", type=float, help="seconds a task runs (memx.planner.distributed.TASK_S)")
+    ap.add_argument("--no-seed", action="store_true", help="no seeding task (memx.planner.distributed.SEED = False)")
+    ap.add_argument("--growth", type=float, help="a task's growth cap (memx.planner.distributed.GROWTH; 1e9: none, "
+                    "the engine before issue #26's spread section)")
     ap.add_argument("--leaf", type=int, help="splits of a leaf box (memx.planner.bnb.LEAF) in this process: the one-process runs")
     ap.add_argument("--save", help="store the serial answer and wall time here")
     ap.add_argument("--reference", help="the serial answer and wall time stored by --save (no serial run)")
@@ -58,6 +62,10 @@ def main() -> None:
 
     if args.task_s is not None:
         distributed.TASK_S = args.task_s
+    if args.no_seed:
+        distributed.SEED = False
+    if args.growth is not None:
+        distributed.GROWTH = args.growth
     if args.leaf is not None:
         bnb.LEAF = args.leaf
     cl, mo = load_cluster(args.cluster), load_model(args.model)
@@ -76,14 +84,16 @@ def main() -> None:
 
     if args.reference:
         with open(args.reference, "rb") as fh:
-            answer, serial = pickle.load(fh)
-        print(f"serial (stored, {args.reference}) wall_s={serial:.1f}", flush=True)
+            answer, serial, *rest = pickle.load(fh)  # (answer, wall) before issue #26's spread section, then + scored
+        one_scored = rest[0] if rest else None
+        print(f"serial (stored, {args.reference}) wall_s={serial:.1f}"
+              + ("" if one_scored is None else f" scored={one_scored:,}"), flush=True)
     else:
         ref, serial = timed("serial")
-        answer = _answer(ref)
+        answer, one_scored = _answer(ref), ref.space.scored
         if args.save:
             with open(args.save, "wb") as fh:
-                pickle.dump((answer, serial), fh)
+                pickle.dump((answer, serial, one_scored), fh)
     same = True
     if args.without_joint:
         bounds.JOINT_TIME = False
@@ -102,8 +112,9 @@ def main() -> None:
                 r, wall = timed(f"workers={n}", pool=pool)
             ok = _answer(r) == answer
             same &= ok
-            lines.append(f"workers={n} wall_s={wall:.1f} ratio={serial / wall:.2f} workers_cpu_s={worker_cpu() - w0:.1f} "
-                         f"same={'yes' if ok else 'no'}")
+            scored = "" if one_scored is None else f" scored_ratio={r.space.scored / one_scored:.2f}"
+            lines.append(f"workers={n} wall_s={wall:.1f} ratio={serial / wall:.2f} workers_cpu_s={worker_cpu() - w0:.1f}"
+                         f"{scored} same={'yes' if ok else 'no'}")
             print(lines[-1], flush=True)
     print(f"serial_s={serial:.1f}")
     for line in lines:

@@ -14,10 +14,20 @@ superset, so a worker pruning against an older copy only does more work. Only th
 (work, not the answer) depends on the timing of the tasks.
 
 Granularity (docs/planner.md §Distributed boxes): a task takes TASK_BOXES boxes and runs rounds on them for
-TASK_S seconds (or until none is left) — long enough that sending the kept sets and the boxes and merging
-them costs little (a few ms a task), short enough that the coordinator's thresholds reach the workers
-often and that Dask's scheduler holds several tasks per worker to balance. The coordinator keeps IN_FLIGHT
-tasks per worker thread queued.
+TASK_S seconds, until none is left or until its boxes outnumber GROWTH × those it took — long enough that
+sending the kept sets and the boxes and merging them costs little (a few ms a task), short enough that the
+coordinator's thresholds reach the workers often and that Dask's scheduler holds several tasks per worker to
+balance. The coordinator keeps IN_FLIGHT tasks per worker thread queued.
+
+Order (issue #26, docs/benchmarks.md §Issue #26: Dask deep-search spread): until a plan is known no box can be
+discarded by time, and the serial engine descends best-first (its pool below bnb.POOL) to the fastest plans,
+which set the thresholds. Fanned out at once, the tasks each descended their own boxes and returned ~8× the boxes
+they took; the pool overshot POOL (150–200 k boxes on the 405B deep case), so the coordinator handed out the
+smallest boxes anywhere in the window for minutes, and the plans scored (0.6–33 M against one process's 1.85 M)
+depended on when the good leaves happened to be reached. Now a chunk whose keeper has no thresholds yet is first
+descended by one task alone (`seed`: the serial engine's rounds until the keeper is `seeded` or its pool reaches
+POOL), and the growth cap keeps the returned boxes near the taken ones, so the pool stays near POOL as the serial
+engine's does.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import numpy as np
 
 from memx.domain.errors import InputError
 from memx.domain.specs import SearchSpace, Weights
+from memx.planner import bnb
 from memx.planner.bnb import BATCH, Boxes, Work, advance, roots, take
 from memx.planner.bounds import BoxBounds
 from memx.planner.candidates import Keeper
@@ -45,7 +56,10 @@ from memx.planner.tables import StackedTables
 
 TASK_BOXES = BATCH  # boxes a task takes from the pool
 TASK_S = 0.5  # seconds a task runs rounds of the serial engine on its boxes (at least one; then it returns the rest);
-# 1 s was tried in issue #26 session 6: cheaper on 405B pp 10, but one deep 2-worker run scored 33 M plans (0.5 s: 1.1 M)
+# 1 s was tried in issue #26 session 6: cheaper on 405B pp 10, but one deep 2-worker run scored 33 M plans (0.5 s: 1.1 M;
+# that spread was the order's, module docstring)
+GROWTH = 2  # a task returns once its boxes outnumber GROWTH × those it took (TASK_BOXES at least)
+SEED = True  # the first task of a chunk whose keeper has no thresholds yet descends alone (`seeded`)
 IN_FLIGHT = 2  # tasks queued per worker thread (so a free worker always finds one, and Dask can steal)
 CONNECT_S = 10.0  # seconds to reach a Dask scheduler before `--dask ADDR` is refused (exit 2)
 
@@ -61,21 +75,32 @@ class Problem:
 
 
 def run_task(problem: Problem, weights: Weights | None, space: SearchSpace, kept: Shipped, boxes: Boxes,
-             seconds: float | None = None) -> tuple[Shipped | None, Work, Boxes]:
+             seconds: float | None = None, seed: bool = False) -> tuple[Shipped | None, Work, Boxes]:
     """A worker's task: rounds of the serial engine on `boxes` with its own copy of the kept sets `kept` for
-    `seconds` (TASK_S; at least one round); returns (the plans it kept that `kept` did not hold — memx.planner
-    .kept_wire.found —, the work, the boxes left)."""
+    `seconds` (TASK_S; at least one round) or until its boxes outnumber GROWTH × those it took; with `seed`,
+    instead until its copy is `seeded` or its boxes reach bnb.POOL (the serial engine's best-first phase); returns
+    (the plans it kept that `kept` did not hold — memx.planner.kept_wire.found —, the work, the boxes left)."""
     start = kept.keeper
     keeper = copy.copy(start)  # the coordinator's snapshot may be shared (in-process workers): never mutated
     evaluate = partial(score_rows, problem.tables, weights=weights, space=space, keys=problem.keys)
     work = Work()
     end = time.perf_counter() + (TASK_S if seconds is None else seconds)
+    most = max(GROWTH * len(boxes[0]), TASK_BOXES)
     while len(boxes[0]):
         boxes = advance(problem.bounds, keeper, evaluate, weights, space.epsilon_mib2, boxes, work)
-        if time.perf_counter() >= end:
+        if seed:
+            if seeded(keeper) or len(boxes[0]) >= bnb.POOL:
+                break
+        elif time.perf_counter() >= end or len(boxes[0]) > most:
             break
     new = found(keeper, start)
     return (None if new is None else Shipped(new)), work, boxes
+
+
+def seeded(keeper: Keeper) -> bool:
+    """Whether the keeper's time thresholds are set: a fastest plan, and a fastest safe plan when it keeps safe
+    sets (until then no box can be discarded by time: Keeper.time_needed)."""
+    return bool(np.isfinite(keeper.fastest_ms)) and (keeper.floor is None or bool(np.isfinite(keeper.fastest_safe_ms)))
 
 
 def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, weights: Weights | None,
@@ -89,6 +114,11 @@ def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, wei
     running: dict[Any, None] = {}
     slots = max(1, pool.threads * IN_FLIGHT)
     snapshot = Shipped(copy.copy(keeper))  # sent with every task until a task's plans change the kept sets
+    if SEED and not seeded(keeper):  # one task descends best-first until the thresholds are set (module docstring)
+        new, w, pending = pool.submit(run_task, shared, weights, space, snapshot, pending, None, True).result()
+        if fold(keeper, None if new is None else new.keeper):
+            snapshot = Shipped(copy.copy(keeper))
+        work.add(w)
     while len(pending[0]) or back or ready or running:
         while len(running) < slots and (ready or back or len(pending[0])):
             if not ready:

@@ -5,13 +5,14 @@ tiny here (32 boxes, one round) so that many run at once against stale copies of
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future
 
 import pytest
 
 from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.planner import bnb, distributed
 from memx.planner.cost import AnalyticStageModel
-from memx.planner.distributed import DaskPool, ThreadPool
+from memx.planner.distributed import DaskPool, Pool, ThreadPool
 from memx.planner.search import search
 
 
@@ -58,6 +59,36 @@ def test_boxes_on_a_dask_local_cluster_give_the_serial_answer(problem, tiny_task
         assert pool.threads == 2
         got = search(cl, mo, sp, pred, top_k=5, pool=pool)
     assert _answer(got) == _answer(ref)
+
+
+class InlinePool(Pool):
+    """Two "workers" that run each task when it is submitted, in order: deterministic, and every task of a batch of
+    submissions runs against the same snapshot of the kept sets (stale, as on a cluster)."""
+
+    threads = 2
+
+    def submit(self, fn, *args) -> Future:
+        done = Future()
+        done.set_result(fn(*args))
+        return done
+
+    def first_done(self, futures: list) -> list:
+        return futures[:1]
+
+
+def test_the_pool_scores_about_as_many_plans_as_one_process(conf_root, monkeypatch):
+    """Issue #26 (docs/benchmarks.md §Issue #26: Dask deep-search spread): before the seeding task a pool's first
+    tasks ran before any plan set the thresholds, and the plans scored grew with the staleness (here 12,964
+    against one process's 7,932 without the seed). Tasks end only at the growth cap here (no clock)."""
+    cl = load_cluster("three-vendor-20", conf_root)
+    mo = dataclasses.replace(load_model("llama-6l", conf_root), layers=24)
+    sp = dataclasses.replace(load_search("default", conf_root), max_pp=6)
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    one = search(cl, mo, sp, pred, top_k=5)
+    monkeypatch.setattr(distributed, "TASK_S", 60.0)
+    got = search(cl, mo, sp, pred, top_k=5, pool=InlinePool())
+    assert _answer(got)[3:] == _answer(one)[3:] and got.weights == one.weights and got.refs == one.refs
+    assert got.space.scored <= 1.25 * one.space.scored, (got.space.scored, one.space.scored)
 
 
 def test_a_pool_and_a_mapper_are_refused(problem):
