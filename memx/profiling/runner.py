@@ -8,9 +8,8 @@
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -49,45 +48,27 @@ def _safe_measure(backend: Backend, point: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _results(backend: Backend, points: Sequence[Mapping[str, Any]], jobs: int) -> Iterator[dict[str, Any]]:
-    """Each point's row as it finishes. With jobs > 1 the workers are daemon threads that stop taking points
-    once the caller leaves (Ctrl-C, an error): the process can then end while a worker still waits on a launch
-    that memx.profiling.backends.launches kills. A ThreadPoolExecutor's workers are joined at interpreter exit,
-    and a KeyboardInterrupt landing inside concurrent.futures.wait can leave a future's lock held, so that join
-    may never return (tests/faults/test_command_launcher.py, SIGINT)."""
     if jobs <= 1:
         for p in points:
             yield _safe_measure(backend, p)
         return
-    rows: queue.SimpleQueue = queue.SimpleQueue()
-    taken = iter(range(len(points)))
-    lock, stop = threading.Lock(), threading.Event()
-
-    def work() -> None:
-        while not stop.is_set():
-            with lock:
-                i = next(taken, None)
-            if i is None:
-                break
-            rows.put(_safe_measure(backend, points[i]))
-        rows.put(_DONE)
-
-    workers = [threading.Thread(target=work, name=f"memx-measure-{k}", daemon=True)
-               for k in range(min(jobs, len(points)))]
-    for w in workers:
-        w.start()
+    pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        ended = 0
-        while ended < len(workers):
-            row = rows.get()
-            if row is _DONE:
-                ended += 1
-            else:
-                yield row
+        queue = iter(points)
+        running: set[Future] = set()
+        for p in queue:  # keep at most 2·jobs submitted so Ctrl-C does not wait for a long queue
+            running.add(pool.submit(_safe_measure, backend, p))
+            if len(running) >= 2 * jobs:
+                break
+        while running:
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for f in finished:
+                nxt = next(queue, None)
+                if nxt is not None:
+                    running.add(pool.submit(_safe_measure, backend, nxt))
+                yield f.result()
     finally:
-        stop.set()
-
-
-_DONE = object()  # a worker of `_results` has no point left
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 class _Progress:
