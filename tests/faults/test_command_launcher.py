@@ -46,8 +46,11 @@ LAUNCHER = textwrap.dedent("""
 
 # The profiler as `memx profile --backend command` runs it, through the library.
 DRIVER = textwrap.dedent("""
-    import faulthandler, sys
+    import faulthandler, signal, sys
     faulthandler.dump_traceback_later(20)  # still running 20 s on: every thread's stack to stderr (the test shows it)
+    # Ctrl-C as a terminal delivers it: an ignored SIGINT stays ignored across exec, and the test process may have
+    # inherited one (in a full `make test` run an earlier test's library left SIGINT ignored in the xdist worker)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from memx.domain.catalog import load_cluster, load_model, load_search
     from memx.profiling import profile
     c, m, s = load_cluster("xy-2"), load_model("llama-6l"), load_search("small")
