@@ -33,7 +33,6 @@ import numpy as np
 from memx.domain.plan import Plan, plan_model
 from memx.domain.specs import Cluster, ModelArch
 from memx.domain.stage_dp import (
-    embedding_groups,
     group_handoff,
     place_stage_groups,
     samples_per_micro_batch,
