@@ -10,7 +10,8 @@ term but the ring) — the ring terms should add no error of their own. Search: 
 (context_parallel_options [1]) vs [1, 2, 4], best of 3 runs each.
 
 Usage: PYTHONPATH=. .venv/bin/python bench/context_parallel.py [--plans 40] [--seed 3]
-Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case, search ratio ≤ 3×.
+Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case, search ratio ≤ 3×. Each accuracy line also
+counts the OOM miscalls by side (safe_miss: called OOM, ran; unsafe_miss: called fitting, ran out of memory).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.planner.search import search  # noqa: E402
 from memx.simulator import draw_plans, simulate_plan  # noqa: E402
 
-from bench.interleave import errors  # noqa: E402  (the same accuracy figures as issue #27's interleaving bench)
+from bench.interleave import figures  # noqa: E402  (the same accuracy figures as issue #27's interleaving bench)
+from memx.domain.runtime import usable_capacity_mib  # noqa: E402
 
 CASES = (("h100-h20-16", "llama3-8b"), ("a100-h20-h100-256", "llama3-8b-32k"), ("three-vendor-20", "llama2-7b"))
 SEARCH_CASES = (("three-vendor-20", "llama2-7b"), ("h100-h20-16", "llama3-8b"))
@@ -46,6 +48,23 @@ def with_cp(plan: Plan) -> Plan | None:
         return None
     return dataclasses.replace(plan, dp=plan.dp // cp, global_batch=plan.global_batch // cp, context_parallel=cp,
                                idle_gpus=None)
+
+
+def errors(plans, cluster, model) -> str:
+    """bench.interleave's figures, then the OOM miscalls by side: `safe_miss` called OOM but ran (the planner
+    leaves a plan out that would have fitted), `unsafe_miss` called fitting but ran out of memory (a pick that
+    crashes); each miscall with the predicted peak over (+) or under (−) the usable capacity of its tightest stage."""
+    runs = [simulate_plan(p, cluster, model, seed=i) for i, p in enumerate(plans)]
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
+    est = estimate_plans(plans, cluster, model, pred)
+    gpus = {g.name: g for g in cluster.gpu_types}
+    safe = [i for i, (e, r) in enumerate(zip(est, runs)) if not e.feasible and not r.oom]
+    unsafe = [i for i, (e, r) in enumerate(zip(est, runs)) if e.feasible and r.oom]
+    over = {i: max(pk - usable_capacity_mib(gpus[st.gpu]) for pk, st in zip(est[i].stage_peak_mib, plans[i].stages))
+            for i in safe + unsafe}
+    detail = " ".join(f"{i}:{over[i]:+.0f}MiB" for i in safe + unsafe)
+    return (f"{figures(plans, runs, est)} safe_miss={len(safe)} unsafe_miss={len(unsafe)}"
+            + (f" (plan:predicted peak − capacity {detail})" if detail else ""))
 
 
 def search_seconds(cluster, model, space) -> tuple[float, float, int]:

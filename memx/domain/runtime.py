@@ -74,6 +74,12 @@ class RuntimeProfile:
     """Host time to issue one operator in eager mode: a pass is at least ops × this."""
     p2p_latency_ms: float
     """Fixed cost of one pipeline send/recv (launch, handshake, synchronisation)."""
+    tp_overlap_exposed_fraction: float | None = None
+    """Issue #23: the share of the backward's asynchronous TP collectives that is not hidden behind the
+    GEMM they overlap (Megatron-LM's column-parallel backward: the input-gradient all-reduce, or with sequence
+    parallelism its reduce-scatter and the re-all-gather of the input, run beside the weight- / input-gradient
+    GEMMs; memx.planner.runtime_terms.backward_tp_ms); conf/runtime/default.yaml sets 1.0 (every one exposed). None:
+    the paper's formula (every backward TP collective blocks, the re-gather not counted)."""
 
 
 NUMBER_FIELDS = tuple(f.name for f in fields(RuntimeProfile) if f.name != "name")

@@ -36,6 +36,7 @@ from memx.planner.runtime_terms import (
     Shapes,
     activation_bytes,
     attention_core_ms,
+    backward_tp_ms,
     backward_workspace_bytes,
     communicator_mib,
     gemm_fwd_bwd_ms,
@@ -450,7 +451,7 @@ def _runtime_time_ms(x: Shapes, rc: RuntimeColumns, L, n_rec, selective, first, 
     dev_b = L * lay_b + n_rec * lay_f + sel * a_f + end["bwd"]
     host_f = (L * ops_f + end["ops_fwd"]) * rc.host_ms
     host_b = (L * 2.0 * ops_f + n_rec * ops_f + sel * a_ops + end["ops_bwd"]) * rc.host_ms
-    comm_f, comm_b = L * comm + end["comm"], (L + n_rec) * comm
+    comm_f, comm_b = L * comm + end["comm"], L * backward_tp_ms(x, rc, t["ring_act"], comm) + n_rec * comm
     p2p = 2.0 * ~(first & last) * (rc.p2p_ms + BF16 * x.tokens * x.h / x.t / rc.link_bytes_per_ms)
     return np.maximum(dev_f, host_f) + comm_f + np.maximum(dev_b, host_b) + comm_b + p2p
 

@@ -86,6 +86,7 @@ class RuntimeColumns:
     coll_mib: np.ndarray
     p2p_mib: np.ndarray
     frag: np.ndarray
+    tp_exposed: np.ndarray  # RuntimeProfile.tp_overlap_exposed_fraction; −1 where it is None (the paper's formula)
 
     @classmethod
     def of(cls, names: np.ndarray, gpus: Mapping[str, GpuType], profiles: Mapping[str, RuntimeProfile]) -> RuntimeColumns:
@@ -107,6 +108,7 @@ class RuntimeColumns:
             "sp": [p.sequence_parallel for p in r], "fixed_mib": [p.context_mib for p in r],
             "coll_mib": [p.collective_comm_mib for p in r], "p2p_mib": [p.p2p_comm_mib for p in r],
             "frag": [p.allocator_overhead_fraction for p in r],
+            "tp_exposed": [-1.0 if p.tp_overlap_exposed_fraction is None else p.tp_overlap_exposed_fraction for p in r],
         }
         return cls(**{k: np.asarray(cols[k]).take(inv) for k in (f.name for f in fields(cls))})  # take(): as [inv], faster
 
@@ -226,6 +228,25 @@ def ring_ms(nbytes, ranks, rc: RuntimeColumns) -> np.ndarray:
     n = np.asarray(ranks, dtype=np.float64)
     return np.where(n > 1, 2.0 * (n - 1) / np.maximum(n, 1) * nbytes / rc.link_bytes_per_ms
                     + 2.0 * (n - 1) * rc.step_ms, 0.0)
+
+
+def backward_tp_ms(x: Shapes, rc: RuntimeColumns, ring_act: np.ndarray, paper: np.ndarray) -> np.ndarray:
+    """One layer's backward TP collectives, ms; `ring_act`: one all-reduce of b·s·h (ring_ms), `paper`: the
+    paper's formula, used where rc.tp_exposed < 0 (None in the catalog): 2 blocking all-reduces of
+    b·s·h (Shoeybi 2019 §3, the f operators), reduce-scatter + all-gather with sequence parallelism moving the same
+    bytes (Korthikanti 2022 §4.2.2). Otherwise as Megatron-LM runs them (megatron/core/tensor_parallel/layers.py,
+    LinearWithGradAccumulationAndAsyncCommunication.backward): without sequence parallelism the column-parallel
+    input-gradient all-reduce is issued async_op=True and waited for after the weight-gradient GEMM; with it, the
+    input is all-gathered again (async, beside the input-gradient GEMM: the gathered input is not stored) and the
+    input gradient reduce-scattered (async, beside the weight-gradient GEMM), while the row-parallel linears'
+    output-gradient all-gathers block (_ReduceScatterToSequenceParallelRegion.backward). Per layer: 2 overlapped
+    all-reduces without SP; 2 blocking all-gathers (one all-reduce's time) + 2 overlapped reduce-scatters and
+    2 overlapped all-gathers (two all-reduces' time) with SP; an overlapped collective costs rc.tp_exposed of its
+    time (NCCL's kernels share the SMs and HBM with the GEMM beside them). The catalog's default is 1.0 (every one
+    exposed; docs/results.md §Selective recomputation against Korthikanti et al.)."""
+    e = rc.tp_exposed
+    megatron = np.where(x.rep > 1, ring_act * (1.0 + 2.0 * e), 2.0 * e * ring_act)
+    return np.where(e < 0, paper, megatron)
 
 
 # ---------------------------------------------------------------- memory

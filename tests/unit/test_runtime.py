@@ -147,3 +147,36 @@ def test_small_gemms_reach_less_of_peak_and_p2p_hops_cost_time(conf_root):
     # two hops (activation out, gradient back) per micro batch on the 1F1B cycle (Narayanan 2021 §2.2)
     assert time(slow) - time(prof) == pytest.approx(2.0)
     assert time(slow, first=True, last=True) == pytest.approx(time(prof, first=True, last=True))
+
+
+def test_backward_tp_collectives_as_megatron_runs_them(conf_root):
+    """Issue #23 (memx.planner.runtime_terms.backward_tp_ms): with tp_overlap_exposed_fraction 1 (the catalog's default) a
+    layer without sequence parallelism pays the paper's 2 backward all-reduces exactly; with it, Megatron's
+    re-all-gathers of the two saved s/t inputs add one all-reduce's time per layer and recomputed forward; None is
+    the paper's formula; a fraction e charges the overlapped collectives at e (2 all-reduces without SP, 2 with)."""
+    from types import SimpleNamespace
+
+    from memx.planner.runtime_terms import ring_ms
+
+    c = load_cluster("three-vendor-20", conf_root)
+    gpus = {g.name: g for g in c.gpu_types}
+    prof = load_runtime("a100-80g", "nvidia", conf_root)
+    assert prof.tp_overlap_exposed_fraction == 1.0
+
+    def time(e, **over):
+        p = dataclasses.replace(prof, tp_overlap_exposed_fraction=e)
+        return AnalyticStageModel(gpus=gpus, runtime={"a100-80g": p}).predict(_frame(stage_row(**over)))["time_ms"].iloc[0]
+
+    row = stage_row()
+    a100 = gpus["a100-80g"]
+    link = SimpleNamespace(link_bytes_per_ms=a100.intra_node_bandwidth_gbps * 1e6 * prof.link_efficiency,
+                           step_ms=prof.collective_step_ms)
+    rc_ring = float(ring_ms(2.0 * row["micro_batch"] * row["seq_len"] * row["hidden"], row["tp"], link))
+    L = row["layers"]
+    assert time(1.0) == pytest.approx(time(None), rel=1e-12)  # no SP: the paper's formula
+    assert time(1.0, sequence_parallel=True) - time(None, sequence_parallel=True) == pytest.approx(L * rc_ring)
+    assert time(1.0) - time(0.5) == pytest.approx(L * rc_ring)  # 2 overlapped all-reduces at half their time
+    assert time(1.0, sequence_parallel=True) - time(0.0, sequence_parallel=True) == pytest.approx(2 * L * rc_ring)
+    # a recomputed layer's forward collectives block whatever the fraction (the f/g forward all-reduces)
+    assert time(None, recompute="full") - time(None) == pytest.approx(time(0.5, recompute="full") - time(0.5))
+

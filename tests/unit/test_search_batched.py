@@ -146,10 +146,13 @@ def test_joint_time_cut_bounds_every_plan_it_admits(problem):
     assert checked > 30 and cut > 0  # the cut raises the bound somewhere
 
 
-@pytest.mark.parametrize("weights,floor,tolerance,sample", [("safety", 0.3, 0.05, 15), ("safety", 0.3, 1.0, 2),
-                                                            ("default", 0.2, 0.3, 2)])
+# rounds: the default-weights case halves its boxes 5 times, not 3 — with the backward TP re-gathers under sequence
+# parallelism (issue #23, session 8) its 3 rounds (141 boxes dropped) held no box only the joint tests drop; 5 rounds
+# (802 dropped) hold 2 (3 rounds held 3 of 138 before that change)
+@pytest.mark.parametrize("weights,floor,tolerance,sample,rounds", [("safety", 0.3, 0.05, 15, 3), ("safety", 0.3, 1.0, 2, 3),
+                                                                   ("default", 0.2, 0.3, 2, 5)])
 def test_boxes_the_joint_tests_drop_hold_no_plan_a_kept_set_takes(problem, monkeypatch, weights, floor, tolerance,
-                                                                    sample):
+                                                                    sample, rounds):
     """Issue #26: a box Keeper.needs drops (corner and joint tests, docs/planner.md §Joint bounds) holds no plan
     that changes a kept set when offered — against a keeper holding a sample of the space (the widest plan
     counts only while no plan is safe: it is the answer only then); and the joint tests drop boxes the corner
@@ -171,7 +174,7 @@ def test_boxes_the_joint_tests_drop_hold_no_plan_a_kept_set_takes(problem, monke
     sets = lambda k: [[c.key for c in s] for s in (k.by_time, k.phi, k.front, k.safe_phi, k.safe_margin,  # noqa: E731
                                                    k.safe_front)] + [None if np.isfinite(k.fastest_safe_ms) else k.widest.key]
     before, dropped, by_joint = sets(keeper), 0, 0
-    for a, b, li in _boxes(bounds, rng, rounds=3):
+    for a, b, li in _boxes(bounds, rng, rounds=rounds):
         T = bounds.time_lb(a, b, li)
         c = bounds.corner(a, b, li, T)
         score = c.score(w, space.epsilon_mib2)

@@ -276,13 +276,18 @@ def korthikanti_table5_cases(papers: Path) -> list[dict]:
     return out
 
 
-def evaluate_time(cases: list[dict], *, flat: bool = False) -> list[tuple[str, str, str, float, float]]:
-    """(case, mode, kind, predicted s, measured s) of time-only cases (korthikanti_table5_cases)."""
+def evaluate_time(cases: list[dict], *, flat: bool = False,
+                  profile: Mapping[str, Any] | None = None) -> list[tuple[str, str, str, float, float]]:
+    """(case, mode, kind, predicted s, measured s) of time-only cases (korthikanti_table5_cases). `profile`: runtime
+    fields to override (an option measured side by side, e.g. tp_overlap_exposed_fraction=None)."""
     out = []
     for case in cases:
         plan, cluster, model, predictor = case_inputs(case)
         if flat:
             predictor = dataclasses.replace(predictor, runtime="none")
+        elif profile:
+            predictor = dataclasses.replace(predictor, runtime={
+                k: dataclasses.replace(v, **profile) for k, v in predictor.runtime.items()})
         m = estimate_plans([plan], cluster, model, predictor)[0]
         out.append((case["case"], case["golden"], case["kind"], m.iteration_time_ms / 1e3, case["iteration_time_s"]))
     return out

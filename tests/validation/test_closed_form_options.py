@@ -38,12 +38,12 @@ def test_fig7_sequence_parallel_alone(realdata):
 
 def test_table4_sequence_parallel_layer_time(realdata, conf_root):
     """Table 4 (22B layer, A100, TP 8): sequence parallelism 19.6 → 19.0 ms (−3 %), selective 20.9 →
-    selective + SP 20.3 ms (−3 %). The closed form (SP from the signature column) predicts a saving of
-    about 1.7 ms, 8 % for both (it shards the memory-bound norm/dropout/residual traffic by tp; the RS + AG
-    move the same bytes as the all-reduce, Korthikanti §4.2.2): a saving, within 6 points of the
-    measured one (it over-credits SP: Megatron's fused kernels move less than our byte count), and the
-    SP times within 6 % absolute. (Before issue #23's batched attention backward — runtime_terms.gemm_fwd_bwd_ms
-    `batch` — the layer was 9 % slower than measured with SP and 14 % without, so the same 1.7 ms was 7.5 %.)"""
+    selective + SP 20.3 ms (−3 %). The closed form (SP from the signature column) shards the memory-bound
+    norm/dropout/residual traffic by tp (1.7 ms) and, as Megatron-LM's backward does, all-gathers the two saved
+    s/t GEMM inputs again (memx.planner.runtime_terms.backward_tp_ms, +0.8 ms): a saving of 0.85 ms, 4.1 % and 3.9 %,
+    within 2 points of the measured one (the paper's formula, without the re-gathers, predicted 8 %), and the SP
+    times within 5 % absolute (+4.2 %, +2.7 %). (Before issue #23's batched attention backward — runtime_terms.
+    gemm_fwd_bwd_ms `batch` — the layer was 9 % slower than measured with SP and 14 % without.)"""
     t4 = pd.read_csv(realdata / "papers" / "korthikanti2022_table4_layer_time_22B.csv").set_index("experiment")
     c = _cfg(realdata).loc["22B"]
     prof = dataclasses.replace(load_runtime("a100-80g", "nvidia", conf_root), flash_attention=False)
@@ -54,7 +54,27 @@ def test_table4_sequence_parallel_layer_time(realdata, conf_root):
     measured = [1 - t4.loc[b, "combined_ms"] / t4.loc[a, "combined_ms"] for a, b in
                 (("baseline no recompute", "sequence parallelism"), ("selective recompute", "selective + sequence"))]
     for (off, on), m in zip(((t[0], t[1]), (t[2], t[3])), measured):
-        assert 0.0 < 1 - on / off == pytest.approx(m, abs=0.06)
-    assert t[1] == pytest.approx(t4.loc["sequence parallelism", "combined_ms"], rel=0.06)
-    assert t[3] == pytest.approx(t4.loc["selective + sequence", "combined_ms"], rel=0.06)
+        assert 0.0 < 1 - on / off == pytest.approx(m, abs=0.02)
+    assert t[1] == pytest.approx(t4.loc["sequence parallelism", "combined_ms"], rel=0.05)
+    assert t[3] == pytest.approx(t4.loc["selective + sequence", "combined_ms"], rel=0.05)
+
+
+def test_table4_full_over_selective_layer_ratio(realdata, conf_root):
+    """Issue #23: Table 4's layer with full recomputation (no SP, 27.2 ms) over selective + SP (20.3 ms) is 1.340.
+    The closed form: 1.351 (within 0.02) with Megatron's backward re-gathers under SP counted; the paper's formula
+    (tp_overlap_exposed_fraction None) gives 1.407, and 0.5 (overlap half hidden: the best fit to Table 4's five
+    times, 0.7 % MAPE, but 3.8 % on Table 5) 1.366 — measured side by side (docs/results.md)."""
+    t4 = pd.read_csv(realdata / "papers" / "korthikanti2022_table4_layer_time_22B.csv").set_index("experiment")
+    c = _cfg(realdata).loc["22B"]
+    measured = t4.loc["baseline with full recompute", "combined_ms"] / t4.loc["selective + sequence", "combined_ms"]
+    prof = dataclasses.replace(load_runtime("a100-80g", "nvidia", conf_root), flash_attention=False)
+    variants = [dict(recompute="full", sequence_parallel=False), dict(recompute="selective", sequence_parallel=True)]
+
+    def ratio(p) -> float:
+        t = AnalyticStageModel(gpus={A100.name: A100}, runtime={A100.name: p}).predict(
+            layer_signatures(c, variants))["time_ms"].to_numpy()
+        return float(t[0] / t[1])
+
+    assert ratio(prof) == pytest.approx(measured, abs=0.02)
+    assert abs(ratio(dataclasses.replace(prof, tp_overlap_exposed_fraction=None)) - measured) > 0.05
 

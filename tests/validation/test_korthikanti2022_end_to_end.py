@@ -15,7 +15,12 @@ interleaved 3.7 %); only the 22B (pp 1, 2.8 B params per GPU, one micro batch) m
 (selective −8.2 → −6.5 %, full −1.3 → +0.0 %). What the selective runs still miss is not outside the layer
 in the pipelined cases: the non-layer terms are the same in both modes there, and the full runs are within
 −2.5 … +0.2 %, so the selective-only miss scales with the layer (the closed form's full / selective layer
-ratio is 1.41 on Table 4's 22B layer against 1.34 measured). Table 5 was used by no
+ratio is 1.41 on Table 4's 22B layer against 1.34 measured). Issue #23 (selective recompute and cp memory): that
+ratio came from the backward's TP collectives under sequence parallelism — Megatron-LM all-gathers each saved s/t
+GEMM input again in the backward (memx.planner.runtime_terms.backward_tp_ms), which the paper's formula leaves out, so
+every SP (= selective) run was short of two all-gathers per layer. Counted (conf/runtime/default.yaml
+tp_overlap_exposed_fraction 1.0): MAPE 2.9 → 1.8 % (−4.9 … +0.2 %), the layer ratio 1.35; the full runs (no SP)
+unchanged. Table 5 was used by no
 fit: the A100 efficiencies in conf/runtime cite NVIDIA's GEMM guide and FlashAttention-2; of this paper's times only
 Table 4's 22B layer was checked before (test_closed_form_published.py).
 """
@@ -43,21 +48,39 @@ def _mape(rows, kind=None):
     return float(np.mean(errs)), len(errs)
 
 
+def _gains(rows) -> dict[str, float]:
+    """Per model: predicted − measured speed-up of SP + selective over full recomputation (Table 5: +29 … +32 %)."""
+    pred = {(c, mode): p for c, mode, _, p, _ in rows}
+    meas = {(c, mode): m for c, mode, _, _, m in rows}
+    return {c: pred[(c, "full")] / pred[(c, "selective")] - meas[(c, "full")] / meas[(c, "selective")]
+            for c in {c for c, _ in pred}}
+
+
 def test_table5_iteration_time(rows):
     mape, n = _mape(rows)
     assert n == 8
-    assert mape <= 0.035, mape  # 2.9 % (module docstring)
-    assert _mape(rows, "interleaved")[0] <= 0.045 and _mape(rows, "interleaved")[1] == 4
+    assert mape <= 0.025, mape  # 1.8 % (module docstring)
+    assert _mape(rows, "interleaved")[0] <= 0.035 and _mape(rows, "interleaved")[1] == 4  # 2.6 %
     for case, mode, _, p, m in rows:
-        assert p / m - 1 == pytest.approx(0.0, abs=0.075), (case, mode, p, m)  # −6.5 … +0.2 % (module docstring)
-    # the speed-up of sequence parallelism + selective over full recomputation (Table 5: +29 … +32 %) within 10
-    # points (measured: predicted +35 … +39 %, 3.0–9.8 points high: the closed form's recomputed forward costs
-    # more than Megatron's; 2.3–6.8 before issue #23; 3.0–9.0 with Megatron's optimizer step)
-    pred = {(c, mode): p for c, mode, _, p, _ in rows}
-    meas = {(c, mode): m for c, mode, _, _, m in rows}
-    for c in {c for c, _ in pred}:
-        gain = pred[(c, "full")] / pred[(c, "selective")] - meas[(c, "full")] / meas[(c, "selective")]
-        assert 0.0 <= gain <= 0.10, (c, gain)
+        assert p / m - 1 == pytest.approx(0.0, abs=0.055), (case, mode, p, m)  # −4.9 … +0.2 % (module docstring)
+    # the speed-up of sequence parallelism + selective over full recomputation within 5 points (measured 1.1–3.9
+    # points high; 3.0–9.8 with the paper's backward TP formula: test_table5_backward_regather_side_by_side)
+    for c, gain in _gains(rows).items():
+        assert 0.0 <= gain <= 0.05, (c, gain)
+
+
+def test_table5_backward_regather_side_by_side(cases, rows):
+    """Issue #23's option measured side by side: the paper's backward TP formula (tp_overlap_exposed_fraction None:
+    no SP re-gather) leaves the selective runs 2.0–6.5 % fast (MAPE 2.9 %); with the re-gathers counted every
+    selective run moves towards its measurement and no full run moves (they run without SP)."""
+    paper = mg.evaluate_time(cases, profile={"tp_overlap_exposed_fraction": None})
+    assert _mape(paper)[0] > _mape(rows)[0] + 0.01
+    for (case, mode, _, p_new, m), (_, _, _, p_old, _) in zip(rows, paper):
+        if mode == "full":
+            assert p_new == pytest.approx(p_old, rel=1e-9), case
+        else:
+            assert abs(p_new / m - 1) < abs(p_old / m - 1), case
+    assert max(_gains(paper).values()) > 0.05
 
 
 def test_table5_flat_form_is_worse(cases, rows):
