@@ -169,14 +169,16 @@ def assemble(plan: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem:
     assert where is not None  # estimate_plans validated the plan
     gpus = [cluster.gpu(st.gpu) for st in plan.stages]
     groups = np.asarray(stage_groups(plan), dtype=np.float64)
+    p2p = boundary_p2p_ms(cluster, plan, model, where)
+    loop = steady_loop_ms(assembly, p2p)
     T = iteration_time_ms(t[:, None], plan.micro_batches, fixed_ms(cluster, plan, model, where, assembly),
-                          tails(plan, cluster, model, where, static[:, None], params[:, None], assembly),
-                          steady_loop_ms(assembly, boundary_p2p_ms(cluster, plan, model, where)))
+                          tails(plan, cluster, model, where, static[:, None], params[:, None], assembly), loop)
     capacity = np.asarray([usable_capacity_mib(g) for g in gpus], dtype=np.float64)
     weight = np.asarray([st.tp for st in plan.stages], dtype=np.float64) * groups
     stats = memory_stats(mem[:, None], weight, capacity)
     return plan_metrics(plan, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=capacity,
-                        stats=stats, feasible=bool(np.all(mem <= capacity - reserve_gib * 1024.0)))
+                        stats=stats, feasible=bool(np.all(mem <= capacity - reserve_gib * 1024.0)),
+                        loop_p2p_ms=() if loop is None else p2p)
 
 
 def fixed_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]],
