@@ -85,7 +85,8 @@ def test_a_column_scores_the_same_in_any_batch_and_on_either_path():
     part, _ = assemble_columns(t[:, sub], mib[:, sub], tail[:, sub], loop_ms=np.repeat(pipe.loop_ms(f32), 2, axis=1),
                                **{k: v[..., sub] for k, v in cols.items()})
     assert np.array_equal(part, many[sub])
-    paper, _ = Pipeline(**{**pipe.__dict__, "assembly": AssemblyCalibration(comm_scale=1.3)}).assemble(t, mib, tail)
+    paper, _ = Pipeline(**{**pipe.__dict__, "assembly": AssemblyCalibration(comm_scale=1.3, pipeline_assembly="paper")}).assemble(
+        t, mib, tail)
     assert np.all(one >= paper) and np.any(one > paper)
 
 
