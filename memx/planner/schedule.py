@@ -3,7 +3,8 @@ assembly both the search (thousands of plans per call) and `estimate_plans` (one
 
 Vectorised over plans, stage-major: per-stage arrays have shape (pp, N) — one row per stage, one
 column per plan — so reductions over stages are element-wise operations on contiguous rows.
-Formulas: the paper §3.1.2 and docs/architecture.md §1F1B assembly; the schedule itself is
+Formulas: the paper §3.1.2 and docs/architecture.md §1F1B assembly (its steady state either the paper's or the
+maximum cycle mean, `steady_period_ms`, by SearchSpace.pipeline_assembly); the schedule itself is
 PipeDream-Flush / 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
 GPU Clusters Using Megatron-LM", §2.2.1).
 """
