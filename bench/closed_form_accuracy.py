@@ -12,7 +12,10 @@ memx.report.evaluate does), time MAPE over plans that ran, OOM called right over
 plans predicted to fit that ran out of memory, `mem_bias` = median predicted/measured peak.
 
 Usage: PYTHONPATH=. .venv/bin/python bench/closed_form_accuracy.py [--plans 100] [--seed 7] [--options]
+       [--assembly paper,cycle-mean]
 `--options`: each plan draws the distributed optimizer and sequence parallelism on or off (issue #14).
+`--assembly`: the 1F1B assemblies (SearchSpace.pipeline_assembly, issues #22 / #27) each variant is scored with,
+on the same measured plans (default: the default assembly only); `time_bias` = median predicted/measured time.
 Output: one line per case and variant, then one line per variant pooled over the paper's cases
 (goals: mem_mape ≤ 0.10, time_mape ≤ 0.20, oom_right ≥ 0.95). gpt2-1024 on v100-t4-6 is printed as a
 stress case (a 350M model: fixed per-process overheads dominate) and kept out of the pooled line.
@@ -31,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
+from memx.domain.specs import DEFAULT_PIPELINE_ASSEMBLY, PIPELINE_ASSEMBLIES  # noqa: E402
 from memx.planner.cost import AnalyticStageModel  # noqa: E402
 from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.simulator import draw_plans, simulate_plan  # noqa: E402
@@ -51,17 +55,17 @@ def measure(cluster_name: str, model_name: str, n: int, seed: int, options: bool
     return cluster, model, plans, runs
 
 
-def errors(cluster, model, plans, runs, runtime: str) -> dict[str, np.ndarray]:
+def errors(cluster, model, plans, runs, runtime: str, assembly: str = DEFAULT_PIPELINE_ASSEMBLY) -> dict[str, np.ndarray]:
     pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime=runtime)
-    est = estimate_plans(plans, cluster, model, pred, reserve_gib=RESERVE_GIB)
-    est0 = estimate_plans(plans, cluster, model, pred, reserve_gib=0.0)
+    est = estimate_plans(plans, cluster, model, pred, reserve_gib=RESERVE_GIB, pipeline_assembly=assembly)
+    est0 = estimate_plans(plans, cluster, model, pred, reserve_gib=0.0, pipeline_assembly=assembly)
     oom = np.array([r.oom for r in runs])
     ok = np.flatnonzero(~oom)
     ratio = np.concatenate([np.asarray(est[i].peak_mem_mib) / np.asarray(runs[i].peak_mem_mib) for i in ok]) \
         if len(ok) else np.array([])
-    t_ape = np.array([abs(est[i].iteration_time_ms - runs[i].iteration_time_ms) / runs[i].iteration_time_ms for i in ok])
+    t_ratio = np.array([est[i].iteration_time_ms / runs[i].iteration_time_ms for i in ok])
     feasible = np.array([e.feasible for e in est])
-    return {"mem_ratio": ratio, "time_ape": t_ape, "oom_right": feasible == ~oom,
+    return {"mem_ratio": ratio, "time_ape": np.abs(t_ratio - 1), "time_ratio": t_ratio, "oom_right": feasible == ~oom,
             "oom_right_0": np.array([e.feasible for e in est0]) == ~oom, "unsafe": feasible & oom}
 
 
@@ -70,7 +74,7 @@ def line(label: str, e: dict[str, np.ndarray]) -> str:
     return (f"{label:54s} plans={len(e['oom_right']):4d} ran={len(e['time_ape']):4d} "
             f"mem_mape={np.mean(np.abs(r - 1)):.4f} mem_bias={np.median(r):.3f} time_mape={np.mean(e['time_ape']):.4f} "
             f"oom_right={np.mean(e['oom_right']):.4f} oom_right_reserve0={np.mean(e['oom_right_0']):.4f} "
-            f"unsafe={np.mean(e['unsafe']):.4f}")
+            f"unsafe={np.mean(e['unsafe']):.4f} time_bias={np.median(e['time_ratio']) if len(e['time_ratio']) else np.nan:.4f}")
 
 
 def main() -> None:
@@ -78,13 +82,20 @@ def main() -> None:
     ap.add_argument("--plans", type=int, default=100, help="plans drawn per cluster and model")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--options", action="store_true", help="draw distributed optimizer / sequence parallel on or off")
+    ap.add_argument("--assembly", default=DEFAULT_PIPELINE_ASSEMBLY,
+                    help=f"comma-separated 1F1B assemblies to score with: {', '.join(PIPELINE_ASSEMBLIES)}")
     args = ap.parse_args()
+    assemblies = [a for a in args.assembly.split(",") if a]
+    if not assemblies or any(a not in PIPELINE_ASSEMBLIES for a in assemblies):
+        ap.error(f"--assembly {args.assembly!r}; allowed: {', '.join(PIPELINE_ASSEMBLIES)}")
+    variants = {(label if len(assemblies) == 1 else f"{label} {a}"): (runtime, a)
+                for label, runtime in VARIANTS.items() for a in assemblies}
     t0 = time.perf_counter()
-    pooled: dict[str, list[dict[str, np.ndarray]]] = {v: [] for v in VARIANTS}
+    pooled: dict[str, list[dict[str, np.ndarray]]] = {v: [] for v in variants}
     for case in PAPER_CASES + STRESS_CASES:
         measured = measure(*case, args.plans, args.seed, args.options)
-        for label, runtime in VARIANTS.items():
-            e = errors(*measured, runtime)
+        for label, (runtime, assembly) in variants.items():
+            e = errors(*measured, runtime, assembly)
             print(line(f"{case[0]} {case[1]} {label}", e), flush=True)
             if case in PAPER_CASES:
                 pooled[label].append(e)

@@ -1,6 +1,6 @@
 """Decision quality of the pick rules on the virtual cluster (issue #22): which rule should be the default.
 
-  python bench/decision_quality.py [--space catalog|paper] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
+  python bench/decision_quality.py [--space catalog|paper] [--assembly paper|cycle-mean] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
                                    [--reach 1.10] [--slack 0.10] [--seed 0] [--predictor analytic|learned]
                                    [--rules R1,R2] [--population-worlds nominal,spike] [--dump DIR]
   python bench/decision_quality.py --scenarios mixed-1024/llama3-405b --sample-floors 0.1,0.2 [--fastest 5]
@@ -57,6 +57,7 @@ import time
 import numpy as np
 
 from memx.domain.catalog import load_cluster, load_model, load_search
+from memx.domain.specs import PIPELINE_ASSEMBLIES
 from memx.planner import candidates as cand_module
 from memx.planner import search as search_module
 from memx.planner.cost import AnalyticStageModel
@@ -184,13 +185,16 @@ def judge(x: np.ndarray, i: int, floor: float, tol: float, weights, eps: float, 
             "window": int(window.sum()), "front_rank": front_rank}
 
 
-def base_space(kind: str):
+def base_space(kind: str, assembly: str | None = None):
     """`catalog`: conf/search/default.yaml as `memx plan` runs it; `paper`: the same without the distributed
-    optimizer and sequence parallelism (memx.experiments.common.space, the earlier comparisons' space)."""
+    optimizer and sequence parallelism (memx.experiments.common.space, the earlier comparisons' space). `assembly`:
+    its pipeline_assembly (issues #22, #27); None: the YAML's."""
     if kind == "paper":
         from memx.experiments.common import space
-        return space("default")
-    return load_search("default")
+        sp = space("default")
+    else:
+        sp = load_search("default")
+    return sp if assembly is None else dataclasses.replace(sp, pipeline_assembly=assembly)
 
 
 def predictor(cl, mo, sp, kind: str, seed: int):
@@ -218,10 +222,10 @@ def accuracy(keys, pool, meas) -> dict:
 
 def scenario(name: str, *, reach: float, slack: float, seed: int, space: str = "catalog", rules=PICK_RULES,
              oracle: bool = False, allowances: tuple[float, ...] = (), kind: str = "analytic", dump: str = "",
-             worlds: tuple[str, ...] = WORLDS):
+             worlds: tuple[str, ...] = WORLDS, assembly: str | None = None):
     cl_name, mo_name = name.split("/")
     cl, mo = load_cluster(cl_name), load_model(mo_name)
-    sp0 = base_space(space)
+    sp0 = base_space(space, assembly)
     tp = time.perf_counter()
     pred = predictor(cl, mo, sp0, kind, seed)
     t0 = time.perf_counter()
@@ -268,13 +272,13 @@ def scenario(name: str, *, reach: float, slack: float, seed: int, space: str = "
 
 
 def sample(name: str, *, floors: tuple[float, ...], fastest: int, seed: int, space: str = "catalog",
-           kind: str = "analytic") -> str:
+           kind: str = "analytic", assembly: str | None = None) -> str:
     """A small sample where the population is out of reach (mixed-1024 / llama3-405b): the default rule's pick at
     each margin floor of `floors` (the first: the catalog's), and the `fastest` fastest predicted plans that clear
     the first floor (the population at reach 1.02, no slack), each run in the four worlds; a Markdown table."""
     cl_name, mo_name = name.split("/")
     cl, mo = load_cluster(cl_name), load_model(mo_name)
-    sp0 = dataclasses.replace(base_space(space), margin_floor=floors[0])
+    sp0 = dataclasses.replace(base_space(space, assembly), margin_floor=floors[0])
     pred = predictor(cl, mo, sp0, kind, seed)
     rows: dict = {}  # plan key → (label, PlanMetrics)
 
@@ -385,6 +389,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--space", choices=("catalog", "paper"), default="catalog")
     ap.add_argument("--predictor", choices=("analytic", "learned"), default="analytic")
+    ap.add_argument("--assembly", choices=PIPELINE_ASSEMBLIES, default=None,
+                    help="the search's pipeline_assembly (1F1B steady state, issues #22/#27); default: the YAML's")
     ap.add_argument("--oracle", action="store_true", help="also the floor rules applied to the measured metrics")
     ap.add_argument("--allowances", default="", help="e.g. 0.05,0.1: also least Φ above floor + allowance")
     ap.add_argument("--sample-floors", default="", help="e.g. 0.1,0.2,0.3: the small-sample mode (`sample`)")
@@ -405,10 +411,11 @@ def main(argv=None) -> int:
             floors = tuple(float(f) for f in args.sample_floors.split(","))
             for name in args.scenarios.split(","):
                 print(sample(name, floors=floors, fastest=args.fastest, seed=args.seed, space=args.space,
-                             kind=args.predictor) + "\n")
+                             kind=args.predictor, assembly=args.assembly) + "\n")
             return 0
         rows, infos = run(args)
-    print(f"predictor {args.predictor}, space {args.space}, simulator seed {args.seed}")
+    print(f"predictor {args.predictor}, space {args.space}, pipeline_assembly {args.assembly or 'as the YAML'}, "
+          f"simulator seed {args.seed}")
     print("cell = measured margin · T / T* (fastest safe) · Φ rank in the window / window size [dom = dominated]\n")
     print(table(rows))
     print()
@@ -427,6 +434,7 @@ def run(args):
     rows, infos = [], []
     for name in args.scenarios.split(","):
         r, info, _ = scenario(name, reach=args.reach, slack=args.slack, seed=args.seed, space=args.space,
+                               assembly=args.assembly,
                                oracle=args.oracle, kind=args.predictor, dump=args.dump,
                                rules=tuple(args.rules.split(",")), worlds=tuple(args.population_worlds.split(",")),
                                allowances=tuple(float(a) for a in args.allowances.split(",") if a))

@@ -76,6 +76,10 @@ Exponent = Annotated[float, Interval(ge=0, le=1)]
 
 MlpKind = Literal["swiglu", "gelu"]
 Launcher = Literal["any", "megatron", "flagscale"]
+# How plain 1F1B is assembled (SearchSpace.pipeline_assembly; memx.planner.schedule.steady_period_ms)
+PIPELINE_ASSEMBLIES = ("paper", "cycle-mean")
+PipelineAssembly = Literal[PIPELINE_ASSEMBLIES]  # type: ignore[valid-type]
+DEFAULT_PIPELINE_ASSEMBLY = "cycle-mean"  # by docs/results.md §The 1F1B assembly: paper vs cycle-mean
 LAUNCHERS: tuple[str, ...] = typing.get_args(Launcher)
 MLP_KINDS: tuple[str, ...] = typing.get_args(MlpKind)
 # The search may also ask for Megatron's block method (full recompute of a stage's first N layers),
@@ -431,6 +435,11 @@ class SearchSpace:
     balanced-margin (least Φ / largest margin within balance_tolerance of it), balanced-front (least Φ among
     those no plan dominates on time and margin; the default, by docs/results.md §Balance where it is free).
     memx.planner.pick, docs/planner.md §The pick."""
+    pipeline_assembly: PipelineAssembly = DEFAULT_PIPELINE_ASSEMBLY
+    """How a plain-1F1B plan's iteration time is assembled (memx.planner.schedule, docs/architecture.md §1F1B
+    assembly): `paper` (§3.1.2, (m − 1)·max_s t_s + …) or `cycle-mean` ((m − 1)·the maximum cycle mean over
+    contiguous stage ranges, stage-boundary p2p in the loop, + …; issues #22, #27). Interleaved plans keep their
+    own formula either way."""
     extra: dict[str, object] = field(default_factory=dict)
     """Free-form additions carried with the space (not searched)."""
     # Replica groups (issue #15, memx.planner.replica_search; docs/planner.md §Replica groups):

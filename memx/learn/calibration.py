@@ -23,7 +23,9 @@ fitted on them corrects, on top of any stage predictor (closed form or learned):
 The calibrated iteration time of a plan with m micro batches and stage times t_s is
     T' = (m − 1)·max_s(a'_s·t_s) + Σ_s a'_s·t_s + c·(T − S) + o + d·blocking_transfers(pp, m),  a'_s = a_{g_s}·b_{tp_s},
 where T is the uncalibrated estimate and S = (m − 1)·max_s t_s + Σ_s t_s its stage part, so T − S is
-exactly the assembly's p2p + T_dp + optimizer terms (memx.planner.schedule.iteration_time_ms).
+exactly the assembly's p2p + T_dp + optimizer terms (memx.planner.schedule.iteration_time_ms). With
+`pipeline_assembly: cycle-mean` max_s is the maximum cycle mean with c·2·p2p_s in the loops (schedule.
+steady_period_ms): d stays a set-up cost per transfer, the cycle mean adds the loop's bytes / bandwidth time.
 
 Fit: robust least squares (scipy `least_squares`, soft-L1 loss on relative errors, Huber 1964 /
 Triggs et al. 2000 §6) with a ridge prior toward identity (log a_g = log c = 0, o = d = 0; k_g = 1, b_g = 0):
@@ -55,14 +57,14 @@ from memx.domain.errors import InputError, NothingUsable
 from memx.domain.groups import any_plan_from_dict, simplest
 from memx.domain.hashing import stable_hash
 from memx.domain.plan import Plan, json_document
-from memx.domain.specs import MAX_GPU_MEMORY_MIB, Cluster, ModelArch
+from memx.domain.specs import DEFAULT_PIPELINE_ASSEMBLY, MAX_GPU_MEMORY_MIB, PIPELINE_ASSEMBLIES, Cluster, ModelArch, PipelineAssembly
 from memx.learn.experts import predict_columns
 from memx.learn.guard import Guard
 from memx.learn.peak_calibration import LOSS_SCALE, fit_memory, mem_errors
 from memx.learn.residual import PlanResidual, fit_residual, residual_from_dict
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics
-from memx.planner.schedule import AssemblyCalibration, blocking_transfers
+from memx.planner.schedule import AssemblyCalibration, assembly_of, blocking_transfers, steady_period_ms
 from memx.planner.signatures import StagePredictor
 
 TIME_RIDGE = 0.3  # prior weight: a unit of log-multiplier costs like a 30 % error on one plan (soft-L1 scale)
@@ -93,6 +95,7 @@ class PlanCalibration:
     mem_guard: Guard | None = None
     residual: PlanResidual | None = None  # kept plan residual on T' (memx.learn.residual), None: none kept
     residual_guard: Guard | None = None  # the residual's cross-validation (base: T'), None: none was fitted
+    pipeline_assembly: PipelineAssembly = DEFAULT_PIPELINE_ASSEMBLY  # the fit's 1F1B assembly (SearchSpace field)
 
     @property
     def is_identity(self) -> bool:
@@ -105,7 +108,7 @@ class PlanCalibration:
     @property
     def assembly(self) -> AssemblyCalibration:
         return AssemblyCalibration(comm_scale=self.comm_scale, overhead_ms=self.overhead_ms,
-                                   p2p_per_transfer_ms=self.p2p_per_transfer_ms)
+                                   p2p_per_transfer_ms=self.p2p_per_transfer_ms, pipeline_assembly=self.pipeline_assembly)
 
     def wrap(self, predictor: StagePredictor) -> StagePredictor:
         """The predictor the search and estimate_plans use: per-type stage time and memory maps, and c
@@ -158,7 +161,8 @@ class PlanCalibration:
                 "time_guard": self.time_guard.to_dict() if self.time_guard else None,
                 "mem_guard": self.mem_guard.to_dict() if self.mem_guard else None,
                 "residual": self.residual.to_dict() if self.residual else None,
-                "residual_guard": self.residual_guard.to_dict() if self.residual_guard else None}
+                "residual_guard": self.residual_guard.to_dict() if self.residual_guard else None,
+                "pipeline_assembly": self.pipeline_assembly}
 
 
 def calibration_from_dict(d: Mapping, *, source: str = "calibration.json") -> PlanCalibration:
@@ -174,11 +178,13 @@ def calibration_from_dict(d: Mapping, *, source: str = "calibration.json") -> Pl
             mem_scale={str(g): float(v) for g, v in d["mem_scale"].items()},
             mem_offset_mib={str(g): float(v) for g, v in d["mem_offset_mib"].items()},
             plans_timed=int(d["plans_timed"]), plans_with_peaks=int(d["plans_with_peaks"]),
-            residual=None if d.get("residual") is None else residual_from_dict(d["residual"]), **guards)
+            residual=None if d.get("residual") is None else residual_from_dict(d["residual"]),
+            pipeline_assembly=assembly_of(None, d.get("pipeline_assembly", "paper")).pipeline_assembly, **guards)
     except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
         raise InputError(f"{source}: not a plan calibration ({type(exc).__name__}: {exc}); fields: "
                          "time_scale, tp_time_scale (optional), comm_scale, overhead_ms, p2p_per_transfer_ms (optional), mem_scale, mem_offset_mib, plans_timed, "
-                         "plans_with_peaks, time_guard, mem_guard, residual, residual_guard (optional)") from None
+                         "plans_with_peaks, time_guard, mem_guard, residual, residual_guard (optional), pipeline_assembly (optional: "
+                         f"{', '.join(PIPELINE_ASSEMBLIES)}; absent: paper, as older files were fitted)") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,28 +240,32 @@ class CalibratedStagePredictor:
 
 def calibrated_estimates(plans: list[Plan], cluster: Cluster, model: ModelArch, predictor: StagePredictor,
                          calibration: PlanCalibration, *, reserve_gib: float = 1.0) -> list[PlanMetrics]:
-    """estimate_plans through the calibrated predictor: the one assembly the search uses."""
-    return estimate_plans(plans, cluster, model, calibration.wrap(predictor), reserve_gib=reserve_gib)
+    """estimate_plans through the calibrated predictor: the one assembly the search uses (its fit's 1F1B one)."""
+    return estimate_plans(plans, cluster, model, calibration.wrap(predictor), reserve_gib=reserve_gib,
+                          pipeline_assembly=calibration.pipeline_assembly)
 
 
 def fit_plan_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence[float | None],
                     peak_mem_mib_measured: Sequence[Sequence[float] | None], cluster: Cluster, model: ModelArch,
-                    predictor: StagePredictor, **kw) -> PlanCalibration:
+                    predictor: StagePredictor, *, pipeline_assembly: str | None = None, **kw) -> PlanCalibration:
     """Fit a PlanCalibration on measured plans (None entries: OOM / not measured, skipped); keywords as
-    fit_from_estimates (time_ridge, mem_ridge, guard, per_tp, per_transfer)."""
+    fit_from_estimates (time_ridge, mem_ridge, guard, per_tp, per_transfer). pipeline_assembly: the estimates' and
+    so the fit's 1F1B assembly (SearchSpace.pipeline_assembly); None: the predictor's."""
     if not (len(plans) == len(iteration_time_ms_measured) == len(peak_mem_mib_measured)):
         raise InputError("fit_plan_calibration: plans, iteration times and peaks must have one entry per plan")
     if not plans:
         return PlanCalibration()
-    est = estimate_plans(plans, cluster, model, predictor, reserve_gib=0.0)
-    return fit_from_estimates(est, iteration_time_ms_measured, peak_mem_mib_measured, **kw)
+    rule = assembly_of(predictor, pipeline_assembly).pipeline_assembly
+    est = estimate_plans(plans, cluster, model, predictor, reserve_gib=0.0, pipeline_assembly=rule)
+    return fit_from_estimates(est, iteration_time_ms_measured, peak_mem_mib_measured, pipeline_assembly=rule, **kw)
 
 
 def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Sequence[float | None],
                        peak_mem_mib_measured: Sequence[Sequence[float] | None] | None = None, *,
                        time_ridge: float = TIME_RIDGE, mem_ridge: float = MEM_RIDGE, guard: bool = True,
                        per_tp: bool = False, per_transfer: bool = True, residual: bool = True,
-                       groups: Sequence[str] | None = None) -> PlanCalibration:
+                       groups: Sequence[str] | None = None,
+                       pipeline_assembly: str = DEFAULT_PIPELINE_ASSEMBLY) -> PlanCalibration:
     """A PlanCalibration from the uncalibrated estimates of the measured plans (`estimate_plans` with the base
     predictor, reserve 0); the plans may come from several models, each estimated by its own predictor, as
     long as they share GPU types (bench/vtrain_calibration.py: one A100 calibration from seven models).
@@ -266,7 +276,8 @@ def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Seque
     `per_transfer=False` keeps d at 0 (the assembly's p2p as the paper counts it, only scaled by c).
     `residual`: then fit a plan residual on T' (memx.learn.residual; from MIN_RESIDUAL_PLANS timed plans on,
     with the guard kept only when its held-out error beats T' by 10 %), cross-validated by `groups` (one label
-    per estimate, e.g. the model) when given."""
+    per estimate, e.g. the model) when given. Each plan is assembled as its estimate was (PlanMetrics.loop_p2p_ms);
+    `pipeline_assembly` names that assembly on the result."""
     peak_mem_mib_measured = [None] * len(est) if peak_mem_mib_measured is None else peak_mem_mib_measured
     if not (len(est) == len(iteration_time_ms_measured) == len(peak_mem_mib_measured)):
         raise InputError("fit_from_estimates: estimates, iteration times and peaks must have one entry per plan")
@@ -294,7 +305,7 @@ def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Seque
             r, r_guard = fitted
             kept = r if r_guard.accepted or not guard else None
     return PlanCalibration(**time_fit, **mem_fit, plans_timed=n_t, plans_with_peaks=n_m, time_guard=t_guard,
-                           mem_guard=m_guard, residual=kept, residual_guard=r_guard)
+                           mem_guard=m_guard, residual=kept, residual_guard=r_guard, pipeline_assembly=pipeline_assembly)
 
 
 def fit_from_config_runs(runs: pd.DataFrame, cluster: Cluster, model: ModelArch, predictor: StagePredictor,
@@ -365,6 +376,7 @@ class _Base:
     m: np.ndarray
     rest: np.ndarray
     transfers: np.ndarray
+    loop: np.ndarray  # (n, P − 1) 2·p2p_s in the steady-state loops (0: the paper's assembly, and on padding)
     gpu: list[list[str | None]]
     tp: list[list[int | None]]
 
@@ -379,20 +391,23 @@ def _base(est: list[PlanMetrics]) -> _Base:
     t = np.zeros((len(est), width))
     for i, e in enumerate(est):
         t[i, :e.plan.pp] = e.stage_time_ms
-    m = np.asarray([e.plan.micro_batches for e in est], dtype=np.float64)
-    pad = [[None] * (width - e.plan.pp) for e in est]
-    return _Base(t=t, m=m, rest=np.asarray([e.iteration_time_ms for e in est]) - ((m - 1) * t.max(axis=1) + t.sum(axis=1)),
+    loop = np.zeros((len(est), max(width - 1, 0)))
+    for i, e in enumerate(est):
+        loop[i, :len(e.loop_p2p_ms)] = 2.0 * np.asarray(e.loop_p2p_ms)
+    m, pad = np.asarray([e.plan.micro_batches for e in est], dtype=np.float64), [[None] * (width - e.plan.pp) for e in est]
+    compute = (m - 1) * steady_period_ms(t.T, loop.T) + t.sum(axis=1)
+    return _Base(t=t, m=m, rest=np.asarray([e.iteration_time_ms for e in est]) - compute, loop=loop,
                  transfers=np.asarray([blocking_transfers(e.plan.pp, e.plan.micro_batches) for e in est], dtype=np.float64),
                  gpu=[[st.gpu for st in e.plan.stages] + p for e, p in zip(est, pad)],
                  tp=[[st.tp for st in e.plan.stages] + p for e, p in zip(est, pad)])
 
 
 def _assembled(b: _Base, a: np.ndarray, c: float, o: float, d: float = 0.0) -> np.ndarray:
-    """T' of each plan from its base estimate: (m − 1)·max_s(a_s·t_s) + Σ_s a_s·t_s + c·(T − S) + o
-    + d·blocking_transfers(pp, m) — what memx.planner.schedule.Pipeline computes with the calibration
-    (a: (n, P) stage-time multipliers; stage times are positive, so the zero padding changes neither term)."""
+    """T' of each plan from its base estimate: (m − 1)·P(a_s·t_s, c·2·p2p_s) + Σ_s a_s·t_s + c·(T − S) + o
+    + d·blocking_transfers(pp, m) — what memx.planner.schedule.Pipeline computes with the calibration (P:
+    schedule.steady_period_ms, max_s where the loops are 0; a: (n, P) stage-time multipliers, padding 0)."""
     t = b.t * a
-    return (b.m - 1) * t.max(axis=1) + t.sum(axis=1) + c * b.rest + o + d * b.transfers
+    return (b.m - 1) * steady_period_ms(t.T, c * b.loop.T) + t.sum(axis=1) + c * b.rest + o + d * b.transfers
 
 
 def calibrated_times(est: list[PlanMetrics], calibration: PlanCalibration) -> np.ndarray:

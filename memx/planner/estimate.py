@@ -28,12 +28,15 @@ from memx.planner.tables import option_code, plan_contexts
 
 
 def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predictor: StagePredictor, *,
-                   reserve_gib: float = 1.0) -> list[PlanMetrics]:
-    """One predictor call for all stages of all plans; the metrics are not scored (phi None)."""
+                   reserve_gib: float = 1.0, pipeline_assembly: str | None = None) -> list[PlanMetrics]:
+    """One predictor call for all stages of all plans; the metrics are not scored (phi None). pipeline_assembly
+    (SearchSpace.pipeline_assembly, as the search that found the plans used it): how plain 1F1B is assembled
+    (memx.planner.schedule.steady_period_ms); None: as the predictor's assembly has it (the default
+    DEFAULT_PIPELINE_ASSEMBLY without a calibration)."""
     for i, p in enumerate(plans):
         validate_plan(p, cluster, model, source=f"plan[{i}]")
     ctxs, layers, pred = _predict_stages(plans, model, predictor, cluster)
-    assembly = assembly_of(predictor)  # a calibrated predictor's c and o, as in the search
+    assembly = assembly_of(predictor, pipeline_assembly)  # a calibrated predictor's c, o and d, as in the search
     t_all, m_all, s_all = pred["time_ms"], pred["peak_mem_mib"], pred["static_mem_mib"]
     out, k = [], 0
     for p in plans:
@@ -148,4 +151,5 @@ def _assemble(p: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem: n
                     expert_links=moe.a2a_links(cluster, p) if model.is_moe else None)
     T, stats = pipe.assemble(t[:, None], mem[:, None], pipe.tail_ms(static[:, None], params[:, None]))
     return plan_metrics(plan, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=pipe.capacity_mib,
-                        stats=stats, feasible=bool(np.all(mem <= pipe.capacity_mib - reserve_gib * 1024.0)))
+                        stats=stats, feasible=bool(np.all(mem <= pipe.capacity_mib - reserve_gib * 1024.0)),
+                        loop_p2p_ms=() if pipe.loop_ms() is None else pipe.boundary_p2p_ms)

@@ -36,6 +36,9 @@ class PlanMetrics:
     # The smallest margin at the predictor's upper memory bound as the search computed it (issue #22: the
     # keeper's floor margin, memx.planner.candidates.Cand.floor_margin); None: not from a search with intervals.
     min_margin_high: float | None = None
+    # Plain 1F1B assembled with the cycle mean (SearchSpace.pipeline_assembly, memx.planner.schedule.steady_loop_ms):
+    # one p2p transfer over each stage boundary as the steady-state loops hold it (uncalibrated); () otherwise
+    loop_p2p_ms: tuple[float, ...] = ()
 
 
 def per_gpu_peaks(plan: Plan, stage_peak_mib: Sequence[float]) -> tuple[float, ...]:
@@ -50,7 +53,8 @@ def per_gpu_peaks(plan: Plan, stage_peak_mib: Sequence[float]) -> tuple[float, .
 
 
 def plan_metrics(plan: Plan, *, iteration_time_ms, stage_time_ms, stage_peak_mib, capacity_mib, stats: MemoryStats,
-                 feasible: bool, phi: float | None = None, min_margin_high: float | None = None) -> PlanMetrics:
+                 feasible: bool, phi: float | None = None, min_margin_high: float | None = None,
+                 loop_p2p_ms=()) -> PlanMetrics:
     """One plan's metrics from its assembled arrays (scalars or one-element columns)."""
     def one(x) -> float:
         return float(np.asarray(x).reshape(-1)[0])
@@ -60,7 +64,7 @@ def plan_metrics(plan: Plan, *, iteration_time_ms, stage_time_ms, stage_peak_mib
         stage_peak_mib=tuple(float(x) for x in stage_peak_mib), peak_mem_mib=per_gpu_peaks(plan, stage_peak_mib),
         capacity_mib=tuple(float(c) for c in capacity_mib), max_mem_mib=one(stats.max_mib),
         mem_variance_mib2=one(stats.variance_mib2), min_margin=one(stats.min_margin), feasible=feasible, phi=phi,
-        min_margin_high=min_margin_high)
+        min_margin_high=min_margin_high, loop_p2p_ms=tuple(float(x) for x in loop_p2p_ms))
 
 
 def corrected_plans(predictor, metrics: list[PlanMetrics]) -> list[PlanMetrics]:

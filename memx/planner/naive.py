@@ -27,12 +27,26 @@ def _metrics(lt: LayoutTables, split, levels):
     t = [float(lt.time_ms[(s * lt.rows + n) * lt.k + lv]) for s, (n, lv) in enumerate(zip(split, levels))]
     m = [float(lt.peak_mib[(s * lt.rows + n) * lt.k + lv]) for s, (n, lv) in enumerate(zip(split, levels))]
     tail = max(float(lt.tail_ms[s * lt.rows + n]) for s, n in enumerate(split))
-    T = pipeline_compute_ms(max(t), sum(t), lt.micro_batches, lt.pipeline.virtual_stages) + lt.fixed_ms + tail  # paper §3.1.2
+    T = pipeline_compute_ms(_period(t, lt.pipeline.loop_ms()), sum(t), lt.micro_batches,
+                            lt.pipeline.virtual_stages) + lt.fixed_ms + tail  # paper §3.1.2
     w = [float(x) for x in lt.gpu_weight]
     mean = sum(wi * mi for wi, mi in zip(w, m)) / sum(w)
     var = sum(wi * (mi - mean) ** 2 for wi, mi in zip(w, m)) / sum(w)  # V over GPUs, docs/architecture.md §Score
     margin = min((float(c) - mi) / float(c) for c, mi in zip(lt.capacity_mib, m))
     return t, m, T, max(m), var, margin
+
+
+def _period(t: list[float], loop) -> float:
+    """The steady-state period: max_s t_s (paper §3.1.2), or with loop (pipeline_assembly cycle-mean: 2·c·p2p per
+    boundary) the largest mean over contiguous stage ranges a..e of Σ t + Σ loop, per e − a + 1 micro batches
+    (docs/planner.md §The 1F1B steady state), every range summed directly."""
+    best = max(t)
+    if loop is not None:
+        gaps = [float(x) for x in loop[:, 0]]
+        for a in range(len(t)):
+            for e in range(a + 1, len(t)):
+                best = max(best, (sum(t[a:e + 1]) + sum(gaps[a:e])) / (e - a + 1))
+    return best
 
 
 def _score(T, M, V, w: Weights, eps: float) -> float:

@@ -3,7 +3,8 @@ assembly both the search (thousands of plans per call) and `estimate_plans` (one
 
 Vectorised over plans, stage-major: per-stage arrays have shape (pp, N) — one row per stage, one
 column per plan — so reductions over stages are element-wise operations on contiguous rows.
-Formulas: the paper §3.1.2 and docs/architecture.md §1F1B assembly; the schedule itself is
+Formulas: the paper §3.1.2 and docs/architecture.md §1F1B assembly (its steady state either the paper's or the
+maximum cycle mean, `steady_period_ms`, by SearchSpace.pipeline_assembly); the schedule itself is
 PipeDream-Flush / 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
 GPU Clusters Using Megatron-LM", §2.2.1).
 """
@@ -11,6 +12,7 @@ GPU Clusters Using Megatron-LM", §2.2.1).
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -18,7 +20,7 @@ import numpy as np
 
 from memx.domain.precision import DEFAULT_PRECISION, GRAD_BYTES, PARAM_BYTES
 from memx.domain.runtime import usable_capacity_mib
-from memx.domain.specs import Cluster, ModelArch
+from memx.domain.specs import DEFAULT_PIPELINE_ASSEMBLY, PIPELINE_ASSEMBLIES, Cluster, ModelArch, PipelineAssembly
 from memx.planner.collectives import tail_collectives_ms
 from memx.planner.cost import ACT_BYTES, dp_step_ms, optimizer_shards, static_bytes_per_param
 from memx.planner.interleave import interleaved_time_ms, p2p_hops
@@ -79,16 +81,49 @@ def optimizer_ms(static_mib: np.ndarray, memory_bandwidth_gbps: np.ndarray, dist
     return nbytes / (np.asarray(memory_bandwidth_gbps) * 1e9) * 1e3
 
 
-def iteration_time_ms(stage_ms: np.ndarray, m: int, fixed_ms: float, tail_ms: np.ndarray) -> np.ndarray:
-    """T = (m − 1)·max_s t_s + Σ_s t_s + Σ_s 2·p2p_s + overhead + T_dp (paper §3.1.2; the 1F1B
-    bubble of Narayanan et al. 2021 §2.2.1; docs/architecture.md §1F1B assembly).
+def iteration_time_ms(stage_ms: np.ndarray, m: int, fixed_ms: float, tail_ms: np.ndarray,
+                      loop_ms: np.ndarray | None = None) -> np.ndarray:
+    """T = (m − 1)·c + Σ_s t_s + Σ_s 2·p2p_s + overhead + T_dp, c = max_s t_s (paper §3.1.2; the 1F1B
+    bubble of Narayanan et al. 2021 §2.2.1; docs/architecture.md §1F1B assembly) or, with `loop_ms`, the maximum
+    cycle mean `steady_period_ms` (pipeline_assembly cycle-mean, issues #22, #27).
 
     stage_ms (pp, N). fixed_ms: the per-plan constant, Σ_s 2·p2p_s (plus a calibrated per-iteration
     overhead, Pipeline.fixed_ms). tail_ms (pp, N) is each stage's gradient all-reduce plus optimizer
     step; the iteration ends when the slowest stage has done both, so overhead + T_dp = max_s tail_s
-    (the largest stage's all-reduce and its optimizer step).
+    (the largest stage's all-reduce and its optimizer step). loop_ms (pp − 1, N or 1): 2·p2p_s of each stage
+    boundary in the stage times' dtype (Pipeline.loop_ms); None: the paper's max_s t_s.
     """
-    return (m - 1) * stage_ms.max(axis=0) + stage_sum(stage_ms) + (fixed_ms + tail_ms.max(axis=0))
+    return (m - 1) * steady_period_ms(stage_ms, loop_ms) + stage_sum(stage_ms) + (fixed_ms + tail_ms.max(axis=0))
+
+
+def steady_period_ms(stage_ms: np.ndarray, loop_ms: np.ndarray | None = None) -> np.ndarray:
+    """(N,) the steady-state time per micro batch of plain 1F1B. None: max_s t_s, the paper's (§3.1.2).
+
+    With loop_ms (pp − 1, N or 1) = 2·p2p_s of each boundary: the maximum cycle mean of the schedule's timed
+    event graph, the steady-state cycle time of a max-plus linear system (Baccelli, Cohen, Olsder & Quadrat 1992,
+    "Synchronization and Linearity", Thm 3.23). In Megatron's 1F1B order (Narayanan et al. 2021 §2.2.1, Fig. 4)
+    stage s runs B(j) then F(j + pp − s), whose activation reaches stage s + 1 after p2p_s; there that forward is
+    followed by B(j + 2), whose gradient is back after p2p_s for stage s's B(j + 2): a loop of t_s + t_{s+1} +
+    2·p2p_s over two micro batches. Over a contiguous range of stages a..e the loop runs down and back up,
+    e − a + 1 micro batches: c = max over a ≤ e of (Σ_{a..e} t_i + 2·Σ_{a..e−1} p2p_i) / (e − a + 1), ranges of
+    one stage giving max_s t_s, so c ≥ the paper's (its T is a lower bound of this one: memx.planner.bounds
+    stays exact). Window sums grow one stage at a time (no prefix-sum cancellation), element-wise per column:
+    a column's value is the same in any batch (see stage_sum). Zero rows (stages a layout does not have, with
+    loop 0) only lower a window's mean. Float arrays only (the stage times' dtype)."""
+    tmax = stage_ms.max(axis=0)
+    pp = stage_ms.shape[0]
+    if loop_ms is None or pp < 2:
+        return tmax
+    step = loop_ms + stage_ms[1:]  # (pp − 1, N): 2·p2p_s + t_{s+1}, what a window gains going one stage down
+    window, best = stage_ms[:-1], None
+    for k in range(2, pp + 1):  # windows of k stages a..a+k−1, a = 0 … pp − k
+        window = window[:pp - k + 1] + step[k - 2:]
+        mean = (window / k).max(axis=0)
+        best = mean if best is None else np.maximum(best, mean)
+    # a window's computed mean is within pp·ε (relative) of its true one: a mean no further above max_s t_s is
+    # taken as max_s t_s, so equal stages without p2p give the paper's value bit for bit
+    above = best > tmax * (1 + pp * np.finfo(stage_ms.dtype).eps)
+    return np.where(above, best, tmax)
 
 
 def blocking_transfers(pp: int, micro_batches: int) -> int:
@@ -142,17 +177,19 @@ def weighted_memory_stats(stage_peak_mib: np.ndarray, w: np.ndarray, inv_cap: np
 
 
 def assemble_columns(stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.ndarray, *, micro_batches: np.ndarray,
-                     virtual_stages: np.ndarray, fixed_ms: np.ndarray, w: np.ndarray, inv_cap: np.ndarray
-                     ) -> tuple[np.ndarray, MemoryStats]:
-    """Pipeline.assemble of N plans of different layouts (their m, v, fixed_ms (N,) and w, 1 / capacity (pp, N),
-    in the stage arrays' dtype), the same arithmetic column by column: plain 1F1B (iteration_time_ms) or
-    interleaved (memx.planner.interleave.interleaved_time_ms). Stages a layout does not have are rows of 0
-    time, 0 peak, 0 tail and weight 0, which change no sum, maximum or variance."""
+                     virtual_stages: np.ndarray, fixed_ms: np.ndarray, w: np.ndarray, inv_cap: np.ndarray,
+                     loop_ms: np.ndarray | None = None) -> tuple[np.ndarray, MemoryStats]:
+    """Pipeline.assemble of N plans of different layouts (their m, v, fixed_ms (N,), w, 1 / capacity (pp, N) and
+    loop_ms (pp − 1, N) or None, in the stage arrays' dtype), the same arithmetic column by column: plain 1F1B
+    (iteration_time_ms) or interleaved (memx.planner.interleave.interleaved_time_ms). Stages a layout does not
+    have are rows of 0 time, 0 peak, 0 tail, 0 loop and weight 0, which change no sum, maximum, cycle mean
+    or variance."""
     total = stage_sum(stage_ms)
     tmax = stage_ms.max(axis=0)
+    period = tmax if loop_ms is None else steady_period_ms(stage_ms, loop_ms)
     m, v = micro_batches, virtual_stages
     with np.errstate(invalid="ignore"):  # inf − inf in the branch a column does not take
-        compute = np.where(v == 1, (m - 1) * tmax + total, m * tmax + (total - tmax) / v)
+        compute = np.where(v == 1, (m - 1) * period + total, m * tmax + (total - tmax) / v)
     return compute + (fixed_ms + tail_ms.max(axis=0)), weighted_memory_stats(stage_mib, w, inv_cap)
 
 
@@ -163,21 +200,40 @@ class AssemblyCalibration:
     per iteration (launch, data loading, logging: what no stage measurement sees), d is a fixed cost of every
     blocking p2p transfer on the 1F1B critical path (`blocking_transfers`: per micro batch and stage boundary;
     a framework's send/recv set-up and synchronisation, which the bytes / bandwidth + latency of p2p_ms do not
-    see). Identity: c 1, o 0, d 0."""
+    see). Identity: c 1, o 0, d 0. `pipeline_assembly` is not fitted: it is how plain 1F1B is assembled
+    (memx.domain.specs.PIPELINE_ASSEMBLIES, SearchSpace.pipeline_assembly; `steady_period_ms`), carried here so
+    that every path that scores with these terms (search, estimate_plans, per-stage dp, the calibration's fit)
+    assembles alike."""
 
     comm_scale: float = 1.0
     overhead_ms: float = 0.0
     p2p_per_transfer_ms: float = 0.0
+    pipeline_assembly: PipelineAssembly = DEFAULT_PIPELINE_ASSEMBLY
 
 
 IDENTITY_ASSEMBLY = AssemblyCalibration()
 
 
-def assembly_of(predictor) -> AssemblyCalibration:
+def assembly_of(predictor, pipeline_assembly: str | None = None) -> AssemblyCalibration:
     """The assembly calibration a stage predictor carries (`predictor.assembly`, as a calibrated
-    predictor does, also through a prediction cache); the identity for any other predictor."""
+    predictor does, also through a prediction cache); the identity for any other predictor. pipeline_assembly
+    (a search's SearchSpace.pipeline_assembly): how it assembles plain 1F1B; None: as the predictor's."""
     found = getattr(predictor, "assembly", None)
-    return found if isinstance(found, AssemblyCalibration) else IDENTITY_ASSEMBLY
+    out = found if isinstance(found, AssemblyCalibration) else IDENTITY_ASSEMBLY
+    if pipeline_assembly is None or pipeline_assembly == out.pipeline_assembly:
+        return out
+    if pipeline_assembly not in PIPELINE_ASSEMBLIES:
+        raise ValueError(f"pipeline_assembly {pipeline_assembly!r}; allowed: {', '.join(PIPELINE_ASSEMBLIES)}")
+    return dataclasses.replace(out, pipeline_assembly=pipeline_assembly)
+
+
+def steady_loop_ms(assembly: AssemblyCalibration, boundary_p2p_ms, dtype=np.float64) -> np.ndarray | None:
+    """(pp − 1, 1) 2·c·p2p_s of each stage boundary in `dtype`: the p2p time in the steady-state loops of
+    `steady_period_ms` (c: the calibrated communication scale, as on Σ 2·p2p in the fixed term) when `assembly`
+    assembles with the cycle mean and there is a boundary; None: the paper's max_s t_s."""
+    if assembly.pipeline_assembly != "cycle-mean" or boundary_p2p_ms is None or np.size(boundary_p2p_ms) == 0:
+        return None
+    return (2.0 * assembly.comm_scale * np.asarray(boundary_p2p_ms, dtype=np.float64)).astype(dtype).reshape(-1, 1)
 
 
 class TailKey(NamedTuple):
@@ -219,6 +275,12 @@ class Pipeline:
     precision: str = DEFAULT_PRECISION  # gradient bytes of the DP step, Adam's share of static bytes
     # (pp,) each stage's step-level collectives: DP latency, tied-embedding all-reduce (memx.planner.collectives)
     collectives_ms: np.ndarray | None = None
+    # (pp − 1,) one p2p transfer over each stage boundary (p2p_ms), for the cycle-mean steady state; None: none known
+    boundary_p2p_ms: np.ndarray | None = None
+
+    def loop_ms(self, dtype=np.float64) -> np.ndarray | None:
+        """`steady_loop_ms` of this plain-1F1B pipeline in `dtype`; None: the paper's assembly (or interleaved)."""
+        return steady_loop_ms(self.assembly, self.boundary_p2p_ms, dtype) if self.virtual_stages == 1 else None
 
     @property
     def fixed_ms(self) -> float:
@@ -250,7 +312,7 @@ class Pipeline:
             compute = interleaved_time_ms(stage_ms, stage_sum(stage_ms), self.micro_batches, self.virtual_stages)
             T = compute + (self.fixed_ms + tail_ms.max(axis=0))
         else:
-            T = iteration_time_ms(stage_ms, self.micro_batches, self.fixed_ms, tail_ms)
+            T = iteration_time_ms(stage_ms, self.micro_batches, self.fixed_ms, tail_ms, self.loop_ms(stage_ms.dtype))
         return T, memory_stats(stage_mib, self.gpu_weight, self.capacity_mib)
 
 
@@ -284,6 +346,7 @@ def pipeline(cluster: Cluster, model: ModelArch, *, stage_gpus: Sequence[str], s
         wrap = p2p_ms(micro_batch, seq_len, model.hidden, np.asarray([wrap_gbps]), wrap_lat)
         total = hops * total + wrap_hops * float(2.0 * wrap.sum())
     return Pipeline(micro_batches=micro_batches, p2p_total_ms=total, virtual_stages=virtual_stages,
+                    boundary_p2p_ms=np.atleast_1d(np.asarray(p2p, dtype=np.float64)) if virtual_stages == 1 else None,
                     gpu_weight=np.asarray(stage_tp, dtype=np.float64),
                     capacity_mib=np.asarray([usable_capacity_mib(g) for g in gpus], dtype=np.float64),
                     memory_bandwidth_gbps=np.asarray([g.memory_bandwidth_gbps for g in gpus], dtype=np.float64),

@@ -192,7 +192,8 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
                               f"{space.global_batch} no dp × Σtp uses the GPUs as required")
     # A variant is one more layout option: its layouts join the one list the search ranks (exact over the union).
     prepared, owner, pts, hits = [], [], [], []
-    assembly = assembly_of(predictor)  # a calibrated predictor's c and o (memx.learn.calibration); else identity
+    # a calibrated predictor's c, o and d (memx.learn.calibration), else identity; the space's 1F1B assembly
+    assembly = assembly_of(predictor, space.pipeline_assembly)
     for vi, (v, lays) in enumerate(zip(variants, per_variant)):
         pt = predict_tables(layout_contexts(lays, total), cluster, v.model, v.seq_len, space.recompute_levels,
                             space.reserve_gib, predictor)

@@ -35,7 +35,8 @@ flow through the stages in 1F1B order. What changes against memx.planner.schedul
 
 T = (m − 1) · max_s t_s + Σ_s t_s + Σ_{s<pp−1} 2 · p2p_s + max_s tail_s (paper §3.1.2, Narayanan et al. 2021
 §2.2.1), the same formula as every other plan; a calibrated predictor's c, o and d apply as in
-schedule.Pipeline.fixed_ms.
+schedule.Pipeline.fixed_ms, and with pipeline_assembly cycle-mean (max_s t_s → the maximum cycle mean over the
+boundaries' p2p, memx.planner.schedule.steady_period_ms) as in schedule.Pipeline.assemble.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from memx.planner.schedule import (
     memory_stats,
     p2p_ms,
     stage_tail_ms,
+    steady_loop_ms,
 )
 from memx.planner.tables import StageContext, plan_contexts
 
@@ -114,14 +116,22 @@ def boundary(cluster: Cluster, plan: Plan, where: list[list[int]], s: int) -> tu
     return max(b_a, b_b), fan, float(bw), lat
 
 
-def p2p_total_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]]) -> float:
-    """Σ_s 2 · p2p_s: each micro batch's activation forward and its gradient backward over every boundary (a cp
-    rank's message holds its s/cp tokens)."""
-    total = 0.0
+def boundary_p2p_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]]) -> np.ndarray:
+    """(pp − 1,) p2p_s: one micro batch's activation over each boundary (a cp rank's message holds its s/cp
+    tokens)."""
+    out = []
     for s in range(plan.pp - 1):
         rows, fan, bw, lat = boundary(cluster, plan, where, s)
-        total += 2.0 * float(p2p_ms(rows, plan.seq_len // plan.context_parallel, model.hidden, np.asarray([bw]),
-                                    fan * lat)[0])
+        out.append(float(p2p_ms(rows, plan.seq_len // plan.context_parallel, model.hidden, np.asarray([bw]),
+                                fan * lat)[0]))
+    return np.asarray(out, dtype=np.float64)
+
+
+def p2p_total_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]]) -> float:
+    """Σ_s 2 · p2p_s: each micro batch's activation forward and its gradient backward over every boundary."""
+    total = 0.0
+    for x in boundary_p2p_ms(cluster, plan, model, where):
+        total += 2.0 * float(x)
     return total
 
 
@@ -159,13 +169,16 @@ def assemble(plan: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem:
     assert where is not None  # estimate_plans validated the plan
     gpus = [cluster.gpu(st.gpu) for st in plan.stages]
     groups = np.asarray(stage_groups(plan), dtype=np.float64)
+    p2p = boundary_p2p_ms(cluster, plan, model, where)
+    loop = steady_loop_ms(assembly, p2p)
     T = iteration_time_ms(t[:, None], plan.micro_batches, fixed_ms(cluster, plan, model, where, assembly),
-                          tails(plan, cluster, model, where, static[:, None], params[:, None], assembly))
+                          tails(plan, cluster, model, where, static[:, None], params[:, None], assembly), loop)
     capacity = np.asarray([usable_capacity_mib(g) for g in gpus], dtype=np.float64)
     weight = np.asarray([st.tp for st in plan.stages], dtype=np.float64) * groups
     stats = memory_stats(mem[:, None], weight, capacity)
     return plan_metrics(plan, iteration_time_ms=T, stage_time_ms=t, stage_peak_mib=mem, capacity_mib=capacity,
-                        stats=stats, feasible=bool(np.all(mem <= capacity - reserve_gib * 1024.0)))
+                        stats=stats, feasible=bool(np.all(mem <= capacity - reserve_gib * 1024.0)),
+                        loop_p2p_ms=() if loop is None else p2p)
 
 
 def fixed_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]],

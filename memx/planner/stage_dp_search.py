@@ -43,7 +43,7 @@ from memx.planner.metrics import PlanMetrics
 from memx.planner.predictions import params_per_rank
 from memx.planner.pick import with_candidate
 from memx.planner.result import SearchResult, plan_key
-from memx.planner.schedule import AssemblyCalibration, assembly_of, iteration_time_ms, stage_tail_ms
+from memx.planner.schedule import AssemblyCalibration, assembly_of, iteration_time_ms, stage_tail_ms, steady_loop_ms
 from memx.planner.signatures import predict_arrays, signature_columns
 from memx.planner.space import _effective, _ends_ok, gpu_subsets, subset_precisions, valid_tps
 from memx.planner.tables import decode_option, stage_options
@@ -252,6 +252,8 @@ class _Layout:
         emb = assembly.comm_scale * stage_dp.embedding_ms(cluster, probe, model, where)
         self.tail = [tl + emb if s in (0, len(tail) - 1) else tl for s, tl in enumerate(tail)]
         self.fixed_ms = stage_dp.fixed_ms(cluster, probe, model, where, assembly)
+        # pipeline_assembly cycle-mean: the boundaries' 2·c·p2p in the steady-state loops (schedule.steady_loop_ms)
+        self.loop_ms = steady_loop_ms(assembly, stage_dp.boundary_p2p_ms(cluster, probe, model, where))
         # no split has a smaller largest tail: every stage holds some eligible row
         self.tail_floor = max(float(tl[o].min()) for tl, o in zip(self.tail, ok))
 
@@ -260,15 +262,21 @@ class _Layout:
         got = [_fastest(r, o & (tl < below), n_max) for r, o, tl in zip(self.rows, self.ok, self.tail)]
         return np.stack([t for t, _ in got]), np.stack([a for _, a in got])
 
-    def plan(self, split: tuple[int, ...], arg: np.ndarray) -> tuple[Plan, float, float]:
-        """(plan, compute part + fixed, its largest tail) of a split with the rows `arg` chose."""
+    def plan(self, split: tuple[int, ...], arg: np.ndarray) -> tuple[Plan, float, float, float]:
+        """(plan, compute part + fixed as the plan is scored, the paper's compute part + fixed, its largest tail)
+        of a split with the rows `arg` chose (the two equal unless pipeline_assembly is cycle-mean)."""
         picked = [int(arg[s, n]) for s, n in enumerate(split)]
         stages = tuple(dataclasses.replace(st, layers=n, **_recompute(int(r.codes[j]), n))
                        for st, r, n, j in zip(self.probe.stages, self.rows, split, picked))
         t = np.array([r.time_ms[j] for r, j in zip(self.rows, picked)])
         tail = max(float(tl[j]) for tl, j in zip(self.tail, picked))
-        return dataclasses.replace(self.probe, stages=stages), float(iteration_time_ms(
-            t[:, None], self.probe.micro_batches, self.fixed_ms, np.zeros((len(t), 1)))[0]), tail
+        def compute(loop):
+            return float(iteration_time_ms(t[:, None], self.probe.micro_batches, self.fixed_ms,
+                                           np.zeros((len(t), 1)), loop)[0])
+
+        paper = compute(None)
+        return dataclasses.replace(self.probe, stages=stages), (paper if self.loop_ms is None else compute(
+            self.loop_ms)), paper, tail
 
 
 def _tail(rows: _Rows, probe: Plan, stage: Stage, dp: int, ring: tuple[float, float], cluster: Cluster,
@@ -292,17 +300,19 @@ def _layout_best(lay: _Layout, n_max: int, best: float) -> tuple[Plan, float] | 
     compute part C_k = (m − 1)·max t + Σ t among splits whose rows all have tail < σ_k (σ_0 = ∞) is found by the
     bottleneck programme (`best_splits`), its plan's largest tail becomes σ_{k+1}; every split whose largest tail lies
     in [σ_{k+1}, σ_k) takes at least C_k + that tail, so the walk misses none, and it stops once
-    C_k + fixed + the least reachable largest tail cannot beat `best`."""
+    C_k + fixed + the least reachable largest tail cannot beat `best`. With pipeline_assembly cycle-mean each found
+    split is scored with the cycle mean (≥ C_k, so the stop stays safe) but the programme still ranks splits by
+    the paper's C_k: exact for the paper's assembly, the paper-best split per σ_k for the cycle mean's."""
     m, found, below = lay.probe.micro_batches, None, np.inf
     while True:
         t, arg = lay.table(below, n_max)
         splits = best_splits(t, m, n_max, keep=1, bound=best - lay.fixed_ms - lay.tail_floor)
         if not splits:
             return found
-        plan, compute, tail = lay.plan(splits[0], arg)
+        plan, compute, paper, tail = lay.plan(splits[0], arg)
         if compute + tail < best:
             found, best = (plan, compute + tail), compute + tail
-        if compute + lay.tail_floor >= best:
+        if paper + lay.tail_floor >= best:  # the paper's compute part: a lower bound of the cycle mean's too
             return found
         below = tail
 
@@ -323,7 +333,7 @@ def _space(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, le
 
 
 def _fastest_in(sp: _Space, cluster: Cluster, model: ModelArch, predictor, floor: float | None,
-                bound: float) -> tuple[Plan | None, float]:
+                bound: float, pipeline_assembly: str | None = None) -> tuple[Plan | None, float]:
     """The fastest plan of `sp` faster than `bound` whose every stage clears `floor` (fits, where floor is None),
     and its tabled iteration time: exact over its layouts, splits and recompute options (`_layout_best`)."""
     unique = {id(r): r for rs in sp.rows for r in rs}.values()
@@ -336,7 +346,7 @@ def _fastest_in(sp: _Space, cluster: Cluster, model: ModelArch, predictor, floor
         part[at], rest = _lower_bounds(np.stack([tables[i] for i in at]),
                                        np.array([sp.probes[i].micro_batches for i in at]), model.layers)
         low[at] = part[at] + rest
-    assembly, tails, found = assembly_of(predictor), {}, None
+    assembly, tails, found = assembly_of(predictor, pipeline_assembly), {}, None
     slack = min(0.0, assembly.overhead_ms)  # the fixed term's least value (Σ 2·p2p and the tails are ≥ 0)
     for i in np.argsort(low, kind="stable"):  # most promising first: no later layout's bound is smaller
         if low[i] + slack >= bound:
@@ -363,7 +373,7 @@ def floor_then_fastest(cluster: Cluster, model: ModelArch, space: SearchSpace, p
     for floor, below in ((space.margin_floor, clear_below), (None, fit_below)):
         found = None
         for sp in spaces:
-            plan, below = _fastest_in(sp, cluster, model, predictor, floor, below)
+            plan, below = _fastest_in(sp, cluster, model, predictor, floor, below, space.pipeline_assembly)
             found = plan or found
         if found is not None:
             return found, n
@@ -401,7 +411,8 @@ def _rescored(plan: Plan | None, cluster: Cluster, model: ModelArch, predictor,
     plan or it does not fit."""
     if plan is None:
         return None
-    (e,) = estimate_plans([plan], cluster, model, predictor, reserve_gib=space.reserve_gib)
+    (e,) = estimate_plans([plan], cluster, model, predictor, reserve_gib=space.reserve_gib,
+                          pipeline_assembly=space.pipeline_assembly)
     if not e.feasible:
         return None
     (h,) = upper_margins([e], model, predictor)

@@ -366,6 +366,9 @@ class StackedTables:
     virtual_stages: np.ndarray
     fixed_ms: np.ndarray
     ctx_high_mib: np.ndarray | None = None  # (contexts, rows, K) float32 StageTable.high_mib; None without intervals
+    # (pp − 1, layouts) float32 Pipeline.loop_ms of each layout (0 past its own stages and where it has none); None:
+    # every layout assembles as the paper (memx.planner.schedule.steady_period_ms)
+    loop_ms: np.ndarray | None = None
 
     @classmethod
     def of(cls, layouts: Sequence[tuple[Sequence[StageTable], Pipeline]]) -> StackedTables:
@@ -424,7 +427,7 @@ class StackedTables:
                    inv_capacity=(1.0 / cap).astype(f32),
                    micro_batches=np.array([p.micro_batches for p in pipes], dtype=f32),
                    virtual_stages=np.array([p.virtual_stages for p in pipes], dtype=f32),
-                   fixed_ms=np.array([p.fixed_ms for p in pipes], dtype=f32))
+                   fixed_ms=np.array([p.fixed_ms for p in pipes], dtype=f32), loop_ms=_stacked_loops(pipes, pp))
 
     def base(self, splits: np.ndarray, layout: np.ndarray) -> np.ndarray:
         """(pp, N) index rows of splits (N, pp, padded with 0) of the given layouts (N,)."""
@@ -463,7 +466,21 @@ class StackedTables:
         w, inv_cap = self._by_stage
         return assemble_columns(stage_ms, stage_mib, self.tail_ms.take(base), micro_batches=self.micro_batches[li],
                                 virtual_stages=self.virtual_stages[li], fixed_ms=self.fixed_ms[li],
-                                w=w.take(li, axis=1), inv_cap=inv_cap.take(li, axis=1))
+                                w=w.take(li, axis=1), inv_cap=inv_cap.take(li, axis=1),
+                                loop_ms=None if self.loop_ms is None else self.loop_ms.take(li, axis=1))
+
+
+def _stacked_loops(pipes: list[Pipeline], pp: int) -> np.ndarray | None:
+    """StackedTables.loop_ms: each layout's Pipeline.loop_ms in float32, the values LayoutTables' assembly uses
+    (so a plan scores the same in either); None when no layout assembles with the cycle mean."""
+    loops = [p.loop_ms(np.float32) for p in pipes]
+    if all(x is None for x in loops):
+        return None
+    out = np.zeros((max(pp - 1, 0), len(pipes)), dtype=np.float32)
+    for li, x in enumerate(loops):
+        if x is not None:
+            out[:len(x), li] = x[:, 0]
+    return out
 
 def _stacked_high(tables: list[StageTable]) -> np.ndarray | None:
     """The stages' upper-bound peaks as one float32 array (LayoutTables.high_mib); None without intervals."""

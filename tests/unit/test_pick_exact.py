@@ -16,7 +16,7 @@ import numpy as np
 
 from memx.domain.catalog import load_gpu, load_model, load_search
 from memx.domain.errors import InfeasibleError
-from memx.domain.specs import Cluster, Node
+from memx.domain.specs import PIPELINE_ASSEMBLIES, Cluster, Node
 from memx.learn.intervals import GLOBAL, Band, Intervals, interval_columns, memory_group
 from memx.planner import candidates
 from memx.planner.cost import AnalyticStageModel
@@ -77,7 +77,8 @@ def mixed_spaces(draw, conf_root):
         max_stage_slowdown=0.0, target_margin=draw(st.sampled_from((0.1, 0.3))),
         margin_floor=draw(st.sampled_from((0.1, 0.3, 0.5, 0.7))),
         balance_tolerance=draw(st.sampled_from((0.0, 0.02, 0.1))), weights=draw(st.sampled_from(("auto", "default"))),
-        virtual_stages_options=draw(st.sampled_from(((1,), (1, 2)))))  # interleaved 1F1B too (issue #27)
+        virtual_stages_options=draw(st.sampled_from(((1,), (1, 2)))),  # interleaved 1F1B too (issue #27)
+        pipeline_assembly=draw(st.sampled_from(PIPELINE_ASSEMBLIES)))  # the 1F1B steady state (issues #22, #27)
     return cluster, model, space
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from memx.domain.catalog import load_gpu, load_model, load_search
 from memx.domain.errors import InfeasibleError
-from memx.domain.specs import Cluster, Node
+from memx.domain.specs import PIPELINE_ASSEMBLIES, Cluster, Node
 from memx.planner.bounds import MinMax, _lagrange_tables, box_variance_lb, max_lagrange_sum
 from memx.planner.compositions import count_splits, sample_splits
 from memx.planner.cost import AnalyticStageModel
@@ -52,7 +52,8 @@ def problems(draw, conf_root):
         weights=draw(st.sampled_from(("auto", "default", "safety", "throughput", "0.5,0.5,0"))),
         distributed_optimizer=draw(st.sampled_from(((False,), (True,), (False, True)))),
         sequence_parallel=draw(st.sampled_from(((False,), (True,), (True, False)))),
-        virtual_stages_options=draw(st.sampled_from(((1,), (1, 2), (1, 3)))))  # interleaved 1F1B, issue #27
+        virtual_stages_options=draw(st.sampled_from(((1,), (1, 2), (1, 3)))),  # interleaved 1F1B, issue #27
+        pipeline_assembly=draw(st.sampled_from(PIPELINE_ASSEMBLIES)))  # the 1F1B steady state, issues #22, #27
     return cluster, model, space, draw(st.integers(1, 6))
 
 

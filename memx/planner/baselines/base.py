@@ -243,7 +243,8 @@ class Planner:
             # its time objective: the fastest plan that fits (no floor), faster than the incumbent
             plan, _ = floor_then_fastest(cluster, model, sp, pred, (tuple(levels),), clear_below=-np.inf,
                                          fit_below=cands[0].iteration_time_ms)
-            for e in estimate_plans([plan], cluster, model, pred, reserve_gib=space.reserve_gib) if plan else []:
+            for e in estimate_plans([plan], cluster, model, pred, reserve_gib=space.reserve_gib,
+                                    pipeline_assembly=space.pipeline_assembly) if plan else []:
                 if e.feasible and (best is None or e.iteration_time_ms < best.iteration_time_ms):
                     best = e
         return [best, *cands] if best is not None and best.iteration_time_ms < cands[0].iteration_time_ms else cands
