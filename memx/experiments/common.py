@@ -43,12 +43,14 @@ def check_scale(scale: str) -> None:
 def space(name: str, **changes) -> SearchSpace:
     """A catalog search space in the paper's plan space: no distributed optimizer, no sequence
     parallelism (the paper's configurations have neither; the catalog's searches now turn both on, as
-    Megatron-LM users do). `small` gets the default max_time_ratio (1.25) so Φ picks stay comparable."""
+    Megatron-LM users do), and the paper's 1F1B formula (§3.1.2; the catalog's default is the cycle mean,
+    docs/results.md §The 1F1B assembly: paper vs cycle-mean). `small` gets the default max_time_ratio (1.25) so Φ picks stay comparable."""
     sp = load_search(name)
     if name == "small" and "max_time_ratio" not in changes:
         changes["max_time_ratio"] = MAX_TIME_RATIO
     changes.setdefault("distributed_optimizer", (False,))
     changes.setdefault("sequence_parallel", (False,))
+    changes.setdefault("pipeline_assembly", "paper")
     return dataclasses.replace(sp, **changes)
 
 
