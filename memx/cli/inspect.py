@@ -58,7 +58,7 @@ def inspect_cmd(file: PlanArg,
     cl, mo, sp = load_specs(cluster or plan.cluster, model or plan.model, DEFAULT_SEARCH, conf)
     pred = (AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}) if predictor == "analytic"
             else _registered(cl, mo, sp))
-    m = estimate_any_plans([plan], cl, mo, pred, reserve_gib=sp.reserve_gib)[0]
+    m = estimate_any_plans([plan], cl, mo, pred, reserve_gib=sp.reserve_gib, pipeline_assembly=sp.pipeline_assembly)[0]
     d = any_plan_to_dict(plan)
     console = Console(width=160)
     console.print(f"[bold]{mo.name} on {cl.name}[/] ({predictor}): dp {dp_text(d)}, µb {micro_batch_text(d)}: "

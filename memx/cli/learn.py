@@ -143,7 +143,8 @@ def evaluate_cmd(cluster: ClusterOpt,
         from memx.pipeline.local import registered_predictor
 
         pred = registered_predictor(cl, mo, sp)
-    result = evaluate(cl, mo, df, pred, weights or sp.weights, reserve_gib=sp.reserve_gib)
+    result = evaluate(cl, mo, df, pred, weights or sp.weights, reserve_gib=sp.reserve_gib,
+                      pipeline_assembly=sp.pipeline_assembly)
     typer.echo(to_json(result) if fmt == "json" else format_table(result))
 
 

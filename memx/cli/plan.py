@@ -275,7 +275,7 @@ def _check(obj: dict, baseline: Plan, cl: Cluster, mo: ModelArch, sp: SearchSpac
     from memx.report.check import check_report
 
     outcome = check_report(obj, baseline, cl, mo, predictor, reserve_gib=sp.reserve_gib, min_margin=min_margin,
-                           max_slowdown=max_slowdown)
+                           max_slowdown=max_slowdown, pipeline_assembly=sp.pipeline_assembly)
     typer.echo(outcome.markdown, err=True)
     _write_summary(outcome.markdown, summary)
     if outcome.exit_code:

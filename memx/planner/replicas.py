@@ -275,28 +275,30 @@ def group_clusters(plan: AnyPlan, cluster: Cluster, where: list[list[list[int]]]
 
 
 def estimate_grouped(plan: GroupedPlan, cluster: Cluster, model: ModelArch, predictor: StagePredictor, *,
-                     reserve_gib: float = 1.0) -> PlanMetrics:
+                     reserve_gib: float = 1.0, pipeline_assembly: str | None = None) -> PlanMetrics:
     """One schema-2 plan: every group through estimate_plans on its sub-cluster of the joint placement
-    (so its in-group links are the ones it really gets), combined with T_x."""
+    (so its in-group links are the ones it really gets), combined with T_x; pipeline_assembly as estimate_plans."""
     where = place_groups(plan, cluster)
-    parts = [estimate_plans([gp], sub, model, predictor, reserve_gib=reserve_gib)[0]
+    parts = [estimate_plans([gp], sub, model, predictor, reserve_gib=reserve_gib, pipeline_assembly=pipeline_assembly)[0]
              for gp, sub in zip(group_plans(plan), group_clusters(plan, cluster, where))]
     return combine(plan, parts, replica_sync_ms(plan, parts, cluster, model, where))
 
 
 def estimate_any_plans(plans: list[AnyPlan], cluster: Cluster, model: ModelArch, predictor: StagePredictor,
-                       reserve_gib: float = 1.0) -> list[PlanMetrics]:
+                       reserve_gib: float = 1.0, pipeline_assembly: str | None = None) -> list[PlanMetrics]:
     """estimate_plans for plans of either schema: schema-1 plans (and one-group schema-2 plans, as the
-    schema-1 plan they equal) in one estimate_plans call, unchanged; schema-2 plans group by group."""
+    schema-1 plan they equal) in one estimate_plans call, unchanged; schema-2 plans group by group.
+    pipeline_assembly: the search space's (SearchSpace.pipeline_assembly), so a plan scores as its search scored it."""
     out: list[PlanMetrics | None] = [None] * len(plans)
     flat = [(i, simplest(p)) for i, p in enumerate(plans)]
     ones = [(i, p) for i, p in flat if isinstance(p, Plan)]
     if ones:
         for (i, _), m in zip(ones, estimate_plans([p for _, p in ones], cluster, model, predictor,
-                                                  reserve_gib=reserve_gib)):
+                                                  reserve_gib=reserve_gib, pipeline_assembly=pipeline_assembly)):
             out[i] = m if plans[i] is m.plan else dataclasses.replace(m, plan=plans[i])
     for i, p in flat:
         if isinstance(p, GroupedPlan):
             validate_any_plan(p, cluster, model, source=f"plan[{i}]")
-            out[i] = estimate_grouped(p, cluster, model, predictor, reserve_gib=reserve_gib)
+            out[i] = estimate_grouped(p, cluster, model, predictor, reserve_gib=reserve_gib,
+                                      pipeline_assembly=pipeline_assembly)
     return out  # type: ignore[return-value]

@@ -51,18 +51,20 @@ def load_baseline(path: Path, model: ModelArch | None = None) -> AnyPlan:
 
 
 def check_report(obj: dict, baseline: AnyPlan, cluster, model, predictor, *, reserve_gib: float,
-                 min_margin: float, max_slowdown: float = 0.10) -> CheckOutcome:
-    """`check` on this run's `memx plan --format json` answer (decoded once here), judged as its pick rule judges."""
+                 min_margin: float, max_slowdown: float = 0.10, pipeline_assembly: str | None = None) -> CheckOutcome:
+    """`check` on this run's `memx plan --format json` answer (decoded once here), judged as its pick rule judges;
+    pipeline_assembly: the run's search space's (both plans assembled as the search assembled the new one)."""
     refs = obj["references"]
     return check(metrics_from_dict(obj), baseline, cluster, model, predictor, weights=weights_from_dict(obj),
                  refs=(refs["time_ms"], refs["max_mem_mib"], refs["mem_variance_mib2"]),
                  epsilon_mib2=refs["epsilon_mib2"], reserve_gib=reserve_gib, min_margin=min_margin,
-                 max_slowdown=max_slowdown, rule=(obj.get("pick") or {}).get("rule", "phi"))
+                 max_slowdown=max_slowdown, rule=(obj.get("pick") or {}).get("rule", "phi"),
+                 pipeline_assembly=pipeline_assembly)
 
 
 def check(new: PlanMetrics, baseline: AnyPlan, cluster, model, predictor, *, weights: Weights,
           refs: tuple[float, float, float], epsilon_mib2: float, reserve_gib: float, min_margin: float,
-          max_slowdown: float = 0.10, rule: str = "phi") -> CheckOutcome:
+          max_slowdown: float = 0.10, rule: str = "phi", pipeline_assembly: str | None = None) -> CheckOutcome:
     """new: this run's pick; both plans are estimated and scored (Φ against this run's medians `refs`) the same way.
     A Φ rule (phi, phi-bounded) judges by Φ; the floor rules (issue #22) by time and smallest margin: the new
     plan is worse when the baseline dominates it (no slower, no smaller margin, better in one)."""
@@ -71,11 +73,13 @@ def check(new: PlanMetrics, baseline: AnyPlan, cluster, model, predictor, *, wei
     reason = ""
     # Both plans go through the same float64 estimate and Φ with this run's references, so an unchanged input
     # gives an identical Φ on both sides (the search's own figures come from float32 tables: ~1e-5 apart).
-    new = estimate_any_plans([new.plan], cluster, model, predictor, reserve_gib=reserve_gib)[0]
+    new = estimate_any_plans([new.plan], cluster, model, predictor, reserve_gib=reserve_gib,
+                             pipeline_assembly=pipeline_assembly)[0]
     new_phi = float(phi(new.iteration_time_ms, new.max_mem_mib, new.mem_variance_mib2, refs=refs, weights=weights,
                         epsilon_mib2=epsilon_mib2))
     try:
-        est = estimate_any_plans([baseline], cluster, model, predictor, reserve_gib=reserve_gib)[0]
+        est = estimate_any_plans([baseline], cluster, model, predictor, reserve_gib=reserve_gib,
+                                 pipeline_assembly=pipeline_assembly)[0]
     except InputError as exc:  # the baseline no longer fits the catalog: any feasible plan beats it
         est, reason = None, str(exc)
     base_phi = None if est is None else float(phi(

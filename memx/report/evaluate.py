@@ -166,13 +166,15 @@ def _metrics(est: list[PlanMetrics], meas: Measured, w: Weights, *, rank_by_time
 
 
 def evaluate(cluster: Cluster, model: ModelArch, measured: pd.DataFrame, predictor: StagePredictor,
-             weights: str | Weights | None = None, *, reserve_gib: float = 1.0) -> dict[str, Any]:
-    """Metrics of `predictor` and of the baselines on the measured plans (see module doc)."""
+             weights: str | Weights | None = None, *, reserve_gib: float = 1.0,
+             pipeline_assembly: str | None = None) -> dict[str, Any]:
+    """Metrics of `predictor` and of the baselines on the measured plans (see module doc); pipeline_assembly: the
+    search space's 1F1B assembly (SearchSpace.pipeline_assembly; None: the predictor's or the default)."""
     plans = _plans(measured, cluster, model)
     meas = _measured(measured)
     if len(meas.ok) < 2:
         raise InputError(f"config_runs: {len(meas.ok)} plan(s) with a measured time; need at least 2 to evaluate")
-    est = estimate_any_plans(plans, cluster, model, predictor, reserve_gib=reserve_gib)
+    est = estimate_any_plans(plans, cluster, model, predictor, reserve_gib=reserve_gib, pipeline_assembly=pipeline_assembly)
     check_measured(meas, est)
     w = weights if isinstance(weights, Weights) else parse_weights(weights or "auto")
     if w is None:  # auto: from the fastest predicted feasible plan's margin (paper §3.1.2)
@@ -181,9 +183,11 @@ def evaluate(cluster: Cluster, model: ModelArch, measured: pd.DataFrame, predict
     out = _metrics(est, meas, w)
     analytic = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
     out["baselines"] = {
-        "analytic": _metrics(estimate_any_plans(plans, cluster, model, analytic, reserve_gib=reserve_gib), meas, w),
+        "analytic": _metrics(estimate_any_plans(plans, cluster, model, analytic, reserve_gib=reserve_gib,
+                                                pipeline_assembly=pipeline_assembly), meas, w),
         "time_only_uniform": _metrics(estimate_any_plans([_uniform(p) for p in plans], cluster, model, analytic,
-                                                         reserve_gib=reserve_gib), meas, w, rank_by_time_only=True),
+                                                         reserve_gib=reserve_gib, pipeline_assembly=pipeline_assembly),
+                                      meas, w, rank_by_time_only=True),
     }
     out["weights"] = {"profile": w.profile, "w_time": w.w_time, "w_mem": w.w_mem, "w_var": w.w_var}
     out["predictor"] = getattr(predictor, "name", type(predictor).__name__)

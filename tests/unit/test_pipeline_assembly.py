@@ -137,3 +137,10 @@ def test_search_estimate_and_calibration_assemble_alike():
     assert calibrated_times(base, planted) == pytest.approx([e.iteration_time_ms for e in truth], rel=1e-9)
     paper = estimate_plans(plans, cluster, model, pred, reserve_gib=0.0, pipeline_assembly="paper")
     assert all(c.iteration_time_ms >= p.iteration_time_ms for c, p in zip(base, paper))
+    # `memx inspect`, `--check` and `memx evaluate` estimate through estimate_any_plans with the space's assembly
+    from memx.planner.replicas import estimate_any_plans
+
+    for rule, want in (("paper", paper), ("cycle-mean", base)):
+        got = estimate_any_plans(plans, cluster, model, pred, reserve_gib=0.0, pipeline_assembly=rule)
+        assert [g.iteration_time_ms for g in got] == [w.iteration_time_ms for w in want]
+    assert any(c.iteration_time_ms > p.iteration_time_ms for c, p in zip(base, paper))
