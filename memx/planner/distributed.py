@@ -84,7 +84,7 @@ def run_task(problem: Problem, weights: Weights | None, space: SearchSpace, kept
     keeper = copy.copy(start)  # the coordinator's snapshot may be shared (in-process workers): never mutated
     evaluate = partial(score_rows, problem.tables, weights=weights, space=space, keys=problem.keys)
     work = Work()
-    end = time.perf_counter() + (TASK_S if seconds is None else seconds)
+    end = time.perf_counter() + (TASK_S if seconds is None else seconds)  # inf: the growth cap alone
     most = max(GROWTH * len(boxes[0]), TASK_BOXES)
     while len(boxes[0]):
         boxes = advance(problem.bounds, keeper, evaluate, weights, space.epsilon_mib2, boxes, work)
@@ -112,7 +112,7 @@ def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, wei
     ready: list[Boxes] = []  # batches taken, not yet sent (a large pool yields many tasks at one take)
     back: list[Boxes] = []  # boxes tasks returned, joined to the pool at the next take (one copy for many)
     running: dict[Any, None] = {}
-    slots = max(1, pool.threads * IN_FLIGHT)
+    slots = max(1, pool.threads * (IN_FLIGHT if pool.in_flight is None else pool.in_flight))
     snapshot = Shipped(copy.copy(keeper))  # sent with every task until a task's plans change the kept sets
     if SEED and not seeded(keeper):  # one task descends best-first until the thresholds are set (module docstring)
         new, w, pending = pool.submit(run_task, shared, weights, space, snapshot, pending, None, True).result()
@@ -130,7 +130,7 @@ def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, wei
                 ready = [tuple(x[i:i + TASK_BOXES] for x in batch) for i in range(0, len(batch[0]), TASK_BOXES)]
                 if not ready:
                     continue
-            running[pool.submit(run_task, shared, weights, space, snapshot, ready.pop(0), TASK_S)] = None
+            running[pool.submit(run_task, shared, weights, space, snapshot, ready.pop(0), pool.task_s)] = None
         if not running:
             break
         for fut in pool.first_done(list(running)):
@@ -150,9 +150,12 @@ def _empty(boxes: Boxes) -> Boxes:
 
 class Pool:
     """Workers that run tasks: `share(obj)` once per problem, `submit(fn, *args)` → a future (`.result()`),
-    `first_done(futures)` → those done (waits for one); `threads`: how many run at once."""
+    `first_done(futures)` → those done (waits for one); `threads`: how many run at once; `in_flight`: tasks queued
+    per thread (None: IN_FLIGHT); `task_s`: the seconds a task runs (None: TASK_S)."""
 
     threads: int = 1
+    in_flight: int | None = None
+    task_s: float | None = None
 
     def share(self, obj: Any) -> Any:
         return obj
@@ -171,6 +174,25 @@ class Pool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Inline(Pool):
+    """This process, one task at a time, each run when it is submitted against the current kept sets: the
+    one-process search (memx.planner.search) explores its boxes through it, so one process and a pool take their
+    boxes in one order — the seeding task, then batches of least time bound (past bnb.POOL the smallest), each
+    descended until its boxes outnumber GROWTH × those it took (issue #26, docs/benchmarks.md §Issue #26: the deep
+    search's order). No clock (`task_s` = inf): the plans scored are the same in every run."""
+
+    in_flight = 1
+    task_s = float("inf")
+
+    def submit(self, fn: Callable, *args) -> Future:
+        done = Future()
+        done.set_result(fn(*args))
+        return done
+
+    def first_done(self, futures: list) -> list:
+        return futures[:1]
 
 
 class ThreadPool(Pool):
