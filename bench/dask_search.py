@@ -44,7 +44,8 @@ def main() -> None:
     ap.add_argument("--max-pp", type=int, default=16)
     ap.add_argument("--workers", default="1,2,4", help="comma-separated local worker counts (\"\": none)")
     ap.add_argument("--without-joint", action="store_true", help="also time one process without the joint bound")
-    ap.add_argument("--task-s", type=float, help="seconds a task runs (memx.planner.distributed.TASK_S)")
+    ap.add_argument("--task-s", type=float, help="seconds a task may run (memx.planner.distributed.TASK_S; none by "
+                    "default, 0.5 before issue #26 session 8; one process never has a clock)")
     ap.add_argument("--no-seed", action="store_true", help="no seeding task (memx.planner.distributed.SEED = False)")
     ap.add_argument("--growth", type=float, help="a task's growth cap (memx.planner.distributed.GROWTH; 1e9: none, "
                     "the engine before issue #26's spread section)")
