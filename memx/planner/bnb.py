@@ -7,7 +7,9 @@ bounds them in one numpy pass), checks their lower bounds against the kept decis
 is a leaf, enumerated and — all the round's leaves together — scored by the vectorised engine (step 1
 fit, step 2 refine, log Φ; memx.planner.tables.StackedTables); a large one is halved along its widest
 stage. Stage-by-stage DP over splits is what Alpa (Zheng et al. 2022, §5.2) and Sailor use for time
-alone; here three objectives and a k-staircase need bounds on boxes instead.
+alone; here three objectives and a k-staircase need bounds on boxes instead. Which boxes a round gets — the
+seeding task, batches of least time bound, the growth cap — is memx.planner.distributed.explore_pool's, in one
+process too (distributed.Inline; issue #26, docs/benchmarks.md §Issue #26: the deep search's order).
 """
 
 from __future__ import annotations

@@ -107,8 +107,9 @@ def seeded(keeper: Keeper) -> bool:
 
 def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, weights: Weights | None,
                  space: SearchSpace, layouts: np.ndarray) -> Work:
-    """The branch-and-bound of memx.planner.bnb.explore with its boxes explored by `pool`'s workers (`shared`:
-    the Problem as `pool.share` returned it); the kept sets end in `keeper`, as the serial search's."""
+    """The branch-and-bound (rounds of memx.planner.bnb.advance) with its boxes explored in tasks by `pool`'s workers
+    (`Inline`: this process, the one-process search; `shared`: the Problem as `pool.share` returned it); the kept
+    sets end in `keeper`."""
     work = Work()
     pending = roots(bounds, layouts)
     ready: list[Boxes] = []  # batches taken, not yet sent (a large pool yields many tasks at one take)
