@@ -11,7 +11,8 @@ Last lines: one `workers=N wall_s=… ratio=… scored_ratio=…` line per N (sc
 one-process run's), then `same answer: yes|no`; `--workers 2,2,2` repeats a count (a fresh cluster each time).
 On a loaded machine the serial run can be done once and reused: `--save PATH` stores its answer and wall
 time (pickle), `--reference PATH` compares against them instead of running it again (the ratio is then
-against a run in another process: say so with the figures).
+against a run in another process: say so with the figures); with `--serial` the one-process search runs too, its
+answer is compared with the stored one (e.g. another commit's) and the ratios are against it.
 """
 
 from __future__ import annotations
@@ -43,13 +44,16 @@ def main() -> None:
     ap.add_argument("--max-pp", type=int, default=16)
     ap.add_argument("--workers", default="1,2,4", help="comma-separated local worker counts (\"\": none)")
     ap.add_argument("--without-joint", action="store_true", help="also time one process without the joint bound")
-    ap.add_argument("--task-s", type=float, help="seconds a task runs (memx.planner.distributed.TASK_S)")
+    ap.add_argument("--task-s", type=float, help="seconds a task may run (memx.planner.distributed.TASK_S; none by "
+                    "default, 0.5 before issue #26 session 8; one process never has a clock)")
     ap.add_argument("--no-seed", action="store_true", help="no seeding task (memx.planner.distributed.SEED = False)")
     ap.add_argument("--growth", type=float, help="a task's growth cap (memx.planner.distributed.GROWTH; 1e9: none, "
                     "the engine before issue #26's spread section)")
     ap.add_argument("--leaf", type=int, help="splits of a leaf box (memx.planner.bnb.LEAF) in this process: the one-process runs")
     ap.add_argument("--save", help="store the serial answer and wall time here")
     ap.add_argument("--reference", help="the serial answer and wall time stored by --save (no serial run)")
+    ap.add_argument("--serial", action="store_true", help="with --reference: run the one-process search too and "
+                    "compare its answer with the stored one (another commit's, e.g. before a change of order)")
     args = ap.parse_args()
 
     from distributed import Client
@@ -82,19 +86,25 @@ def main() -> None:
               f"{r.chosen.iteration_time_ms:.0f} front={len(r.pareto)} load={os.getloadavg()[0]:.1f}", flush=True)
         return r, wall
 
+    same = True
     if args.reference:
         with open(args.reference, "rb") as fh:
             answer, serial, *rest = pickle.load(fh)  # (answer, wall) before issue #26's spread section, then + scored
         one_scored = rest[0] if rest else None
         print(f"serial (stored, {args.reference}) wall_s={serial:.1f}"
               + ("" if one_scored is None else f" scored={one_scored:,}"), flush=True)
+        if args.serial:  # this process's one-process run: the ratios below are against it
+            r, serial = timed("serial")
+            same = _answer(r) == answer
+            print(f"serial: same answer as stored: {'yes' if same else 'no'}"
+                  + ("" if one_scored is None else f" scored_ratio={r.space.scored / one_scored:.3f}"), flush=True)
+            one_scored = r.space.scored
     else:
         ref, serial = timed("serial")
         answer, one_scored = _answer(ref), ref.space.scored
         if args.save:
             with open(args.save, "wb") as fh:
                 pickle.dump((answer, serial, one_scored), fh)
-    same = True
     if args.without_joint:
         bounds.JOINT_TIME = False
         r, wall = timed("serial_without_joint")

@@ -7,7 +7,9 @@ bounds them in one numpy pass), checks their lower bounds against the kept decis
 is a leaf, enumerated and — all the round's leaves together — scored by the vectorised engine (step 1
 fit, step 2 refine, log Φ; memx.planner.tables.StackedTables); a large one is halved along its widest
 stage. Stage-by-stage DP over splits is what Alpa (Zheng et al. 2022, §5.2) and Sailor use for time
-alone; here three objectives and a k-staircase need bounds on boxes instead.
+alone; here three objectives and a k-staircase need bounds on boxes instead. Which boxes a round gets — the
+seeding task, batches of least time bound, the growth cap — is memx.planner.distributed.explore_pool's, in one
+process too (distributed.Inline; issue #26, docs/benchmarks.md §Issue #26: the deep search's order).
 """
 
 from __future__ import annotations
@@ -47,19 +49,6 @@ Boxes = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # (a, b, layout, 
 Evaluate = Callable[[np.ndarray, np.ndarray], Scored | None]
 
 
-def explore(bounds: BoxBounds, keeper: Keeper, evaluate: Evaluate, weights: Weights | None, epsilon_mib2: float,
-            layouts: np.ndarray) -> Work:
-    """Find every split of the given layouts (indices into `bounds`) that can enter the keeper's sets; offers
-    them to the keeper (`evaluate(layouts, splits)`: splits (N, P) of the layouts (N,), padded with 0, scored).
-    Best first: every round takes the BATCH pending boxes of least time bound over all layouts at once (one
-    numpy pass per round, whatever the number of layouts), and its leaves are scored together."""
-    work = Work()
-    boxes = roots(bounds, layouts)
-    while len(boxes[0]):
-        boxes = advance(bounds, keeper, evaluate, weights, epsilon_mib2, boxes, work)
-    return work
-
-
 def roots(bounds: BoxBounds, layouts: np.ndarray) -> Boxes:
     """The root box of each layout with its time bound."""
     a, b, li = bounds.root(layouts)
@@ -68,7 +57,8 @@ def roots(bounds: BoxBounds, layouts: np.ndarray) -> Boxes:
 
 def advance(bounds: BoxBounds, keeper: Keeper, evaluate: Evaluate, weights: Weights | None, epsilon_mib2: float,
             boxes: Boxes, work: Work) -> Boxes:
-    """One round of `explore`: the pending boxes after the best BATCH of `boxes` are bounded, scored or halved."""
+    """One round: the best BATCH of `boxes` (`take`) are bounded, scored or halved; returns the pending boxes after it
+    (the order of rounds: memx.planner.distributed.explore_pool, in one process too)."""
     batch, rest = take(bounds, keeper, boxes, BATCH)
     children = expand(bounds, keeper, evaluate, weights, epsilon_mib2, batch, work)
     return children if rest is None else concat(children, rest)

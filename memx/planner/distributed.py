@@ -13,11 +13,12 @@ subset of the plans already prove that none of its plans can enter them — whic
 superset, so a worker pruning against an older copy only does more work. Only the count of plans scored
 (work, not the answer) depends on the timing of the tasks.
 
-Granularity (docs/planner.md §Distributed boxes): a task takes TASK_BOXES boxes and runs rounds on them for
-TASK_S seconds, until none is left or until its boxes outnumber GROWTH × those it took — long enough that
-sending the kept sets and the boxes and merging them costs little (a few ms a task), short enough that the
-coordinator's thresholds reach the workers often and that Dask's scheduler holds several tasks per worker to
-balance. The coordinator keeps IN_FLIGHT tasks per worker thread queued.
+Granularity (docs/planner.md §Distributed boxes): a task takes TASK_BOXES boxes and runs rounds on them until none
+is left or until its boxes outnumber GROWTH × those it took (TASK_S, a clock, is off by default: under load a 0.5 s
+clock cut the tasks' descents short and one deep run scored 24 M plans, docs/benchmarks.md §Issue #26: the deep
+search's order) — long enough that sending the kept sets and the boxes and merging them costs little (a few ms a
+task), short enough that the coordinator's thresholds reach the workers often and that Dask's scheduler holds
+several tasks per worker to balance. The coordinator keeps IN_FLIGHT tasks per worker thread queued.
 
 Order (issue #26, docs/benchmarks.md §Issue #26: Dask deep-search spread): until a plan is known no box can be
 discarded by time, and the serial engine descends best-first (its pool below bnb.POOL) to the fastest plans,
@@ -55,9 +56,10 @@ from memx.planner.prepared import score_rows
 from memx.planner.tables import StackedTables
 
 TASK_BOXES = BATCH  # boxes a task takes from the pool
-TASK_S = 0.5  # seconds a task runs rounds of the serial engine on its boxes (at least one; then it returns the rest);
-# 1 s was tried in issue #26 session 6: cheaper on 405B pp 10, but one deep 2-worker run scored 33 M plans (0.5 s: 1.1 M;
-# that spread was the order's, module docstring)
+TASK_S = float("inf")  # seconds a task may run rounds (at least one; then it returns the rest): none, the growth cap
+# decides (issue #26 session 8: with 0.5 s, the order since session 6, a deep 2-worker run under load scored 24.1 M plans
+# — the clock cut the descents short, so the pool stayed past bnb.POOL, smallest-first —, 0.87–1.08 M in three others;
+# without it 0.87 / 0.95 M; docs/benchmarks.md §Issue #26: the deep search's order)
 GROWTH = 2  # a task returns once its boxes outnumber GROWTH × those it took (TASK_BOXES at least)
 SEED = True  # the first task of a chunk whose keeper has no thresholds yet descends alone (`seeded`)
 IN_FLIGHT = 2  # tasks queued per worker thread (so a free worker always finds one, and Dask can steal)
@@ -77,14 +79,14 @@ class Problem:
 def run_task(problem: Problem, weights: Weights | None, space: SearchSpace, kept: Shipped, boxes: Boxes,
              seconds: float | None = None, seed: bool = False) -> tuple[Shipped | None, Work, Boxes]:
     """A worker's task: rounds of the serial engine on `boxes` with its own copy of the kept sets `kept` for
-    `seconds` (TASK_S; at least one round) or until its boxes outnumber GROWTH × those it took; with `seed`,
+    `seconds` (TASK_S, none by default; at least one round) or until its boxes outnumber GROWTH × those it took; with `seed`,
     instead until its copy is `seeded` or its boxes reach bnb.POOL (the serial engine's best-first phase); returns
     (the plans it kept that `kept` did not hold — memx.planner.kept_wire.found —, the work, the boxes left)."""
     start = kept.keeper
     keeper = copy.copy(start)  # the coordinator's snapshot may be shared (in-process workers): never mutated
     evaluate = partial(score_rows, problem.tables, weights=weights, space=space, keys=problem.keys)
     work = Work()
-    end = time.perf_counter() + (TASK_S if seconds is None else seconds)
+    end = time.perf_counter() + (TASK_S if seconds is None else seconds)  # inf: the growth cap alone
     most = max(GROWTH * len(boxes[0]), TASK_BOXES)
     while len(boxes[0]):
         boxes = advance(problem.bounds, keeper, evaluate, weights, space.epsilon_mib2, boxes, work)
@@ -105,14 +107,15 @@ def seeded(keeper: Keeper) -> bool:
 
 def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, weights: Weights | None,
                  space: SearchSpace, layouts: np.ndarray) -> Work:
-    """The branch-and-bound of memx.planner.bnb.explore with its boxes explored by `pool`'s workers (`shared`:
-    the Problem as `pool.share` returned it); the kept sets end in `keeper`, as the serial search's."""
+    """The branch-and-bound (rounds of memx.planner.bnb.advance) with its boxes explored in tasks by `pool`'s workers
+    (`Inline`: this process, the one-process search; `shared`: the Problem as `pool.share` returned it); the kept
+    sets end in `keeper`."""
     work = Work()
     pending = roots(bounds, layouts)
     ready: list[Boxes] = []  # batches taken, not yet sent (a large pool yields many tasks at one take)
     back: list[Boxes] = []  # boxes tasks returned, joined to the pool at the next take (one copy for many)
     running: dict[Any, None] = {}
-    slots = max(1, pool.threads * IN_FLIGHT)
+    slots = max(1, pool.threads * (IN_FLIGHT if pool.in_flight is None else pool.in_flight))
     snapshot = Shipped(copy.copy(keeper))  # sent with every task until a task's plans change the kept sets
     if SEED and not seeded(keeper):  # one task descends best-first until the thresholds are set (module docstring)
         new, w, pending = pool.submit(run_task, shared, weights, space, snapshot, pending, None, True).result()
@@ -130,7 +133,7 @@ def explore_pool(pool: Pool, shared: Any, bounds: BoxBounds, keeper: Keeper, wei
                 ready = [tuple(x[i:i + TASK_BOXES] for x in batch) for i in range(0, len(batch[0]), TASK_BOXES)]
                 if not ready:
                     continue
-            running[pool.submit(run_task, shared, weights, space, snapshot, ready.pop(0), TASK_S)] = None
+            running[pool.submit(run_task, shared, weights, space, snapshot, ready.pop(0), pool.task_s)] = None
         if not running:
             break
         for fut in pool.first_done(list(running)):
@@ -150,9 +153,12 @@ def _empty(boxes: Boxes) -> Boxes:
 
 class Pool:
     """Workers that run tasks: `share(obj)` once per problem, `submit(fn, *args)` → a future (`.result()`),
-    `first_done(futures)` → those done (waits for one); `threads`: how many run at once."""
+    `first_done(futures)` → those done (waits for one); `threads`: how many run at once; `in_flight`: tasks queued
+    per thread (None: IN_FLIGHT); `task_s`: the seconds a task runs (None: TASK_S)."""
 
     threads: int = 1
+    in_flight: int | None = None
+    task_s: float | None = None
 
     def share(self, obj: Any) -> Any:
         return obj
@@ -171,6 +177,25 @@ class Pool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Inline(Pool):
+    """This process, one task at a time, each run when it is submitted against the current kept sets: the
+    one-process search (memx.planner.search) explores its boxes through it, so one process and a pool take their
+    boxes in one order — the seeding task, then batches of least time bound (past bnb.POOL the smallest), each
+    descended until its boxes outnumber GROWTH × those it took (issue #26, docs/benchmarks.md §Issue #26: the deep
+    search's order). Never a clock (`task_s` = inf, whatever TASK_S): the plans scored are the same in every run."""
+
+    in_flight = 1
+    task_s = float("inf")
+
+    def submit(self, fn: Callable, *args) -> Future:
+        done = Future()
+        done.set_result(fn(*args))
+        return done
+
+    def first_done(self, futures: list) -> list:
+        return futures[:1]
 
 
 class ThreadPool(Pool):

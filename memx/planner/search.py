@@ -32,12 +32,12 @@ from memx.domain.plan import with_idle_gpus, with_model_changes
 from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
 from memx.planner import moe
-from memx.planner.bnb import Work, explore
+from memx.planner.bnb import Work
 from memx.planner.bounds import SLACK, BoxBounds
 from memx.planner.candidates import Cand, Keeper, pareto_front
 from memx.planner.compositions import count_splits_many
 from memx.planner.cost import model_static_bytes
-from memx.planner.distributed import Pool, Problem, explore_pool
+from memx.planner.distributed import Inline, Pool, Problem, explore_pool
 from memx.planner.exhaustive import exhaustive_search
 from memx.planner.medians import exact_medians, sampled_medians
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
@@ -104,12 +104,12 @@ class _Shard:
             self._kept = out
         return out
 
-    def shared(self, pool: Pool, c: int) -> Any:
-        """Chunk c's tables sent to the pool's workers (once per search when they are kept)."""
+    def shared(self, pool: Pool, c: int, st: StackedTables, bounds: BoxBounds) -> Any:
+        """Chunk c's tables (`st`, `bounds`: built by `tables`) sent to the pool's workers (once per search when they
+        are kept; building them again here doubled the bound tables' CPU of a search of several chunks)."""
         if c in self._shared:
             return self._shared[c]
         chunk = self.chunks[c]
-        st, bounds = self.tables(chunk)
         handle = pool.share(Problem(tables=st, bounds=bounds, keys=np.array([self.items[j][0] for j in chunk])))
         if len(self.chunks) == 1:
             self._shared[c] = handle
@@ -120,21 +120,18 @@ def _explore_shard(shard: list[tuple[int, Prepared]] | _Shard, *, weights: Weigh
                    top_k: int, total: int, tick: Callable[[int], None] | None = None,
                    pool: Pool | None = None, time_floor_ms: float = 0.0) -> tuple[Keeper, Work]:
     """Branch-and-bound over a shard's layouts, their boxes bounded and their leaves scored together
-    (memx.planner.bnb.explore; with a `pool`, its boxes explored by the pool's workers:
-    memx.planner.distributed); a layout whose root bound rules it out is discarded in the first round."""
+    (memx.planner.bnb's rounds, in the order of memx.planner.distributed.explore_pool: on `pool`'s workers, or
+    without one in this process, `Inline`); a layout whose root bound rules it out is discarded in the first round."""
     keeper = Keeper(top_k=1 if weights is None else top_k, max_time_ratio=space.max_time_ratio,
                     timed_only=weights is None, margin_floor=space.margin_floor,
                     balance_tolerance=space.balance_tolerance, time_floor_ms=time_floor_ms)
     work = Work()
     sh = shard if isinstance(shard, _Shard) else _Shard(shard, total, space)
+    pool = Inline() if pool is None else pool
     for c, chunk in enumerate(sh.chunks):
         st, bounds = sh.tables(chunk)
-        if pool is not None:
-            work.add(explore_pool(pool, sh.shared(pool, c), bounds, keeper, weights, space, np.arange(len(chunk))))
-        else:
-            keys = np.array([sh.items[j][0] for j in chunk])
-            evaluate = partial(score_rows, st, weights=weights, space=space, keys=keys)
-            work.add(explore(bounds, keeper, evaluate, weights, space.epsilon_mib2, np.arange(len(chunk))))
+        handle = sh.shared(pool, c, st, bounds)
+        work.add(explore_pool(pool, handle, bounds, keeper, weights, space, np.arange(len(chunk))))
         if tick is not None:
             tick(len(chunk))
     return keeper, work

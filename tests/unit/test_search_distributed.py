@@ -103,3 +103,36 @@ def test_dask_specs_parse_to_local_workers_or_a_scheduler_address():
     assert parse_dask("local") == (2, None) and parse_dask("local:4") == (4, None)
     assert parse_dask("127.0.0.1:8786") == (0, "tcp://127.0.0.1:8786")
     assert parse_dask("tls://[::1]:8786") == (0, "tls://[::1]:8786")
+
+
+class CountingInline(distributed.Inline):
+    """distributed.Inline (the one-process search's pool) counting its tasks."""
+
+    tasks = 0
+
+    def submit(self, fn, *args) -> Future:
+        self.tasks += 1
+        return super().submit(fn, *args)
+
+
+def test_one_process_takes_the_pools_order_and_the_order_before_gives_its_answer(problem, monkeypatch):
+    """Issue #26 (docs/benchmarks.md §Issue #26: the deep search's order): without a pool the search explores its
+    boxes through distributed.Inline — the seeding task, then tasks of TASK_BOXES boxes of least time bound, each
+    descended to its growth cap — as a pool does, deterministically. Without the seed and the cap one task runs the
+    rounds to the end (the one-process order before, which scored 19.9 M plans on the 405B deep case against 0.87 M):
+    the same answer."""
+    cl, mo, sp, pred, ref = problem
+    monkeypatch.setattr(distributed, "TASK_BOXES", 32)
+    monkeypatch.setattr(bnb, "POOL", 64)
+    one = search(cl, mo, sp, pred, top_k=5)
+    pool = CountingInline()
+    inline = search(cl, mo, sp, pred, top_k=5, pool=pool)
+    assert pool.tasks > 10  # the boxes went in many tasks
+    assert inline.space.scored == one.space.scored and _answer(inline) == _answer(one) == _answer(ref)
+    monkeypatch.setattr(distributed, "SEED", False)
+    monkeypatch.setattr(distributed, "GROWTH", float("inf"))
+    monkeypatch.setattr(distributed, "TASK_BOXES", bnb.BATCH)  # every root box in the first task
+    pool = CountingInline()
+    before = search(cl, mo, sp, pred, top_k=5, pool=pool)
+    assert pool.tasks == 2  # one task a phase (the auto pre-pass, the search): bnb's rounds alone
+    assert _answer(before) == _answer(ref)
