@@ -4,12 +4,9 @@ the fields and the file, before any search; a plan the launcher cannot start exi
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
-from memx.cli.app import app
+from tests.support.bad_plans import assert_bad_search
 
-runner = CliRunner()
-BASE = "name: s\nglobal_batch: 16\ntp_options: [1, 2]\nmicro_batch_options: [1]\nmax_pp: 2\n"
 CASES = [
     ("unknown-launcher", "launcher: slurm\n", ("launcher", "'megatron'", "'flagscale'", "slurm")),
     ("megatron-replica-groups", "launcher: megatron\nmax_replica_groups: 2\n", ("max_replica_groups", "launcher: megatron")),
@@ -20,13 +17,7 @@ CASES = [
 
 @pytest.mark.parametrize("case, extra, names", CASES, ids=[c[0] for c in CASES])
 def test_bad_launcher_input_exits_2_naming_the_fields(case, extra, names, tmp_path):
-    path = tmp_path / "s.yaml"
-    path.write_text(BASE + extra)
-    out = tmp_path / "out"
-    res = runner.invoke(app, ["plan", "--cluster", "xy-2", "--model", "llama-6l", "--search", str(path), "--out", str(out)])
-    assert res.exit_code == 2, res.stderr
-    assert str(path) in res.stderr and all(n in res.stderr for n in names), res.stderr
-    assert not out.exists()
+    assert_bad_search(extra, names, tmp_path)
 
 
 def test_a_plan_flagscale_cannot_run_exits_6_with_the_reason():
