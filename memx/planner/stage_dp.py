@@ -127,14 +127,6 @@ def boundary_p2p_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[
     return np.asarray(out, dtype=np.float64)
 
 
-def p2p_total_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]]) -> float:
-    """Σ_s 2 · p2p_s: each micro batch's activation forward and its gradient backward over every boundary."""
-    total = 0.0
-    for x in boundary_p2p_ms(cluster, plan, model, where):
-        total += 2.0 * float(x)
-    return total
-
-
 def dp_rings(cluster: Cluster, plan: Plan, where: list[list[int]]) -> list[tuple[float, float]]:
     """Per stage, (GB/s, step latency ms) of its gradient ring over its dp_s · cp groups (the dp-cp group,
     memx.domain.context_parallel; tp_s concurrent rings)."""
@@ -171,7 +163,7 @@ def assemble(plan: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem:
     groups = np.asarray(stage_groups(plan), dtype=np.float64)
     p2p = boundary_p2p_ms(cluster, plan, model, where)
     loop = steady_loop_ms(assembly, p2p)
-    T = iteration_time_ms(t[:, None], plan.micro_batches, fixed_ms(cluster, plan, model, where, assembly),
+    T = iteration_time_ms(t[:, None], plan.micro_batches, fixed_ms(plan, p2p, assembly),
                           tails(plan, cluster, model, where, static[:, None], params[:, None], assembly), loop)
     capacity = np.asarray([usable_capacity_mib(g) for g in gpus], dtype=np.float64)
     weight = np.asarray([st.tp for st in plan.stages], dtype=np.float64) * groups
@@ -181,10 +173,14 @@ def assemble(plan: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem:
                         loop_p2p_ms=() if loop is None else p2p)
 
 
-def fixed_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]],
-             assembly: AssemblyCalibration) -> float:
-    """The plan's fixed term: Σ 2·p2p (×c) + a calibration's overhead and per-transfer cost."""
-    return (assembly.comm_scale * p2p_total_ms(cluster, plan, model, where) + assembly.overhead_ms
+def fixed_ms(plan: Plan, p2p: np.ndarray, assembly: AssemblyCalibration) -> float:
+    """The plan's fixed term from its boundaries' p2p_s (`boundary_p2p_ms`): Σ_s 2 · p2p_s, each micro batch's
+    activation forward and its gradient backward over every boundary (×c), + a calibration's overhead and
+    per-transfer cost."""
+    total = 0.0
+    for x in p2p:
+        total += 2.0 * float(x)
+    return (assembly.comm_scale * total + assembly.overhead_ms
             + assembly.p2p_per_transfer_ms * blocking_transfers(plan.pp, plan.micro_batches))
 
 

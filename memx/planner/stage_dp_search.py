@@ -251,9 +251,10 @@ class _Layout:
         # the tied embedding's all-reduce on the first and last stage (a layout constant, ×c as stage_tail_ms)
         emb = assembly.comm_scale * stage_dp.embedding_ms(cluster, probe, model, where)
         self.tail = [tl + emb if s in (0, len(tail) - 1) else tl for s, tl in enumerate(tail)]
-        self.fixed_ms = stage_dp.fixed_ms(cluster, probe, model, where, assembly)
+        p2p = stage_dp.boundary_p2p_ms(cluster, probe, model, where)
+        self.fixed_ms = stage_dp.fixed_ms(probe, p2p, assembly)
         # pipeline_assembly cycle-mean: the boundaries' 2·c·p2p in the steady-state loops (schedule.steady_loop_ms)
-        self.loop_ms = steady_loop_ms(assembly, stage_dp.boundary_p2p_ms(cluster, probe, model, where))
+        self.loop_ms = steady_loop_ms(assembly, p2p)
         # no split has a smaller largest tail: every stage holds some eligible row
         self.tail_floor = max(float(tl[o].min()) for tl, o in zip(self.tail, ok))
 
