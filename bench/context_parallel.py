@@ -9,7 +9,12 @@ the runtime-aware closed form. Baseline: the same plans' rank-equivalent plans (
 term but the ring) — the ring terms should add no error of their own. Search: conf/search/default.yaml as is
 (context_parallel_options [1]) vs [1, 2, 4], best of 3 runs each.
 
-Usage: PYTHONPATH=. .venv/bin/python bench/context_parallel.py [--plans 40] [--seed 3]
+Usage: PYTHONPATH=. .venv/bin/python bench/context_parallel.py [--plans 40] [--seed 3] [--cases-only] [--by-m]
+`--by-m` (issue #27, session 9): per micro-batch count, where the time error comes from — the paper's 1F1B assembly
+(m − 1)·max_s t_s + Σ_s t_s + Σ 2·p2p_s + max_s tail_s (paper §3.1.2) applied to the simulator's own noise-free stage
+times, p2p and tails, against its measured iteration (the assembly alone); the exact 1F1B schedule of the same terms
+(fill and drain exact), and with each stage's DP step and optimizer started at its own last backward; and the closed
+form's stage times against the simulator's (the stage model alone).
 Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case, search ratio ≤ 3×. Each accuracy line also
 counts the OOM miscalls by side (safe_miss: called OOM, ran; unsafe_miss: called fitting, ran out of memory).
 """
@@ -21,6 +26,8 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,6 +74,38 @@ def errors(plans, cluster, model) -> str:
             + (f" (plan:predicted peak − capacity {detail})" if detail else ""))
 
 
+def by_micro_batches(plans, cluster, model) -> None:
+    """The `--by-m` attribution (module docstring): per m, the paper's assembly on the simulator's own terms (the
+    assembly alone), the exact noise-free 1F1B of those stage times (memx.simulator.schedule.run_1f1b, forward :
+    backward = 1 : 2, Narayanan et al. 2021 §5.1) plus max_s tail_s (fill and drain exact), the same with each stage's
+    tail started at its own last backward (the drain overlapping the DP step), the closed form, the stage times."""
+    from memx.simulator.schedule import run_1f1b
+
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
+    rows = []
+    for i, (p, e) in enumerate(zip(plans, estimate_plans(plans, cluster, model, pred))):
+        r = simulate_plan(p, cluster, model, seed=i)
+        if r.oom:
+            continue
+        t, m = np.array(r.stage_time_ms), p.micro_batches
+        tails = np.array(r.dp_allreduce_ms) + np.array(r.optimizer_ms) + r.embedding_sync_ms
+        paper = (m - 1) * t.max() + t.sum() + 2 * sum(r.p2p_ms) + tails.max()  # paper §3.1.2 on the simulator's terms
+        end, _ = run_1f1b([[x / 3] * m for x in t], [[2 * x / 3] * m for x in t], list(r.p2p_ms))
+        exact, own = max(end) + tails.max(), max(f + tl for f, tl in zip(end, tails))
+        rows.append((m, *(x / r.iteration_time_ms for x in (paper, exact, own, e.iteration_time_ms)),
+                     float(np.mean(np.array(e.stage_time_ms) / t))))
+    x = np.array(rows)
+    print("  per m, each / measured: paper assembly | exact 1F1B + max tail | + own tails | closed form; stage times"
+          " closed / simulated")
+    for m in sorted(set(x[:, 0])):
+        y = x[x[:, 0] == m][:, 1:].mean(axis=0)
+        print(f"  m={int(m):<3d} plans={int((x[:, 0] == m).sum()):<3d} " + " | ".join(f"{v:.3f}" for v in y[:4])
+              + f";  {y[4]:.3f}")
+    mape = np.abs(x[:, 1:5] - 1).mean(axis=0)
+    print(f"  all: time_mape paper assembly {mape[0]:.4f} | exact 1F1B {mape[1]:.4f} | + own tails {mape[2]:.4f} | "
+          f"closed form {mape[3]:.4f}", flush=True)
+
+
 def search_seconds(cluster, model, space) -> tuple[float, float, int]:
     pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
     best, r = float("inf"), None
@@ -104,6 +143,8 @@ def main() -> None:
     ap.add_argument("--plans", type=int, default=40)
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--cases-only", action="store_true", help="accuracy only (no search timing, no worked case)")
+    ap.add_argument("--by-m", action="store_true", help="with --cases-only: the time error per micro-batch count, "
+                    "the 1F1B assembly's share apart from the stage times'")
     args = ap.parse_args()
     for cname, mname in CASES:
         cluster, model = load_cluster(cname), load_model(mname)
@@ -112,6 +153,8 @@ def main() -> None:
         print(f"{cname} {mname} context-parallel {errors(plans, cluster, model)}", flush=True)
         print(f"{cname} {mname} rank-equivalent  {errors([rank_equivalent(p) for p in plans], cluster, model)}",
               flush=True)
+        if args.by_m:
+            by_micro_batches(plans, cluster, model)
     if args.cases_only:
         return
     for cname, mname in SEARCH_CASES:
