@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--growth", type=float, help="a task's growth cap (memx.planner.distributed.GROWTH; 1e9: none, "
                     "the engine before issue #26's spread section)")
     ap.add_argument("--leaf", type=int, help="splits of a leaf box (memx.planner.bnb.LEAF) in this process: the one-process runs")
+    ap.add_argument("--front-tolerance", help="the search's front_tolerance (a fraction, or null: the whole window, "
+                    "the engine before issue #26 session 10); default: the shipped search's")
     ap.add_argument("--save", help="store the serial answer and wall time here")
     ap.add_argument("--reference", help="the serial answer and wall time stored by --save (no serial run)")
     ap.add_argument("--serial", action="store_true", help="with --reference: run the one-process search too and "
@@ -74,8 +76,10 @@ def main() -> None:
         bnb.LEAF = args.leaf
     cl, mo = load_cluster(args.cluster), load_model(args.model)
     sp = dataclasses.replace(load_search(args.search), max_pp=args.max_pp)
+    if args.front_tolerance is not None:
+        sp = dataclasses.replace(sp, front_tolerance=None if args.front_tolerance == "null" else float(args.front_tolerance))
     pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
-    print(f"case: {mo.name} on {cl.name}, search {sp.name} max_pp {sp.max_pp}; load average {os.getloadavg()[0]:.1f}",
+    print(f"case: {mo.name} on {cl.name}, search {sp.name} max_pp {sp.max_pp} front_tolerance {sp.front_tolerance}; load average {os.getloadavg()[0]:.1f}",
           flush=True)
 
     def timed(label: str, **kw):

@@ -428,13 +428,16 @@ class SearchSpace:
     balance_tolerance: Annotated[float, Interval(ge=0, lt=1)] = 0.02
     """The balanced rules pick among plans that clear margin_floor within (1 + this) × the fastest of them
     (a fraction in [0, 1); issue #22, memx.planner.pick)."""
+    front_tolerance: Annotated[float, Interval(ge=0, lt=1)] | None = 0.10
+    """The kept and reported Pareto front covers (1 + max(this, balance_tolerance)) × the fastest plan that clears
+    margin_floor, within max_time_ratio's window; null, with phi / phi-bounded, or when no plan clears the floor: that
+    whole window (issue #26; docs/results.md §The front's tolerance; memx.planner.candidates.Keeper.front_window_ms)."""
     pick_rule: Literal["phi", "phi-bounded", "fastest-above-floor", "balanced-phi",
                        "balanced-margin", "balanced-front"] = "balanced-front"
-    """How the pick is chosen: phi (the paper's Φ alone), phi-bounded (Φ within max_time_ratio, margin
-    floor, never dominated), fastest-above-floor (the fastest plan that clears the floor), balanced-phi /
-    balanced-margin (least Φ / largest margin within balance_tolerance of it), balanced-front (least Φ among
-    those no plan dominates on time and margin; the default, by docs/results.md §Balance where it is free).
-    memx.planner.pick, docs/planner.md §The pick."""
+    """How the pick is chosen: phi (the paper's Φ alone), phi-bounded (Φ within max_time_ratio, margin floor, never
+    dominated), fastest-above-floor (the fastest plan that clears the floor), balanced-phi / balanced-margin (least
+    Φ / largest margin within balance_tolerance of it), balanced-front (least Φ among those no plan dominates on
+    time and margin; the default, docs/results.md §Balance where it is free). memx.planner.pick."""
     pipeline_assembly: PipelineAssembly = DEFAULT_PIPELINE_ASSEMBLY
     """How a plain-1F1B plan's iteration time is assembled (memx.planner.schedule, docs/architecture.md §1F1B
     assembly): `paper` (§3.1.2, (m − 1)·max_s t_s + …) or `cycle-mean` ((m − 1)·the maximum cycle mean over
@@ -444,15 +447,13 @@ class SearchSpace:
     """Free-form additions carried with the space (not searched)."""
     # Replica groups (issue #15, memx.planner.replica_search; docs/planner.md §Replica groups):
     max_replica_groups: Annotated[int, Ge(1), Le(MAX_REPLICA_GROUPS)] = 1
-    """Most data-parallel replica groups a plan may have (plan schema 2). 1 (default): today's schema-1
-    search exactly — stock Megatron-LM cannot launch replicas of different layouts, so a schema-2 plan needs
-    a framework with heterogeneous data parallelism; ≥ 2 also searches groups of whole nodes."""
+    """Most data-parallel replica groups a plan may have (plan schema 2). 1 (default): today's schema-1 search
+    exactly (stock Megatron-LM cannot launch replicas of different layouts); ≥ 2 also searches groups of nodes."""
     # Launch target (issue #24, memx.planner.launcher; docs/megatron.md, docs/flagscale.md):
     launcher: Launcher = "any"
-    """What must be able to start the plan: `any` (the full MemX space), `megatron` (stock Megatron-LM: one tp for
-    every stage, one recompute setting for every stage, the GPUs of one vendor; the others idle) or `flagscale`
-    (FlagScale's heterogeneous training: process meshes per GPU type; with tied embeddings the first and last
-    stage share tp; selective recomputation on every stage or none)."""
+    """What must be able to start the plan: `any` (the full MemX space), `megatron` (stock Megatron-LM: one tp and one
+    recompute setting for every stage, the GPUs of one vendor; the others idle) or `flagscale` (process meshes per
+    GPU type; with tied embeddings the first and last stage share tp; selective recompute on all stages or none)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tp_options", tuple(sorted(set(self.tp_options))))

@@ -7,13 +7,12 @@ and does not depend on the order plans are scored in, the batches, the shards or
   while being no slower ("k-staircase"): every plan of the final top-k by Φ among the plans within
   r × the fastest is one of them, whatever the fastest turns out to be (a plan q no slower than an
   eligible plan p is eligible too); with r = 0, simply the k smallest (log Φ, key);
-* the Pareto front of (T, −margin) (time, smallest relative margin — the floor margin, upper-bound where
-  the predictor gives intervals; issue #22): plans no other plan dominates (≤ in both, < in one); of equal
-  points the least V, then the smallest key; with r > 0 restricted to plans within r × the fastest (a plan
-  that dominates one inside the window is inside it, so this is the front of the window). With
-  KEPT_FRONT_VARIANCE the exact (T, −margin, V) front instead (boxes tested by a joint (margin, V) bound,
-  `Keeper._front_covers`); off by default for its cost. The reported front (memx.planner.pick.pareto_margin)
-  is the (T, margin, V) front of every kept plan;
+* the Pareto front of (T, −margin) (time, smallest relative margin — the floor margin, upper-bound where the
+  predictor gives intervals; issue #22): plans no other plan dominates (≤ in both, < in one); of equal points the
+  least V, then the smallest key; restricted to `Keeper.front_window_ms` (r × the fastest; with a front tolerance,
+  issue #26, also (1 + it) × the fastest safe plan): a plan that dominates one inside is inside, so this is the
+  window's front. With KEPT_FRONT_VARIANCE the exact (T, −margin, V) front (a joint (margin, V) bound,
+  `Keeper._front_covers`; off for its cost). Reported: the (T, margin, V) front of the kept plans in the window;
 * with a margin floor f (issue #22): the *safe* staircases — plans whose smallest margin ≥ f that no safe
   plan beats while being no slower, once by (log Φ, key) and once by (−margin, key) — restricted to
   (1 + balance_tolerance) × the fastest safe plan: the fastest safe plan and the best-by-Φ and
@@ -119,13 +118,14 @@ class Keeper:
     `timed_only`: keep only the top-k by time (the step-1 pre-pass of the auto profile)."""
 
     def __init__(self, *, top_k: int, max_time_ratio: float = 0.0, timed_only: bool = False,
-                 margin_floor: float | None = None, balance_tolerance: float = 0.0, time_floor_ms: float = 0.0):
+                 margin_floor: float | None = None, balance_tolerance: float = 0.0, time_floor_ms: float = 0.0,
+                 front_tolerance: float | None = None):
         self.k, self.ratio, self.timed_only = max(top_k, 1), max_time_ratio, timed_only
         # A lower bound of every plan's time (the auto pre-pass's fastest step-1 time; 0: none): the final window
         # reaches at least ratio × it, so Φ's box test may count every member up to there (`_box_phi_threshold`).
         self.time_floor_ms = time_floor_ms
         self.floor = None if timed_only else margin_floor  # None: no safe sets
-        self.tol = balance_tolerance
+        self.tol, self.front_tol = balance_tolerance, front_tolerance  # front_tol: front_window_ms; None: Φ's window
         self.front_variance = KEPT_FRONT_VARIANCE
         self.fastest_ms = np.inf
         self.fastest_safe_ms = np.inf
@@ -144,6 +144,18 @@ class Keeper:
 
     def safe_window_ms(self) -> float:
         return (1.0 + self.tol) * self.fastest_safe_ms
+
+    def front_window_ms(self) -> float:
+        """The kept front's time window (module docstring; SearchSpace.front_tolerance): the Φ window, cut to (1 +
+        the front tolerance) × the fastest safe plan once one is known; it only shrinks as plans are offered."""
+        w = self.window_ms()
+        if self.front_tol is None or self.floor is None or not np.isfinite(self.fastest_safe_ms):
+            return w
+        return min(w, (1.0 + self.front_tol) * self.fastest_safe_ms)
+
+    def front_cut_ms(self) -> float | None:
+        """The front's window when the front tolerance cut it (the output reports it), else None."""
+        return float(self.front_window_ms()) if self.front_window_ms() < self.window_ms() else None
 
     def _refresh(self) -> None:
         self.kth_time = self.by_time[self.k - 1].time_ms if len(self.by_time) >= self.k else np.inf
@@ -210,7 +222,8 @@ class Keeper:
             return need
         window = c.time_ms <= self.window_ms()
         phi = window & ~(self._box_phi_threshold(c.time_ms) < score_lb - SCORE_SLACK)
-        front = window & ~self._dominated(np.stack(self._point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
+        front = (c.time_ms <= self.front_window_ms()) & ~self._dominated(
+            np.stack(self._point(c.time_ms, _floor_ub(c), c.var_mib2), axis=1))
         safe = self._safe_needs(c, score_lb)
         keep = need | phi | front | safe
         open_ = keep & ~need  # boxes a joint bound may still discard (small ones: scored instead)
@@ -257,7 +270,7 @@ class Keeper:
             return self._front_covers(c, rows) if c.stage_lo_mib is not None else np.zeros(len(rows), dtype=bool)
         if c.time_cut is None:
             return np.zeros(len(rows), dtype=bool)
-        return front_covers_by_time(self._front, self.window_ms(), c, rows, _floor_ub(c)[rows])
+        return front_covers_by_time(self._front, self.front_window_ms(), c, rows, _floor_ub(c)[rows])
 
     def _front_covers(self, c: Corner, rows: np.ndarray) -> np.ndarray:
         """Boxes `rows` every plan of which a kept front point dominates, by the joint (margin, V) bound (issue
@@ -296,10 +309,8 @@ class Keeper:
 
     # --- offers --------------------------------------------------------------------------------
     def offer(self, sc: Scored) -> None:
-        """Offer scored plans. The batch's fastest (and fastest safe) time and its widest plan are taken first;
-        then only the rows that the sets' current thresholds admit go on, in blocks by time (the thresholds
-        only tighten as plans are kept, so a row they reject now no set would take later: issue #26, on the
-        405B deep case 854 of 27.8 M scored plans entered a set)."""
+        """Offer scored plans: the batch's fastest (and fastest safe) time and widest plan first, then the rows the
+        sets' thresholds admit, in blocks by time (thresholds only tighten: a row rejected now stays rejected)."""
         a = sc.assignment
         if a.time_ms.size == 0:
             return
@@ -326,7 +337,7 @@ class Keeper:
         out[1] = inside & ~(self._phi_threshold(t) < s)
         m = sc.floor_margins(rows)
         pts = np.stack(self._point(t, m, a.stats.variance_mib2[rows].astype(np.float64)), axis=1)
-        out[2] = inside & ~self._dominated(pts)
+        out[2] = (t <= self.front_window_ms()) & ~self._dominated(pts)
         if self.floor is not None:
             safe = (m >= self.floor) & (t <= self.safe_window_ms())
             out[3] = safe & (~(_stair_query(self._safe_stairs[0], t) < s) | ~(_stair_query(self._safe_stairs[1], t) < -m))
@@ -398,7 +409,7 @@ class Keeper:
         return out
 
     def _pareto(self, cands: list[Cand]) -> list[Cand]:
-        window = self.window_ms()
+        window = self.front_window_ms()
         cands = sorted((c for c in _unique(cands) if c.time_ms <= window),
                        key=lambda c: (c.time_ms, -c.floor_margin, c.var_mib2, c.key))
         keep = non_dominated(np.array([self._point(c.time_ms, c.floor_margin, c.var_mib2) for c in cands]).reshape(-1, 3))
@@ -428,8 +439,8 @@ class Keeper:
         return sorted(eligible, key=lambda c: (c.score, c.key))[: self.k]
 
     def pareto(self) -> list[Cand]:
-        fastest = self.by_time[0].time_ms if self.by_time else np.inf
-        return [c for c in self.front if self.ratio <= 0 or c.time_ms <= self.ratio * fastest]
+        window = self.front_window_ms()
+        return [c for c in self.front if c.time_ms <= window]
 
     def safe(self) -> list[Cand]:
         """The safe staircases within the tolerance of the fastest safe plan; the widest plan if none is safe."""

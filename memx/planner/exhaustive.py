@@ -12,6 +12,7 @@ from memx.planner.bnb import Work
 from memx.planner.candidates import Keeper
 from memx.planner.medians import RadixMedians
 from memx.planner.objective import auto_profile
+from memx.planner.pick import front_tolerance
 from memx.planner.prepared import Prepared, chunks, score_splits
 
 
@@ -37,7 +38,7 @@ def exhaustive_search(prepared: list[Prepared], *, total: int, space: SearchSpac
             first.offer(sc)
         weights = auto_profile(cluster, first.by_time[0].margin if first.by_time else None)
     keeper = Keeper(top_k=top_k, max_time_ratio=space.max_time_ratio, margin_floor=space.margin_floor,
-                    balance_tolerance=space.balance_tolerance)
+                    balance_tolerance=space.balance_tolerance, front_tolerance=front_tolerance(space))
     radix = RadixMedians()
     for sc in scored(weights):
         keeper.offer(sc)

@@ -51,6 +51,15 @@ FLOOR_RULES = ("fastest-above-floor", "balanced-phi", "balanced-margin", "balanc
 FLOOR_RULE = "fastest-above-floor"  # what `phi` puts beside a below-floor pick
 
 
+def front_tolerance(space: SearchSpace) -> float | None:
+    """The tolerance of the kept front's window (SearchSpace.front_tolerance, Keeper.front_window_ms): None (the Φ
+    window) when unset or for phi / phi-bounded, whose dominance guard reads the whole window's front; else at least
+    balance_tolerance, so the front covers every plan a balanced rule may pick and every plan that dominates one."""
+    if space.front_tolerance is None or space.pick_rule not in FLOOR_RULES:
+        return None
+    return max(space.front_tolerance, space.balance_tolerance)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Pick:
     plan: PlanMetrics
@@ -214,7 +223,14 @@ def apply_pick(r: SearchResult, space: SearchSpace, model: ModelArch, predictor:
     return dataclasses.replace(r, pick=chosen.plan, pick_rule=chosen.rule, margin_floor=space.margin_floor,
                                warnings=chosen.warnings + tuple(w for w in [bubble_warning(chosen.plan)] if w),
                                margins_high=high, floor_pick=chosen.floor_pick,
-                               pareto=pareto_margin(kept, mg))
+                               pareto=pareto_margin(in_front_window(r, kept), mg))
+
+
+def in_front_window(r: SearchResult, kept: list[PlanMetrics]) -> list[PlanMetrics]:
+    """The kept plans the reported front is drawn from: the search's front and, of the others, those inside the
+    window it covers (SearchResult.pareto_window_ms; all of them without one)."""
+    w = r.pareto_window_ms
+    return kept if w is None else unique([*r.pareto, *(c for c in kept if c.iteration_time_ms <= w)])
 
 
 def with_candidate(r: SearchResult, m: PlanMetrics, margin_high: float, space: SearchSpace, model: ModelArch,

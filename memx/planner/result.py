@@ -53,6 +53,8 @@ class SearchResult:
     safe: list[PlanMetrics] = field(default_factory=list)
     # With pick_rule phi: the plan the default rule would pick when the Φ pick is below the floor (shown beside it).
     floor_pick: PlanMetrics | None = None
+    # The end of the window the front covers when SearchSpace.front_tolerance cut it (Keeper.front_cut_ms), else None.
+    pareto_window_ms: float | None = None
     # With max_replica_groups > 1 and a one-group pick: the best plan with replica groups (memx.planner.replica_search).
     best_grouped: PlanMetrics | None = None
 
@@ -138,6 +140,8 @@ def search_result_to_dict(r: SearchResult, predictor_name: str) -> dict[str, Any
         "top": [_entry(c, r.margins_high) for c in r.top],
         "fastest": _entry(r.fastest, r.margins_high),
         "pareto": [_entry(c, r.margins_high) for c in r.pareto],  # (T, smallest margin, std-dev) front
+        # the end of the window the front covers when the front tolerance cut it (SearchSpace.front_tolerance)
+        "pareto_window": None if r.pareto_window_ms is None else {"max_iteration_time_ms": round(r.pareto_window_ms, 3)},
         "pick": {"rule": r.pick_rule, "margin_floor": r.margin_floor},
         **({"floor_pick": _entry(r.floor_pick, r.margins_high)} if r.floor_pick is not None else {}),
         **({"best_grouped": _entry(r.best_grouped, r.margins_high)} if r.best_grouped is not None else {}),

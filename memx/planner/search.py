@@ -42,7 +42,7 @@ from memx.planner.exhaustive import exhaustive_search
 from memx.planner.medians import exact_medians, sampled_medians
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.objective import auto_profile, parse_weights, phi
-from memx.planner.pick import apply_pick
+from memx.planner.pick import apply_pick, front_tolerance
 from memx.planner.predictions import PredictedTables, predict_tables
 from memx.planner.prepared import Prepared, chunks, layout_contexts, prepare, prepare_many, score_rows, score_splits
 from memx.planner.result import SearchResult, SpaceCount
@@ -124,7 +124,8 @@ def _explore_shard(shard: list[tuple[int, Prepared]] | _Shard, *, weights: Weigh
     without one in this process, `Inline`); a layout whose root bound rules it out is discarded in the first round."""
     keeper = Keeper(top_k=1 if weights is None else top_k, max_time_ratio=space.max_time_ratio,
                     timed_only=weights is None, margin_floor=space.margin_floor,
-                    balance_tolerance=space.balance_tolerance, time_floor_ms=time_floor_ms)
+                    balance_tolerance=space.balance_tolerance, time_floor_ms=time_floor_ms,
+                    front_tolerance=front_tolerance(space))
     work = Work()
     sh = shard if isinstance(shard, _Shard) else _Shard(shard, total, space)
     pool = Inline() if pool is None else pool
@@ -264,6 +265,7 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
         refs=refs, refs_sample=sample, top=_reranked(predictor, build(keeper.best_by_score()), "phi"),
         top_time=_reranked(predictor, build(keeper.best_by_time()), "iteration_time_ms"),
         pareto=pareto_front(build(keeper.pareto())), safe=pareto_front(build(keeper.safe())),
+        pareto_window_ms=keeper.front_cut_ms(),
         search_s=time.perf_counter() - t0, predict_s=pt.predict_s, signatures=pt.signatures,
         epsilon_mib2=space.epsilon_mib2, timings=timings,
         cache_hit_rate=None if hit_rate is None else float(hit_rate),

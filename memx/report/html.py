@@ -117,6 +117,12 @@ def stage_table(obj: Mapping[str, Any]) -> str:
     return f'<div class="scroll"><table id="stages"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
+def _window_note(obj: Mapping[str, Any]) -> str:
+    """The window the Pareto set covers when the search's front tolerance cut it (`pareto_window`), else ''."""
+    w = obj.get("pareto_window")
+    return f"; the Pareto set covers plans up to {w['max_iteration_time_ms']:,.0f} ms" if w else ""
+
+
 def _figure(png: bytes, alt: str, caption: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     return (f'<figure><img src="data:image/png;base64,{data}" alt="{escape(alt)}">'
@@ -170,7 +176,7 @@ def render_html(obj: Mapping[str, Any], pngs: Mapping[str, bytes]) -> str:
         "<h2>Trade-off</h2>",
         _figure(pngs["pareto.png"], "iteration time against smallest margin and memory std-dev",
                 "Every plan in the report (the search's Pareto set and the top plans by Φ); filled: not dominated "
-                "in time, smallest margin and memory std-dev together."),
+                "in time, smallest margin and memory std-dev together" + _window_note(obj) + "."),
         "<h2>One iteration</h2>",
         _figure(pngs["timeline.png"], "one 1F1B iteration of the pick",
                 "Forward and backward of each micro batch per stage in the 1F1B order of Megatron-LM (Narayanan et "

@@ -106,7 +106,7 @@ def to_markdown(obj: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     head, rows = _pareto_rows(obj)
     if rows:
-        lines += ["", f"## {PARETO_TITLE}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["", f"## {pareto_title(obj)}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
     if obj.get("explanation") or obj.get("warnings"):
         lines += ["", "## Why this plan", "", *[f"- {x}" for x in obj.get("explanation", [])],
@@ -153,6 +153,11 @@ PLANS_TITLE = "Plans: the pick first, then the top by Φ (lower is better)"
 PARETO_TITLE = "Pareto front (time, smallest margin, memory std-dev), the pick first"
 
 
+def pareto_title(obj: dict[str, Any]) -> str:
+    """PARETO_TITLE, with the window the front covers when the search's front tolerance cut it (`pareto_window`)."""
+    return PARETO_TITLE + (f", plans up to {w['max_iteration_time_ms']:,.0f} ms" if (w := obj.get("pareto_window")) else "")
+
+
 def plan_rows(obj: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the plans table: memx.report.notation.listed_plans, the pick first and labelled."""
     listed = listed_plans(obj)
@@ -196,7 +201,7 @@ def _print_pareto(obj: dict[str, Any], console) -> None:
     head, rows = _pareto_rows(obj)
     if not rows:
         return
-    t = Table(title=PARETO_TITLE)
+    t = Table(title=pareto_title(obj))
     for col in head:
         t.add_column(col, justify="left" if col in ("stages", "") else "right")
     for i, r in enumerate(rows):

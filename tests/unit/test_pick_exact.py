@@ -78,7 +78,8 @@ def mixed_spaces(draw, conf_root):
         margin_floor=draw(st.sampled_from((0.1, 0.3, 0.5, 0.7))),
         balance_tolerance=draw(st.sampled_from((0.0, 0.02, 0.1))), weights=draw(st.sampled_from(("auto", "default"))),
         virtual_stages_options=draw(st.sampled_from(((1,), (1, 2)))),  # interleaved 1F1B too (issue #27)
-        pipeline_assembly=draw(st.sampled_from(PIPELINE_ASSEMBLIES)))  # the 1F1B steady state (issues #22, #27)
+        pipeline_assembly=draw(st.sampled_from(PIPELINE_ASSEMBLIES)),  # the 1F1B steady state (issues #22, #27)
+        front_tolerance=draw(st.sampled_from((None, 0.0, 0.05, 0.10))))  # the front's window (issue #26)
     return cluster, model, space
 
 
@@ -124,6 +125,16 @@ def _front(plans, window: float, mg, with_v: bool) -> list:
     return out
 
 
+def front_window(space, plans, mg) -> float:
+    """The window the front must be exact in, from every plan: max_time_ratio × the fastest, cut to (1 + the front
+    tolerance, at least balance_tolerance) × the fastest plan that clears the floor (SearchSpace.front_tolerance)."""
+    window = space.max_time_ratio * plans[0].iteration_time_ms if space.max_time_ratio > 0 else float("inf")
+    safe = [m.iteration_time_ms for m in plans if mg(m) >= space.margin_floor]
+    if space.front_tolerance is None or space.pick_rule in ("phi", "phi-bounded") or not safe:
+        return window
+    return min(window, (1 + max(space.front_tolerance, space.balance_tolerance)) * min(safe))
+
+
 def check_against_enumeration(cluster, model, space, kind: str = "point", front_variance: bool = False) -> bool:
     """Asserts the fast search agrees with the full enumeration; True when the space was feasible. kind: the
     predictor (predictor_for); front_variance: the kept front with V (candidates.KEPT_FRONT_VARIANCE)."""
@@ -152,7 +163,10 @@ def _check(cluster, model, space, kind: str, front_variance: bool) -> bool:
         want = choose(plans, plans, margin=mg_all, **kw)
         assert _metrics(got.plan, mg_fast) == _metrics(want.plan, mg_all), rule
         assert got.warnings == want.warnings, rule  # "no plan clears the floor" (and its reason) iff true
-    window = space.max_time_ratio * plans[0].iteration_time_ms if space.max_time_ratio > 0 else float("inf")
+    window = front_window(space, plans, mg_all)
+    assert fast.pareto_window_ms == every.pareto_window_ms
+    whole = space.max_time_ratio * plans[0].iteration_time_ms if space.max_time_ratio > 0 else float("inf")
+    assert fast.pareto_window_ms == (pytest.approx(window, rel=1e-12) if window < whole else None)
     assert _front(fast.pareto, window, mg_fast, front_variance) == _front(plans, window, mg_all, front_variance)
     if front_variance:  # the reported front is the (T, margin, V) front of the kept plans: then the exact one
         assert sorted(_metrics(m, mg_fast) for m in fast.pareto if m.iteration_time_ms <= window) == \
