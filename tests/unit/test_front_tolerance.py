@@ -58,3 +58,13 @@ def test_every_output_names_the_window(both):
     assert pareto_title(old) == PARETO_TITLE
     title = f"{PARETO_TITLE}, plans up to {cut.pareto_window_ms:,.0f} ms"
     assert pareto_title(obj) == title and f"## {title}" in to_markdown(obj)
+
+
+def test_the_html_caption_names_the_window(both):
+    from memx.report.html import render_html
+
+    whole, cut, _ = both
+    pngs = {name: b"png" for name in ("memory.png", "pareto.png", "timeline.png")}
+    note = f"the Pareto set covers plans up to {cut.pareto_window_ms:,.0f} ms"
+    assert note in render_html(search_result_to_dict(cut, "analytic"), pngs)
+    assert "the Pareto set covers" not in render_html(search_result_to_dict(whole, "analytic"), pngs)
