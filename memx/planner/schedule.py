@@ -197,7 +197,8 @@ def assemble_columns(stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.nd
         compute = np.where(v == 1, (m - 1) * period + total, m * tmax + (total - tmax) / v)
     last = tail_ms.max(axis=0)
     if drain is not None and drain.any():
-        last = np.where(drain & (v == 1), drained_tail_ms(stage_ms, tail_ms, loop_ms), last)
+        with np.errstate(invalid="ignore"):  # inf − inf in a column that does not drain
+            last = np.where(drain & (v == 1), drained_tail_ms(stage_ms, tail_ms, loop_ms), last)
     return compute + (fixed_ms + last), weighted_memory_stats(stage_mib, w, inv_cap)
 
 
