@@ -12,7 +12,7 @@ memx.report.evaluate does), time MAPE over plans that ran, OOM called right over
 plans predicted to fit that ran out of memory, `mem_bias` = median predicted/measured peak.
 
 Usage: PYTHONPATH=. .venv/bin/python bench/closed_form_accuracy.py [--plans 100] [--seed 7] [--options]
-       [--assembly paper,cycle-mean]
+       [--assembly paper,cycle-mean,cycle-mean-drain]
 `--options`: each plan draws the distributed optimizer and sequence parallelism on or off (issue #14).
 `--assembly`: the 1F1B assemblies (SearchSpace.pipeline_assembly, issues #22 / #27) each variant is scored with,
 on the same measured plans (default: the default assembly only); `time_bias` = median predicted/measured time.

@@ -1,6 +1,6 @@
 """Decision quality of the pick rules on the virtual cluster (issue #22): which rule should be the default.
 
-  python bench/decision_quality.py [--space catalog|paper] [--assembly paper|cycle-mean] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
+  python bench/decision_quality.py [--space catalog|paper] [--assembly paper|cycle-mean|cycle-mean-drain] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
                                    [--reach 1.10] [--slack 0.10] [--seed 0] [--predictor analytic|learned]
                                    [--rules R1,R2] [--population-worlds nominal,spike] [--dump DIR]
   python bench/decision_quality.py --scenarios mixed-1024/llama3-405b --sample-floors 0.1,0.2 [--fastest 5]

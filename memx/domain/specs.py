@@ -77,7 +77,7 @@ Exponent = Annotated[float, Interval(ge=0, le=1)]
 MlpKind = Literal["swiglu", "gelu"]
 Launcher = Literal["any", "megatron", "flagscale"]
 # How plain 1F1B is assembled (SearchSpace.pipeline_assembly; memx.planner.schedule.steady_period_ms)
-PIPELINE_ASSEMBLIES = ("paper", "cycle-mean")
+PIPELINE_ASSEMBLIES = ("paper", "cycle-mean", "cycle-mean-drain")  # the last: + memx.planner.drain
 PipelineAssembly = Literal[PIPELINE_ASSEMBLIES]  # type: ignore[valid-type]
 DEFAULT_PIPELINE_ASSEMBLY = "cycle-mean"  # by docs/results.md §The 1F1B assembly: paper vs cycle-mean
 LAUNCHERS: tuple[str, ...] = typing.get_args(Launcher)

@@ -6,7 +6,8 @@ DP tail (all-reduce + optimizer). Refinement (memx.planner.recompute, step 2) on
 its ladder — time up, memory down — and only while that stage is tight (margin < target), so a
 stage's final memory lies in [m_lo, m1], m_lo being the peak of the first level at or above the fit
 that is not tight (or the top of the ladder), and its final time is ≥ t1. Hence for every split in a box:
-* T ≥ (m − 1)·max(B*, MM) + SS + Σ 2·p2p + max_s min tail — T is non-decreasing in every stage time
+* T ≥ (m − 1)·max(B*, MM) + SS + Σ 2·p2p + max_s min tail (cycle-mean-drain: min tail_0, as max_s (tail_s − D_s)
+  ≥ tail_0, memx.planner.drain) — T is non-decreasing in every stage time
   (1F1B, paper §3.1.2), B* = the layout's smallest achievable bottleneck, MM ≤ min over the box's splits
   (Σ n = L) of max_s t1 (`MinMax`), SS ≤ min over them of Σ_s t1 (`max_lagrange_sum`);
 * M ≥ max(max_s min m_lo, the box min-max of m_lo);
@@ -126,6 +127,7 @@ class BoxBounds:
         self.micro_batches = st.micro_batches.astype(np.float64)
         self.virtual_stages = st.virtual_stages.astype(np.float64)
         self.fixed_ms = np.array(st.fixed_ms, dtype=np.float64)
+        self.drain = st.drain  # (layouts,) bool or None: the tail bound is stage 0's (time_lb)
         P, rows = self.P, self.rows
         n = np.arange(rows)
         real = (np.arange(P)[None, :] < self.pp[:, None]).reshape(-1)[:, None]
@@ -260,7 +262,10 @@ class BoxBounds:
         m, v = self.micro_batches[li], self.virtual_stages[li]
         with np.errstate(invalid="ignore"):  # pipeline_compute_ms per box: plain 1F1B, or interleaved (issue #27)
             compute = np.where(v == 1, (m - 1) * tmax + tsum, m * tmax + (tsum - tmax) / v)
-        T = compute + self.fixed_ms[li] + mins[:, :, 0].max(axis=1)
+        tail = mins[:, :, 0].max(axis=1)
+        if self.drain is not None:  # cycle-mean-drain: max_s (tail_s − D_s) ≥ tail_0 (D_0 = 0; memx.planner.drain)
+            tail = np.where(self.drain[li], mins[:, 0, 0], tail)
+        T = compute + self.fixed_ms[li] + tail
         return T * (1 - SLACK)
 
     def corner(self, a: np.ndarray, b: np.ndarray, li: np.ndarray, time_lb: np.ndarray) -> Corner:

@@ -9,7 +9,9 @@ import math
 from dataclasses import dataclass
 
 from memx.domain.specs import Weights
+from memx.planner.drain import drained_tail_py
 from memx.planner.interleave import pipeline_compute_ms
+from memx.planner.schedule import drains
 from memx.planner.tables import LayoutTables
 
 
@@ -26,7 +28,9 @@ class NaiveResult:
 def _metrics(lt: LayoutTables, split, levels):
     t = [float(lt.time_ms[(s * lt.rows + n) * lt.k + lv]) for s, (n, lv) in enumerate(zip(split, levels))]
     m = [float(lt.peak_mib[(s * lt.rows + n) * lt.k + lv]) for s, (n, lv) in enumerate(zip(split, levels))]
-    tail = max(float(lt.tail_ms[s * lt.rows + n]) for s, n in enumerate(split))
+    tails = [float(lt.tail_ms[s * lt.rows + n]) for s, n in enumerate(split)]
+    drain = lt.pipeline.virtual_stages == 1 and drains(lt.pipeline.assembly)  # cycle-mean-drain (memx.planner.drain)
+    tail = drained_tail_py(t, tails, lt.pipeline.loop_ms()) if drain else max(tails)
     T = pipeline_compute_ms(_period(t, lt.pipeline.loop_ms()), sum(t), lt.micro_batches,
                             lt.pipeline.virtual_stages) + lt.fixed_ms + tail  # paper §3.1.2
     w = [float(x) for x in lt.gpu_weight]

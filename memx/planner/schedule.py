@@ -23,6 +23,7 @@ from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import DEFAULT_PIPELINE_ASSEMBLY, PIPELINE_ASSEMBLIES, Cluster, ModelArch, PipelineAssembly
 from memx.planner.collectives import tail_collectives_ms
 from memx.planner.cost import ACT_BYTES, dp_step_ms, optimizer_shards, static_bytes_per_param
+from memx.planner.drain import drained_tail_ms
 from memx.planner.interleave import interleaved_time_ms, p2p_hops
 
 
@@ -82,7 +83,7 @@ def optimizer_ms(static_mib: np.ndarray, memory_bandwidth_gbps: np.ndarray, dist
 
 
 def iteration_time_ms(stage_ms: np.ndarray, m: int, fixed_ms: float, tail_ms: np.ndarray,
-                      loop_ms: np.ndarray | None = None) -> np.ndarray:
+                      loop_ms: np.ndarray | None = None, drain: bool = False) -> np.ndarray:
     """T = (m − 1)·c + Σ_s t_s + Σ_s 2·p2p_s + overhead + T_dp, c = max_s t_s (paper §3.1.2; the 1F1B
     bubble of Narayanan et al. 2021 §2.2.1; docs/architecture.md §1F1B assembly) or, with `loop_ms`, the maximum
     cycle mean `steady_period_ms` (pipeline_assembly cycle-mean, issues #22, #27).
@@ -91,9 +92,12 @@ def iteration_time_ms(stage_ms: np.ndarray, m: int, fixed_ms: float, tail_ms: np
     overhead, Pipeline.fixed_ms). tail_ms (pp, N) is each stage's gradient all-reduce plus optimizer
     step; the iteration ends when the slowest stage has done both, so overhead + T_dp = max_s tail_s
     (the largest stage's all-reduce and its optimizer step). loop_ms (pp − 1, N or 1): 2·p2p_s of each stage
-    boundary in the stage times' dtype (Pipeline.loop_ms); None: the paper's max_s t_s.
+    boundary in the stage times' dtype (Pipeline.loop_ms); None: the paper's max_s t_s. drain (pipeline_assembly
+    cycle-mean-drain): max_s tail_s → max_s (tail_s − D_s), each stage's tail from its own last backward
+    (memx.planner.drain.drained_tail_ms).
     """
-    return (m - 1) * steady_period_ms(stage_ms, loop_ms) + stage_sum(stage_ms) + (fixed_ms + tail_ms.max(axis=0))
+    last = drained_tail_ms(stage_ms, tail_ms, loop_ms) if drain else tail_ms.max(axis=0)
+    return (m - 1) * steady_period_ms(stage_ms, loop_ms) + stage_sum(stage_ms) + (fixed_ms + last)
 
 
 def steady_period_ms(stage_ms: np.ndarray, loop_ms: np.ndarray | None = None) -> np.ndarray:
@@ -178,19 +182,24 @@ def weighted_memory_stats(stage_peak_mib: np.ndarray, w: np.ndarray, inv_cap: np
 
 def assemble_columns(stage_ms: np.ndarray, stage_mib: np.ndarray, tail_ms: np.ndarray, *, micro_batches: np.ndarray,
                      virtual_stages: np.ndarray, fixed_ms: np.ndarray, w: np.ndarray, inv_cap: np.ndarray,
-                     loop_ms: np.ndarray | None = None) -> tuple[np.ndarray, MemoryStats]:
+                     loop_ms: np.ndarray | None = None, drain: np.ndarray | None = None) -> tuple[np.ndarray, MemoryStats]:
     """Pipeline.assemble of N plans of different layouts (their m, v, fixed_ms (N,), w, 1 / capacity (pp, N) and
     loop_ms (pp − 1, N) or None, in the stage arrays' dtype), the same arithmetic column by column: plain 1F1B
     (iteration_time_ms) or interleaved (memx.planner.interleave.interleaved_time_ms). Stages a layout does not
     have are rows of 0 time, 0 peak, 0 tail, 0 loop and weight 0, which change no sum, maximum, cycle mean
-    or variance."""
+    or variance. drain (N,) bool: the columns assembled with pipeline_assembly cycle-mean-drain (plain 1F1B only);
+    None: none."""
     total = stage_sum(stage_ms)
     tmax = stage_ms.max(axis=0)
     period = tmax if loop_ms is None else steady_period_ms(stage_ms, loop_ms)
     m, v = micro_batches, virtual_stages
     with np.errstate(invalid="ignore"):  # inf − inf in the branch a column does not take
         compute = np.where(v == 1, (m - 1) * period + total, m * tmax + (total - tmax) / v)
-    return compute + (fixed_ms + tail_ms.max(axis=0)), weighted_memory_stats(stage_mib, w, inv_cap)
+    last = tail_ms.max(axis=0)
+    if drain is not None and drain.any():
+        with np.errstate(invalid="ignore"):  # inf − inf in a column that does not drain
+            last = np.where(drain & (v == 1), drained_tail_ms(stage_ms, tail_ms, loop_ms), last)
+    return compute + (fixed_ms + last), weighted_memory_stats(stage_mib, w, inv_cap)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +221,7 @@ class AssemblyCalibration:
 
 
 IDENTITY_ASSEMBLY = AssemblyCalibration()
+CYCLE_MEAN = ("cycle-mean", "cycle-mean-drain")  # the assemblies whose steady state is the maximum cycle mean
 
 
 def assembly_of(predictor, pipeline_assembly: str | None = None) -> AssemblyCalibration:
@@ -231,9 +241,14 @@ def steady_loop_ms(assembly: AssemblyCalibration, boundary_p2p_ms, dtype=np.floa
     """(pp − 1, 1) 2·c·p2p_s of each stage boundary in `dtype`: the p2p time in the steady-state loops of
     `steady_period_ms` (c: the calibrated communication scale, as on Σ 2·p2p in the fixed term) when `assembly`
     assembles with the cycle mean and there is a boundary; None: the paper's max_s t_s."""
-    if assembly.pipeline_assembly != "cycle-mean" or boundary_p2p_ms is None or np.size(boundary_p2p_ms) == 0:
+    if assembly.pipeline_assembly not in CYCLE_MEAN or boundary_p2p_ms is None or np.size(boundary_p2p_ms) == 0:
         return None
     return (2.0 * assembly.comm_scale * np.asarray(boundary_p2p_ms, dtype=np.float64)).astype(dtype).reshape(-1, 1)
+
+
+def drains(assembly: AssemblyCalibration) -> bool:
+    """Whether `assembly` starts each stage's tail at its own last backward (cycle-mean-drain, memx.planner.drain)."""
+    return assembly.pipeline_assembly == "cycle-mean-drain"
 
 
 class TailKey(NamedTuple):
@@ -312,7 +327,8 @@ class Pipeline:
             compute = interleaved_time_ms(stage_ms, stage_sum(stage_ms), self.micro_batches, self.virtual_stages)
             T = compute + (self.fixed_ms + tail_ms.max(axis=0))
         else:
-            T = iteration_time_ms(stage_ms, self.micro_batches, self.fixed_ms, tail_ms, self.loop_ms(stage_ms.dtype))
+            T = iteration_time_ms(stage_ms, self.micro_batches, self.fixed_ms, tail_ms, self.loop_ms(stage_ms.dtype),
+                                  drains(self.assembly))
         return T, memory_stats(stage_mib, self.gpu_weight, self.capacity_mib)
 
 

@@ -57,6 +57,7 @@ from memx.planner.network import nic_share_gbps, pair_link, ring_link, slowest_h
 from memx.planner.schedule import (
     AssemblyCalibration,
     blocking_transfers,
+    drains,
     iteration_time_ms,
     memory_stats,
     p2p_ms,
@@ -164,7 +165,8 @@ def assemble(plan: Plan, cluster: Cluster, model: ModelArch, t: np.ndarray, mem:
     p2p = boundary_p2p_ms(cluster, plan, model, where)
     loop = steady_loop_ms(assembly, p2p)
     T = iteration_time_ms(t[:, None], plan.micro_batches, fixed_ms(plan, p2p, assembly),
-                          tails(plan, cluster, model, where, static[:, None], params[:, None], assembly), loop)
+                          tails(plan, cluster, model, where, static[:, None], params[:, None], assembly), loop,
+                          drains(assembly))
     capacity = np.asarray([usable_capacity_mib(g) for g in gpus], dtype=np.float64)
     weight = np.asarray([st.tp for st in plan.stages], dtype=np.float64) * groups
     stats = memory_stats(mem[:, None], weight, capacity)

@@ -43,7 +43,9 @@ from memx.planner.metrics import PlanMetrics
 from memx.planner.predictions import params_per_rank
 from memx.planner.pick import with_candidate
 from memx.planner.result import SearchResult, plan_key
-from memx.planner.schedule import AssemblyCalibration, assembly_of, iteration_time_ms, stage_tail_ms, steady_loop_ms
+from memx.planner.drain import drained_tail_py
+from memx.planner.schedule import (AssemblyCalibration, assembly_of, drains, iteration_time_ms, stage_tail_ms,
+                                   steady_loop_ms)
 from memx.planner.signatures import predict_arrays, signature_columns
 from memx.planner.space import _effective, _ends_ok, gpu_subsets, subset_precisions, valid_tps
 from memx.planner.tables import decode_option, stage_options
@@ -255,8 +257,11 @@ class _Layout:
         self.fixed_ms = stage_dp.fixed_ms(probe, p2p, assembly)
         # pipeline_assembly cycle-mean: the boundaries' 2·c·p2p in the steady-state loops (schedule.steady_loop_ms)
         self.loop_ms = steady_loop_ms(assembly, p2p)
-        # no split has a smaller largest tail: every stage holds some eligible row
-        self.tail_floor = max(float(tl[o].min()) for tl, o in zip(self.tail, ok))
+        # no split has a smaller largest tail: every stage holds some eligible row; cycle-mean-drain: the tail term
+        # max_s (tail_s − D_s) is ≥ tail_0 (memx.planner.drain), so only stage 0's least tail is a floor
+        self.drain = drains(assembly)
+        floors = [float(tl[o].min()) for tl, o in zip(self.tail, ok)]
+        self.tail_floor = floors[0] if self.drain else max(floors)
 
     def table(self, below: float, n_max: int) -> tuple[np.ndarray, np.ndarray]:
         """(pp, n_max + 1) least stage times over the eligible rows whose tail is < `below`, and their rows."""
@@ -270,7 +275,8 @@ class _Layout:
         stages = tuple(dataclasses.replace(st, layers=n, **_recompute(int(r.codes[j]), n))
                        for st, r, n, j in zip(self.probe.stages, self.rows, split, picked))
         t = np.array([r.time_ms[j] for r, j in zip(self.rows, picked)])
-        tail = max(float(tl[j]) for tl, j in zip(self.tail, picked))
+        tails = [float(tl[j]) for tl, j in zip(self.tail, picked)]
+        tail = drained_tail_py(list(t), tails, self.loop_ms) if self.drain else max(tails)
         def compute(loop):
             return float(iteration_time_ms(t[:, None], self.probe.micro_batches, self.fixed_ms,
                                            np.zeros((len(t), 1)), loop)[0])
@@ -303,7 +309,9 @@ def _layout_best(lay: _Layout, n_max: int, best: float) -> tuple[Plan, float] | 
     in [σ_{k+1}, σ_k) takes at least C_k + that tail, so the walk misses none, and it stops once
     C_k + fixed + the least reachable largest tail cannot beat `best`. With pipeline_assembly cycle-mean each found
     split is scored with the cycle mean (≥ C_k, so the stop stays safe) but the programme still ranks splits by
-    the paper's C_k: exact for the paper's assembly, the paper-best split per σ_k for the cycle mean's."""
+    the paper's C_k: exact for the paper's assembly, the paper-best split per σ_k for the cycle mean's. With
+    cycle-mean-drain the found split's tail term is the drained one (memx.planner.drain) and the stop uses stage
+    0's least tail (a floor of it), but the walk still steps σ by the largest tail: a heuristic there too."""
     m, found, below = lay.probe.micro_batches, None, np.inf
     while True:
         t, arg = lay.table(below, n_max)

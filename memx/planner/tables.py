@@ -19,7 +19,8 @@ import numpy as np
 from memx.domain.precision import DEFAULT_PRECISION
 from memx.domain.plan import SEARCH_BLOCK, Plan, Recompute, Stage
 from memx.planner.interleave import inflight_chunks
-from memx.planner.schedule import MemoryStats, Pipeline, assemble_columns, inflight_micro_batches, stage_tail_ms
+from memx.planner.schedule import (MemoryStats, Pipeline, assemble_columns, drains, inflight_micro_batches,
+                                   stage_tail_ms)
 
 NONE, SELECTIVE = -2, -1
 
@@ -369,6 +370,7 @@ class StackedTables:
     # (pp − 1, layouts) float32 Pipeline.loop_ms of each layout (0 past its own stages and where it has none); None:
     # every layout assembles as the paper (memx.planner.schedule.steady_period_ms)
     loop_ms: np.ndarray | None = None
+    drain: np.ndarray | None = None  # (layouts,) bool: assembled with cycle-mean-drain (memx.planner.drain); None: none
 
     @classmethod
     def of(cls, layouts: Sequence[tuple[Sequence[StageTable], Pipeline]]) -> StackedTables:
@@ -427,7 +429,8 @@ class StackedTables:
                    inv_capacity=(1.0 / cap).astype(f32),
                    micro_batches=np.array([p.micro_batches for p in pipes], dtype=f32),
                    virtual_stages=np.array([p.virtual_stages for p in pipes], dtype=f32),
-                   fixed_ms=np.array([p.fixed_ms for p in pipes], dtype=f32), loop_ms=_stacked_loops(pipes, pp))
+                   fixed_ms=np.array([p.fixed_ms for p in pipes], dtype=f32), loop_ms=_stacked_loops(pipes, pp),
+                   drain=_stacked_drain(pipes))
 
     def base(self, splits: np.ndarray, layout: np.ndarray) -> np.ndarray:
         """(pp, N) index rows of splits (N, pp, padded with 0) of the given layouts (N,)."""
@@ -467,7 +470,14 @@ class StackedTables:
         return assemble_columns(stage_ms, stage_mib, self.tail_ms.take(base), micro_batches=self.micro_batches[li],
                                 virtual_stages=self.virtual_stages[li], fixed_ms=self.fixed_ms[li],
                                 w=w.take(li, axis=1), inv_cap=inv_cap.take(li, axis=1),
-                                loop_ms=None if self.loop_ms is None else self.loop_ms.take(li, axis=1))
+                                loop_ms=None if self.loop_ms is None else self.loop_ms.take(li, axis=1),
+                                drain=None if self.drain is None else self.drain[li])
+
+
+def _stacked_drain(pipes: list[Pipeline]) -> np.ndarray | None:
+    """StackedTables.drain: which layouts start each stage's tail at its own last backward; None when none does."""
+    out = np.array([p.virtual_stages == 1 and drains(p.assembly) for p in pipes], dtype=bool)
+    return out if out.any() else None
 
 
 def _stacked_loops(pipes: list[Pipeline], pp: int) -> np.ndarray | None:

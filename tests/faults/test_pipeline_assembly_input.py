@@ -8,7 +8,7 @@ import pytest
 from tests.support.bad_plans import assert_bad_search
 
 CASES = [
-    ("unknown", "pipeline_assembly: dag\n", ("pipeline_assembly", "'paper'", "'cycle-mean'", "dag")),
+    ("unknown", "pipeline_assembly: dag\n", ("pipeline_assembly", "'paper'", "'cycle-mean'", "'cycle-mean-drain'", "dag")),
     ("not-a-string", "pipeline_assembly: [paper]\n", ("pipeline_assembly", "'paper'", "'cycle-mean'")),
     ("underscore", "pipeline_assembly: cycle_mean\n", ("pipeline_assembly", "'cycle-mean'", "cycle_mean")),
 ]
