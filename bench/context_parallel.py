@@ -15,10 +15,6 @@ Usage: PYTHONPATH=. .venv/bin/python bench/context_parallel.py [--plans 40] [--s
 times, p2p and tails, against its measured iteration (the assembly alone); the exact 1F1B schedule of the same terms
 (fill and drain exact), and with each stage's DP step and optimizer started at its own last backward; and the closed
 form's stage times against the simulator's (the stage model alone).
-`--drain-overlap` (issue #27, session 10; a what-if, not the planner's model): the closed form with each stage's tail
-(DP all-reduce + optimizer) started at its own last backward, T = (m − 1)·c + Σ t + fixed + max_s (tail_s − D_s) with
-D_s = Σ_{s'<s} (2/3·t_s' + p2p_s') (backward = 2/3 of a stage, Narayanan et al. 2021 §5.1; the last backward flows from
-the last stage to stage 0) instead of + max_s tail_s — memx.planner.schedule.iteration_time_ms replaced for this run.
 Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case, search ratio ≤ 3×. Each accuracy line also
 counts the OOM miscalls by side (safe_miss: called OOM, ran; unsafe_miss: called fitting, ran out of memory).
 """
@@ -142,33 +138,14 @@ def worked_case() -> None:
           f"{'OOM, ' + same.reason if same.oom else 'runs'}")
 
 
-def drain_overlap() -> None:
-    """`--drain-overlap`: memx.planner.schedule.iteration_time_ms with the tail overlapping the drain (module
-    docstring); the boundary p2p is half of the cycle mean's loop term (2·p2p_s), none under the paper's assembly."""
-    from memx.planner import schedule
-
-    plain = schedule.iteration_time_ms
-
-    def with_drain(stage_ms, m, fixed_ms, tail_ms, loop_ms=None):
-        p2p = np.zeros_like(stage_ms[:-1]) if loop_ms is None else np.broadcast_to(loop_ms / 2, stage_ms[:-1].shape)
-        done_early = np.zeros_like(stage_ms)  # D_s: how long before stage 0 stage s ends its last backward
-        done_early[1:] = np.cumsum(2.0 / 3.0 * stage_ms[:-1] + p2p, axis=0)
-        return plain(stage_ms, m, fixed_ms, tail_ms, loop_ms) - tail_ms.max(axis=0) + (tail_ms - done_early).max(axis=0)
-
-    schedule.iteration_time_ms = with_drain
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plans", type=int, default=40)
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--cases-only", action="store_true", help="accuracy only (no search timing, no worked case)")
-    ap.add_argument("--drain-overlap", action="store_true", help="the what-if assembly of the module docstring")
     ap.add_argument("--by-m", action="store_true", help="with --cases-only: the time error per micro-batch count, "
                     "the 1F1B assembly's share apart from the stage times'")
     args = ap.parse_args()
-    if args.drain_overlap:
-        drain_overlap()
     for cname, mname in CASES:
         cluster, model = load_cluster(cname), load_model(mname)
         drawn = draw_plans(cluster, model, load_search("default"), n=4 * args.plans, seed=args.seed)

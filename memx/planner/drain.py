@@ -13,7 +13,7 @@ term is ≥ tail_0 ≥ 0 and ≤ max_s tail_s (never above the cycle-mean assemb
 Not modelled: the gradient-norm all-reduce over the model-parallel group before the optimizer step
 (megatron/core/optimizer/clip_grads.py get_grad_norm_fp32, --clip-grad 1.0 by default), a barrier that would
 make it max_s (g_s − D_s) + max_s o_s with the tail split into all-reduce g_s and optimizer o_s; the virtual
-cluster (memx/simulator/schedule.py simulate_plan) has no such barrier either (docs/results.md §Drain overlap).
+cluster (memx/simulator/schedule.py simulate_plan) has no such barrier either (docs/results.md §The 1F1B assembly: paper vs cycle-mean, "Drain overlap assembly, measured").
 """
 
 from __future__ import annotations
