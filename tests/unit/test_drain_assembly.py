@@ -69,25 +69,14 @@ def test_assemble_columns_drains_only_the_flagged_plain_columns():
 def test_a_drained_search_pick_scores_the_same_through_estimate_plans():
     """The search's pick under cycle-mean-drain scores as estimate_plans / estimate_any_plans (what `memx inspect`,
     `--check` and `memx evaluate` use) score it, and no drawn plan scores above its cycle-mean estimate."""
-    import dataclasses
-
     import pytest
 
-    from memx.domain.catalog import load_cluster, load_model, load_search
-    from memx.planner.cost import AnalyticStageModel
     from memx.planner.estimate import estimate_plans
     from memx.planner.replicas import estimate_any_plans
-    from memx.planner.search import search
-    from memx.simulator import draw_plans
+    from tests.support.assembly import searched_and_estimated
 
-    cluster, model = load_cluster("three-vendor-20"), load_model("llama2-7b")
-    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="none")
-    space = dataclasses.replace(load_search("default"), tp_options=(1, 2), micro_batch_options=(2,), max_pp=4,
-                                min_pp=2, pipeline_assembly="cycle-mean-drain")
-    chosen = search(cluster, model, space, pred).chosen
-    (again,) = estimate_plans([chosen.plan], cluster, model, pred, pipeline_assembly="cycle-mean-drain")
+    cluster, model, pred, chosen, again, plans = searched_and_estimated("cycle-mean-drain")
     assert chosen.iteration_time_ms == pytest.approx(again.iteration_time_ms, rel=1e-5)
-    plans = draw_plans(cluster, model, load_search("default"), n=24, seed=7)
     drained = estimate_any_plans(plans, cluster, model, pred, reserve_gib=0.0, pipeline_assembly="cycle-mean-drain")
     base = estimate_plans(plans, cluster, model, pred, reserve_gib=0.0, pipeline_assembly="cycle-mean")
     assert all(d.iteration_time_ms <= c.iteration_time_ms for d, c in zip(drained, base))

@@ -112,24 +112,13 @@ def test_the_option_travels_with_the_assembly_and_stays_off_for_interleaved():
 def test_search_estimate_and_calibration_assemble_alike():
     """A cycle-mean search's pick scores the same through estimate_plans (what `memx inspect` / `--check`
     report); the calibration's fit assembles as the estimates it fits (calibrated_times = calibrated_estimates)."""
-    import dataclasses
-
-    from memx.domain.catalog import load_cluster, load_model, load_search
     from memx.learn.calibration import PlanCalibration, calibrated_estimates, calibrated_times
-    from memx.planner.cost import AnalyticStageModel
     from memx.planner.estimate import estimate_plans
-    from memx.planner.search import search
-    from memx.simulator import draw_plans
+    from tests.support.assembly import searched_and_estimated
 
-    cluster, model = load_cluster("three-vendor-20"), load_model("llama2-7b")
-    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="none")
-    space = dataclasses.replace(load_search("default"), tp_options=(1, 2), micro_batch_options=(2,), max_pp=4,
-                                min_pp=2, pipeline_assembly="cycle-mean")
-    chosen = search(cluster, model, space, pred).chosen
-    (again,) = estimate_plans([chosen.plan], cluster, model, pred, pipeline_assembly="cycle-mean")
+    cluster, model, pred, chosen, again, plans = searched_and_estimated("cycle-mean")
     assert chosen.iteration_time_ms == pytest.approx(again.iteration_time_ms, rel=1e-5)
     assert again.loop_p2p_ms and len(again.loop_p2p_ms) == chosen.plan.pp - 1
-    plans = draw_plans(cluster, model, load_search("default"), n=24, seed=7)
     planted = PlanCalibration(comm_scale=1.4, overhead_ms=30.0, p2p_per_transfer_ms=2.0, time_scale={"h100-80g": 1.3},
                               pipeline_assembly="cycle-mean")
     base = estimate_plans(plans, cluster, model, pred, reserve_gib=0.0, pipeline_assembly="cycle-mean")
