@@ -41,7 +41,8 @@ def drained_tail_ms(stage_ms: np.ndarray, tail_ms: np.ndarray, loop_ms: np.ndarr
 
 
 def drained_tail_py(t: list[float], tail: list[float], loop) -> float:
-    """drained_tail_ms of one plan in Python floats (memx.planner.naive's reference enumeration)."""
+    """drained_tail_ms of one plan in Python floats (memx.planner.naive's reference enumeration, and the per-stage-dp
+    search's one split at a time, memx.planner.stage_dp_search)."""
     gaps = [0.0] * max(len(t) - 1, 0) if loop is None else [float(x) / 2.0 for x in np.asarray(loop)[:, 0]]
     best, lead = tail[0], 0.0
     for s in range(1, len(t)):
