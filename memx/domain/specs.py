@@ -79,7 +79,7 @@ Launcher = Literal["any", "megatron", "flagscale"]
 # How plain 1F1B is assembled (SearchSpace.pipeline_assembly; memx.planner.schedule.steady_period_ms)
 PIPELINE_ASSEMBLIES = ("paper", "cycle-mean", "cycle-mean-drain")  # the last: + memx.planner.drain
 PipelineAssembly = Literal[PIPELINE_ASSEMBLIES]  # type: ignore[valid-type]
-DEFAULT_PIPELINE_ASSEMBLY = "cycle-mean"  # by docs/results.md §The 1F1B assembly: paper vs cycle-mean
+DEFAULT_PIPELINE_ASSEMBLY = "cycle-mean-drain"  # by docs/results.md §The 1F1B assembly (session 11: the drain)
 LAUNCHERS: tuple[str, ...] = typing.get_args(Launcher)
 MLP_KINDS: tuple[str, ...] = typing.get_args(MlpKind)
 # The search may also ask for Megatron's block method (full recompute of a stage's first N layers),

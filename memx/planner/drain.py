@@ -10,10 +10,11 @@ reduction when its backward finishes (megatron/core/distributed/distributed_data
 finish_grad_sync after the last micro batch; with --overlap-grad-reduce even earlier, per bucket), so the
 iteration ends at max_s (tail_s − D_s) after stage 0's last backward instead of max_s tail_s; D_0 = 0, so the
 term is ≥ tail_0 ≥ 0 and ≤ max_s tail_s (never above the cycle-mean assembly's T).
-Not modelled: the gradient-norm all-reduce over the model-parallel group before the optimizer step
-(megatron/core/optimizer/clip_grads.py get_grad_norm_fp32, --clip-grad 1.0 by default), a barrier that would
-make it max_s (g_s − D_s) + max_s o_s with the tail split into all-reduce g_s and optimizer o_s; the virtual
-cluster (memx/simulator/schedule.py simulate_plan) has no such barrier either (docs/results.md §The 1F1B assembly: paper vs cycle-mean, "Drain overlap assembly, measured").
+The virtual cluster runs Megatron's gradient-norm barrier (memx.simulator.step_sync: with --clip-grad > 0 no
+stage starts its optimizer step before every stage has finished its DP step), which makes the runtime's term
+max_s (g_s − D_s) + max_s o_s with the tail split into all-reduce g_s and optimizer o_s. This term keeps one tail per
+stage (the search's tables hold one): measured as a what-if, the split moves the closed form's time MAPE by
++0.02–0.05 points (docs/results.md §The 1F1B assembly, "The gradient-norm barrier and the default").
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ arrived: the previous stage's activation (forward) or the next stage's gradient 
 after a point-to-point transfer over the intra-node link when both stages sit on the same node
 (`place_plan`) and over the inter-node network otherwise. Every forward and backward of every micro
 batch gets its own noise draw. After its last backward each stage all-reduces its gradients over
-its DP replicas (ring), then runs the Adam step; the iteration ends when the last stage is done.
+its DP replicas (ring); once every stage has (Megatron's gradient-norm all-reduce before the optimizer step, a
+barrier at --clip-grad > 0: memx.simulator.step_sync), each runs the Adam step; the iteration ends when the last
+stage is done.
 With the distributed optimizer (`Plan.distributed_optimizer`) the all-reduce becomes a reduce-scatter
 of the fp32 gradients, the Adam step updates the rank's 1/dp shard, and an all-gather of the bf16
 parameters follows (Megatron-LM docs, "Distributed Optimizer"; ZeRO-1, Rajbhandari et al. 2020 §5).
@@ -47,7 +49,13 @@ from memx.simulator.links import link, shared_nic
 from memx.simulator.moe import dense_ffn, moe_stage_costs
 from memx.domain.stage_dp import has_stage_dp
 from memx.simulator.stage_dp import dp_step_ms, simulate_meshes
-from memx.simulator.step_sync import chunk_latency_ms, embedding_allreduce_ms, synchronised
+from memx.simulator.step_sync import (
+    behind_barrier,
+    chunk_latency_ms,
+    embedding_allreduce_ms,
+    grad_norm_ms,
+    synchronised,
+)
 from memx.simulator.physics import BF16_BYTES, Device
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
@@ -270,12 +278,15 @@ def _oom_reason(groups: list[_Group], first: int, demand: float) -> str:
 
 def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: int = 0,
                   conf_root: Path | None = None, traits: Mapping[str, GpuTraits] | None = None,
-                  static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM) -> PlanRun:
+                  static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM,
+                  grad_norm_barrier: bool = True) -> PlanRun:
     """Run one training iteration of a schema-1 or schema-2 `plan` (validated first: InputError on a
-    bad plan). Groups are placed jointly and run on one seeded noise stream, group after group."""
+    bad plan). Groups are placed jointly and run on one seeded noise stream, group after group.
+    grad_norm_barrier: Megatron-LM's --clip-grad > 0, its default (memx.simulator.step_sync); False: --clip-grad 0,
+    each stage's optimizer step right after its own DP step."""
     validate_any_plan(plan, cluster, model)
     if has_stage_dp(plan):  # one pipeline, dp_s groups per stage (memx.simulator.stage_dp)
-        return _meshes_run(plan, cluster, model, seed, conf_root, traits, static_bytes_per_param)
+        return _meshes_run(plan, cluster, model, seed, conf_root, traits, static_bytes_per_param, grad_norm_barrier)
     plans = group_plans(plan)
     placement = place_groups(plan, cluster)
     assert placement is not None  # validate_any_plan checked placement
@@ -306,7 +317,8 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
             else interleaved_replicas(g.plan, g.chunks, g.p2p, tr, rng) for g in groups]
     ready = [synchronised([finish[:, s].max() + g.dp_ar[s] for s in range(g.plan.pp)], g.emb_ms)
              for g, (finish, _) in zip(groups, runs)]
-    alone = [max(r + c.optimizer_ms for r, c in zip(rd, g.costs)) for g, rd in zip(groups, ready)]
+    norm = [grad_norm_ms(cluster, _norm_members(g, tr)) if grad_norm_barrier else None for g in groups]
+    alone = [_stepped(rd, n, g.costs) for g, rd, n in zip(groups, ready, norm)]
     extra: dict = {}
     if len(groups) > 1:
         if shared_partition(plan):  # one DP collective per stage over every group's replicas (module docstring)
@@ -317,8 +329,12 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
             segs = segments(plans, model)
             seg_ms = [segment_ms(sg, plans, placement, cluster, tr) for sg in segs]
             synced = schedule_sync(segs, seg_ms, ready)
-        ends = [max(t + c.optimizer_ms for t, c in zip(sy, g.costs)) for g, sy in zip(groups, synced)]
-        iteration = float(max(ends))
+        if grad_norm_barrier and plan.distributed_optimizer:  # the grad-stats group is every rank (step_sync)
+            world = grad_norm_ms(cluster, [m for g in groups for m in _norm_members(g, tr)])
+            iteration = behind_barrier([t for sy in synced for t in sy], world,
+                                       [c.optimizer_ms for g in groups for c in g.costs])
+        else:
+            iteration = max(_stepped(sy, n, g.costs) for g, sy, n in zip(groups, synced, norm))
         extra = dict(group_iteration_ms=tuple(float(a) for a in alone), cross_sync_ms=iteration - float(max(alone)))
     else:
         iteration = float(alone[0])
@@ -327,12 +343,28 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
                    stage_busy_fraction=tuple(float(x) for x in busy), **breakdown, **extra)
 
 
+def _stepped(ready: list[float], norm_ms: float | None, costs: list[StageCost]) -> float:
+    """A group's end: behind the gradient-norm barrier (`norm_ms`), or, without it (None: --clip-grad 0), each
+    stage's optimizer step right after its own DP step (memx.simulator.step_sync)."""
+    if norm_ms is None:
+        return float(max(r + c.optimizer_ms for r, c in zip(ready, costs)))
+    return behind_barrier(ready, norm_ms, [c.optimizer_ms for c in costs])
+
+
+def _norm_members(g: _Group, tr: dict[str, GpuTraits]) -> list[tuple[int, GpuTraits]]:
+    """(node, traits) of each rank of a group's grad-stats group (memx.simulator.step_sync): one replica's tp × pp
+    ranks, every replica's with the distributed optimizer."""
+    replicas = g.plan.dp if g.plan.distributed_optimizer else 1
+    return [(g.where[r][s], tr[st.gpu]) for r in range(replicas) for s, st in enumerate(g.plan.stages)
+            for _ in range(st.tp)]
+
+
 def _meshes_run(plan: Plan, cluster: Cluster, model: ModelArch, seed: int, conf_root: Path | None,
-                traits: Mapping[str, GpuTraits] | None, static_bytes_per_param: float) -> PlanRun:
+                traits: Mapping[str, GpuTraits] | None, static_bytes_per_param: float, grad_norm_barrier: bool) -> PlanRun:
     """simulate_plan of a plan with a per-stage dp (memx.simulator.stage_dp.simulate_meshes)."""
     tr = _traits_for({s.gpu for s in plan.stages}, traits, conf_root)
     run = simulate_meshes(plan, cluster, model, stage_signatures(plan, model), tr, static_bytes_per_param, seed,
-                          one_f1b_order)
+                          one_f1b_order, grad_norm_barrier)
     fields = {f: getattr(run, f) for f in ("demand_mem_mib", "capacity_mib", "oom_gpus", "stage_time_ms", "stage_busy_fraction",
                                            "p2p_ms", "dp_allreduce_ms", "optimizer_ms", "embedding_sync_ms")}
     if run.oom_gpus:

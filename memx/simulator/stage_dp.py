@@ -12,7 +12,8 @@ node's NICs are shared by its ranks that send (take) pieces across nodes, one fl
 Gradients go back the same way. After its last backward each stage's groups ring all-reduce their gradients over the stage's dp_s
 groups (tp_s rings at once; reduce-scatter + all-gather with the distributed optimizer); with tied embeddings the
 first and last stage then run FlagScale's embedding all-reduces (memx.simulator.step_sync.mesh_embedding_sync);
-then the Adam step; the iteration ends when the last stage has.
+then, behind the gradient-norm barrier (memx.simulator.step_sync: every stage waits for the last one's DP step), the
+Adam step; the iteration ends when the last stage has.
 With context parallelism cp (one for the plan) stage s has dp_s · cp groups (group g·cp + c: cp rank c of dp rank g,
 memx.domain.stage_dp.stage_groups), each a rank of s/cp tokens running the ring attention on its cp ring
 (memx.simulator.context_parallel.with_ring, `ring_costs`); cp rank c hands off to cp rank c; the gradient ring is
@@ -44,7 +45,7 @@ from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.links import link, ring, shared_nic
 from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, Device, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import StageCost, StageSignature, noise_factor, stage_cost
-from memx.simulator.step_sync import mesh_embedding_sync
+from memx.simulator.step_sync import behind_barrier, grad_norm_ms, mesh_embedding_sync
 from memx.simulator.traits import GpuTraits
 
 Piece = tuple[int, int, float]  # (source group, destination group, ms)
@@ -207,9 +208,9 @@ class MeshRun:
 
 def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[StageSignature],
                     tr: dict[str, GpuTraits], static_bytes_per_param: float, seed: int,
-                    order: Callable[[int, int, int], list[tuple[int, int]]]) -> MeshRun:
+                    order: Callable[[int, int, int], list[tuple[int, int]]], grad_norm_barrier: bool = True) -> MeshRun:
     """One iteration of a validated per-stage-dp plan (`sigs`: schedule.stage_signatures of the plan; `order`:
-    schedule.one_f1b_order)."""
+    schedule.one_f1b_order; grad_norm_barrier: as schedule.simulate_plan's)."""
     where = place_stage_groups(plan, cluster)
     assert where is not None  # validated
     model = plan_model(plan, model)
@@ -242,6 +243,11 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
     ready = [float(f.max() + a) for f, a in zip(finish, dp_ar)]  # a stage's ranks leave its DP collective together
     ready[0], ready[-1] = mesh_embedding_sync(plan, model, cluster, where, tr, ready[0], ready[-1])
     emb = max(ready[0], ready[-1]) - max(float(finish[0].max() + dp_ar[0]), float(finish[-1].max() + dp_ar[-1]))
-    iteration = float(max(r + c.optimizer_ms for r, c in zip(ready, costs)))
+    if grad_norm_barrier:  # memx.simulator.step_sync: one path's tp_s ranks, every rank with the distributed optimizer
+        members = [(node, tr[st.gpu]) for st, row in zip(plan.stages, where)
+                   for node in (row if plan.distributed_optimizer else row[:1]) for _ in range(st.tp)]
+        iteration = behind_barrier(ready, grad_norm_ms(cluster, members), [c.optimizer_ms for c in costs])
+    else:
+        iteration = float(max(r + c.optimizer_ms for r, c in zip(ready, costs)))
     return MeshRun(iteration_time_ms=iteration, stage_busy_fraction=tuple(float(b.mean() / iteration) for b in busy),
                    embedding_sync_ms=emb, **common)

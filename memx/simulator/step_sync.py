@@ -22,16 +22,28 @@
   bucket (megatron/core/distributed/distributed_data_parallel.py: bucket_size None) — so a rank of an
   interleaved plan runs v DP collectives of 1/v of its gradients each: the same bytes, v times the ring's
   2(r − 1) latency steps (`chunk_latency_ms`).
+- **The gradient-norm barrier**: with `--clip-grad` > 0 (Megatron-LM's default 1.0) the optimizer's step first
+  computes the global gradient norm, an all-reduce of one fp32 number over the grad-stats group
+  (megatron/core/optimizer/clip_grads.py get_grad_norm_fp32; the group is the model-parallel group, tp × pp
+  ranks of one replica, or every rank with the distributed optimizer: megatron/core/optimizer/optimizer.py
+  get_grad_stats_parallel_group, distrib_optimizer.py). No rank starts its Adam step before every rank of the
+  group has finished its DP step, so the iteration ends at max_s ready_s + the all-reduce + max_s optimizer_s
+  (`behind_barrier`), not at max_s (ready_s + optimizer_s). The all-reduce of 4 bytes is latency-bound; NCCL
+  runs such messages on its tree algorithm, 2·⌈log2 n⌉ steps (Sanders, Speck & Träff 2009, double binary
+  trees; simulator assumption: each step the slowest member's collective step latency plus the largest link
+  latency among the group's nodes, `grad_norm_ms`).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Sequence
 
 from memx.domain.plan import Plan
 from memx.domain.stage_dp import embedding_groups
 from memx.domain.specs import Cluster, ModelArch
-from memx.simulator.links import ring, ring_flows
+from memx.simulator.links import link, ring, ring_flows
 from memx.simulator.physics import GRAD_BYTES_OF, ring_allreduce_ms
 from memx.simulator.traits import GpuTraits
 
@@ -100,3 +112,21 @@ def mesh_embedding_sync(plan: Plan, model: ModelArch, cluster: Cluster, where: l
         end = max(done_f.get(f, first_ready), done_l.get(l_, last_ready)) + ms
         done_f[f] = done_l[l_] = end
     return max(done_f.values()), max(done_l.values())
+
+
+def grad_norm_ms(cluster: Cluster, members: Sequence[tuple[int, GpuTraits]]) -> float:
+    """The gradient norm's all-reduce over the grad-stats group `members` ((node, traits) per rank): 2·⌈log2 n⌉
+    tree steps (module docstring); 0 for one rank."""
+    n = len(members)
+    if n <= 1:
+        return 0.0
+    nodes = sorted({node for node, _ in members})
+    lat = max((link(cluster, a, b)[1] for a, b in zip(nodes, nodes[1:])), default=0.0)
+    step = max(t.collective_step_latency_ms for _, t in members) + lat
+    return 2.0 * math.ceil(math.log2(n)) * step
+
+
+def behind_barrier(ready: Sequence[float], norm_ms: float, optimizer_ms: Sequence[float]) -> float:
+    """When the last stage has done its Adam step behind the gradient-norm barrier (module docstring): every
+    stage starts it `norm_ms` after the last of them is ready."""
+    return float(max(ready)) + norm_ms + float(max(optimizer_ms))

@@ -115,7 +115,11 @@ def test_simulator_tied_embedding_all_reduce(env):
     nbytes = GRAD_BYTES_OF["bf16"] * untied.vocab * untied.hidden
     emb = nbytes / (NIC * 1e6 * t.link_efficiency) + 2 * (t.collective_step_latency_ms + LAT)
     assert a.embedding_sync_ms == 0.0 and b.embedding_sync_ms == pytest.approx(emb, rel=1e-9)
-    # stage 0 finishes last in 1F1B: both ends wait for it, exchange, then step; untied each steps on its own
+    # stage 0 finishes last in 1F1B: both ends wait for it and exchange; behind the gradient-norm barrier every
+    # stage then waits for the later of them, so the exchange adds itself and nothing more
+    assert b.iteration_time_ms - a.iteration_time_ms == pytest.approx(emb, rel=1e-9)
+    # without the barrier (--clip-grad 0) untied each stage steps on its own
+    a, b = (simulate_plan(plan, cluster, m, traits=tr, grad_norm_barrier=False) for m in (untied, tied))
     o0, o1 = b.optimizer_ms
     assert b.iteration_time_ms - a.iteration_time_ms == pytest.approx(emb + max(o0, o1) - o0, rel=1e-9)
 
