@@ -1,6 +1,6 @@
 """What-if for issue #27: the drained tail split as Megatron-LM's gradient-norm barrier makes it,
 max_s (g_s − D_s) + max_s o_s (g: DP step + step-level collectives, o: optimizer step), against the one-tail term
-max_s (tail_s − D_s) that `pipeline_assembly: cycle-mean-drain` uses (memx.planner.drain).
+max_s (tail_s − D_s) that `pipeline_assembly: cycle-mean-drain`, the default, uses (memx.planner.drain).
 
   PYTHONPATH=. .venv/bin/python bench/split_tail_whatif.py bench/assembly_as.py cycle-mean-drain bench/context_parallel.py --cases-only
   PYTHONPATH=. .venv/bin/python bench/split_tail_whatif.py bench/closed_form_accuracy.py --plans 100 --options --assembly cycle-mean-drain

@@ -1,5 +1,5 @@
-"""The drain overlap of plain 1F1B (`pipeline_assembly: cycle-mean-drain`, issue #27; docs/planner.md §The 1F1B
-steady state): each stage's tail (its DP gradient step and optimizer step) starts at that stage's own last
+"""The drain overlap of plain 1F1B (`pipeline_assembly: cycle-mean-drain`, the default since session 11, issue #27;
+docs/planner.md §The 1F1B steady state): each stage's tail (its DP gradient step and optimizer step) starts at that stage's own last
 backward, not after stage 0's.
 
 In 1F1B the last micro batch's backward runs from the last stage down to stage 0 (Narayanan et al. 2021 §2.2.1,
@@ -13,8 +13,8 @@ term is ≥ tail_0 ≥ 0 and ≤ max_s tail_s (never above the cycle-mean assemb
 The virtual cluster runs Megatron's gradient-norm barrier (memx.simulator.step_sync: with --clip-grad > 0 no
 stage starts its optimizer step before every stage has finished its DP step), which makes the runtime's term
 max_s (g_s − D_s) + max_s o_s with the tail split into all-reduce g_s and optimizer o_s. This term keeps one tail per
-stage (the search's tables hold one): measured as a what-if, the split moves the closed form's time MAPE by
-+0.02–0.05 points (docs/results.md §The 1F1B assembly, "The gradient-norm barrier and the default").
+stage (the search's tables hold one): measured as a what-if, the split makes the closed form's time MAPE 0.02–0.05
+points worse (docs/results.md §The 1F1B assembly, "The gradient-norm barrier and the default").
 """
 
 from __future__ import annotations
