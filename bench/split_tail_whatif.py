@@ -23,7 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from memx.planner import schedule  # noqa: E402
-from memx.planner.drain import drained_tail_ms  # noqa: E402
 
 
 def patch() -> None:
@@ -41,10 +40,8 @@ def patch() -> None:
         opt = getattr(self, "_optimizer_ms", None)
         if self.virtual_stages > 1 or not schedule.drains(self.assembly) or opt is None or opt.shape != tail.shape:
             return assemble_of(self, stage_ms, stage_mib, tail)
-        loop = self.loop_ms(stage_ms.dtype)
-        last = drained_tail_ms(stage_ms, tail - opt, loop) + opt.max(axis=0)
-        T = (self.micro_batches - 1) * schedule.steady_period_ms(stage_ms, loop) + schedule.stage_sum(stage_ms) \
-            + (self.fixed_ms + last)
+        T = schedule.iteration_time_ms(stage_ms, self.micro_batches, self.fixed_ms, tail - opt,
+                                       self.loop_ms(stage_ms.dtype), drain=True) + opt.max(axis=0)
         return T, schedule.memory_stats(stage_mib, self.gpu_weight, self.capacity_mib)
 
     schedule.Pipeline.tail_ms, schedule.Pipeline.assemble = tail_ms, assemble

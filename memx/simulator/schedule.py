@@ -49,13 +49,7 @@ from memx.simulator.links import link, shared_nic
 from memx.simulator.moe import dense_ffn, moe_stage_costs
 from memx.domain.stage_dp import has_stage_dp
 from memx.simulator.stage_dp import dp_step_ms, simulate_meshes
-from memx.simulator.step_sync import (
-    behind_barrier,
-    chunk_latency_ms,
-    embedding_allreduce_ms,
-    grad_norm_ms,
-    synchronised,
-)
+from memx.simulator.step_sync import chunk_latency_ms, embedding_allreduce_ms, grad_norm_ms, step_end, synchronised
 from memx.simulator.physics import BF16_BYTES, Device
 from memx.simulator.stage import (
     ADAM_STATIC_BYTES_PER_PARAM,
@@ -318,7 +312,7 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
     ready = [synchronised([finish[:, s].max() + g.dp_ar[s] for s in range(g.plan.pp)], g.emb_ms)
              for g, (finish, _) in zip(groups, runs)]
     norm = [grad_norm_ms(cluster, _norm_members(g, tr)) if grad_norm_barrier else None for g in groups]
-    alone = [_stepped(rd, n, g.costs) for g, rd, n in zip(groups, ready, norm)]
+    alone = [step_end(rd, [c.optimizer_ms for c in g.costs], n) for g, rd, n in zip(groups, ready, norm)]
     extra: dict = {}
     if len(groups) > 1:
         if shared_partition(plan):  # one DP collective per stage over every group's replicas (module docstring)
@@ -331,24 +325,16 @@ def simulate_plan(plan: AnyPlan, cluster: Cluster, model: ModelArch, *, seed: in
             synced = schedule_sync(segs, seg_ms, ready)
         if grad_norm_barrier and plan.distributed_optimizer:  # the grad-stats group is every rank (step_sync)
             world = grad_norm_ms(cluster, [m for g in groups for m in _norm_members(g, tr)])
-            iteration = behind_barrier([t for sy in synced for t in sy], world,
-                                       [c.optimizer_ms for g in groups for c in g.costs])
+            iteration = step_end([t for sy in synced for t in sy], [c.optimizer_ms for g in groups for c in g.costs],
+                                 world)
         else:
-            iteration = max(_stepped(sy, n, g.costs) for g, sy, n in zip(groups, synced, norm))
+            iteration = max(step_end(sy, [c.optimizer_ms for c in g.costs], n) for g, sy, n in zip(groups, synced, norm))
         extra = dict(group_iteration_ms=tuple(float(a) for a in alone), cross_sync_ms=iteration - float(max(alone)))
     else:
         iteration = float(alone[0])
     busy = [x for _, b in runs for x in b.mean(axis=0) / iteration]
     return PlanRun(iteration_time_ms=iteration, peak_mem_mib=tuple(demand), oom=False, reason="", oom_gpus=(),
                    stage_busy_fraction=tuple(float(x) for x in busy), **breakdown, **extra)
-
-
-def _stepped(ready: list[float], norm_ms: float | None, costs: list[StageCost]) -> float:
-    """A group's end: behind the gradient-norm barrier (`norm_ms`), or, without it (None: --clip-grad 0), each
-    stage's optimizer step right after its own DP step (memx.simulator.step_sync)."""
-    if norm_ms is None:
-        return float(max(r + c.optimizer_ms for r, c in zip(ready, costs)))
-    return behind_barrier(ready, norm_ms, [c.optimizer_ms for c in costs])
 
 
 def _norm_members(g: _Group, tr: dict[str, GpuTraits]) -> list[tuple[int, GpuTraits]]:

@@ -45,7 +45,7 @@ from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.links import link, ring, shared_nic
 from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, Device, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import StageCost, StageSignature, noise_factor, stage_cost
-from memx.simulator.step_sync import behind_barrier, grad_norm_ms, mesh_embedding_sync
+from memx.simulator.step_sync import grad_norm_ms, mesh_embedding_sync, step_end
 from memx.simulator.traits import GpuTraits
 
 Piece = tuple[int, int, float]  # (source group, destination group, ms)
@@ -243,11 +243,10 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
     ready = [float(f.max() + a) for f, a in zip(finish, dp_ar)]  # a stage's ranks leave its DP collective together
     ready[0], ready[-1] = mesh_embedding_sync(plan, model, cluster, where, tr, ready[0], ready[-1])
     emb = max(ready[0], ready[-1]) - max(float(finish[0].max() + dp_ar[0]), float(finish[-1].max() + dp_ar[-1]))
-    if grad_norm_barrier:  # memx.simulator.step_sync: one path's tp_s ranks, every rank with the distributed optimizer
-        members = [(node, tr[st.gpu]) for st, row in zip(plan.stages, where)
-                   for node in (row if plan.distributed_optimizer else row[:1]) for _ in range(st.tp)]
-        iteration = behind_barrier(ready, grad_norm_ms(cluster, members), [c.optimizer_ms for c in costs])
-    else:
-        iteration = float(max(r + c.optimizer_ms for r, c in zip(ready, costs)))
+    # the grad-stats group (memx.simulator.step_sync): one path's tp_s ranks, every rank with the distributed optimizer
+    members = [(node, tr[st.gpu]) for st, row in zip(plan.stages, where)
+               for node in (row if plan.distributed_optimizer else row[:1]) for _ in range(st.tp)]
+    iteration = step_end(ready, [c.optimizer_ms for c in costs],
+                         grad_norm_ms(cluster, members) if grad_norm_barrier else None)
     return MeshRun(iteration_time_ms=iteration, stage_busy_fraction=tuple(float(b.mean() / iteration) for b in busy),
                    embedding_sync_ms=emb, **common)

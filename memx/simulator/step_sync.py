@@ -28,7 +28,7 @@
   ranks of one replica, or every rank with the distributed optimizer: megatron/core/optimizer/optimizer.py
   get_grad_stats_parallel_group, distrib_optimizer.py). No rank starts its Adam step before every rank of the
   group has finished its DP step, so the iteration ends at max_s ready_s + the all-reduce + max_s optimizer_s
-  (`behind_barrier`), not at max_s (ready_s + optimizer_s). The all-reduce of 4 bytes is latency-bound; NCCL
+  (`step_end`), not at max_s (ready_s + optimizer_s). The all-reduce of 4 bytes is latency-bound; NCCL
   runs such messages on its tree algorithm, 2·⌈log2 n⌉ steps (Sanders, Speck & Träff 2009, double binary
   trees; simulator assumption: each step the slowest member's collective step latency plus the largest link
   latency among the group's nodes, `grad_norm_ms`).
@@ -126,7 +126,10 @@ def grad_norm_ms(cluster: Cluster, members: Sequence[tuple[int, GpuTraits]]) -> 
     return 2.0 * math.ceil(math.log2(n)) * step
 
 
-def behind_barrier(ready: Sequence[float], norm_ms: float, optimizer_ms: Sequence[float]) -> float:
-    """When the last stage has done its Adam step behind the gradient-norm barrier (module docstring): every
-    stage starts it `norm_ms` after the last of them is ready."""
+def step_end(ready: Sequence[float], optimizer_ms: Sequence[float], norm_ms: float | None) -> float:
+    """When the last stage has done its Adam step, each stage ready (DP step done) at `ready`: behind the
+    gradient-norm barrier every stage starts it `norm_ms` after the last of them is ready (module docstring);
+    None (--clip-grad 0): each stage right after its own DP step."""
+    if norm_ms is None:
+        return float(max(r + o for r, o in zip(ready, optimizer_ms)))
     return float(max(ready)) + norm_ms + float(max(optimizer_ms))

@@ -14,7 +14,7 @@ from memx.domain.catalog import load_cluster, load_gpu, load_model
 from memx.domain.plan import Plan, Stage, plan_from_dict
 from memx.domain.specs import Cluster, Node
 from memx.simulator import load_traits, simulate_plan
-from memx.simulator.step_sync import behind_barrier, grad_norm_ms
+from memx.simulator.step_sync import grad_norm_ms, step_end
 
 LAT = 0.05  # ms per message through a NIC
 
@@ -42,7 +42,8 @@ def test_the_norm_all_reduce_is_a_latency_bound_tree():
     spread = [(n, t) for n in range(4)] + [(0, t)]  # 5 ranks: ⌈log2 5⌉ = 3 steps each way
     assert grad_norm_ms(cluster, spread) == pytest.approx(2 * 3 * (t.collective_step_latency_ms + LAT))
     assert grad_norm_ms(cluster, [(0, t)]) == 0.0
-    assert behind_barrier([5.0, 9.0, 7.0], 0.5, [3.0, 1.0, 2.0]) == 9.0 + 0.5 + 3.0
+    assert step_end([5.0, 9.0, 7.0], [3.0, 1.0, 2.0], 0.5) == 9.0 + 0.5 + 3.0
+    assert step_end([5.0, 9.0, 7.0], [3.0, 1.0, 2.0], None) == 9.0 + 1.0  # --clip-grad 0: each after its own
 
 
 def test_every_stage_steps_behind_the_last_ready_one():
