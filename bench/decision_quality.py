@@ -2,7 +2,7 @@
 
   python bench/decision_quality.py [--space catalog|paper] [--assembly paper|cycle-mean|cycle-mean-drain] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
                                    [--reach 1.10] [--slack 0.10] [--seed 0] [--predictor analytic|learned]
-                                   [--rules R1,R2] [--population-worlds nominal,spike] [--dump DIR]
+                                   [--rules R1,R2] [--population-worlds nominal,spike] [--dump DIR] [--nic-efficiency 0.9]
   python bench/decision_quality.py --scenarios mixed-1024/llama3-405b --sample-floors 0.1,0.2 [--fastest 5]
 
 For each scenario (cluster / model, the catalog's `default` search, weights auto) and predictor — `analytic` (the
@@ -36,7 +36,8 @@ among the window's plans whose predicted margin clears floor + allowance (none: 
 Output: one table row per (scenario, rule) with the four worlds side by side, then the totals per rule
 (misses counted in the nominal world), then per scenario the predictor's accuracy over the population (measured /
 predicted time, 5th–95th percentile; Spearman of predicted and measured time) and the seconds spent.
-`--rules` limits the rules searched; `--population-worlds` the worlds the whole population runs in (the picks always
+`--nic-efficiency X` sets every scenario cluster's `nic_efficiency` (the closed form's NICs at X × line rate,
+docs/planner.md §Network; the virtual cluster never reads it). `--rules` limits the rules searched; `--population-worlds` the worlds the whole population runs in (the picks always
 run in all four; the other worlds' cells then give the pick's margin only); `--dump DIR` writes each scenario's
 population (bench/decision_rules.py analyses candidate rules on it). mixed-1024/llama3-405b runs as a population
 with a narrower reach (docs/results.md: `--reach 1.05 --slack 0 --population-worlds nominal,spike`).
@@ -222,9 +223,11 @@ def accuracy(keys, pool, meas) -> dict:
 
 def scenario(name: str, *, reach: float, slack: float, seed: int, space: str = "catalog", rules=PICK_RULES,
              oracle: bool = False, allowances: tuple[float, ...] = (), kind: str = "analytic", dump: str = "",
-             worlds: tuple[str, ...] = WORLDS, assembly: str | None = None):
+             worlds: tuple[str, ...] = WORLDS, assembly: str | None = None, nic_efficiency: float | None = None):
     cl_name, mo_name = name.split("/")
     cl, mo = load_cluster(cl_name), load_model(mo_name)
+    if nic_efficiency is not None:  # the closed form's NICs (memx.planner.network); the simulator never reads it
+        cl = dataclasses.replace(cl, nic_efficiency=nic_efficiency)
     sp0 = base_space(space, assembly)
     tp = time.perf_counter()
     pred = predictor(cl, mo, sp0, kind, seed)
@@ -391,6 +394,8 @@ def main(argv=None) -> int:
     ap.add_argument("--predictor", choices=("analytic", "learned"), default="analytic")
     ap.add_argument("--assembly", choices=PIPELINE_ASSEMBLIES, default=None,
                     help="the search's pipeline_assembly (1F1B steady state, issues #22/#27); default: the YAML's")
+    ap.add_argument("--nic-efficiency", type=float, default=None,
+                    help="the clusters' nic_efficiency (docs/planner.md §Network); default: as the YAML (line rate)")
     ap.add_argument("--oracle", action="store_true", help="also the floor rules applied to the measured metrics")
     ap.add_argument("--allowances", default="", help="e.g. 0.05,0.1: also least Φ above floor + allowance")
     ap.add_argument("--sample-floors", default="", help="e.g. 0.1,0.2,0.3: the small-sample mode (`sample`)")
@@ -415,7 +420,7 @@ def main(argv=None) -> int:
             return 0
         rows, infos = run(args)
     print(f"predictor {args.predictor}, space {args.space}, pipeline_assembly {args.assembly or 'as the YAML'}, "
-          f"simulator seed {args.seed}")
+          f"nic_efficiency {args.nic_efficiency or 'as the YAML'}, simulator seed {args.seed}")
     print("cell = measured margin · T / T* (fastest safe) · Φ rank in the window / window size [dom = dominated]\n")
     print(table(rows))
     print()
@@ -434,7 +439,7 @@ def run(args):
     rows, infos = [], []
     for name in args.scenarios.split(","):
         r, info, _ = scenario(name, reach=args.reach, slack=args.slack, seed=args.seed, space=args.space,
-                               assembly=args.assembly,
+                               assembly=args.assembly, nic_efficiency=args.nic_efficiency,
                                oracle=args.oracle, kind=args.predictor, dump=args.dump,
                                rules=tuple(args.rules.split(",")), worlds=tuple(args.population_worlds.split(",")),
                                allowances=tuple(float(a) for a in args.allowances.split(",") if a))

@@ -203,6 +203,9 @@ class Cluster:
     (the two NICs). docs/planner.md §Network."""
     cross_vendor_latency_ms: Latency | None = None
     """Latency of one cross-vendor message, ms (> 0, ≤ 1,000); None: as between nodes of one vendor."""
+    nic_efficiency: Annotated[float, Gt(0), Le(1)] | None = None
+    """Achieved / line rate of the NICs (nccl-tests busbw across nodes ÷ NIC bandwidth; 0 < x ≤ 1) in the closed
+    form's inter-node hops; None: line rate, the paper's B. docs/planner.md §Network (the simulator ignores it)."""
 
     def __post_init__(self) -> None:
         check_spec(self, self._cross_problems)
@@ -227,10 +230,7 @@ class Cluster:
         return tuple(n.count for n in self.nodes if n.gpu.name == gpu_name)
 
     def gpu(self, gpu_name: str) -> GpuType:
-        for g in self.gpu_types:
-            if g.name == gpu_name:
-                return g
-        raise KeyError(gpu_name)
+        return {g.name: g for g in self.gpu_types}[gpu_name]  # KeyError for a name not in the cluster
 
     @property
     def total_gpus(self) -> int:

@@ -13,7 +13,8 @@ all-reduce and optimizer shards) plus what the ring attention adds, per layer an
   sequence and so its one block; this adds the other cp − 1.
 - the K/V exchange: cp − 1 ring steps, each sending the rank's K and V chunk, 2·b·(s/cp)·h_kv/t · 2 B (h_kv =
   g·h/a; heads split over tp), so 2·(cp − 1)/cp·b·s·h_kv/t · 2 B forward, a step taking chunk / (link · link
-  efficiency) + collective step latency + network latency (conf/runtime, as the TP ring's ring_ms); the backward sends K, V and their
+  efficiency) + collective step latency + network latency (conf/runtime, as the TP ring's ring_ms; where the cluster gives
+  `nic_efficiency`, a ring bound by a NIC hop runs at that NIC's achieved rate instead, memx.planner.network); the backward sends K, V and their
   gradients dK, dV: twice that (TE's AttnFuncWithCPAndKVP2P). TE posts step i + 1's send/recv before it
   computes block i (double-buffered), so a step takes max(block compute, transfer): what is charged is the
   non-overlapped part, (cp − 1)·max(0, transfer − block) per pass — a slower link only shows where it is
@@ -74,9 +75,12 @@ def cp_links(cluster: Cluster, plan) -> tuple[tuple[float, ...], tuple[float, ..
 
 
 def ring_terms(sigs, cp: np.ndarray, link_gbps: np.ndarray, latency_ms: np.ndarray,
-               gpus: Mapping[str, GpuType], profiles: Mapping[str, RuntimeProfile]) -> tuple[np.ndarray, np.ndarray]:
+               gpus: Mapping[str, GpuType], profiles: Mapping[str, RuntimeProfile], *,
+               nic_achieved: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(ms, MiB) the ring adds to each signature row's time (forward + backward of one micro batch) and peak;
-    rows are per-rank signatures (seq_len s/cp), cp = 1 rows add nothing (module docstring)."""
+    rows are per-rank signatures (seq_len s/cp), cp = 1 rows add nothing (module docstring). `nic_achieved`: the
+    cluster gives `nic_efficiency`, so a ring whose slowest hop is a NIC (slower than the GPU's intra-node link)
+    already runs at that NIC's achieved rate, and the NVLink efficiency applies to NVLink-bound rings only."""
     c = signature_arrays(sigs)
     cp = np.asarray(cp, dtype=np.float64)
     on = cp > 1
@@ -91,6 +95,9 @@ def ring_terms(sigs, cp: np.ndarray, link_gbps: np.ndarray, latency_ms: np.ndarr
     # collective step latency and the network latency (memx.planner.runtime_terms.ring_ms's terms)
     eff = np.array([profiles[str(g)].link_efficiency for g in c["gpu"]], dtype=np.float64)
     gbps = np.maximum(np.asarray(link_gbps, dtype=np.float64), 1e-9)
+    if nic_achieved:
+        intra = np.array([gpus[str(g)].intra_node_bandwidth_gbps for g in c["gpu"]], dtype=np.float64)
+        eff = np.where(gbps < intra, 1.0, eff)
     step = chunk / (gbps * 1e6 * eff) + rc.step_ms + np.asarray(latency_ms)
     steps = np.maximum(cp - 1.0, 0.0)
     fwd = steps * (a_f + np.maximum(0.0, step - a_f))
@@ -116,7 +123,8 @@ def add_ring_terms(pred: dict[str, np.ndarray], sigs, contexts: Sequence, ctx_in
         return pred
     gbps = np.array([c.cp_gbps for c in contexts])[ctx_index]
     lat = np.array([c.cp_latency_ms for c in contexts])[ctx_index]
-    ms, mib = ring_terms(sigs, cp, gbps, lat, {g.name: g for g in cluster.gpu_types}, runtime_profiles(cluster))
+    ms, mib = ring_terms(sigs, cp, gbps, lat, {g.name: g for g in cluster.gpu_types}, runtime_profiles(cluster),
+                         nic_achieved=cluster.nic_efficiency is not None)
     out = dict(pred)
     for col in [k for k in out if k.startswith("time_ms")]:
         out[col] = np.asarray(out[col], dtype=np.float64) + ms

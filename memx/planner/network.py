@@ -14,6 +14,10 @@ closed form reads that as:
   NIC · min(1, n / k) each (our assumption: the flows spread evenly over the NICs, as NCCL binds each
   GPU to its nearest NIC);
 - the dp replicas' p2p transfers across one stage boundary run at once, each one flow (`p2p_link`);
+- a NIC runs at `nic_efficiency` × its line rate where the cluster gives one (what nccl-tests measures across
+  nodes ÷ the NIC's bandwidth; e.g. Calculon's 0.9 for Selene's HDR InfiniBand, Isaev et al. SC'23,
+  realdata/calculon/systems/a100_80g.json), else at line rate (the paper's B); the cross-vendor link is a
+  measured figure already and is not scaled again (below the NICs it is the smaller anyway);
 - a ring collective runs at its slowest hop (NCCL's ring: every rank sends and receives each step,
   so a step takes as long as its slowest transfer; Patarasuk & Yuan 2009 §3). With several concurrent
   rings (one per tensor-parallel rank) every ring's hop out of a node is one flow through that node.
@@ -51,7 +55,8 @@ def _nodes(cluster: Cluster) -> _Nodes:
     if hit is not None and hit[0] is cluster:
         return hit[1]
     n = range(len(cluster.nodes))
-    cols = _Nodes(nic_gbps=tuple(cluster.nic_gbps(i) for i in n), latency_ms=tuple(cluster.nic_latency(i) for i in n),
+    eff = 1.0 if cluster.nic_efficiency is None else cluster.nic_efficiency  # module docstring
+    cols = _Nodes(nic_gbps=tuple(cluster.nic_gbps(i) * eff for i in n), latency_ms=tuple(cluster.nic_latency(i) for i in n),
                   nics=tuple(node.nics for node in cluster.nodes), vendor=tuple(node.gpu.vendor for node in cluster.nodes),
                   intra_gbps=tuple(node.gpu.intra_node_bandwidth_gbps for node in cluster.nodes))
     if len(_NODES) >= 8:
@@ -76,6 +81,11 @@ def _pair(cluster: Cluster, nodes: _Nodes, a: int, b: int) -> tuple[float, float
         if cluster.cross_vendor_latency_ms is not None:
             lat = cluster.cross_vendor_latency_ms
     return bw, lat
+
+
+def nic_gbps(cluster: Cluster, node: int) -> float:
+    """GB/s one NIC of node `node` achieves (its line rate × the cluster's `nic_efficiency`, module docstring)."""
+    return _nodes(cluster).nic_gbps[node]
 
 
 def nic_share_gbps(cluster: Cluster, node: int, flows: int) -> float:

@@ -74,7 +74,7 @@ from memx.planner.collectives import dp_collective_ms, embedding_link, tied_embe
 from memx.planner.cost import MIB, ring_allreduce_ms, stage_params_per_rank, static_bytes_per_param
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics
-from memx.planner.network import ring_link
+from memx.planner.network import nic_gbps, ring_link
 from memx.planner.schedule import optimizer_ms
 from memx.planner.signatures import StagePredictor
 
@@ -124,7 +124,7 @@ def cross_group_sync_ms(plan: AnyPlan, cluster: Cluster, model: ModelArch,
                 reps = range(parts[g].dp) if do else (0,)
                 for r in reps:
                     node = where[g][r][s]
-                    nic = min(bw * k, cluster.nic_gbps(node) * cluster.nodes[node].nics)
+                    nic = min(bw * k, nic_gbps(cluster, node) * cluster.nodes[node].nics)
                     share = float(ring_allreduce_ms(nbytes / len(reps), G, nic)) + lat
                     load[("node", node)] = load.get(("node", node), 0.0) + share
     if not do:  # plain: each group broadcasts the global sum from replica 0 to its other replicas

@@ -1,0 +1,85 @@
+"""The cluster's `nic_efficiency` (issues #23, #27; memx.planner.network, docs/planner.md §Network): the closed form
+with every NIC hop at e × its line rate against the same closed form at line rate (the field absent), on the
+virtual cluster's random plans and on vTrain's measured multi-node iterations.
+
+Why: without the field the closed form runs a NIC hop at its nominal bandwidth in the DP ring, the p2p transfers,
+the MoE all-to-all and the per-stage-dp exchange (the paper's T_dp with the cluster YAML's B), while its
+context-parallel ring runs every hop, NIC hops included, at the GPU's NVLink efficiency (conf/runtime
+`link_efficiency`, 0.7–0.8). The virtual cluster runs every hop at its GPU's link efficiency
+(memx.simulator.links.ring). With the field every NIC hop runs at e × line rate, the cp ring's NIC-bound hops
+included (memx.planner.context_parallel.ring_terms `nic_achieved`), and its NVLink efficiency stays on NVLink hops.
+e = 1.0 therefore measures the cp ring's consistency alone; e = 0.9 is Calculon's inter-node efficiency for the
+A100 system it validated against Korthikanti et al.'s Selene measurements
+(../shared/realdata/calculon/systems/a100_80g.json, networks[1].efficiency; Isaev et al., SC'23).
+
+Rows: random plans as bench/moe.py and bench/context_parallel.py draw them, each simulated once (the simulator
+never reads the field), and vTrain's measured multi-node iterations (bench/vtrain_multi.py: real A100 data,
+64–512 GPUs). Figures: docs/results.md §The NIC's achieved bandwidth.
+
+Usage: PYTHONPATH=. .venv/bin/python bench/nic_efficiency.py [--plans 200]   (about 10 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import sys
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
+from memx.planner.cost import AnalyticStageModel  # noqa: E402
+from memx.planner.estimate import estimate_plans  # noqa: E402
+from memx.simulator import draw_plans, simulate_plan  # noqa: E402
+
+from bench.context_parallel import with_cp  # noqa: E402
+from bench.interleave import figures  # noqa: E402
+from bench.moe import with_experts  # noqa: E402
+from bench.vtrain_multi import closed_form, load_multi, scores  # noqa: E402
+
+CALCULON_INTER_NODE = 0.9
+
+
+def simulated_rows(label: str, plans, cluster, model) -> None:
+    runs = [simulate_plan(p, cluster, model, seed=i) for i, p in enumerate(plans)]
+    pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
+    out = [f"{label}: line rate (no field) {figures(plans, runs, estimate_plans(plans, cluster, model, pred), predicted_feasible=True)}"]
+    for e in (1.0, CALCULON_INTER_NODE):
+        est = estimate_plans(plans, dataclasses.replace(cluster, nic_efficiency=e), model, pred)
+        out.append(f"  nic_efficiency {e:g}: {figures(plans, runs, est, predicted_feasible=True)}")
+    print("\n".join(out), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--plans", type=int, default=200, help="random plans per context-parallel case")
+    ap.add_argument("--seed", type=int, default=3)
+    args = ap.parse_args()
+    rnd = random.Random(args.seed)
+    for cname, mname in (("mixed-1024", "qwen1.5-moe-a2.7b"), ("h100-mi300x-32", "mixtral-8x7b")):
+        cluster, model = load_cluster(cname), load_model(mname)
+        drawn = draw_plans(cluster, model, load_search("default"), n=40, seed=args.seed)
+        simulated_rows(f"{cname} {mname} random ep", [with_experts(p, model.num_experts, rnd) for p in drawn],
+                       cluster, model)
+    for cname, mname in (("a100-h20-h100-256", "llama3-8b-32k"), ("h100-h20-16", "llama3-8b")):
+        cluster, model = load_cluster(cname), load_model(mname)
+        drawn = draw_plans(cluster, model, load_search("default"), n=4 * args.plans, seed=args.seed)
+        simulated_rows(f"{cname} {mname} context-parallel",
+                       [p for d in drawn if (p := with_cp(d)) is not None][:args.plans], cluster, model)
+    realdata = Path(os.environ.get("MEMX_REALDATA", REPO.parent / "shared" / "realdata"))
+    if realdata.is_dir():
+        df = load_multi(realdata)
+        line = [f"vTrain multi-node (measured, {len(df)} rows): line rate MAPE={100 * scores(df, *closed_form(df)).mape:.2f}%"]
+        for e in (1.0, CALCULON_INTER_NODE):
+            line.append(f"nic_efficiency {e:g} MAPE={100 * scores(df, *closed_form(df, e)).mape:.2f}%")
+        print("  ".join(line))
+
+
+if __name__ == "__main__":
+    main()
