@@ -37,10 +37,11 @@ Output: one table row per (scenario, rule) with the four worlds side by side, th
 (misses counted in the nominal world), then per scenario the predictor's accuracy over the population (measured /
 predicted time, 5th–95th percentile; Spearman of predicted and measured time) and the seconds spent.
 `--nic-efficiency X` sets every scenario cluster's `nic_efficiency` (the closed form's NICs at X × line rate,
-docs/planner.md §Network; the virtual cluster never reads it). `--rules` limits the rules searched; `--population-worlds` the worlds the whole population runs in (the picks always
-run in all four; the other worlds' cells then give the pick's margin only); `--dump DIR` writes each scenario's
-population (bench/decision_rules.py analyses candidate rules on it). mixed-1024/llama3-405b runs as a population
-with a narrower reach (docs/results.md: `--reach 1.05 --slack 0 --population-worlds nominal,spike`).
+docs/planner.md §Network; the virtual cluster never reads it). `--rules` limits the rules searched;
+`--population-worlds` the worlds the whole population runs in (the picks always run in all four; the other worlds'
+cells then give the pick's margin only); `--dump DIR` writes each scenario's population (bench/decision_rules.py
+analyses candidate rules on it). mixed-1024/llama3-405b runs as a population with a narrower reach
+(docs/results.md: `--reach 1.05 --slack 0 --population-worlds nominal,spike`).
 `--sample-floors F1,F2,...` (`sample`): where the population is out of reach, only the default rule's pick at each
 floor and the `--fastest` fastest plans predicted safe at F1, measured in the four worlds (a sample, not a population).
 """

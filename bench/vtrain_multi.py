@@ -152,9 +152,11 @@ def main() -> None:
     print(f"vTrain ground_truth_multi: {len(df)} rows with tp ≤ 8 (of 109)")
     for line in scores(df, *closed_form(df)).lines("closed form (runtime catalog, eager attention)"):
         print(line)
-    for line in scores(df, *virtual_cluster(df)).lines("virtual cluster (vTrain-calibrated A100, link efficiency 0.78)"):
+    link_efficiency = load_traits(GPU).link_efficiency  # the virtual cluster's A100 hop efficiency
+    for line in scores(df, *virtual_cluster(df)).lines(f"virtual cluster (vTrain-calibrated A100, link efficiency "
+                                                       f"{link_efficiency:g})"):
         print(line)
-    for eff in (0.9, 0.78):
+    for eff in (0.9, link_efficiency):
         s = scores(df, *closed_form(df, eff))
         print(f"closed form, nic_efficiency {eff:g}: MAPE={100 * s.mape:.2f}% median "
               f"ratio={s.median_ratio:.3f} " + " ".join(f"{p:g}B={100 * v[1]:.2f}%" for p, v in s.per_model.items()))

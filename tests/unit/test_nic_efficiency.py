@@ -9,9 +9,8 @@ import dataclasses
 import pytest
 
 from memx.domain.catalog import load_cluster, load_model
-from memx.domain.errors import InputError
+from memx.domain.errors import InputError, SpecError
 from memx.domain.plan import Plan, Stage
-from memx.domain.errors import SpecError
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import estimate_plans
 from memx.planner.network import nic_gbps, pair_link, ring_link

@@ -20,8 +20,14 @@ def rows(realdata):
     return load_multi(realdata)
 
 
-def test_closed_form_on_vtrain_multi_node(rows):
-    s = scores(rows, *closed_form(rows))
+@pytest.fixture(scope="module")
+def nominal(rows):
+    """The closed form's scores with the NICs at line rate (two tests read them)."""
+    return scores(rows, *closed_form(rows))
+
+
+def test_closed_form_on_vtrain_multi_node(nominal):
+    s = nominal
     print("\n".join(s.lines("closed form")))
     assert s.n == 103
     assert s.mape < 0.10
@@ -37,11 +43,10 @@ def test_virtual_cluster_on_vtrain_multi_node(rows):
     assert s.called_oom <= 4
 
 
-def test_nic_below_line_rate_moves_the_closed_form_toward_the_measurements(rows):
+def test_nic_below_line_rate_moves_the_closed_form_toward_the_measurements(rows, nominal):
     """The cluster's `nic_efficiency` (memx.planner.network; docs/results.md §The NIC's achieved bandwidth): every
     model's MAPE falls with the NIC below its line rate — the closed form is too fast where the DP ring crosses
     nodes — but by < 1 point: on this data the network is not what the closed form gets most wrong."""
-    nominal = scores(rows, *closed_form(rows))
     slower = scores(rows, *closed_form(rows, nic_efficiency=0.78))
     assert slower.mape < nominal.mape
     assert all(slower.per_model[p][1] < nominal.per_model[p][1] for p in nominal.per_model)
