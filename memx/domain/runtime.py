@@ -80,6 +80,11 @@ class RuntimeProfile:
     parallelism its reduce-scatter and the re-all-gather of the input, run beside the weight- / input-gradient
     GEMMs; memx.planner.runtime_terms.backward_tp_ms); conf/runtime/default.yaml sets 1.0 (every one exposed). None:
     the paper's formula (every backward TP collective blocks, the re-gather not counted)."""
+    nic_efficiency: float | None = None
+    """Achieved / line rate of a NIC between nodes (nccl-tests busbw across nodes ÷ NIC bandwidth): the closed
+    form's inter-node hops run at this × line rate where the cluster YAML gives no `nic_efficiency` of its own
+    (memx.planner.network.achieved; docs/planner.md §Network); conf/runtime/default.yaml sets 0.9. None: line
+    rate, the paper's B."""
 
 
 NUMBER_FIELDS = tuple(f.name for f in fields(RuntimeProfile) if f.name != "name")
@@ -113,8 +118,9 @@ def _entries(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _merged(folder: Path, name: str) -> tuple[dict[str, Any], Path]:
-    """The entry's fields after following `extends` (child wins); the path of the entry itself."""
+def _merged(folder: Path, name: str) -> tuple[dict[str, Any], Path, dict[str, Path]]:
+    """The entry's fields after following `extends` (child wins); the path of the entry itself; the file each field
+    came from."""
     chain: list[tuple[Path, dict[str, Any]]] = []
     current: str | None = name
     while current is not None:
@@ -129,9 +135,12 @@ def _merged(folder: Path, name: str) -> tuple[dict[str, Any], Path]:
         if len(chain) > _MAX_EXTENDS:
             raise InputError(f"{path}: field 'extends': chain longer than {_MAX_EXTENDS} (a cycle?)")
     values: dict[str, Any] = {}
+    origin: dict[str, Path] = {}
     for path, data in reversed(chain):
-        values.update(_entries(path, data))
-    return values, chain[0][0]
+        got = _entries(path, data)
+        values.update(got)
+        origin.update(dict.fromkeys(got, path))
+    return values, chain[0][0], origin
 
 
 def _format(path: Path, err: ValidationError) -> str:
@@ -143,23 +152,25 @@ def _format(path: Path, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def _check_ranges(path: Path, p: RuntimeProfile) -> None:
-    bad = [f.name for f in fields(p) if f.name.endswith(("efficiency", "_large")) and not 0 < getattr(p, f.name) <= 1]
+def _check_ranges(path: Path, p: RuntimeProfile, origin: dict[str, Path]) -> None:
+    bad = [f.name for f in fields(p) if f.name.endswith(("efficiency", "_large")) and getattr(p, f.name) is not None
+           and not 0 < getattr(p, f.name) <= 1]
     bad += [f.name for f in fields(p) if isinstance(getattr(p, f.name), (int, float))
             and not isinstance(getattr(p, f.name), bool) and getattr(p, f.name) < 0]
     if bad:
+        path = origin.get(sorted(bad)[0], path)  # the file that gives the value (an `extends` parent, maybe)
         raise InputError(f"{path}: field(s) {', '.join(sorted(set(bad)))} out of range: efficiencies must be in "
                          "(0, 1], sizes, counts and times ≥ 0")
 
 
 @functools.lru_cache(maxsize=256)
 def _load_entry(name: str, folder: str) -> RuntimeProfile:
-    values, path = _merged(Path(folder), name)
+    values, path, origin = _merged(Path(folder), name)
     try:
         profile = validated(RuntimeProfile, {"name": name, **values})  # cached: memx.domain.spec_cache
     except validation_error() as exc:
         raise InputError(_format(path, exc)) from exc
-    _check_ranges(path, profile)
+    _check_ranges(path, profile, origin)
     return profile
 
 

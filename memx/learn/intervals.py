@@ -258,6 +258,11 @@ class BoundView:
 
         return predict_columns(self, cols)
 
+    def nic_efficiency(self, gpu_types) -> float | None:
+        from memx.planner.network import nic_figure  # as predict_columns
+
+        return nic_figure(self.inner, gpu_types)  # one end of `inner`'s interval: its network (memx.planner.network)
+
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
         out = self.inner.predict(sigs)
         return pd.DataFrame({"time_ms": out[f"time_ms_{self.end}"], "peak_mem_mib": out[f"peak_mem_mib_{self.end}"],

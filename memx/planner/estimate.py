@@ -20,6 +20,7 @@ from memx.planner.context_parallel import add_ring_terms, cp_links
 from memx.planner.interleave import context_twins, wrap_gbps
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
 from memx.planner.moe_dense import measured_dense_shift
+from memx.planner.network import achieved
 from memx.planner.predictions import params_per_rank
 from memx.planner.schedule import AssemblyCalibration, assembly_of, pipeline
 from memx.planner.signatures import StagePredictor, predict_arrays, signature_columns
@@ -33,6 +34,7 @@ def estimate_plans(plans: list[Plan], cluster: Cluster, model: ModelArch, predic
     (SearchSpace.pipeline_assembly, as the search that found the plans used it): how plain 1F1B is assembled
     (memx.planner.schedule.steady_period_ms); None: as the predictor's assembly has it (the default
     DEFAULT_PIPELINE_ASSEMBLY without a calibration)."""
+    cluster = achieved(cluster, predictor)  # the NICs as the predictor sees them (memx.planner.network)
     for i, p in enumerate(plans):
         validate_plan(p, cluster, model, source=f"plan[{i}]")
     ctxs, layers, pred = _predict_stages(plans, model, predictor, cluster)

@@ -14,10 +14,12 @@ closed form reads that as:
   NIC · min(1, n / k) each (our assumption: the flows spread evenly over the NICs, as NCCL binds each
   GPU to its nearest NIC);
 - the dp replicas' p2p transfers across one stage boundary run at once, each one flow (`p2p_link`);
-- a NIC runs at `nic_efficiency` × its line rate where the cluster gives one (what nccl-tests measures across
-  nodes ÷ the NIC's bandwidth; e.g. Calculon's 0.9 for Selene's HDR InfiniBand, Isaev et al. SC'23,
-  realdata/calculon/systems/a100_80g.json), else at line rate (the paper's B); the cross-vendor link is a
-  measured figure already and is not scaled again (below the NICs it is the smaller anyway);
+- a NIC runs at `nic_efficiency` × its line rate (what nccl-tests measures across nodes ÷ the NIC's bandwidth;
+  e.g. Calculon's 0.9 for Selene's HDR InfiniBand, Isaev et al. SC'23, realdata/calculon/systems/a100_80g.json):
+  the cluster YAML's where it gives one, else the predictor's runtime catalog's (`achieved`: the closed form with
+  conf/runtime, default.yaml 0.9), else line rate (the paper's B: the closed form with runtime "none", the learned
+  predictor, whose communication terms were fit at line rate); the cross-vendor link is a measured figure already
+  and is not scaled again (below the NICs it is the smaller anyway);
 - a ring collective runs at its slowest hop (NCCL's ring: every rank sends and receives each step,
   so a step takes as long as its slowest transfer; Patarasuk & Yuan 2009 §3). With several concurrent
   rings (one per tensor-parallel rank) every ring's hop out of a node is one flow through that node.
@@ -30,9 +32,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memx.domain.specs import Cluster
+
+_ACHIEVED: dict[tuple[int, float], tuple[Cluster, Cluster]] = {}  # (id(cluster), x) → (the cluster, with x)
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,31 @@ def _nodes(cluster: Cluster) -> _Nodes:
         _NODES.clear()
     _NODES[id(cluster)] = (cluster, cols)
     return cols
+
+
+def achieved(cluster: Cluster, predictor) -> Cluster:
+    """`cluster` as `predictor` sees its NICs (module docstring): unchanged where the cluster gives its own
+    `nic_efficiency` or the predictor has none to give (`predictor.nic_efficiency(gpu_types)`, the closed form's
+    runtime catalog), else the cluster with the predictor's figure. The same object for the same cluster and
+    figure, so the link caches here keep hitting. Every planner entry (search, estimate) calls it first."""
+    x = nic_figure(predictor, cluster.gpu_types) if cluster.nic_efficiency is None else None
+    if x is None:
+        return cluster
+    hit = _ACHIEVED.get((id(cluster), x))
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    if len(_ACHIEVED) >= 8:
+        _ACHIEVED.clear()
+    out = replace(cluster, nic_efficiency=x)
+    _ACHIEVED[(id(cluster), x)] = (cluster, out)
+    return out
+
+
+def nic_figure(predictor, gpu_types) -> float | None:
+    """`predictor.nic_efficiency(gpu_types)` where the predictor has one (the closed form; wrappers that take their
+    time from an inner predictor pass it on), else None: line rate."""
+    find = getattr(predictor, "nic_efficiency", None)
+    return find(gpu_types) if callable(find) else None
 
 
 def pair_link(cluster: Cluster, node_a: int, node_b: int) -> tuple[float, float]:

@@ -46,6 +46,7 @@ from memx.domain.precision import resolve_precision
 from memx.domain.plan import with_idle_gpus
 from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace
 from memx.planner.metrics import PlanMetrics
+from memx.planner.network import achieved
 from memx.planner.pick import phi_on, with_candidate
 from memx.planner.replicas import combine, group_clusters, own_dp_ms, replica_sync_ms
 from memx.planner.result import SearchResult, plan_key
@@ -262,6 +263,7 @@ def search_replicas(cluster: Cluster, model: ModelArch, space: SearchSpace, pred
     """The one-group search (`search_kw`: search's mapper, shard_by, on_progress, …) and, with
     max_replica_groups ≥ 2, the schema-2 search (module docstring). `granule`: sequences moved at a time
     (default global_batch // 32, at least 1)."""
+    cluster = achieved(cluster, predictor)  # the NICs as the predictor sees them (memx.planner.network)
     t0 = time.perf_counter()
     one = search(cluster, model, space, predictor, weights=weights, top_k=top_k, exhaustive=exhaustive, **search_kw)
     out = ReplicaOutcome(result=one, one_group=one, grouped=None, timings={"one_group_s": time.perf_counter() - t0})

@@ -74,7 +74,7 @@ from memx.planner.collectives import dp_collective_ms, embedding_link, tied_embe
 from memx.planner.cost import MIB, ring_allreduce_ms, stage_params_per_rank, static_bytes_per_param
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics
-from memx.planner.network import nic_gbps, ring_link
+from memx.planner.network import achieved, nic_gbps, ring_link
 from memx.planner.schedule import optimizer_ms
 from memx.planner.signatures import StagePredictor
 
@@ -278,6 +278,7 @@ def estimate_grouped(plan: GroupedPlan, cluster: Cluster, model: ModelArch, pred
                      reserve_gib: float = 1.0, pipeline_assembly: str | None = None) -> PlanMetrics:
     """One schema-2 plan: every group through estimate_plans on its sub-cluster of the joint placement
     (so its in-group links are the ones it really gets), combined with T_x; pipeline_assembly as estimate_plans."""
+    cluster = achieved(cluster, predictor)  # the NICs as the predictor sees them (memx.planner.network)
     where = place_groups(plan, cluster)
     parts = [estimate_plans([gp], sub, model, predictor, reserve_gib=reserve_gib, pipeline_assembly=pipeline_assembly)[0]
              for gp, sub in zip(group_plans(plan), group_clusters(plan, cluster, where))]

@@ -41,6 +41,7 @@ from memx.planner.distributed import Inline, Pool, Problem, explore_pool
 from memx.planner.exhaustive import exhaustive_search
 from memx.planner.medians import exact_medians, sampled_medians
 from memx.planner.metrics import PlanMetrics, corrected_plans, plan_metrics
+from memx.planner.network import achieved
 from memx.planner.objective import auto_profile, parse_weights, phi
 from memx.planner.pick import apply_pick, front_tolerance
 from memx.planner.predictions import PredictedTables, predict_tables
@@ -174,6 +175,7 @@ def search(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, *,
     for Φ (e.g. another search's medians): this search's medians are then not computed (the ranking and the
     pick never need them: log Φ differs from wT·log T + wM·log M + wV·log(V + ε) by a constant).
     """
+    cluster = achieved(cluster, predictor)  # the NICs as the predictor sees them (memx.planner.network)
     t0 = time.perf_counter()
     if pool is not None and mapper is not None:
         raise ValueError("search: a pool distributes one search's boxes; a mapper runs shards: not both")

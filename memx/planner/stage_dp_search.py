@@ -40,6 +40,7 @@ from memx.planner.collectives import dp_latency_ms
 from memx.planner.context_parallel import add_ring_terms, launcher_runs_cp
 from memx.planner.estimate import estimate_plans, upper_margins
 from memx.planner.metrics import PlanMetrics
+from memx.planner.network import achieved
 from memx.planner.predictions import params_per_rank
 from memx.planner.pick import with_candidate
 from memx.planner.result import SearchResult, plan_key
@@ -377,6 +378,7 @@ def floor_then_fastest(cluster: Cluster, model: ModelArch, space: SearchSpace, p
     incumbent, and the layouts enumerated: the fastest plan whose stages all clear `margin_floor` and that is faster
     than `clear_below`; when none exists, the fastest plan that fits and is faster than `fit_below` (−inf: none
     wanted, the incumbent clears the floor). Exact over every level set's layouts, splits and recompute options."""
+    cluster = achieved(cluster, predictor)  # the NICs as the predictor sees them (memx.planner.network)
     spaces = [_space(cluster, model, space, predictor, tuple(levels)) for levels in level_sets]
     n = sum(len(sp.probes) for sp in spaces)
     for floor, below in ((space.margin_floor, clear_below), (None, fit_below)):
@@ -400,6 +402,7 @@ def with_stage_dp(result: SearchResult, cluster: Cluster, model: ModelArch, spac
     applied again to them all (memx.planner.pick.with_candidate). Searched
     only for a plan that could win under floor-then-fastest against the pick: faster than it and clearing the floor
     when the pick clears it."""
+    cluster = achieved(cluster, predictor)  # the NICs as the predictor sees them (memx.planner.network)
     t0 = time.perf_counter()
     pick_high = result.margins_high.get(plan_key(result.chosen.plan), result.chosen.min_margin)
     t_pick, clears = result.chosen.iteration_time_ms, pick_high >= space.margin_floor
@@ -430,6 +433,7 @@ def _rescored(plan: Plan | None, cluster: Cluster, model: ModelArch, predictor,
 
 def search_stage_dp(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor) -> tuple[PlanMetrics, float]:
     """The best per-stage-dp plan alone (the bench's side of the comparison); InfeasibleError when none fits."""
+    cluster = achieved(cluster, predictor)  # the NICs as the predictor sees them (memx.planner.network)
     plan, _ = floor_then_fastest(cluster, model, space, predictor, (space.recompute_levels,))
     best = _rescored(plan, cluster, model, predictor, space)
     if best is None:

@@ -17,6 +17,7 @@ from memx.domain.precision import resolve_precision
 from memx.domain.groups import GroupedPlan, ReplicaGroup, place_groups
 from memx.domain.specs import Cluster, Node
 from memx.planner.cost import AnalyticStageModel
+from memx.planner.network import achieved
 from memx.planner.pick import plan_key
 from memx.planner.replica_search import batch_splits, formations, search_replicas
 from memx.planner.replicas import estimate_any_plans, replica_sync_ms
@@ -133,7 +134,8 @@ def test_replica_search_equals_brute_force(conf_root):
         if out.grouped is not None:
             (again,) = estimate_any_plans([out.grouped.plan], cluster, model, _pred(cluster), reserve_gib=space.reserve_gib)
             assert again.iteration_time_ms == pytest.approx(out.grouped.iteration_time_ms, rel=1e-6)
-            assert again.cross_sync_ms == pytest.approx(replica_sync_ms(out.grouped.plan, again.groups, cluster, model),
+            seen = achieved(cluster, _pred(cluster))  # the NICs as the closed form sees them (memx.planner.network)
+            assert again.cross_sync_ms == pytest.approx(replica_sync_ms(out.grouped.plan, again.groups, seen, model),
                                                         rel=1e-6, abs=1e-6)
 
     check()

@@ -11,6 +11,7 @@ from memx.domain.catalog import load_cluster, load_model, load_search
 from memx.domain.errors import InfeasibleError, InputError
 from memx.planner.estimate import estimate_plans
 from memx.planner.naive import evaluate_split
+from memx.planner.network import achieved
 from memx.planner.objective import parse_weights
 from memx.planner.search import _chunks, _contexts, _prepare, search
 from memx.planner.space import enumerate_layouts
@@ -30,6 +31,7 @@ def setup(conf_root):
 def test_vectorised_search_equals_naive_loop(setup):
     cluster, model, space, pred = setup
     r = search(cluster, model, space, pred, top_k=5, workers=2)
+    cluster = achieved(cluster, pred)  # the NICs as the search sees them (memx.planner.network)
     w = parse_weights("default")
     layouts = enumerate_layouts(cluster, model, space)
     pt = predict_tables(_contexts(layouts, model.layers), cluster, model, model.seq_len, space.recompute_levels,

@@ -14,6 +14,7 @@ from memx.domain.stage_dp import handoff, has_stage_dp, stage_dps, stage_micro_b
 from memx.planner import stage_dp
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import _predict_stages, estimate_plans
+from memx.planner.network import achieved
 from memx.planner.predictions import params_per_rank
 from memx.planner.schedule import IDENTITY_ASSEMBLY
 from memx.simulator import simulate_plan
@@ -64,6 +65,7 @@ def test_handoff_moves_every_row_once(dp_a, dp_b, pieces):
 
 
 def _stage_dp_path(plan, cluster, model, pred):
+    cluster = achieved(cluster, pred)  # as estimate_plans sees the NICs (memx.planner.network)
     ctxs, layers, p = _predict_stages([plan], model, pred, cluster)
     params = np.array([params_per_rank(c, np.asarray(n), model) for c, n in zip(ctxs, layers)])
     return stage_dp.assemble(plan, cluster, model, p["time_ms"], p["peak_mem_mib"], p["static_mem_mib"], params, 1.0,
@@ -125,6 +127,9 @@ def test_any_stage_predictor_sees_each_stage_at_its_per_rank_micro_batch(env):
 
     class Recording:  # a predictor with `predict` only, as the learned stack's wrappers are
         name = "recording"
+
+        def nic_efficiency(self, gpu_types):  # the learned stack's wrappers pass their inner predictor's on
+            return pred.nic_efficiency(gpu_types)
 
         def predict(self, sigs):
             seen.append(sigs[["micro_batch", "dp"]].to_numpy().tolist())

@@ -17,6 +17,7 @@ from memx.domain.stage_dp import embedding_groups, place_stage_groups, stage_gro
 from memx.planner import stage_dp
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import _predict_stages, estimate_plans
+from memx.planner.network import achieved
 from memx.planner.predictions import params_per_rank
 from memx.planner.schedule import IDENTITY_ASSEMBLY
 from memx.planner.stage_dp_search import layouts
@@ -61,6 +62,7 @@ def test_embedding_groups_follow_flagscales_pipeline_paths(dps, do, groups):
 
 
 def _stage_dp_path(plan, cluster, model, pred):
+    cluster = achieved(cluster, pred)  # as estimate_plans sees the NICs (memx.planner.network)
     ctxs, layers, p = _predict_stages([plan], model, pred, cluster)
     params = np.array([params_per_rank(c, np.asarray(n), model) for c, n in zip(ctxs, layers)])
     return stage_dp.assemble(plan, cluster, model, p["time_ms"], p["peak_mem_mib"], p["static_mem_mib"], params, 1.0,

@@ -36,7 +36,8 @@ LAT, NIC = 0.05, 25.0  # ms per message through a NIC, GB/s per NIC
 def _cluster(latency_ms: float = LAT, nodes: int = 4) -> Cluster:
     """`nodes` nodes of one A100 each: every ring hop and every stage boundary crosses a NIC."""
     return Cluster(name="a1x4", inter_node_bandwidth_gbps=NIC, inter_node_latency_ms=latency_ms,
-                   nodes=(Node(gpu=load_gpu("a100-80g"), count=1),) * nodes)
+                   nodes=(Node(gpu=load_gpu("a100-80g"), count=1),) * nodes,
+                   nic_efficiency=1.0)  # line rate: the arithmetic below is the paper's B (memx.planner.network)
 
 
 def _plan(dp: int, pp: int, **kw) -> Plan:

@@ -33,6 +33,7 @@ from memx.domain.plan import Plan, Recompute
 from memx.domain.specs import Cluster, ModelArch, SearchSpace, Weights
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics
+from memx.planner.network import nic_figure
 from memx.planner.objective import EPSILON_MIB2, log_score, parse_weights
 from memx.planner.replica_search import search_replicas
 from memx.planner.result import SearchResult
@@ -65,6 +66,9 @@ class OwnMemory:
             out["peak_mem_mib"] = self.memory(sigs)["peak_mem_mib"].to_numpy(float)
         return out  # static_mem_mib stays the shared predictor's: it only feeds the optimizer-step time
 
+    def nic_efficiency(self, gpu_types) -> float | None:
+        return nic_figure(self.inner, gpu_types)  # time from `inner`: its network too (memx.planner.network)
+
 
 class StaticScaled:
     """StagePredictor: `inner` with the static part (weights, grads, optimizer) scaled by `factor`:
@@ -81,6 +85,9 @@ class StaticScaled:
         out["peak_mem_mib"] = out["peak_mem_mib"].to_numpy(float) - (1.0 - self.factor) * static
         out["static_mem_mib"] = self.factor * static
         return out
+
+    def nic_efficiency(self, gpu_types) -> float | None:
+        return nic_figure(self.inner, gpu_types)  # as OwnMemory
 
 
 @dataclass(frozen=True, kw_only=True)
