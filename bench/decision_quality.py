@@ -36,8 +36,9 @@ among the window's plans whose predicted margin clears floor + allowance (none: 
 Output: one table row per (scenario, rule) with the four worlds side by side, then the totals per rule
 (misses counted in the nominal world), then per scenario the predictor's accuracy over the population (measured /
 predicted time, 5th–95th percentile; Spearman of predicted and measured time) and the seconds spent.
-`--nic-efficiency X` sets every scenario cluster's `nic_efficiency` (the closed form's NICs at X × line rate,
-docs/planner.md §Network; the virtual cluster never reads it). `--rules` limits the rules searched;
+`--nic-efficiency X` sets every scenario cluster's `nic_efficiency` (the closed form's NICs at X × line rate
+instead of the runtime catalog's 0.9, docs/planner.md §Network; 1.0: line rate, as before issue #27; the virtual
+cluster never reads it). `--rules` limits the rules searched;
 `--population-worlds` the worlds the whole population runs in (the picks always run in all four; the other worlds'
 cells then give the pick's margin only); `--dump DIR` writes each scenario's population (bench/decision_rules.py
 analyses candidate rules on it). mixed-1024/llama3-405b runs as a population with a narrower reach
@@ -396,7 +397,8 @@ def main(argv=None) -> int:
     ap.add_argument("--assembly", choices=PIPELINE_ASSEMBLIES, default=None,
                     help="the search's pipeline_assembly (1F1B steady state, issues #22/#27); default: the YAML's")
     ap.add_argument("--nic-efficiency", type=float, default=None,
-                    help="the clusters' nic_efficiency (docs/planner.md §Network); default: as the YAML (line rate)")
+                    help="the clusters' nic_efficiency (docs/planner.md §Network); default: as the YAML, else the "
+                         "runtime catalog's (0.9); 1.0: line rate")
     ap.add_argument("--oracle", action="store_true", help="also the floor rules applied to the measured metrics")
     ap.add_argument("--allowances", default="", help="e.g. 0.05,0.1: also least Φ above floor + allowance")
     ap.add_argument("--sample-floors", default="", help="e.g. 0.1,0.2,0.3: the small-sample mode (`sample`)")
@@ -421,7 +423,7 @@ def main(argv=None) -> int:
             return 0
         rows, infos = run(args)
     print(f"predictor {args.predictor}, space {args.space}, pipeline_assembly {args.assembly or 'as the YAML'}, "
-          f"nic_efficiency {args.nic_efficiency or 'as the YAML'}, simulator seed {args.seed}")
+          f"nic_efficiency {args.nic_efficiency or 'as the YAML / runtime catalog'}, simulator seed {args.seed}")
     print("cell = measured margin · T / T* (fastest safe) · Φ rank in the window / window size [dom = dominated]\n")
     print(table(rows))
     print()

@@ -1,19 +1,21 @@
-"""The cluster's `nic_efficiency` (issues #23, #27; memx.planner.network, docs/planner.md §Network): the closed form
-with every NIC hop at e × its line rate against the same closed form at line rate (the field absent), on the
-virtual cluster's random plans and on vTrain's measured multi-node iterations.
+"""The NICs' achieved bandwidth (issues #23, #27; memx.planner.network, docs/planner.md §Network): the closed form as
+it plans by default — every NIC hop at the runtime catalog's `nic_efficiency` (conf/runtime/default.yaml 0.9) × its
+line rate — against the same closed form at line rate (the catalog's figure taken away: the default before issue
+#27) and with a cluster's own figure of 1.0, on the virtual cluster's random plans and on vTrain's measured
+multi-node iterations.
 
-Why: without the field the closed form runs a NIC hop at its nominal bandwidth in the DP ring, the p2p transfers,
-the MoE all-to-all and the per-stage-dp exchange (the paper's T_dp with the cluster YAML's B), while its
-context-parallel ring runs every hop, NIC hops included, at the GPU's NVLink efficiency (conf/runtime
-`link_efficiency`, 0.7–0.8). The virtual cluster runs every hop at its GPU's link efficiency
-(memx.simulator.links.ring). With the field every NIC hop runs at e × line rate, the cp ring's NIC-bound hops
-included (memx.planner.context_parallel.ring_terms `nic_achieved`), and its NVLink efficiency stays on NVLink hops.
-e = 1.0 therefore measures the cp ring's consistency alone; e = 0.9 is Calculon's inter-node efficiency for the
-A100 system it validated against Korthikanti et al.'s Selene measurements
-(../shared/realdata/calculon/systems/a100_80g.json, networks[1].efficiency; Isaev et al., SC'23).
+Why: at line rate the closed form runs a NIC hop at its nominal bandwidth in the DP ring, the p2p transfers, the MoE
+all-to-all and the per-stage-dp exchange (the paper's T_dp with the cluster YAML's B), while its context-parallel
+ring runs every hop, NIC hops included, at the GPU's NVLink efficiency (conf/runtime `link_efficiency`, 0.7–0.8).
+The virtual cluster runs every hop at its GPU's link efficiency (memx.simulator.links.ring). With a figure every NIC
+hop runs at e × line rate, the cp ring's NIC-bound hops included (memx.planner.context_parallel.ring_terms
+`nic_achieved`), and its NVLink efficiency stays on NVLink hops. e = 1.0 therefore measures the cp ring's
+consistency alone; e = 0.9 is Calculon's inter-node efficiency for the A100 system it validated against
+Korthikanti et al.'s Selene measurements (../shared/realdata/calculon/systems/a100_80g.json,
+networks[1].efficiency; Isaev et al., SC'23).
 
 Rows: random plans as bench/moe.py and bench/context_parallel.py draw them, each simulated once (the simulator
-never reads the field), and vTrain's measured multi-node iterations (bench/vtrain_multi.py: real A100 data,
+never reads the figure), and vTrain's measured multi-node iterations (bench/vtrain_multi.py: real A100 data,
 64–512 GPUs). Figures: docs/results.md §The NIC's achieved bandwidth.
 
 Usage: PYTHONPATH=. .venv/bin/python bench/nic_efficiency.py [--plans 200]   (about 10 s)
@@ -43,16 +45,15 @@ from bench.interleave import figures  # noqa: E402
 from bench.moe import with_experts  # noqa: E402
 from bench.vtrain_multi import closed_form, load_multi, scores  # noqa: E402
 
-CALCULON_INTER_NODE = 0.9
-
-
 def simulated_rows(label: str, plans, cluster, model) -> None:
     runs = [simulate_plan(p, cluster, model, seed=i) for i, p in enumerate(plans)]
     pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
-    out = [f"{label}: line rate (no field) {figures(plans, runs, estimate_plans(plans, cluster, model, pred), predicted_feasible=True)}"]
-    for e in (1.0, CALCULON_INTER_NODE):
-        est = estimate_plans(plans, dataclasses.replace(cluster, nic_efficiency=e), model, pred)
-        out.append(f"  nic_efficiency {e:g}: {figures(plans, runs, est, predicted_feasible=True)}")
+    line = dataclasses.replace(pred, runtime={n: dataclasses.replace(p, nic_efficiency=None)
+                                              for n, p in pred.profiles().items()})
+    out = [f"{label}: line rate (catalog null) {figures(plans, runs, estimate_plans(plans, cluster, model, line), predicted_feasible=True)}",
+           f"  cluster nic_efficiency 1: {figures(plans, runs, estimate_plans(plans, dataclasses.replace(cluster, nic_efficiency=1.0), model, pred), predicted_feasible=True)}",
+           f"  default (catalog {pred.nic_efficiency(cluster.gpu_types):g}): "
+           f"{figures(plans, runs, estimate_plans(plans, cluster, model, pred), predicted_feasible=True)}"]
     print("\n".join(out), flush=True)
 
 
@@ -75,9 +76,10 @@ def main() -> None:
     realdata = Path(os.environ.get("MEMX_REALDATA", REPO.parent / "shared" / "realdata"))
     if realdata.is_dir():
         df = load_multi(realdata)
-        line = [f"vTrain multi-node (measured, {len(df)} rows): line rate MAPE={100 * scores(df, *closed_form(df)).mape:.2f}%"]
-        for e in (1.0, CALCULON_INTER_NODE):
-            line.append(f"nic_efficiency {e:g} MAPE={100 * scores(df, *closed_form(df, e)).mape:.2f}%")
+        line = [f"vTrain multi-node (measured, {len(df)} rows): line rate (catalog null) "
+                f"MAPE={100 * scores(df, *closed_form(df, line_rate=True)).mape:.2f}%",
+                f"cluster nic_efficiency 1 MAPE={100 * scores(df, *closed_form(df, 1.0)).mape:.2f}%",
+                f"default (catalog) MAPE={100 * scores(df, *closed_form(df)).mape:.2f}%"]
         print("  ".join(line))
 
 

@@ -87,11 +87,14 @@ def case(r, nic_efficiency: float | None = None) -> tuple[Plan, Cluster, ModelAr
     return plan, cluster, model
 
 
-def closed_form(df: pd.DataFrame, nic_efficiency: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def closed_form(df: pd.DataFrame, nic_efficiency: float | None = None, *, line_rate: bool = False
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(predicted ms, predicted feasible) of every row by the runtime-aware closed form with eager attention, the
-    cluster's `nic_efficiency` as given (None: line rate)."""
+    cluster's `nic_efficiency` as given (None: the runtime catalog's, 0.9; `line_rate`: the catalog's figure
+    taken away, the NICs at line rate as before issue #27 made 0.9 the default)."""
     gpu = load_gpu(GPU)
-    runtime = dataclasses.replace(load_runtime(gpu.name, gpu.vendor), flash_attention=False)
+    runtime = dataclasses.replace(load_runtime(gpu.name, gpu.vendor), flash_attention=False,
+                                  **({"nic_efficiency": None} if line_rate else {}))
     pred = AnalyticStageModel(gpus={gpu.name: gpu}, runtime={gpu.name: runtime})
     times, feasible = [], []
     for r in df.itertuples(index=False):
@@ -150,15 +153,15 @@ def main() -> None:
         sys.exit(f"published measurements not present at {realdata}")
     df = load_multi(realdata)
     print(f"vTrain ground_truth_multi: {len(df)} rows with tp ≤ 8 (of 109)")
-    for line in scores(df, *closed_form(df)).lines("closed form (runtime catalog, eager attention)"):
+    for line in scores(df, *closed_form(df)).lines("closed form (runtime catalog, eager attention, NICs at 0.9)"):
         print(line)
     link_efficiency = load_traits(GPU).link_efficiency  # the virtual cluster's A100 hop efficiency
     for line in scores(df, *virtual_cluster(df)).lines(f"virtual cluster (vTrain-calibrated A100, link efficiency "
                                                        f"{link_efficiency:g})"):
         print(line)
-    for eff in (0.9, link_efficiency):
-        s = scores(df, *closed_form(df, eff))
-        print(f"closed form, nic_efficiency {eff:g}: MAPE={100 * s.mape:.2f}% median "
+    for eff in (None, 1.0, link_efficiency):
+        s = scores(df, *closed_form(df, eff, line_rate=eff is None))
+        print(f"closed form, nic_efficiency {'line rate (catalog null)' if eff is None else f'{eff:g}'}: MAPE={100 * s.mape:.2f}% median "
               f"ratio={s.median_ratio:.3f} " + " ".join(f"{p:g}B={100 * v[1]:.2f}%" for p, v in s.per_model.items()))
 
 
