@@ -21,8 +21,9 @@ Usage: PYTHONPATH=. .venv/bin/python bench/stage_dp.py [--plans 150] [--seed 5]
 (`--time`: only the search time, CPU s, the best of 2 runs each way interleaved in this process, with and without the
 option, and the ratio; goal ≤ 3×.)
 `--new-dims`: the accuracy rows on random per-stage-dp plans with context parallelism (a random layout of the space
-with context_parallel_options [1, 2, 4] whose cp > 1) and with tied embeddings (gpt-neo-2.7b: the first ↔ last
-all-reduce along FlagScale's pipeline paths, cp 1, 2 or 4), and the per-stage-dp search's CPU time
+with context_parallel_options [1, 2, 4] whose cp > 1), with tied embeddings (gpt-neo-2.7b: the first ↔ last
+all-reduce along FlagScale's pipeline paths, cp 1, 2 or 4) and with a mixture-of-experts model at ep 1
+(qwen1.5-moe-a2.7b, session 14: every expert on every rank of a stage, cp 1, 2 or 4), and the per-stage-dp search's CPU time
 (stage_dp_search.search_stage_dp, conf/search/default.yaml) with context_parallel_options [1, 2] and [1, 2, 4]
 against [1] (today's per-stage-dp space), the best of 2 runs each, interleaved; goal ≤ 3×.
 Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case.
@@ -129,7 +130,8 @@ def timing(cname: str, mname: str = "llama2-7b") -> None:
 
 NEW_DIMS = (("a100-v100-16", "llama2-7b", "cp > 1"), ("h100-h20-16", "llama2-7b", "cp > 1"),
             ("a100-t4-16", "llama2-7b", "cp > 1"), ("a100-v100-16", "gpt-neo-2.7b", "tied"),
-            ("h100-h20-16", "gpt-neo-2.7b", "tied"))
+            ("h100-h20-16", "gpt-neo-2.7b", "tied"), ("h100-h20-16", "qwen1.5-moe-a2.7b", "MoE at ep 1"),
+            ("three-vendor-20", "qwen1.5-moe-a2.7b", "MoE at ep 1"))
 
 
 def new_dims(n: int, seed: int) -> None:

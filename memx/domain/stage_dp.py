@@ -59,7 +59,9 @@ def stage_dp_problems(plan: Any, model: Any) -> list[str]:
     whole plan: pre_validate_args asserts 'all hetero_process_meshes_cp ... should be the same'; its checks are
     memx.domain.context_parallel's). What does not (FlagScale refuses the first: `pre_validate_args` asserts
     'virtual pipeline not support now!' whenever enable_hetero is set): virtual_stages > 1; expert_parallel > 1
-    and a mixture-of-experts model (not modelled together)."""
+    (FlagScale's meshes take an ep each, but the experts' all-to-all and expert-dp rings over per-stage groups are not
+    modelled yet). A mixture-of-experts model at ep 1 combines (session 14): every rank of a stage holds all its
+    experts, whose gradients reduce over the stage's dp_s · cp ranks (memx.planner.stage_dp)."""
     raw = [getattr(st, "data_parallel", None) for st in plan.stages]
     if all(d is None for d in raw):
         return []
@@ -75,13 +77,11 @@ def stage_dp_problems(plan: Any, model: Any) -> list[str]:
         return out
     for field, value, runtime in (("virtual_stages", plan.virtual_stages,
                                    "FlagScale: 'virtual pipeline not support now!' with heterogeneous meshes"),
-                                  ("expert_parallel", plan.expert_parallel, "not modelled together yet")):
+                                  ("expert_parallel", plan.expert_parallel, "the experts' all-to-all over "
+                                   "per-stage groups is not modelled yet; a mixture-of-experts model runs at ep 1")):
         if value > 1:
             out.append(f"field '{field}' ({value}) with a per-stage data_parallel: not supported ({runtime}); "
                        f"allowed: 1")
-    if getattr(model, "is_moe", False):
-        out.append(f"a per-stage data_parallel with a mixture-of-experts model ({model.name}): not supported yet "
-                   "(the experts' all-to-all and expert-dp groups are modelled for one dp)")
     dps = stage_dps(plan)
     if (getattr(model, "tied_embeddings", False) and plan.distributed_optimizer
             and dps[0] % dps[-1] and dps[-1] % dps[0]):

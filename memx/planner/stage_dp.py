@@ -32,6 +32,12 @@ flow through the stages in 1F1B order. What changes against memx.planner.schedul
   computes b_s samples of s/cp tokens (its signature's seq_len, memx.planner.signatures) plus the ring attention's
   terms over the stage's cp rings (`cp_links`, memx.planner.context_parallel.add_ring_terms); the hand-off goes cp
   rank to cp rank with b · (s/cp) · h messages; T_dp and the optimizer shards are over dp_s · cp ranks.
+- a mixture-of-experts model (session 14), at ep 1 only (memx.domain.stage_dp.stage_dp_problems): every rank of
+  stage s holds all its experts, so there is no all-to-all, and the expert data-parallel group is the stage's
+  dp_s · cp ranks (Megatron-LM's expert dp = dp · cp / ep, memx.planner.moe.expert_dp_size, with the stage's own
+  dp): `with_stage_experts` gives each stage context ep 1 and that group, and memx.planner.moe.adjust adds the
+  router, the experts and their memory as for a uniform plan; the expert gradients ride the stage's dp_s ring
+  (memx.planner.moe.dp_params_per_rank at ep 1: one ring, no expert-dp slowdown).
 
 T = (m − 1) · max_s t_s + Σ_s t_s + Σ_{s<pp−1} 2 · p2p_s + max_s tail_s (paper §3.1.2, Narayanan et al. 2021
 §2.2.1), the same formula as every other plan; a calibrated predictor's c, o and d apply as in
@@ -72,6 +78,13 @@ def contexts(plan: Plan, ctxs: tuple[StageContext, ...]) -> tuple[StageContext, 
     its dp_s · cp optimizer shards (module docstring)."""
     return tuple(_at_rank(c, b, g if c.distributed_optimizer else 1)
                  for c, b, g in zip(ctxs, stage_micro_batches(plan), stage_groups(plan), strict=True))
+
+
+def with_stage_experts(plan: Plan, ctxs: tuple[StageContext, ...]) -> tuple[StageContext, ...]:
+    """A MoE model's stage contexts at ep 1: each stage's expert dp group is its own dp_s · cp ranks, no all-to-all
+    (module docstring)."""
+    return tuple(dataclasses.replace(c, expert_parallel=1, expert_dp=g, a2a_gbps=0.0, a2a_latency_ms=0.0,
+                                     expert_dp_slowdown=1.0) for c, g in zip(ctxs, stage_groups(plan), strict=True))
 
 
 def plan_stage_contexts(plan: Plan, cluster: Cluster | None) -> tuple[StageContext, ...]:

@@ -18,7 +18,10 @@ the compute part's least value over splits is found by a bottleneck-threshold dy
 for each candidate bottleneck τ the least Σ_s t_s over splits whose stages all take ≤ τ), each stage's option the
 fastest eligible one at its layer count, and the tail term by an ε-constraint walk over the largest tail
 (`_layout_best`); layouts are visited in order of a lower bound and cut off by the best plan so far and by the
-incumbent (the uniform pick). tests/unit/test_stage_dp_exact.py checks it against full enumeration.
+incumbent (the uniform pick). tests/unit/test_stage_dp_exact.py checks it against full enumeration (exact for the
+paper's assembly; under the default cycle-mean-drain the walk is a heuristic, `_layout_best`). A mixture-of-experts
+model is searched at ep 1 (session 14): its contexts carry each stage's expert dp group (memx.planner.stage_dp.
+with_stage_experts) and its rows the MoE terms (memx.planner.moe.adjust), as estimate_plans scores them.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from memx.domain.plan import Plan, Stage
 from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.domain.stage_dp import place_stage_groups, stage_dp_problems, stage_groups
-from memx.planner import stage_dp
+from memx.planner import moe, stage_dp
 from memx.planner.collectives import dp_latency_ms
 from memx.planner.context_parallel import add_ring_terms, launcher_runs_cp
 from memx.planner.estimate import estimate_plans, upper_margins
 from memx.planner.metrics import PlanMetrics
+from memx.planner.moe_dense import measured_dense_shift
 from memx.planner.network import achieved
 from memx.planner.predictions import params_per_rank
 from memx.planner.pick import with_candidate
@@ -73,8 +77,6 @@ def context_parallels(cluster: Cluster, space: SearchSpace, subset: tuple[str, .
 
 def layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) -> list[Plan]:
     """One probe plan (1 layer per stage) per layout of the per-stage-dp space (module docstring), deterministic."""
-    if model.is_moe:  # not modelled with a per-stage dp (memx.domain.stage_dp.stage_dp_problems)
-        return []
     seq = space.seq_len or model.seq_len
     subsets = [s for s in gpu_subsets(cluster, space) if len(s) > 1]
     precisions = subset_precisions(cluster, space, subsets) if subsets else {}
@@ -139,6 +141,9 @@ def _tables(per_probe: list[tuple], model: ModelArch, space: SearchSpace, predic
     seq = space.seq_len or model.seq_len
     sigs = signature_columns(ctxs, layers, codes, idx, model, seq)
     raw = predict_arrays(predictor, sigs)
+    if model.is_moe:  # the router, the experts and their memory, as estimate._predict_rows adds them
+        raw = moe.adjust({c: np.array(v, dtype=np.float64) for c, v in raw.items()}, sigs, model,
+                         {g.name: g for g in cluster.gpu_types}, measured_dense_shift(predictor, sigs, model))
     pred = add_ring_terms(raw, sigs, ctxs, idx, cluster)  # cp > 1: the ring's time and buffers
     peak = pred["peak_mem_mib"]
     # the upper bound without the ring's buffers, as upper_margins takes it (estimate._predict_stages without a cluster)
@@ -269,9 +274,10 @@ class _Layout:
         got = [_fastest(r, o & (tl < below), n_max) for r, o, tl in zip(self.rows, self.ok, self.tail)]
         return np.stack([t for t, _ in got]), np.stack([a for _, a in got])
 
-    def plan(self, split: tuple[int, ...], arg: np.ndarray) -> tuple[Plan, float, float, float]:
-        """(plan, compute part + fixed as the plan is scored, the paper's compute part + fixed, its largest tail)
-        of a split with the rows `arg` chose (the two equal unless pipeline_assembly is cycle-mean)."""
+    def plan(self, split: tuple[int, ...], arg: np.ndarray) -> tuple[Plan, float, float, float, float]:
+        """(plan, compute part + fixed as the plan is scored, the paper's compute part + fixed, its tail term, its
+        largest tail) of a split with the rows `arg` chose (the two compute parts equal unless pipeline_assembly is
+        cycle-mean; the tail term is the largest tail unless it is cycle-mean-drain)."""
         picked = [int(arg[s, n]) for s, n in enumerate(split)]
         stages = tuple(dataclasses.replace(st, layers=n, **_recompute(int(r.codes[j]), n))
                        for st, r, n, j in zip(self.probe.stages, self.rows, split, picked))
@@ -284,7 +290,7 @@ class _Layout:
 
         paper = compute(None)
         return dataclasses.replace(self.probe, stages=stages), (paper if self.loop_ms is None else compute(
-            self.loop_ms)), paper, tail
+            self.loop_ms)), paper, tail, max(tails)
 
 
 def _tail(rows: _Rows, probe: Plan, stage: Stage, dp: int, ring: tuple[float, float], cluster: Cluster,
@@ -319,12 +325,12 @@ def _layout_best(lay: _Layout, n_max: int, best: float) -> tuple[Plan, float] | 
         splits = best_splits(t, m, n_max, keep=1, bound=best - lay.fixed_ms - lay.tail_floor)
         if not splits:
             return found
-        plan, compute, paper, tail = lay.plan(splits[0], arg)
+        plan, compute, paper, tail, largest = lay.plan(splits[0], arg)
         if compute + tail < best:
             found, best = (plan, compute + tail), compute + tail
         if paper + lay.tail_floor >= best:  # the paper's compute part: a lower bound of the cycle mean's too
             return found
-        below = tail
+        below = largest  # σ_{k+1}: the largest tail, as above (stepping by the drained term skipped bands, session 14)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -338,6 +344,8 @@ class _Space:
 def _space(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, levels: tuple[str, ...]) -> _Space:
     probes = layouts(cluster, model, space)
     per_probe = [stage_dp.plan_stage_contexts(p, cluster) for p in probes]
+    if model.is_moe:  # ep 1: each stage's experts reduce over its own dp_s · cp ranks (memx.planner.stage_dp)
+        per_probe = [stage_dp.with_stage_experts(p, c) for p, c in zip(probes, per_probe)]
     tables = _tables(per_probe, model, space, predictor, levels, cluster) if probes else {}
     return _Space(probes=probes, rows=[[tables[c] for c in pctx] for pctx in per_probe])
 

@@ -18,6 +18,10 @@ With context parallelism cp (one for the plan) stage s has dp_s · cp groups (gr
 memx.domain.stage_dp.stage_groups), each a rank of s/cp tokens running the ring attention on its cp ring
 (memx.simulator.context_parallel.with_ring, `ring_costs`); cp rank c hands off to cp rank c; the gradient ring is
 the stage's dp_s · cp groups.
+A mixture-of-experts model runs at ep 1 (memx.domain.stage_dp): every rank of stage s computes the router and its
+λ·k tokens' experts and holds every expert (memx.simulator.moe.with_dense_layers, no all-to-all), and the expert
+gradients reduce in a ring of their own over the stage's dp_s · cp groups, after the dense ring (Megatron-LM's
+separate expert buffers; memx.simulator.moe.expert_dp_ms at ep 1).
 Memory per GPU: stage s holds min(pp − s, m) micro batches of its b_s-sample activations (1F1B), GPUs
 stage-major, then group, then TP rank.
 """
@@ -43,6 +47,7 @@ from memx.domain.stage_dp import (
 )
 from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.links import link, ring, shared_nic
+from memx.simulator.moe import with_dense_layers
 from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, Device, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import StageCost, StageSignature, noise_factor, stage_cost
 from memx.simulator.step_sync import grad_norm_ms, mesh_embedding_sync, step_end
@@ -215,8 +220,13 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
     assert where is not None  # validated
     model = plan_model(plan, model)
     sigs = signatures(plan, sigs)
-    costs = ring_costs(plan, cluster, where, sigs,
-                       [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs], tr)
+    costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
+    experts = [0.0] * plan.pp
+    if model.is_moe:  # ep 1 (memx.domain.stage_dp): every expert on every rank, no all-to-all (memx.simulator.moe)
+        pairs = [with_dense_layers(c, sig, sum(st.layers for st in plan.stages[:s]), model, 1, 0.0, cluster.gpu(sig.gpu),
+                                   tr[sig.gpu], static_bytes_per_param) for s, (sig, c) in enumerate(zip(sigs, costs))]
+        costs, experts = [c for c, _ in pairs], [e for _, e in pairs]
+    costs = ring_costs(plan, cluster, where, sigs, costs, tr)
     demand, over, capacity = [], [], []
     for st, groups, sig, c in zip(plan.stages, stage_groups(plan), sigs, costs):
         peak = c.peak_mem_mib(sig.inflight)
@@ -227,6 +237,9 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
             capacity.append(c.capacity_mib)
     pieces = [boundary_pieces(plan, model, cluster, where, s, tr) for s in range(plan.pp - 1)]
     dp_ar = dp_step_ms(plan, cluster, where, costs, tr)  # `where`: each stage's dp_s · cp group nodes
+    if model.is_moe:  # the expert gradients' own ring over the same groups (memx.simulator.moe.expert_dp_ms at ep 1)
+        experts_ar = dp_step_ms(plan, cluster, where, [dataclasses.replace(c, params=e) for c, e in zip(costs, experts)], tr)
+        dp_ar = [a + b for a, b in zip(dp_ar, experts_ar)]
     common = dict(demand_mem_mib=tuple(demand), oom_gpus=tuple(over), stage_time_ms=tuple(c.time_ms for c in costs),
                   p2p_ms=tuple(max(ms for _, _, ms in p) for p in pieces), dp_allreduce_ms=tuple(dp_ar),
                   optimizer_ms=tuple(c.optimizer_ms for c in costs), capacity_mib=tuple(capacity))

@@ -31,9 +31,9 @@ CASES = [
     ("with-context-parallel-that-does-not-fit", {"context_parallel": 3, "micro_batch": 2, "stages": _dps(2, 1, 1)},
      ("'seq_len' (4096) is not divisible by context_parallel (3)", "2 × context_parallel (6)",
       "12 × a100-80g (Σ tp_i × dp_i × cp)", "24 × v100-32g")),
-    ("mixture-of-experts", {"model": "qwen1.5-moe-a2.7b", "stages": [dict(s, layers=n) for s, n in
-                                                                     zip(_dps(2, 1, 2), (8, 8, 8))]},
-     ("mixture-of-experts", "qwen1.5-moe-a2.7b")),
+    ("mixture-of-experts-at-ep-2", {"model": "qwen1.5-moe-a2.7b", "expert_parallel": 2,
+                                    "stages": [dict(s, layers=n) for s, n in zip(_dps(2, 1, 2), (8, 8, 8))]},
+     ("field 'expert_parallel' (2) with a per-stage data_parallel", "allowed: 1")),
     ("tied-embeddings-ends-do-not-divide", {"model": "gpt2-1024", "seq_len": 1024, "micro_batch": 3, "global_batch": 48,
                                             "distributed_optimizer": True,
                                             "stages": [dict(s, layers=n, tp=2) for s, n in zip(_dps(2, 1, 3), (8, 8, 8))]},

@@ -4,7 +4,10 @@ layout, every layer split and every recompute option per stage, each plan scored
 closed form, memx.planner.stage_dp) — with the closed form and with an interval predictor (the floor on the
 upper-bound margin). The default set runs a few seeded spaces; the slow test runs more. Extended to the dims that
 combine with a per-stage dp (issue #27): context parallelism (context_parallel_options [1, 2]) and tied embeddings
-(the first ↔ last stage all-reduce along FlagScale's pipeline paths, memx.domain.stage_dp.embedding_groups)."""
+(the first ↔ last stage all-reduce along FlagScale's pipeline paths, memx.domain.stage_dp.embedding_groups), and a
+mixture-of-experts model at ep 1 (session 14; its first layer dense, a shared expert: memx.planner.stage_dp). The
+walk is exact for the paper's assembly; with the default cycle-mean-drain it is a heuristic (its docstring): dense
+spaces have shown no miss, MoE spaces — larger tails, the experts' optimizer step — miss on a few seeds, counted."""
 
 from __future__ import annotations
 
@@ -24,20 +27,24 @@ from tests.unit.test_pick_exact import predictor_for
 PAIRS = (("h100-80g", "mi300x-192g"), ("a100-40g", "l40s-48g"), ("v100-16g", "a100-80g"), ("a100-80g", "v100-32g"))
 
 
-def _space(seed: int, new_dims: bool = False):
+MOE = dict(num_experts=8, moe_router_topk=2, moe_ffn_hidden=1408, moe_shared_expert_ffn_hidden=2816,
+           moe_first_dense_layers=1)
+
+
+def _space(seed: int, new_dims: bool = False, moe: bool = False, assembly: str | None = None):
     rng = np.random.default_rng(seed)
     pair = PAIRS[seed % len(PAIRS)]
     nodes = tuple(Node(gpu=load_gpu(name), count=int(rng.choice((2, 4)))) for name in pair)
     cluster = Cluster(name="mixed", inter_node_bandwidth_gbps=float(rng.choice((12.0, 50.0))), nodes=nodes)
     model = dataclasses.replace(load_model("llama-6l"), layers=int(rng.integers(3, 6)),
                                 hidden=int(rng.choice((4096, 8192))), heads=32, query_groups=8,
-                                seq_len=int(rng.choice((2048, 4096))), tied_embeddings=new_dims)
+                                seq_len=int(rng.choice((2048, 4096))), tied_embeddings=new_dims, **(MOE if moe else {}))
     levels = ("none", "selective", "full") if seed % 2 else ("none", "full", "block")
     space = dataclasses.replace(load_search("small"), global_batch=int(rng.choice((8, 16))), tp_options=(1, 2),
                                 micro_batch_options=(1, 2), recompute_levels=levels, max_pp=3,
                                 margin_floor=float(rng.choice((0.1, 0.3, 0.5, 0.7))), stage_data_parallel=True,
                                 context_parallel_options=(1, 2) if new_dims else (1,))
-    return cluster, model, space
+    return cluster, model, space if assembly is None else dataclasses.replace(space, pipeline_assembly=assembly)
 
 
 def _every_plan(cluster, model, space):
@@ -53,7 +60,8 @@ def _every_plan(cluster, model, space):
 def _enumerated(cluster, model, space, predictor):
     """(time, clears) of the best plan by full enumeration: feasible, clears the floor first, then fastest."""
     est = [e for e in estimate_plans(list(_every_plan(cluster, model, space)), cluster, model, predictor,
-                                     reserve_gib=space.reserve_gib) if e.feasible]
+                                     reserve_gib=space.reserve_gib, pipeline_assembly=space.pipeline_assembly)
+           if e.feasible]
     best = None
     for e, h in zip(est, upper_margins(est, model, predictor)):
         key = (not (e.min_margin if h is None else h) >= space.margin_floor, e.iteration_time_ms)
@@ -61,29 +69,48 @@ def _enumerated(cluster, model, space, predictor):
     return best
 
 
-def _check(seed: int, kind: str, new_dims: bool = False) -> bool:
-    cluster, model, space = _space(seed, new_dims)
+def _outcome(seed: int, kind: str, new_dims: bool = False, moe: bool = False, assembly: str | None = None):
+    """None (no plan either way), or (the search's plan, its key, the enumeration's key)."""
+    cluster, model, space = _space(seed, new_dims, moe, assembly)
     predictor = predictor_for(cluster, kind)
     want = _enumerated(cluster, model, space, predictor)
     plan, _ = floor_then_fastest(cluster, model, space, predictor, (space.recompute_levels,))
     if want is None:
         assert plan is None
-        return False
-    e = estimate_plans([plan], cluster, model, predictor, reserve_gib=space.reserve_gib)[0]
+        return None
+    e = estimate_plans([plan], cluster, model, predictor, reserve_gib=space.reserve_gib,
+                       pipeline_assembly=space.pipeline_assembly)[0]
     h = upper_margins([e], model, predictor)[0]
-    got = (not (e.min_margin if h is None else h) >= space.margin_floor, e.iteration_time_ms)
-    assert e.feasible and got[0] == want[0] and got[1] == pytest.approx(want[1], rel=1e-9), (seed, kind, got, want)
+    assert e.feasible
+    return (not (e.min_margin if h is None else h) >= space.margin_floor, e.iteration_time_ms), want
+
+
+def _check(seed: int, kind: str, new_dims: bool = False, moe: bool = False, assembly: str | None = None) -> bool:
+    out = _outcome(seed, kind, new_dims, moe, assembly)
+    if out is None:
+        return False
+    got, want = out
+    assert got[0] == want[0] and got[1] == pytest.approx(want[1], rel=1e-9), (seed, kind, got, want)
     return True
 
 
-@pytest.mark.parametrize(("seed", "kind", "new_dims"), [(0, "point", False), (14, "interval", False), (2, "point", True)])
-def test_per_stage_dp_pick_equals_full_enumeration(seed, kind, new_dims):
-    assert _check(seed, kind, new_dims)
+@pytest.mark.parametrize(("seed", "kind", "new_dims", "moe", "assembly"), [
+    (0, "point", False, False, None), (14, "interval", False, False, None), (2, "point", True, False, None),
+    (3, "point", False, True, None), (4, "point", False, True, "paper")])  # seed 4: a drained miss (slow test)
+def test_per_stage_dp_pick_equals_full_enumeration(seed, kind, new_dims, moe, assembly):
+    assert _check(seed, kind, new_dims, moe, assembly)
 
 
 @pytest.mark.slow
 def test_per_stage_dp_pick_equals_full_enumeration_on_many_spaces():
-    found = [_check(seed, kind, new_dims) for seed in range(24) for kind in ("point", "interval", "interval-nan")
-             for new_dims in (False, True)]
+    kinds = ("point", "interval", "interval-nan")
+    found = [_check(seed, kind, new_dims, moe, assembly) for seed in range(24) for kind in kinds
+             for new_dims, moe, assembly in ((False, False, None), (True, False, None), (False, True, "paper"))]
     assert sum(found) >= len(found) // 2  # most spaces have a plan: the comparison is not vacuous
+    # MoE under the default drained assembly: the heuristic's misses, counted (measured in session 14: 2 of 24 seeds,
+    # 1.0–2.3 % slower, the floor always kept; docs/benchmarks.md)
+    outs = [o for seed in range(24) for kind in kinds if (o := _outcome(seed, kind, moe=True)) is not None]
+    gaps = [got[1] / want[1] - 1 for got, want in outs if got[0] == want[0]]
+    assert len(gaps) == len(outs) >= 36 and min(gaps) > -1e-9
+    assert sum(g > 1e-9 for g in gaps) <= 8 and max(gaps) < 0.03
 
