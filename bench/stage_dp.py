@@ -16,7 +16,7 @@ memx.simulator.draw_plans from the same search on the same cluster — the stage
 
 Usage: PYTHONPATH=. .venv/bin/python bench/stage_dp.py [--plans 150] [--seed 5]
        PYTHONPATH=. .venv/bin/python bench/stage_dp.py --accuracy-only   (the random-plan rows only)
-       PYTHONPATH=. .venv/bin/python bench/stage_dp.py --time a100-v100-16 h100-h20-16 three-vendor-20
+       PYTHONPATH=. .venv/bin/python bench/stage_dp.py --time a100-v100-16 h100-h20-16 three-vendor-20 [--model M]
        PYTHONPATH=. .venv/bin/python bench/stage_dp.py --new-dims [--plans 100]   (issue #27: with cp, tied embeddings)
 (`--time`: only the search time, CPU s, the best of 2 runs each way interleaved in this process, with and without the
 option, and the ratio; goal ≤ 3×.)
@@ -170,6 +170,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--accuracy-only", action="store_true", help="the random-plan accuracy rows only")
     ap.add_argument("--time", nargs="+", metavar="CLUSTER", help="only the search-time ratio on these clusters")
+    ap.add_argument("--model", default="llama2-7b", help="the model of --time (e.g. qwen1.5-moe-a2.7b: MoE at ep 1)")
     ap.add_argument("--new-dims", action="store_true", help="issue #27's cp / tied-embedding rows and search time")
     args = ap.parse_args()
     if args.new_dims:
@@ -177,7 +178,7 @@ def main() -> None:
         return
     if args.time:
         for cname in args.time:
-            timing(cname)
+            timing(cname, args.model)
         return
     for cname, mname in ([] if args.accuracy_only else SIDE_BY_SIDE):
         side_by_side(cname, mname)

@@ -401,10 +401,13 @@ def moe_problems(plan: Plan, model: ModelArch) -> list[str]:
     parallel size defaulting to tp — per stage of tp × dp GPUs that is ep dividing dp; model_parallel_config.py:
     'When using expert parallelism and tensor parallelism … sequence parallelism must be used'). With context
     parallelism the expert grid has no cp axis (parallel_state.py: the expert RankGenerator's cp=1, expert dp =
-    world / (etp × ep × pp)), so ep groups are carved from the dp × cp ranks: ep divides dp × cp."""
+    world / (etp × ep × pp)), so ep groups are carved from the dp × cp ranks: ep divides dp × cp. A mixture-of-experts
+    model with tp > 1 needs sequence parallelism at every ep, 1 included (megatron/core/transformer/moe/moe_layer.py,
+    MoELayer.forward raises ValueError in training when the attention tp group is > 1 and sequence_parallel is off;
+    since Megatron-LM commit 28c8dd7, May 2024: session 14)."""
     ep, cp = plan.expert_parallel, plan.context_parallel
     if ep == 1:
-        return []
+        return _moe_sequence_parallel(plan, model)
     if not model.is_moe:
         return [f"field 'expert_parallel' ({ep}) needs a mixture-of-experts model; {model.name} has no 'num_experts'"]
     out = [] if model.num_experts % ep == 0 else [
@@ -413,9 +416,14 @@ def moe_problems(plan: Plan, model: ModelArch) -> list[str]:
         ranks = f"dp × context_parallel ({plan.dp} × {cp})" if cp > 1 else f"dp ({plan.dp})"
         out.append(f"field 'expert_parallel' ({ep}) does not divide {ranks}: each stage's tp × dp{' × cp' * (cp > 1)} "
                    f"GPUs must split into expert tp (= tp) × ep × expert dp")
-    if any(s.tp > 1 for s in plan.stages) and not plan.sequence_parallel:
-        out.append(f"field 'expert_parallel' ({ep}) with tp > 1 needs 'sequence_parallel': true")
-    return out
+    return out + _moe_sequence_parallel(plan, model)
+
+
+def _moe_sequence_parallel(plan: Plan, model: ModelArch) -> list[str]:
+    if not model.is_moe or plan.sequence_parallel or all(s.tp == 1 for s in plan.stages):
+        return []
+    return [f"field 'sequence_parallel' (false) with a mixture-of-experts model ({model.name}) and tp > 1: "
+            "Megatron-LM refuses it (MoELayer.forward raises ValueError in training); allowed: true"]
 
 
 def _idle_record_problems(plan: Plan, cluster: Cluster) -> list[str]:

@@ -220,7 +220,7 @@ def _layouts(cluster, model, space, probe: Plan, links, precision, experts, cp: 
         for v in interleavings(space, len(gpus), space.global_batch // (dp * mb), model.layers)
         for wrap in [wrap_gbps(cluster, probe) if v > 1 else None]
         for ep, a2a in experts.items()
-        if ep == 1 or sp or max(tps) == 1  # Megatron: ep > 1 with tp > 1 needs sequence parallelism
+        if sp or max(tps) == 1 or not model.is_moe  # Megatron: MoE with tp > 1 needs it (memx.domain.plan.moe_problems)
     ]
 
 

@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from memx.domain.errors import InfeasibleError
-from memx.domain.plan import Plan, Stage
+from memx.domain.plan import Plan, Stage, moe_problems
 from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.domain.stage_dp import place_stage_groups, stage_dp_problems, stage_groups
@@ -105,7 +105,8 @@ def _probes(cluster, model, space, meshes, seq, precision, cp) -> list[Plan]:
         probe = Plan(model=model.name, cluster=cluster.name, global_batch=space.global_batch, micro_batch=mb,
                      seq_len=seq, dp=dp0, stages=stages, distributed_optimizer=do, sequence_parallel=sp,
                      precision=precision, context_parallel=cp)
-        if not stage_dp_problems(probe, model) and place_stage_groups(probe, cluster) is not None:
+        if not (stage_dp_problems(probe, model) or moe_problems(probe, model)) \
+                and place_stage_groups(probe, cluster) is not None:
             out.append(probe)
     return out
 

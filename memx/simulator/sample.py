@@ -112,8 +112,11 @@ def draw_plan(rnd: random.Random, cluster: Cluster, model: ModelArch, search: Se
         precision = resolve_precision(search.precision, [cluster.gpu(g) for g in dict.fromkeys(st.gpu for st in stages)])
     except InputError:
         return None  # a GPU of this draw cannot run the named precision
-    return dataclasses.replace(plan, distributed_optimizer=_option(rnd, distributed_optimizer),
-                               sequence_parallel=_option(rnd, sequence_parallel), precision=precision)
+    # a mixture-of-experts model with tp > 1 runs sequence parallel: Megatron-LM refuses it otherwise
+    # (memx.domain.plan.moe_problems); the draw from the stream is the same either way
+    do = _option(rnd, distributed_optimizer)
+    sp = _option(rnd, sequence_parallel) or (model.is_moe and any(st.tp > 1 for st in stages))
+    return dataclasses.replace(plan, distributed_optimizer=do, sequence_parallel=sp, precision=precision)
 
 
 def draw_plans(cluster: Cluster, model: ModelArch, search: SearchSpace, *, n: int, seed: int,

@@ -70,8 +70,12 @@ def test_validation_names_every_factor():
     with pytest.raises(InputError) as e:
         validate_plan(dataclasses.replace(_mixtral_plan(ep=3), sequence_parallel=False), cluster, model)
     msg = str(e.value)
-    for needle in ("does not divide num_experts (8)", "does not divide dp (4)", "needs 'sequence_parallel'"):
+    for needle in ("does not divide num_experts (8)", "does not divide dp (4)",
+                   "field 'sequence_parallel' (false) with a mixture-of-experts model (mixtral-8x7b) and tp > 1"):
         assert needle in msg, needle
+    # at ep 1 too: Megatron-LM's MoELayer refuses tp > 1 without sequence parallelism in training
+    with pytest.raises(InputError, match="'sequence_parallel' .* allowed: true"):
+        validate_plan(dataclasses.replace(_mixtral_plan(ep=1), sequence_parallel=False), cluster, model)
     with pytest.raises(InputError, match="needs a mixture-of-experts model"):
         validate_plan(dataclasses.replace(_mixtral_plan(ep=2), model="llama2-7b", stages=tuple(
             dataclasses.replace(s, layers=16) for s in _mixtral_plan().stages)), cluster, load_model("llama2-7b"))
