@@ -6,7 +6,8 @@ points on one representative interval per parameter for the interpolation gate.
 Points are dicts with the stage_runs signature columns plus `source`, which tags how the point was
 chosen: `design:grid`, `design:inflight`, `design:dense:<param>` (sweep points: `sweep:<param>`).
 Points at tp > 1 carry the search space's first listed `sequence_parallel` value (issue #14: the profile
-measures what the search asks for); the distributed optimizer stays analytic (docs/profiling.md).
+measures what the search asks for), a mixture-of-experts model's always true (the only value Megatron-LM trains it
+with at tp > 1, memx.domain.plan.moe_problems); the distributed optimizer stays analytic (docs/profiling.md).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class GpuAxes:
     default_layers: int
     sequence_parallel: bool = False  # what points at tp > 1 carry: the space's first listed value
     sp_options: tuple[bool, ...] = (False,)  # the sequence_parallel values the search lists
+    sp_fixed: bool = False  # a MoE model: true at tp > 1 is the only value the runtime trains (module docstring)
     # issue #27: a MoE model's searched ep values (memx.profiling.experts; (1,) dense) and, per (tp, ep) other than
     # the design's own ep, the layers that fit; the searched context-parallel sizes (each a rank length s/cp)
     eps: tuple[int, ...] = (1,)
@@ -117,7 +119,8 @@ def gpu_axes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: GpuTyp
     seq = space.seq_len or model.seq_len
     leanest = recompute[-1] if recompute else Recompute.NONE.value
     combos = [(t, b, r) for t in tps for b in mbs for r in dict.fromkeys(recompute + (Recompute.NONE.value,))]
-    sp = bool(space.sequence_parallel[0])
+    sp_options = (True,) if experts is not None else tuple(bool(v) for v in space.sequence_parallel)  # module docstring
+    sp = sp_options[0]
     fit = fitting_layers(gpu, model, space, combos, seq, sp, experts if experts and experts.everywhere else None)
     tp_def, mb_def = three(tps)[len(three(tps)) // 2], three(mbs)[len(three(mbs)) // 2]
     fit_none = fit[(tp_def, mb_def, Recompute.NONE)]
@@ -136,7 +139,7 @@ def gpu_axes(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu: GpuTyp
                    max_inflight=max(1, space.max_pp),
                    seq_len=seq, default_tp=tp_def, default_micro_batch=mb_def,
                    default_layers=max(1, min(fit_none // 2, model.layers // 2)),
-                   sequence_parallel=sp, sp_options=tuple(bool(v) for v in space.sequence_parallel),
+                   sequence_parallel=sp, sp_options=sp_options, sp_fixed=experts is not None,
                    eps=eps, ep_fit=ep_fit, cps=cps)
 
 
@@ -219,7 +222,7 @@ def axis_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[dict[
       ratio and say so);
     - sequence parallelism the other way round at each grid tp > 1 when the space lists one value: the search
       asks for one, but a plan evaluated without it (or with it) is then measured, not transferred
-      (LearnedStagePredictor.sequence_parallel_seen)."""
+      (LearnedStagePredictor.sequence_parallel_seen); not for a MoE model, which no runtime trains without it."""
     out: list[dict[str, Any]] = []
     kw = dict(seq_len=ax.seq_len, recompute=Recompute.NONE.value)
     if "micro_batch" not in selected and len(ax.micro_batches) > 1:
@@ -229,7 +232,7 @@ def axis_points(ax: GpuAxes, model: ModelArch, selected: set[str]) -> list[dict[
         for n in dict.fromkeys((1, min(ax.default_layers, top))):
             out.append(point(ax.gpu, model, tp=ax.default_tp, layers=n, micro_batch=mb,
                              sequence_parallel=ax.sequence_parallel, source="design:micro_batch", **kw))
-    if len(ax.sp_options) == 1 and MEASURE_OTHER_SEQUENCE_PARALLEL:
+    if len(ax.sp_options) == 1 and MEASURE_OTHER_SEQUENCE_PARALLEL and not ax.sp_fixed:
         for tp in (t for t in three(ax.tps) if t > 1):
             top = ax.fit.get((tp, ax.default_micro_batch, Recompute.NONE.value), 1)
             for n in dict.fromkeys((1, min(ax.default_layers, top))):
