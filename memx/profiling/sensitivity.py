@@ -59,7 +59,8 @@ def sweep_plan(ax: GpuAxes, model: ModelArch) -> dict[str, list[tuple[Any, dict[
             ax.gpu, model, **base, first=v == "first", last=v == "last", source=s)),
     }
     top_tp = max(ax.tps, default=1)
-    if top_tp > 1:  # the searched value first: it is the sweep's reference when the centre is not in it
+    if top_tp > 1 and not ax.sp_fixed:  # the searched value first: the sweep's reference when the centre is not in it
+        # (a MoE model has one value at tp > 1, memx.profiling.design.GpuAxes.sp_fixed: nothing to sweep)
         plans["sequence_parallel"] = vary("sequence_parallel", [ax.sequence_parallel, not ax.sequence_parallel],
                                           lambda v, s: point(ax.gpu, model, **{**base, "tp": top_tp,
                                                                                 "sequence_parallel": v}, source=s))

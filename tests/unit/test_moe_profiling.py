@@ -167,3 +167,23 @@ def test_learned_predictor_on_a_moe_profile_against_the_virtual_cluster(tmp_path
     if ep2:  # the same plan at another ep: another prediction (ep and the link are features, and keys)
         assert estimate_plans(ep2, cl, model, cached)[0].stage_time_ms != \
             estimate_plans([dataclasses.replace(ep2[0], expert_parallel=4)], cl, model, cached)[0].stage_time_ms
+
+
+def test_a_moe_models_points_at_tp_above_one_run_sequence_parallel_only():
+    """Megatron-LM trains MoE at tp > 1 only with sequence parallelism (memx.domain.plan.moe_problems): the design
+    fixes it on whatever the space lists and adds no point, sweep or option point with it off."""
+    from memx.profiling.design import axis_points, grid_points, gpu_axes
+    from memx.profiling.experts import expert_design
+    from memx.profiling.sensitivity import sweep_plan
+    import dataclasses
+
+    cl = load_cluster("h100-mi300x-32")
+    space = dataclasses.replace(load_search("default"), sequence_parallel=(False,))
+    d = expert_design(cl, MIXTRAL, space)
+    ax = gpu_axes(cl, EQ, space, cl.gpu("h100-80g"), d)
+    assert ax.sp_fixed and ax.sequence_parallel and ax.sp_options == (True,)
+    pts = grid_points(ax, EQ, {"tp", "micro_batch"}) + axis_points(ax, EQ, {"tp"})
+    assert any(p["tp"] > 1 for p in pts) and all(p["sequence_parallel"] for p in pts if p["tp"] > 1)
+    assert "sequence_parallel" not in sweep_plan(ax, EQ)
+    dense = gpu_axes(cl, EQ, space, cl.gpu("h100-80g"), None)  # a dense model keeps the space's value
+    assert not dense.sp_fixed and not dense.sequence_parallel
