@@ -386,7 +386,8 @@ def floor_then_fastest(cluster: Cluster, model: ModelArch, space: SearchSpace, p
     """The best plan of the per-stage-dp space under the floor-then-fastest rule against an
     incumbent, and the layouts enumerated: the fastest plan whose stages all clear `margin_floor` and that is faster
     than `clear_below`; when none exists, the fastest plan that fits and is faster than `fit_below` (−inf: none
-    wanted, the incumbent clears the floor). Exact over every level set's layouts, splits and recompute options."""
+    wanted, the incumbent clears the floor). Over every level set's layouts, splits and recompute options: exact for the
+    paper's assembly, a heuristic under cycle-mean-drain (`_layout_best`)."""
     cluster = achieved(cluster, predictor)  # the NICs as the predictor sees them (memx.planner.network)
     spaces = [_space(cluster, model, space, predictor, tuple(levels)) for levels in level_sets]
     n = sum(len(sp.probes) for sp in spaces)
