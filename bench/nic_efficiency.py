@@ -50,10 +50,11 @@ def simulated_rows(label: str, plans, cluster, model) -> None:
     pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
     line = dataclasses.replace(pred, runtime={n: dataclasses.replace(p, nic_efficiency=None)
                                               for n, p in pred.profiles().items()})
-    out = [f"{label}: line rate (catalog null) {figures(plans, runs, estimate_plans(plans, cluster, model, line), predicted_feasible=True)}",
-           f"  cluster nic_efficiency 1: {figures(plans, runs, estimate_plans(plans, dataclasses.replace(cluster, nic_efficiency=1.0), model, pred), predicted_feasible=True)}",
-           f"  default (catalog {pred.nic_efficiency(cluster.gpu_types):g}): "
-           f"{figures(plans, runs, estimate_plans(plans, cluster, model, pred), predicted_feasible=True)}"]
+    rows = ((f"{label}: line rate (catalog null)", cluster, line),
+            ("  cluster nic_efficiency 1:", dataclasses.replace(cluster, nic_efficiency=1.0), pred),
+            (f"  default (catalog {pred.nic_efficiency(cluster.gpu_types):g}):", cluster, pred))
+    out = [f"{name} {figures(plans, runs, estimate_plans(plans, c, model, p), predicted_feasible=True)}"
+           for name, c, p in rows]
     print("\n".join(out), flush=True)
 
 

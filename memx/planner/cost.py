@@ -307,10 +307,11 @@ class AnalyticStageModel:
     def nic_efficiency(self, gpu_types) -> float | None:
         """The NICs' achieved / line rate among `gpu_types` per the runtime catalog (the smallest: a ring runs at its
         slowest hop); None with runtime "none" (the paper's B) or no entry giving one (memx.planner.network.achieved)."""
-        given = {} if self.runtime == "none" else self.profiles()
-        found = [p.nic_efficiency for g in gpu_types if self.runtime != "none"
-                 and (p := given.get(g.name) or load_runtime(g.name, g.vendor, self.conf_root)).nic_efficiency is not None]
-        return min(found, default=None)
+        if self.runtime == "none":
+            return None
+        given = self.profiles()
+        found = [(given.get(g.name) or load_runtime(g.name, g.vendor, self.conf_root)).nic_efficiency for g in gpu_types]
+        return min((x for x in found if x is not None), default=None)
 
     def predict(self, sigs: pd.DataFrame) -> pd.DataFrame:
         import pandas as pd

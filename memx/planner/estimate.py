@@ -79,8 +79,7 @@ def _predict_stages(plans: list[Plan], model: ModelArch, predictor: StagePredict
 
 def _contexts(plan: Plan, model: ModelArch, cluster: Cluster | None):
     if has_stage_dp(plan):  # each stage at its per-rank micro batch, its own cp rings (memx.planner.stage_dp)
-        ctxs = stage_dp.plan_stage_contexts(plan, cluster)
-        return stage_dp.with_stage_experts(plan, ctxs) if model.is_moe else ctxs
+        return stage_dp.plan_stage_contexts(plan, cluster, model)
     ctxs = plan_contexts(plan, cp_links(cluster, plan) if plan.context_parallel > 1 and cluster else None)
     if not model.is_moe:
         return ctxs

@@ -87,10 +87,13 @@ def with_stage_experts(plan: Plan, ctxs: tuple[StageContext, ...]) -> tuple[Stag
                                      expert_dp_slowdown=1.0) for c, g in zip(ctxs, stage_groups(plan), strict=True))
 
 
-def plan_stage_contexts(plan: Plan, cluster: Cluster | None) -> tuple[StageContext, ...]:
-    """`contexts` of a given plan; with context parallelism and a cluster, each stage's cp ring (`cp_links`)."""
+def plan_stage_contexts(plan: Plan, cluster: Cluster | None, model: ModelArch | None = None
+                        ) -> tuple[StageContext, ...]:
+    """`contexts` of a given plan; with context parallelism and a cluster, each stage's cp ring (`cp_links`); a
+    mixture-of-experts `model`'s with each stage's experts (`with_stage_experts`)."""
     rings = cp_links(cluster, plan) if plan.context_parallel > 1 and cluster is not None else None
-    return contexts(plan, plan_contexts(plan, rings))
+    ctxs = contexts(plan, plan_contexts(plan, rings))
+    return with_stage_experts(plan, ctxs) if model is not None and model.is_moe else ctxs
 
 
 @functools.lru_cache(maxsize=1 << 16)

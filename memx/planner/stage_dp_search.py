@@ -344,9 +344,7 @@ class _Space:
 
 def _space(cluster: Cluster, model: ModelArch, space: SearchSpace, predictor, levels: tuple[str, ...]) -> _Space:
     probes = layouts(cluster, model, space)
-    per_probe = [stage_dp.plan_stage_contexts(p, cluster) for p in probes]
-    if model.is_moe:  # ep 1: each stage's experts reduce over its own dp_s · cp ranks (memx.planner.stage_dp)
-        per_probe = [stage_dp.with_stage_experts(p, c) for p, c in zip(probes, per_probe)]
+    per_probe = [stage_dp.plan_stage_contexts(p, cluster, model) for p in probes]  # a MoE model's with its experts
     tables = _tables(per_probe, model, space, predictor, levels, cluster) if probes else {}
     return _Space(probes=probes, rows=[[tables[c] for c in pctx] for pctx in per_probe])
 

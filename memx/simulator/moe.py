@@ -168,24 +168,30 @@ def moe_stage_costs(plan: Plan, model: ModelArch, cluster: Cluster, where: list[
                     costs: list[StageCost], chunks: list[list[StageCost]] | None, tr: dict[str, GpuTraits],
                     static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM):
     """(stage costs, chunk costs or None, per-stage expert dp step ms) of a MoE plan from its dense costs; the
-    model's first `moe_first_dense_layers` layers, wherever the split puts them, run a dense MLP (`with_dense_layers`)."""
+    model's first `moe_first_dense_layers` layers, wherever the split puts them, run a dense MLP (`_with_dense`)."""
     out, out_chunks, dp_ms = [], None if chunks is None else [], []
     v, per_chunk = plan.virtual_stages, [st.layers // plan.virtual_stages for st in plan.stages]
     for s, (sig, cost) in enumerate(zip(sigs, costs)):
         gpu, t = cluster.gpu(sig.gpu), tr[sig.gpu]
         a2a = a2a_ms(plan, cluster, where, s, dispatch_bytes(model, sig), t) if plan.expert_parallel > 1 else 0.0
         args = (model, plan.expert_parallel, a2a, gpu, t, static_bytes_per_param)
-        offset = sum(st.layers for st in plan.stages[:s])
-        new, expert = with_dense_layers(cost, sig, offset, *args)
+        new, expert = stage_moe_cost(plan, s, cost, sig, *args)
         out.append(new)
         dp_ms.append(expert_dp_ms(plan, cluster, where, s, expert, t))
         if chunks is not None:  # chunk c of rank s is virtual stage c·pp + s
-            out_chunks.append([with_dense_layers(c, sc, c_i * sum(per_chunk) + sum(per_chunk[:s]), *args)[0]
+            out_chunks.append([_with_dense(c, sc, c_i * sum(per_chunk) + sum(per_chunk[:s]), *args)[0]
                                for c_i, (c, sc) in enumerate(zip(chunks[s], chunk_signatures(sig, s, plan.pp, v)))])
     return out, out_chunks, dp_ms
 
 
-def with_dense_layers(cost: StageCost, sig: StageSignature, offset: int, model: ModelArch, ep: int, a2a: float,
+def stage_moe_cost(plan: Plan, s: int, cost: StageCost, sig: StageSignature, model: ModelArch, ep: int, a2a: float,
+                   gpu: GpuType, traits: GpuTraits, bpp: float) -> tuple[StageCost, float]:
+    """(stage s's MoE cost, its expert parameters per GPU) from its dense cost: `_with_dense` at the stage's
+    first model layer (`a2a`: one all-to-all's ms, 0 at ep 1)."""
+    return _with_dense(cost, sig, sum(st.layers for st in plan.stages[:s]), model, ep, a2a, gpu, traits, bpp)
+
+
+def _with_dense(cost: StageCost, sig: StageSignature, offset: int, model: ModelArch, ep: int, a2a: float,
                 gpu: GpuType, traits: GpuTraits, bpp: float) -> tuple[StageCost, float]:
     """`moe_cost` of a stage whose layers start at model layer `offset`; the ones below `moe_first_dense_layers`
     run as a dense stage of their own (MLP `ffn_hidden`, the block recompute's first layers), added to the rest."""

@@ -19,7 +19,7 @@ memx.domain.stage_dp.stage_groups), each a rank of s/cp tokens running the ring 
 (memx.simulator.context_parallel.with_ring, `ring_costs`); cp rank c hands off to cp rank c; the gradient ring is
 the stage's dp_s · cp groups.
 A mixture-of-experts model runs at ep 1 (memx.domain.stage_dp): every rank of stage s computes the router and its
-λ·k tokens' experts and holds every expert (memx.simulator.moe.with_dense_layers, no all-to-all), and the expert
+λ·k tokens' experts and holds every expert (memx.simulator.moe.stage_moe_cost, no all-to-all), and the expert
 gradients reduce in a ring of their own over the stage's dp_s · cp groups, after the dense ring (Megatron-LM's
 separate expert buffers; memx.simulator.moe.expert_dp_ms at ep 1).
 Memory per GPU: stage s holds min(pp − s, m) micro batches of its b_s-sample activations (1F1B), GPUs
@@ -47,7 +47,7 @@ from memx.domain.stage_dp import (
 )
 from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.links import link, ring, shared_nic
-from memx.simulator.moe import with_dense_layers
+from memx.simulator.moe import stage_moe_cost
 from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, Device, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import StageCost, StageSignature, noise_factor, stage_cost
 from memx.simulator.step_sync import grad_norm_ms, mesh_embedding_sync, step_end
@@ -223,8 +223,8 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
     costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
     experts = [0.0] * plan.pp
     if model.is_moe:  # ep 1 (memx.domain.stage_dp): every expert on every rank, no all-to-all (memx.simulator.moe)
-        pairs = [with_dense_layers(c, sig, sum(st.layers for st in plan.stages[:s]), model, 1, 0.0, cluster.gpu(sig.gpu),
-                                   tr[sig.gpu], static_bytes_per_param) for s, (sig, c) in enumerate(zip(sigs, costs))]
+        pairs = [stage_moe_cost(plan, s, c, sig, model, 1, 0.0, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param)
+                 for s, (sig, c) in enumerate(zip(sigs, costs))]
         costs, experts = [c for c, _ in pairs], [e for _, e in pairs]
     costs = ring_costs(plan, cluster, where, sigs, costs, tr)
     demand, over, capacity = [], [], []

@@ -44,7 +44,7 @@ def test_stage_contexts_of_a_uniform_plan_are_the_uniform_ones(env):
     """ep 1: each stage's expert dp group is its dp_s · cp ranks; on one dp that is Megatron's dp · cp / ep."""
     cluster, model, _ = env
     plan = _plan(2, 2, 4, 4)
-    got = stage_dp.with_stage_experts(plan, stage_dp.plan_stage_contexts(plan, cluster))
+    got = stage_dp.plan_stage_contexts(plan, cluster, model)
     assert got == _contexts(plan, model, cluster)
     assert [c.expert_dp for c in got] == [2, 2] and all(c.a2a_gbps == 0.0 for c in got)
 
