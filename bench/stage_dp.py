@@ -22,10 +22,13 @@ Usage: PYTHONPATH=. .venv/bin/python bench/stage_dp.py [--plans 150] [--seed 5]
 option, and the ratio; goal ≤ 3×.)
 `--new-dims`: the accuracy rows on random per-stage-dp plans with context parallelism (a random layout of the space
 with context_parallel_options [1, 2, 4] whose cp > 1), with tied embeddings (gpt-neo-2.7b: the first ↔ last
-all-reduce along FlagScale's pipeline paths, cp 1, 2 or 4) and with a mixture-of-experts model at ep 1
-(qwen1.5-moe-a2.7b, session 14: every expert on every rank of a stage, cp 1, 2 or 4), and the per-stage-dp search's CPU time
-(stage_dp_search.search_stage_dp, conf/search/default.yaml) with context_parallel_options [1, 2] and [1, 2, 4]
-against [1] (today's per-stage-dp space), the best of 2 runs each, interleaved; goal ≤ 3×.
+all-reduce along FlagScale's pipeline paths, cp 1, 2 or 4) and with a mixture-of-experts model
+(qwen1.5-moe-a2.7b) at ep 1 (session 14: every expert on every rank of a stage, cp 1, 2 or 4) and at ep > 1
+(session 15: expert_parallel_options [1, 2, 4], plans whose ep > 1, each stage's ep groups of its own), and the
+per-stage-dp search's CPU time (stage_dp_search.search_stage_dp, conf/search/default.yaml) with
+context_parallel_options [1, 2] and [1, 2, 4] against [1] (today's per-stage-dp space), and for the MoE model with
+expert_parallel_options [1, 2] and [1, 2, 4] against [1], the best of 2 runs each, interleaved; goal ≤ 3×.
+`--kinds 'MoE at ep > 1'` runs only those kinds' accuracy rows.
 Goals: time_mape ≤ 0.10, mem_mape ≤ 0.10, oom_right ≥ 0.95 per case.
 """
 
@@ -131,37 +134,51 @@ def timing(cname: str, mname: str = "llama2-7b") -> None:
 NEW_DIMS = (("a100-v100-16", "llama2-7b", "cp > 1"), ("h100-h20-16", "llama2-7b", "cp > 1"),
             ("a100-t4-16", "llama2-7b", "cp > 1"), ("a100-v100-16", "gpt-neo-2.7b", "tied"),
             ("h100-h20-16", "gpt-neo-2.7b", "tied"), ("h100-h20-16", "qwen1.5-moe-a2.7b", "MoE at ep 1"),
-            ("three-vendor-20", "qwen1.5-moe-a2.7b", "MoE at ep 1"))
+            ("three-vendor-20", "qwen1.5-moe-a2.7b", "MoE at ep 1"),
+            ("h100-h20-16", "qwen1.5-moe-a2.7b", "MoE at ep > 1"), ("three-vendor-20", "qwen1.5-moe-a2.7b", "MoE at ep > 1"))
+EP_OPTIONS = (1, 2, 4)  # conf/search/moe.yaml's expert_parallel_options
+# the search-time rows: (cluster, model, option, its values today, with the new dimension)
+TIME_ROWS = (("a100-v100-16", "llama2-7b", "context_parallel_options", (1,), ((1, 2), (1, 2, 4))),
+             ("h100-h20-16", "llama2-7b", "context_parallel_options", (1,), ((1, 2), (1, 2, 4))),
+             ("a100-v100-16", "gpt-neo-2.7b", "context_parallel_options", (1,), ((1, 2), (1, 2, 4))),
+             ("h100-h20-16", "qwen1.5-moe-a2.7b", "expert_parallel_options", (1,), ((1, 2), EP_OPTIONS)))
 
 
-def new_dims(n: int, seed: int) -> None:
-    """Issue #27's combined dims: accuracy on random per-stage-dp plans with cp / tied embeddings, and search time."""
-    for cname, mname, kind in NEW_DIMS:
+def new_dims(n: int, seed: int, kinds: set[str] | None = None) -> None:
+    """Issue #27's combined dims: accuracy on random per-stage-dp plans with cp / tied embeddings / MoE, and search
+    time (`kinds`: only these NEW_DIMS kinds and no search time)."""
+    for cname, mname, kind in (d for d in NEW_DIMS if kinds is None or d[2] in kinds):
         cluster, model = load_cluster(cname), load_model(mname)
         space = dataclasses.replace(load_search("default"), context_parallel_options=(1, 2, 4))
-        keep = (lambda p: p.context_parallel > 1) if kind == "cp > 1" else (lambda p: True)
+        if kind == "MoE at ep > 1":
+            space = dataclasses.replace(space, expert_parallel_options=EP_OPTIONS)
+        keep = {"cp > 1": lambda p: p.context_parallel > 1, "MoE at ep > 1": lambda p: p.expert_parallel > 1}.get(
+            kind, lambda p: True)
         plans = random_plans(cluster, model, space, n, seed, keep)
-        cps = sorted({p.context_parallel for p in plans})
-        print(f"{cname} {mname} per-stage dp, {kind} (cp {cps})  {errors(plans, cluster, model)}", flush=True)
+        dims = f"cp {sorted({p.context_parallel for p in plans})}, ep {sorted({p.expert_parallel for p in plans})}"
+        print(f"{cname} {mname} per-stage dp, {kind} ({dims})  {errors(plans, cluster, model)}", flush=True)
         uniform = draw_plans(cluster, model, space, n=n, seed=seed)  # the stage model's own error, one dp, same space
-        print(f"{cname} {mname} one dp (drawn, cp options [1, 2, 4]) {errors(uniform, cluster, model)}", flush=True)
-    for cname, mname, _ in NEW_DIMS[:2] + NEW_DIMS[3:4]:
+        print(f"{cname} {mname} one dp (drawn, same options) {errors(uniform, cluster, model)}", flush=True)
+    if kinds is not None:
+        return
+    for cname, mname, field, today, wider in TIME_ROWS:
         cluster, model, space = load_cluster(cname), load_model(mname), load_search("default")
         pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
         cpu: dict[tuple, list[float]] = {}
         for _ in range(2):
-            for cps in ((1,), (1, 2), (1, 2, 4)):
-                sp = dataclasses.replace(space, context_parallel_options=cps)
+            for values in (today, *wider):
+                sp = dataclasses.replace(space, **{field: values})
                 t0 = time.process_time()
                 best, _ = search_stage_dp(cluster, model, sp, pred)
-                cpu.setdefault(cps, []).append(time.process_time() - t0)
-                cpu.setdefault(("n", cps), [len(layouts(cluster, model, sp))])
-                cpu.setdefault(("pick", cps), [best.iteration_time_ms, best.plan.context_parallel])
-        base = min(cpu[(1,)])
-        print(f"search_stage_dp {cname} / {mname}: " + "; ".join(
-            f"cp {list(cps)} {min(cpu[cps]):.2f} CPU s ({min(cpu[cps]) / base:.2f}x), {cpu[('n', cps)][0]} layouts, "
-            f"pick {cpu[('pick', cps)][0]:,.0f} ms at cp {cpu[('pick', cps)][1]}" for cps in ((1,), (1, 2), (1, 2, 4))),
-            flush=True)
+                cpu.setdefault(values, []).append(time.process_time() - t0)
+                cpu.setdefault(("n", values), [len(layouts(cluster, model, sp))])
+                cpu.setdefault(("pick", values), [best.iteration_time_ms, best.plan.context_parallel,
+                                                  best.plan.expert_parallel])
+        base = min(cpu[today])
+        print(f"search_stage_dp {cname} / {mname}, {field}: " + "; ".join(
+            f"{list(v)} {min(cpu[v]):.2f} CPU s ({min(cpu[v]) / base:.2f}x), {cpu[('n', v)][0]} layouts, "
+            f"pick {cpu[('pick', v)][0]:,.0f} ms at cp {cpu[('pick', v)][1]}, ep {cpu[('pick', v)][2]}"
+            for v in (today, *wider)), flush=True)
 
 
 def main() -> None:
@@ -171,10 +188,12 @@ def main() -> None:
     ap.add_argument("--accuracy-only", action="store_true", help="the random-plan accuracy rows only")
     ap.add_argument("--time", nargs="+", metavar="CLUSTER", help="only the search-time ratio on these clusters")
     ap.add_argument("--model", default="llama2-7b", help="the model of --time (e.g. qwen1.5-moe-a2.7b: MoE at ep 1)")
-    ap.add_argument("--new-dims", action="store_true", help="issue #27's cp / tied-embedding rows and search time")
+    ap.add_argument("--new-dims", action="store_true", help="issue #27's cp / tied-embedding / MoE rows and search time")
+    ap.add_argument("--kinds", help="with --new-dims: only these kinds' accuracy rows, comma-separated (e.g. "
+                                    "'MoE at ep > 1'), no search time")
     args = ap.parse_args()
     if args.new_dims:
-        new_dims(args.plans, args.seed)
+        new_dims(args.plans, args.seed, set(args.kinds.split(",")) if args.kinds else None)
         return
     if args.time:
         for cname in args.time:

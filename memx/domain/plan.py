@@ -412,7 +412,7 @@ def moe_problems(plan: Plan, model: ModelArch) -> list[str]:
         return [f"field 'expert_parallel' ({ep}) needs a mixture-of-experts model; {model.name} has no 'num_experts'"]
     out = [] if model.num_experts % ep == 0 else [
         f"field 'expert_parallel' ({ep}) does not divide num_experts ({model.num_experts}) of model {model.name}"]
-    if plan.dp * cp % ep:
+    if plan.dp * cp % ep and not has_stage_dp(plan):  # a per-stage dp: every stage's, stage_dp_problems
         ranks = f"dp × context_parallel ({plan.dp} × {cp})" if cp > 1 else f"dp ({plan.dp})"
         out.append(f"field 'expert_parallel' ({ep}) does not divide {ranks}: each stage's tp × dp{' × cp' * (cp > 1)} "
                    f"GPUs must split into expert tp (= tp) × ep × expert dp")

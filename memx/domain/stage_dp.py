@@ -58,10 +58,13 @@ def stage_dp_problems(plan: Any, model: Any) -> list[str]:
     distributed optimizer, dp_0 and dp_last divide one another. Context parallelism combines (one cp for the
     whole plan: pre_validate_args asserts 'all hetero_process_meshes_cp ... should be the same'; its checks are
     memx.domain.context_parallel's). What does not (FlagScale refuses the first: `pre_validate_args` asserts
-    'virtual pipeline not support now!' whenever enable_hetero is set): virtual_stages > 1; expert_parallel > 1
-    (FlagScale's meshes take an ep each, but the experts' all-to-all and expert-dp rings over per-stage groups are not
-    modelled yet). A mixture-of-experts model at ep 1 combines (session 14): every rank of a stage holds all its
-    experts, whose gradients reduce over the stage's dp_s · cp ranks (memx.planner.stage_dp)."""
+    'virtual pipeline not support now!' whenever enable_hetero is set): virtual_stages > 1. A mixture-of-experts
+    model combines (ep 1: session 14; ep > 1: session 15): FlagScale's meshes take an ep each (`hetero_process_meshes`
+    [tp, cp, ep, dp, pp]; examples/deepseek_v3/conf/train/hetero.yaml runs ep 2 on meshes of dp 4, 2, 2) and each
+    mesh builds its expert grid from its own tp · cp · dp_i ranks (hetero/parallel_context.py ProcessMesh: 'world_size
+    is not divisible by expert_tensor_model_pipeline_parallel size'), so with one ep for the plan (the plan's
+    `expert_parallel`) ep divides every stage's dp_i · cp (expert tp = tp); a stage's experts reduce over its
+    dp_i · cp / ep expert-dp ranks (memx.planner.stage_dp)."""
     raw = [getattr(st, "data_parallel", None) for st in plan.stages]
     if all(d is None for d in raw):
         return []
@@ -75,14 +78,13 @@ def stage_dp_problems(plan: Any, model: Any) -> list[str]:
             for i, d in enumerate(stage_dps(plan)) if b % d]
     if not has_stage_dp(plan):
         return out
-    for field, value, runtime in (("virtual_stages", plan.virtual_stages,
-                                   "FlagScale: 'virtual pipeline not support now!' with heterogeneous meshes"),
-                                  ("expert_parallel", plan.expert_parallel, "the experts' all-to-all over "
-                                   "per-stage groups is not modelled yet; a mixture-of-experts model runs at ep 1")):
-        if value > 1:
-            out.append(f"field '{field}' ({value}) with a per-stage data_parallel: not supported ({runtime}); "
-                       f"allowed: 1")
-    dps = stage_dps(plan)
+    if plan.virtual_stages > 1:
+        out.append(f"field 'virtual_stages' ({plan.virtual_stages}) with a per-stage data_parallel: not supported "
+                   "(FlagScale: 'virtual pipeline not support now!' with heterogeneous meshes); allowed: 1")
+    dps, ep, cp = stage_dps(plan), plan.expert_parallel, plan.context_parallel
+    out += [f"field 'expert_parallel' ({ep}) does not divide stages[{i}].data_parallel × context_parallel ({d} × {cp})"
+            ": each mesh's tp × cp × dp GPUs split into expert tp (= tp) × ep × expert dp (FlagScale ProcessMesh)"
+            for i, d in enumerate(dps) if ep > 1 and (d * cp) % ep]
     if (getattr(model, "tied_embeddings", False) and plan.distributed_optimizer
             and dps[0] % dps[-1] and dps[-1] % dps[0]):
         out.append(f"tied embeddings with the distributed optimizer need the first and last stage's dp ({dps[0]}, "

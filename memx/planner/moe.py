@@ -285,14 +285,21 @@ def a2a_links(cluster: Cluster, plan: Plan) -> tuple[tuple[float, float, float, 
     where = place_plan(plan, cluster)
     if ep == 1 or where is None:
         return tuple((0.0, 0.0, 1.0, 0.0) for _ in plan.stages)
-    out = []
-    for s, st in enumerate(plan.stages):
-        nodes = [where[r][s] for r in range(plan.dp)]
-        dp_bw = ring_link(cluster, nodes, st.tp)[0]
-        rings = [ring_link(cluster, nodes[j::ep], st.tp * ep) for j in range(ep)]
-        edp_bw, edp_lat = min(bw for bw, _ in rings), max(lat for _, lat in rings)
-        out.append((*_stage_a2a(cluster, nodes, ep, st.tp), dp_bw / edp_bw, edp_lat))
-    return tuple(out)
+    return tuple(stage_links(cluster, [where[r][s] for r in range(plan.dp)], ep, st.tp)
+                 for s, st in enumerate(plan.stages))
+
+
+def stage_links(cluster: Cluster, nodes: Sequence[int], ep: int, tp: int) -> tuple[float, float, float, float]:
+    """One stage's `a2a_links` entry from the node of each of its dp (× cp) TP groups in rank order (ep groups:
+    `ep` consecutive ones; expert-dp rings: nodes[j::ep]); a per-stage-dp stage's groups too (memx.planner.stage_dp).
+    ep 1: (0, 0, 1, 0)."""
+    if ep == 1:
+        return 0.0, 0.0, 1.0, 0.0
+    nodes = list(nodes)
+    dp_bw = ring_link(cluster, nodes, tp)[0]
+    rings = [ring_link(cluster, nodes[j::ep], tp * ep) for j in range(ep)]
+    edp_bw, edp_lat = min(bw for bw, _ in rings), max(lat for _, lat in rings)
+    return (*_stage_a2a(cluster, nodes, ep, tp), dp_bw / edp_bw, edp_lat)
 
 
 def _stage_a2a(cluster: Cluster, nodes: list[int], ep: int, tp: int) -> tuple[float, float]:
@@ -321,11 +328,14 @@ def expert_dp_size(dp: int, cp: int, ep: int) -> int:
     return dp * cp // ep
 
 
-def with_experts(ctxs: Sequence, ep: int, expert_dp: int, links: Sequence[tuple[float, ...]]) -> tuple:
-    """Stage contexts carrying ep, the expert dp size and each stage's links (`a2a_links`; a MoE model's; the
-    expert-dp latency is the pipeline's, not a context's: memx.planner.collectives.expert_dp_latency_ms)."""
-    return tuple(dataclasses.replace(c, expert_parallel=ep, expert_dp=expert_dp, a2a_gbps=bw, a2a_latency_ms=lat,
-                                     expert_dp_slowdown=slow) for c, (bw, lat, slow, *_) in zip(ctxs, links, strict=True))
+def with_experts(ctxs: Sequence, ep: int, expert_dp: int | Sequence[int], links: Sequence[tuple[float, ...]]) -> tuple:
+    """Stage contexts carrying ep, the expert dp size (one, or one per stage with a per-stage dp) and each stage's
+    links (`a2a_links`; a MoE model's; the expert-dp latency is the pipeline's, not a context's:
+    memx.planner.collectives.expert_dp_latency_ms)."""
+    dps = [expert_dp] * len(ctxs) if isinstance(expert_dp, int) else expert_dp
+    return tuple(dataclasses.replace(c, expert_parallel=ep, expert_dp=d, a2a_gbps=bw, a2a_latency_ms=lat,
+                                     expert_dp_slowdown=slow)
+                 for c, d, (bw, lat, slow, *_) in zip(ctxs, dps, links, strict=True))
 
 
 def plan_expert_contexts(ctxs: Sequence, plan: Plan, model: ModelArch, cluster: Cluster) -> tuple:

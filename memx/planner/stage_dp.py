@@ -32,12 +32,16 @@ flow through the stages in 1F1B order. What changes against memx.planner.schedul
   computes b_s samples of s/cp tokens (its signature's seq_len, memx.planner.signatures) plus the ring attention's
   terms over the stage's cp rings (`cp_links`, memx.planner.context_parallel.add_ring_terms); the hand-off goes cp
   rank to cp rank with b · (s/cp) · h messages; T_dp and the optimizer shards are over dp_s · cp ranks.
-- a mixture-of-experts model (session 14), at ep 1 only (memx.domain.stage_dp.stage_dp_problems): every rank of
-  stage s holds all its experts, so there is no all-to-all, and the expert data-parallel group is the stage's
-  dp_s · cp ranks (Megatron-LM's expert dp = dp · cp / ep, memx.planner.moe.expert_dp_size, with the stage's own
-  dp): `with_stage_experts` gives each stage context ep 1 and that group, and memx.planner.moe.adjust adds the
-  router, the experts and their memory as for a uniform plan; the expert gradients ride the stage's dp_s ring
-  (memx.planner.moe.dp_params_per_rank at ep 1: one ring, no expert-dp slowdown).
+- a mixture-of-experts model (ep 1: session 14; ep > 1: session 15; memx.domain.stage_dp.stage_dp_problems: one ep
+  for the plan, dividing every stage's dp_s · cp): stage s's expert data-parallel group is its dp_s · cp / ep ranks
+  (Megatron-LM's expert dp = dp · cp / ep, memx.planner.moe.expert_dp_size, with the stage's own dp; FlagScale
+  builds each mesh's expert grid from its own ranks). Its ep groups are ep consecutive TP groups of the stage
+  (`place_stage_groups` order), its expert-dp rings the groups j, j + ep, … (`expert_links`: memx.planner.moe.
+  stage_links, the uniform plan's all-to-all and ring rules on the stage's own groups); `with_stage_experts` gives
+  each stage context ep, its expert dp and those links, memx.planner.moe.adjust adds the router, the all-to-all,
+  the experts and their memory as for a uniform plan, and the expert collective's latency joins the stage's tail
+  (`stage_expert_latency_ms`). At ep 1 every rank holds all its stage's experts: no all-to-all, the expert
+  gradients ride the stage's dp_s ring (memx.planner.moe.dp_params_per_rank: one ring, no expert-dp slowdown).
 
 T = (m − 1) · max_s t_s + Σ_s t_s + Σ_{s<pp−1} 2 · p2p_s + max_s tail_s (paper §3.1.2, Narayanan et al. 2021
 §2.2.1), the same formula as every other plan; a calibrated predictor's c, o and d apply as in
@@ -57,7 +61,8 @@ from memx.domain.plan import Plan
 from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch
 from memx.domain.stage_dp import embedding_groups, group_handoff, place_stage_groups, stage_groups, stage_micro_batches
-from memx.planner.collectives import dp_latency_ms, embedding_link, embedding_sync_ms
+from memx.planner import moe
+from memx.planner.collectives import dp_latency_ms, embedding_link, embedding_sync_ms, expert_dp_latency_ms
 from memx.planner.metrics import PlanMetrics, plan_metrics
 from memx.planner.network import nic_share_gbps, pair_link, ring_link, slowest_hop
 from memx.planner.schedule import (
@@ -80,11 +85,24 @@ def contexts(plan: Plan, ctxs: tuple[StageContext, ...]) -> tuple[StageContext, 
                  for c, b, g in zip(ctxs, stage_micro_batches(plan), stage_groups(plan), strict=True))
 
 
-def with_stage_experts(plan: Plan, ctxs: tuple[StageContext, ...]) -> tuple[StageContext, ...]:
-    """A MoE model's stage contexts at ep 1: each stage's expert dp group is its own dp_s · cp ranks, no all-to-all
-    (module docstring)."""
-    return tuple(dataclasses.replace(c, expert_parallel=1, expert_dp=g, a2a_gbps=0.0, a2a_latency_ms=0.0,
-                                     expert_dp_slowdown=1.0) for c, g in zip(ctxs, stage_groups(plan), strict=True))
+def expert_links(cluster: Cluster | None, plan: Plan) -> tuple[tuple[float, float, float, float], ...]:
+    """Per stage, memx.planner.moe.stage_links over its dp_s · cp groups' nodes (`place_stage_groups`, rank order:
+    an ep group is ep consecutive groups, FlagScale's expert grid 'tp-ep-dp' inside the mesh): the all-to-all's
+    GB/s and latency, the expert-dp slowdown and step latency. ep 1 — no all-to-all — and without a cluster (memory
+    only, as memx.planner.estimate's uniform contexts: the links do not change it): (0, 0, 1, 0)."""
+    ep = plan.expert_parallel
+    if ep == 1 or cluster is None:
+        return tuple((0.0, 0.0, 1.0, 0.0) for _ in plan.stages)
+    where = place_stage_groups(plan, cluster)
+    assert where is not None  # validated
+    return tuple(moe.stage_links(cluster, row, ep, st.tp) for row, st in zip(where, plan.stages))
+
+
+def with_stage_experts(plan: Plan, ctxs: tuple[StageContext, ...],
+                       links: tuple[tuple[float, ...], ...]) -> tuple[StageContext, ...]:
+    """A MoE model's stage contexts: stage s's expert dp group is its dp_s · cp / ep ranks, its all-to-all and
+    expert-dp links `links[s]` (`expert_links`; module docstring)."""
+    return moe.with_experts(ctxs, plan.expert_parallel, [g // plan.expert_parallel for g in stage_groups(plan)], links)
 
 
 def plan_stage_contexts(plan: Plan, cluster: Cluster | None, model: ModelArch | None = None
@@ -93,7 +111,9 @@ def plan_stage_contexts(plan: Plan, cluster: Cluster | None, model: ModelArch | 
     mixture-of-experts `model`'s with each stage's experts (`with_stage_experts`)."""
     rings = cp_links(cluster, plan) if plan.context_parallel > 1 and cluster is not None else None
     ctxs = contexts(plan, plan_contexts(plan, rings))
-    return with_stage_experts(plan, ctxs) if model is not None and model.is_moe else ctxs
+    if model is None or not model.is_moe:
+        return ctxs
+    return with_stage_experts(plan, ctxs, expert_links(cluster, plan))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -148,6 +168,15 @@ def dp_rings(cluster: Cluster, plan: Plan, where: list[list[int]]) -> list[tuple
     """Per stage, (GB/s, step latency ms) of its gradient ring over its dp_s · cp groups (the dp-cp group,
     memx.domain.context_parallel; tp_s concurrent rings)."""
     return [ring_link(cluster, nodes, st.tp) for nodes, st in zip(where, plan.stages)]
+
+
+def stage_expert_latency_ms(plan: Plan, cluster: Cluster, model: ModelArch) -> np.ndarray:
+    """(pp,) each stage's expert-gradient collective latency, 2(n − 1)·α over its dp_s · cp / ep expert-dp ranks at
+    its expert-dp rings' step latency (memx.planner.collectives.expert_dp_latency_ms on `expert_links`); 0 for a dense
+    model and at ep 1 (the experts ride the stage's dp ring: memx.planner.moe.dp_params_per_rank)."""
+    if not model.is_moe or plan.expert_parallel == 1:
+        return np.zeros(plan.pp)
+    return expert_dp_latency_ms(np.asarray(stage_groups(plan)), plan.expert_parallel, expert_links(cluster, plan))
 
 
 def embedding_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]]) -> float:
@@ -209,7 +238,7 @@ def tails(plan: Plan, cluster: Cluster, model: ModelArch, where: list[list[int]]
     and last stage the tied embedding's all-reduce (`embedding_ms`), as schedule.stage_tail_ms adds them."""
     groups = np.asarray(stage_groups(plan), dtype=np.float64)
     rings = dp_rings(cluster, plan, where)
-    extra = dp_latency_ms(groups, [lat for _, lat in rings])
+    extra = dp_latency_ms(groups, [lat for _, lat in rings]) + stage_expert_latency_ms(plan, cluster, model)
     emb = embedding_ms(cluster, plan, model, where)
     extra[0] += emb
     extra[-1] += emb  # 0 at pp = 1: one stage holds both ends

@@ -20,8 +20,9 @@ fastest eligible one at its layer count, and the tail term by an ε-constraint w
 (`_layout_best`); layouts are visited in order of a lower bound and cut off by the best plan so far and by the
 incumbent (the uniform pick). tests/unit/test_stage_dp_exact.py checks it against full enumeration (exact for the
 paper's assembly; under the default cycle-mean-drain the walk is a heuristic, `_layout_best`). A mixture-of-experts
-model is searched at ep 1 (session 14): its contexts carry each stage's expert dp group (memx.planner.stage_dp.
-with_stage_experts) and its rows the MoE terms (memx.planner.moe.adjust), as estimate_plans scores them.
+model is searched at every ep of `expert_parallel_options` that divides each stage's dp_s · cp (session 15): its
+contexts carry each stage's expert dp group and all-to-all links (memx.planner.stage_dp.with_stage_experts) and
+its rows the MoE terms (memx.planner.moe.adjust), as estimate_plans scores them.
 """
 
 from __future__ import annotations
@@ -98,13 +99,14 @@ def _probes(cluster, model, space, meshes, seq, precision, cp) -> list[Plan]:
     if not _ends_ok(space.launcher, model, tuple(st.tp for st in stages)):
         return []
     dp0, out = stages[0].data_parallel, []
-    for mb, do, sp in itertools.product(space.micro_batch_options, _effective(space.distributed_optimizer, True),
-                                        _effective(space.sequence_parallel, max(st.tp for st in stages) > 1)):
+    eps = space.expert_parallel_options if model.is_moe else (1,)  # ep | every dp_s · cp: stage_dp_problems
+    for mb, do, sp, ep in itertools.product(space.micro_batch_options, _effective(space.distributed_optimizer, True),
+                                            _effective(space.sequence_parallel, max(st.tp for st in stages) > 1), eps):
         if space.global_batch % (dp0 * mb):
             continue
         probe = Plan(model=model.name, cluster=cluster.name, global_batch=space.global_batch, micro_batch=mb,
                      seq_len=seq, dp=dp0, stages=stages, distributed_optimizer=do, sequence_parallel=sp,
-                     precision=precision, context_parallel=cp)
+                     precision=precision, context_parallel=cp, expert_parallel=ep)
         if not (stage_dp_problems(probe, model) or moe_problems(probe, model)) \
                 and place_stage_groups(probe, cluster) is not None:
             out.append(probe)
@@ -255,8 +257,9 @@ class _Layout:
         self.probe, self.rows, self.ok = probe, rows, ok
         where = place_stage_groups(probe, cluster)
         rings = stage_dp.dp_rings(cluster, probe, where)
-        tail = [_tail(r, probe, st, g, ring, cluster, assembly, tails)
-                for r, st, g, ring in zip(rows, probe.stages, stage_groups(probe), rings)]
+        experts = stage_dp.stage_expert_latency_ms(probe, cluster, model)  # ep > 1: the expert collectives' latency
+        tail = [_tail(r, probe, st, g, ring, float(e), cluster, assembly, tails)
+                for r, st, g, ring, e in zip(rows, probe.stages, stage_groups(probe), rings, experts)]
         # the tied embedding's all-reduce on the first and last stage (a layout constant, ×c as stage_tail_ms)
         emb = assembly.comm_scale * stage_dp.embedding_ms(cluster, probe, model, where)
         self.tail = [tl + emb if s in (0, len(tail) - 1) else tl for s, tl in enumerate(tail)]
@@ -294,18 +297,19 @@ class _Layout:
             self.loop_ms)), paper, tail, max(tails)
 
 
-def _tail(rows: _Rows, probe: Plan, stage: Stage, dp: int, ring: tuple[float, float], cluster: Cluster,
-          assembly: AssemblyCalibration, cache: dict) -> np.ndarray:
+def _tail(rows: _Rows, probe: Plan, stage: Stage, dp: int, ring: tuple[float, float], experts_ms: float,
+          cluster: Cluster, assembly: AssemblyCalibration, cache: dict) -> np.ndarray:
     """Per row, the stage's tail without the embedding's all-reduce (optimizer step + T_dp over its dp = dp_s · cp
-    ranks, latency included: schedule.stage_tail_ms,
-    memx.planner.collectives.dp_latency_ms; `ring`: (GB/s, step latency ms)), cached per context, ring and dp."""
-    key = (id(rows), ring, dp)
+    ranks, latency included: schedule.stage_tail_ms, memx.planner.collectives.dp_latency_ms; `ring`: (GB/s, step
+    latency ms); `experts_ms`: the expert collective's latency, stage_dp.stage_expert_latency_ms), cached per
+    context, ring, dp and that latency."""
+    key = (id(rows), ring, dp, experts_ms)
     if key not in cache:
         gpu, k = cluster.gpu(stage.gpu), rows.layers.size
         cache[key] = stage_tail_ms(rows.static_mib[:, None], rows.params[:, None], np.full(k, gpu.memory_bandwidth_gbps),
                                    np.full(k, ring[0]), distributed_optimizer=probe.distributed_optimizer, dp=dp,
                                    precision=probe.precision, comm_scale=assembly.comm_scale,
-                                   collectives_ms=np.full(k, float(dp_latency_ms(dp, ring[1]))))[:, 0]
+                                   collectives_ms=np.full(k, float(dp_latency_ms(dp, ring[1])) + experts_ms))[:, 0]
     return cache[key]
 
 

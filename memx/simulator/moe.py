@@ -67,13 +67,18 @@ def _matrices(model: ModelArch) -> float:
     return 3.0 if model.mlp == "swiglu" else 2.0
 
 
-def a2a_ms(plan: Plan, cluster: Cluster, where: list[list[int]], s: int, nbytes: float, traits: GpuTraits) -> float:
-    """One all-to-all of stage s: every rank of an ep group sends nbytes/ep to each other member, all at once;
-    the slowest member finishes it. A member's bytes to peers in its node share its intra-node link; bytes to
-    other nodes share the node's NICs with every flow leaving that node at once (tp ranks × members × off-node
-    peers, links.shared_nic); each flow also at most its pair link (cross-vendor included)."""
+def replica_nodes(plan: Plan, where: list[list[int]], s: int) -> list[int]:
+    """The node of each data-parallel replica's stage s (`where`: memx.domain.plan.place_plan, replica by replica)."""
+    return [where[r][s] for r in range(plan.dp)]
+
+
+def a2a_ms(plan: Plan, cluster: Cluster, nodes: list[int], s: int, nbytes: float, traits: GpuTraits) -> float:
+    """One all-to-all of stage s, whose TP groups sit on `nodes` in rank order (`replica_nodes`; a per-stage-dp
+    stage's groups, memx.simulator.stage_dp): every rank of an ep group (ep consecutive groups) sends nbytes/ep to
+    each other member, all at once; the slowest member finishes it. A member's bytes to peers in its node share its
+    intra-node link; bytes to other nodes share the node's NICs with every flow leaving that node at once (tp ranks
+    × members × off-node peers, links.shared_nic); each flow also at most its pair link (cross-vendor included)."""
     ep, tp = plan.expert_parallel, plan.stages[s].tp
-    nodes = [where[r][s] for r in range(plan.dp)]
     groups = [nodes[g:g + ep] for g in range(0, len(nodes), ep)]
     flows: Counter = Counter()
     for grp in groups:
@@ -159,7 +164,7 @@ def measure_expert_stage(sig: StageSignature, point: Mapping[str, Any], gpu: Gpu
         if where is None:
             raise InputError(f"stage signature: field 'expert_parallel' {ep} needs {ep} × tp {sig.tp} GPUs "
                              f"{sig.gpu} on the cluster given (its all-to-all runs over their links)")
-        a2a = a2a_ms(plan, cluster, where, 0, dispatch_bytes(model, m_sig), traits)
+        a2a = a2a_ms(plan, cluster, replica_nodes(plan, where, 0), 0, dispatch_bytes(model, m_sig), traits)
     cost, _ = moe_cost(stage_cost(m_sig, gpu, traits, static_bytes_per_param), m_sig, model, ep, a2a, gpu, traits)
     return run_of(cost, m_sig, gpu, traits, rng=rng)
 
@@ -173,11 +178,12 @@ def moe_stage_costs(plan: Plan, model: ModelArch, cluster: Cluster, where: list[
     v, per_chunk = plan.virtual_stages, [st.layers // plan.virtual_stages for st in plan.stages]
     for s, (sig, cost) in enumerate(zip(sigs, costs)):
         gpu, t = cluster.gpu(sig.gpu), tr[sig.gpu]
-        a2a = a2a_ms(plan, cluster, where, s, dispatch_bytes(model, sig), t) if plan.expert_parallel > 1 else 0.0
+        nodes = replica_nodes(plan, where, s)
+        a2a = a2a_ms(plan, cluster, nodes, s, dispatch_bytes(model, sig), t) if plan.expert_parallel > 1 else 0.0
         args = (model, plan.expert_parallel, a2a, gpu, t, static_bytes_per_param)
         new, expert = stage_moe_cost(plan, s, cost, sig, *args)
         out.append(new)
-        dp_ms.append(expert_dp_ms(plan, cluster, where, s, expert, t))
+        dp_ms.append(expert_dp_ms(plan, cluster, nodes, s, expert, t))
         if chunks is not None:  # chunk c of rank s is virtual stage c·pp + s
             out_chunks.append([_with_dense(c, sc, c_i * sum(per_chunk) + sum(per_chunk[:s]), *args)[0]
                                for c_i, (c, sc) in enumerate(zip(chunks[s], chunk_signatures(sig, s, plan.pp, v)))])
@@ -217,18 +223,17 @@ def _with_dense(cost: StageCost, sig: StageSignature, offset: int, model: ModelA
         optimizer_ms=m_cost.optimizer_ms + d_cost.optimizer_ms), expert
 
 
-def expert_dp_ms(plan: Plan, cluster: Cluster, where: list[list[int]], s: int, expert_params: float,
+def expert_dp_ms(plan: Plan, cluster: Cluster, nodes: list[int], s: int, expert_params: float,
                  traits: GpuTraits) -> float:
-    """The expert gradients' data-parallel step of stage s: one ring per TP rank and expert slot over the
-    replicas holding the same experts (r ≡ j mod ep); like the dense step, all-reduce, or reduce-scatter +
-    all-gather with the distributed optimizer. The ep rings run at once: the slowest."""
+    """The expert gradients' data-parallel step of stage s (its TP groups on `nodes`, as `a2a_ms`): one ring per TP
+    rank and expert slot over the groups holding the same experts (g ≡ j mod ep); like the dense step, all-reduce,
+    or reduce-scatter + all-gather with the distributed optimizer. The ep rings run at once: the slowest."""
     ep = plan.expert_parallel
-    edp = plan.dp // ep
+    edp = len(nodes) // ep
     grad = GRAD_BYTES_OF[plan.precision]
     worst = 0.0
     for j in range(ep):
-        nodes = [where[r][s] for r in range(j, plan.dp, ep)]
-        bw, step = ring(cluster, nodes, [traits] * edp, plan.stages[s].tp * ep)
+        bw, step = ring(cluster, nodes[j::ep], [traits] * edp, plan.stages[s].tp * ep)
         if plan.distributed_optimizer:
             t = ring_collective_ms(grad * expert_params, edp, bw, step) \
                 + ring_collective_ms(BF16_BYTES * expert_params, edp, bw, step)

@@ -18,10 +18,12 @@ With context parallelism cp (one for the plan) stage s has dp_s · cp groups (gr
 memx.domain.stage_dp.stage_groups), each a rank of s/cp tokens running the ring attention on its cp ring
 (memx.simulator.context_parallel.with_ring, `ring_costs`); cp rank c hands off to cp rank c; the gradient ring is
 the stage's dp_s · cp groups.
-A mixture-of-experts model runs at ep 1 (memx.domain.stage_dp): every rank of stage s computes the router and its
-λ·k tokens' experts and holds every expert (memx.simulator.moe.stage_moe_cost, no all-to-all), and the expert
-gradients reduce in a ring of their own over the stage's dp_s · cp groups, after the dense ring (Megatron-LM's
-separate expert buffers; memx.simulator.moe.expert_dp_ms at ep 1).
+A mixture-of-experts model (one ep for the plan, dividing every stage's dp_s · cp: memx.domain.stage_dp): stage s's
+ep groups are ep consecutive groups of its own (FlagScale builds each mesh's expert grid from its ranks); every rank
+computes the router and its λ·k tokens' experts over the all-to-all of its ep group on the groups' links
+(`mesh_moe_costs`: memx.simulator.moe.stage_moe_cost, a2a_ms; none at ep 1, every expert on every rank), and the
+expert gradients reduce in rings of their own over the groups holding the same experts (g ≡ j mod ep), after the
+dense ring (Megatron-LM's separate expert buffers; memx.simulator.moe.expert_dp_ms).
 Memory per GPU: stage s holds min(pp − s, m) micro batches of its b_s-sample activations (1F1B), GPUs
 stage-major, then group, then TP rank.
 """
@@ -47,7 +49,7 @@ from memx.domain.stage_dp import (
 )
 from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.links import link, ring, shared_nic
-from memx.simulator.moe import stage_moe_cost
+from memx.simulator.moe import a2a_ms, dispatch_bytes, expert_dp_ms, stage_moe_cost
 from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, Device, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import StageCost, StageSignature, noise_factor, stage_cost
 from memx.simulator.step_sync import grad_norm_ms, mesh_embedding_sync, step_end
@@ -195,6 +197,23 @@ def dp_step_ms(plan: Plan, cluster: Cluster, nodes: list[list[int]], costs: list
     return out
 
 
+def mesh_moe_costs(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]], sigs: list[StageSignature],
+                   costs: list[StageCost], tr: dict[str, GpuTraits], static_bytes_per_param: float
+                   ) -> tuple[list[StageCost], list[float]]:
+    """(stage costs, expert parameters per GPU) of a MoE plan's stages: stage s's ep groups are ep consecutive
+    groups of its dp_s · cp TP groups on `where[s]` (FlagScale's per-mesh expert grid), its all-to-all over their
+    links (memx.simulator.moe.a2a_ms; none at ep 1, every expert on every rank)."""
+    out, experts = [], []
+    for s, (sig, c) in enumerate(zip(sigs, costs)):
+        t = tr[sig.gpu]
+        a2a = a2a_ms(plan, cluster, where[s], s, dispatch_bytes(model, sig), t) if plan.expert_parallel > 1 else 0.0
+        cost, e = stage_moe_cost(plan, s, c, sig, model, plan.expert_parallel, a2a, cluster.gpu(sig.gpu), t,
+                                 static_bytes_per_param)
+        out.append(cost)
+        experts.append(e)
+    return out, experts
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshRun:
     """A per-stage-dp plan's simulated figures (schedule.simulate_plan wraps them in its PlanRun)."""
@@ -222,10 +241,8 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
     sigs = signatures(plan, sigs)
     costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
     experts = [0.0] * plan.pp
-    if model.is_moe:  # ep 1 (memx.domain.stage_dp): every expert on every rank, no all-to-all (memx.simulator.moe)
-        pairs = [stage_moe_cost(plan, s, c, sig, model, 1, 0.0, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param)
-                 for s, (sig, c) in enumerate(zip(sigs, costs))]
-        costs, experts = [c for c, _ in pairs], [e for _, e in pairs]
+    if model.is_moe:  # the stage's experts over its own groups' ep groups (memx.simulator.moe)
+        costs, experts = mesh_moe_costs(plan, model, cluster, where, sigs, costs, tr, static_bytes_per_param)
     costs = ring_costs(plan, cluster, where, sigs, costs, tr)
     demand, over, capacity = [], [], []
     for st, groups, sig, c in zip(plan.stages, stage_groups(plan), sigs, costs):
@@ -237,9 +254,9 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
             capacity.append(c.capacity_mib)
     pieces = [boundary_pieces(plan, model, cluster, where, s, tr) for s in range(plan.pp - 1)]
     dp_ar = dp_step_ms(plan, cluster, where, costs, tr)  # `where`: each stage's dp_s · cp group nodes
-    if model.is_moe:  # the expert gradients' own ring over the same groups (memx.simulator.moe.expert_dp_ms at ep 1)
-        experts_ar = dp_step_ms(plan, cluster, where, [dataclasses.replace(c, params=e) for c, e in zip(costs, experts)], tr)
-        dp_ar = [a + b for a, b in zip(dp_ar, experts_ar)]
+    if model.is_moe:  # the expert gradients' own rings over the groups holding the same experts
+        dp_ar = [a + expert_dp_ms(plan, cluster, where[s], s, e, tr[st.gpu])
+                 for s, (a, e, st) in enumerate(zip(dp_ar, experts, plan.stages))]
     common = dict(demand_mem_mib=tuple(demand), oom_gpus=tuple(over), stage_time_ms=tuple(c.time_ms for c in costs),
                   p2p_ms=tuple(max(ms for _, _, ms in p) for p in pieces), dp_allreduce_ms=tuple(dp_ar),
                   optimizer_ms=tuple(c.optimizer_ms for c in costs), capacity_mib=tuple(capacity))

@@ -1,9 +1,11 @@
-"""A data-parallel degree per stage with a mixture-of-experts model at ep 1 (issue #27, session 14;
-memx.planner.stage_dp, memx.simulator.stage_dp): each stage's experts reduce over its own dp_s ranks, no
-all-to-all. Each side against the uniform-dp machinery it generalises, the closed form against the virtual cluster,
-and what is still refused (ep > 1 with a per-stage dp)."""
+"""A data-parallel degree per stage with a mixture-of-experts model (issue #27; ep 1: session 14, ep > 1: session 15;
+memx.planner.stage_dp, memx.simulator.stage_dp): each stage's experts reduce over its own dp_s · cp / ep ranks, its
+all-to-all over ep consecutive groups of its own. Each side against the uniform-dp machinery it generalises, the
+closed form against the virtual cluster, and what is refused (an ep that does not divide a stage's dp_s · cp)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -40,18 +42,22 @@ def env():
     return cluster, model, AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types})
 
 
-def test_stage_contexts_of_a_uniform_plan_are_the_uniform_ones(env):
-    """ep 1: each stage's expert dp group is its dp_s · cp ranks; on one dp that is Megatron's dp · cp / ep."""
+@pytest.mark.parametrize("ep", [1, 2])
+def test_stage_contexts_of_a_uniform_plan_are_the_uniform_ones(env, ep):
+    """Each stage's expert dp group is its dp_s · cp / ep ranks and its all-to-all the uniform plan's: on one dp
+    that is Megatron's dp · cp / ep on the replicas' links."""
     cluster, model, _ = env
-    plan = _plan(2, 2, 4, 4)
+    plan = _plan(2, 2, 4, 4, expert_parallel=ep)
     got = stage_dp.plan_stage_contexts(plan, cluster, model)
     assert got == _contexts(plan, model, cluster)
-    assert [c.expert_dp for c in got] == [2, 2] and all(c.a2a_gbps == 0.0 for c in got)
+    assert [c.expert_dp for c in got] == [2 // ep] * 2 and all((c.a2a_gbps > 0.0) == (ep > 1) for c in got)
 
 
-def test_closed_form_reduces_to_the_uniform_assembly(env):
+@pytest.mark.parametrize("ep", [1, 2])
+def test_closed_form_reduces_to_the_uniform_assembly(env, ep):
+    """The expert collective's latency joins the stage's tail as the uniform plan's tail_collectives_ms adds it."""
     cluster, model, pred = env
-    plan = _plan(2, 2, 4, 4)
+    plan = _plan(2, 2, 4, 4, expert_parallel=ep)
     ref = estimate_plans([plan], cluster, model, pred)[0]
     seen = achieved(cluster, pred)
     ctxs, layers, p = _predict_stages([plan], model, pred, seen)
@@ -62,11 +68,12 @@ def test_closed_form_reduces_to_the_uniform_assembly(env):
     assert got.max_mem_mib == ref.max_mem_mib
 
 
-def test_virtual_cluster_meshes_match_its_replicas_on_a_uniform_plan(env):
-    """The per-stage-dp schedule given one dp runs what the replica schedule runs, experts, router and expert-dp
-    ring included (noise draws differ): within 2 %, the same memory to the MiB."""
+@pytest.mark.parametrize("ep", [1, 2])
+def test_virtual_cluster_meshes_match_its_replicas_on_a_uniform_plan(env, ep):
+    """The per-stage-dp schedule given one dp runs what the replica schedule runs, experts, router, all-to-all and
+    expert-dp rings included (noise draws differ): within 2 %, the same memory to the MiB."""
     cluster, model, _ = env
-    plan = _plan(2, 2, 4, 4)
+    plan = _plan(2, 2, 4, 4, expert_parallel=ep)
     ref = simulate_plan(plan, cluster, model, seed=3)
     tr = _traits_for({s.gpu for s in plan.stages}, None, None)
     got = simulate_meshes(plan, cluster, model, stage_signatures(plan, model), tr, ADAM_STATIC_BYTES_PER_PARAM, 3,
@@ -75,24 +82,37 @@ def test_virtual_cluster_meshes_match_its_replicas_on_a_uniform_plan(env):
     assert sorted(got.demand_mem_mib) == pytest.approx(sorted(ref.demand_mem_mib), rel=1e-9)
 
 
-@pytest.mark.parametrize("dps", [(2, 1, 4, 8), (4, 1, 2, 8), (1, 2, 8, 4)])
+@pytest.mark.parametrize("dps", [(2, 1, 4, 8), (4, 1, 2, 8), (1, 2, 8, 4), (4, 2, 2, 4, 2), (8, 2, 1, 4, 2)])
 def test_closed_form_tracks_the_virtual_cluster_on_mixed_plans(env, dps):
     cluster, model, pred = env
-    plan = _plan(*dps)
+    plan = _plan(*dps[:4], expert_parallel=dps[4] if len(dps) > 4 else 1)
     validate_plan(plan, cluster, model)
     est, run = estimate_plans([plan], cluster, model, pred)[0], simulate_plan(plan, cluster, model, seed=1)
     assert not run.oom
     assert est.iteration_time_ms == pytest.approx(run.iteration_time_ms, rel=0.10)
     assert max(est.peak_mem_mib) == pytest.approx(max(run.peak_mem_mib), rel=0.10)
-    # every expert is held on every rank: more memory than the dense equivalent (the path one token takes)
-    dense = estimate_plans([plan], cluster, moe.dense_equivalent(model), pred)[0]
+    # ep 1: every expert on every rank; ep 2: half of them — either way more memory than the dense equivalent
+    dense = estimate_plans([dataclasses.replace(plan, expert_parallel=1)], cluster, moe.dense_equivalent(model), pred)[0]
     assert all(a > b + 1024 for a, b in zip(est.stage_peak_mib, dense.stage_peak_mib))
 
 
-def test_expert_parallel_with_a_per_stage_dp_is_refused_naming_the_field(env):
+def test_expert_parallel_halves_each_stages_experts_and_adds_its_all_to_all(env):
+    """ep 2 against ep 1 on the same per-stage-dp plan, each side on its own: the closed form's and the virtual
+    cluster's stage peaks both fall (half the experts per rank) and both charge an all-to-all."""
+    cluster, model, pred = env
+    one, two = (_plan(4, 2, 2, 4, expert_parallel=ep) for ep in (1, 2))
+    e1, e2 = estimate_plans([one, two], cluster, model, pred)
+    r1, r2 = (simulate_plan(p, cluster, model, seed=1) for p in (one, two))
+    assert all(b < a for a, b in zip(e1.stage_peak_mib, e2.stage_peak_mib))
+    assert max(r2.peak_mem_mib) < max(r1.peak_mem_mib)
+    ctxs = stage_dp.plan_stage_contexts(two, cluster, model)
+    assert [c.expert_dp for c in ctxs] == [2, 1] and all(c.a2a_gbps > 0 for c in ctxs)
+
+
+def test_an_expert_parallel_that_does_not_divide_a_stage_is_refused_naming_it(env):
     cluster, model, _ = env
     plan = _plan(2, 1, 4, 8, expert_parallel=2)
-    with pytest.raises(InputError, match="expert_parallel.*per-stage data_parallel.*allowed: 1"):
+    with pytest.raises(InputError, match=r"'expert_parallel' \(2\) does not divide stages\[1\]\.data_parallel"):
         validate_plan(plan, cluster, model)
 
 
@@ -103,4 +123,7 @@ def test_flagscale_config_carries_the_meshes_and_the_experts(env):
     train = flagscale_config(_plan(2, 1, 4, 8), model, cluster)["train"]
     assert train["system"]["hetero"]["hetero_process_meshes"] == [4, 1, 1, 2, 1, 8, 1, 1, 1, 1]
     assert train["system"]["expert_model_parallel_size"] == 1
+    two = flagscale_config(_plan(4, 2, 2, 4, expert_parallel=2), model, cluster)["train"]["system"]
+    assert two["hetero"]["hetero_process_meshes"] == [2, 1, 2, 4, 1, 4, 1, 2, 2, 1]
+    assert two["expert_model_parallel_size"] == 2
     assert train["model"]["num_experts"] == model.num_experts and train["model"]["moe_router_topk"] == model.moe_router_topk
