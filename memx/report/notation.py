@@ -52,15 +52,15 @@ def stage_rows(plan: Mapping[str, Any]) -> list[tuple[int | None, int, Mapping[s
 
 def dp_text(plan: Mapping[str, Any]) -> str:
     """dp, `2+2` for replica groups, `2/1/2` for a per-stage dp; with context parallelism `dp·cpN` (issue #27: N GPUs
-    share each sequence),
-    with expert parallelism (issue #27) `4 (ep 4)`."""
+    share each sequence), with expert parallelism (issue #27) `4 (ep 4)`, `4/2 (ep 2)` with a per-stage dp."""
     if is_grouped(plan):
         return "+".join(str(g["dp"]) for g in plan["groups"])
     cp, ep = int(plan.get("context_parallel", 1)), int(plan.get("expert_parallel", 1))
     if any("data_parallel" in st for st in plan["stages"]):  # issue #27: per stage, e.g. 2/1/2 (2/1/2·cp2)
         dps = "/".join(str(st.get("data_parallel", plan["dp"])) for st in plan["stages"])
-        return dps + (f"·cp{cp}" if cp > 1 else "")
-    return str(plan["dp"]) + (f"·cp{cp}" if cp > 1 else "") + (f" (ep {ep})" if ep > 1 else "")
+    else:
+        dps = str(plan["dp"])
+    return dps + (f"·cp{cp}" if cp > 1 else "") + (f" (ep {ep})" if ep > 1 else "")
 
 
 def micro_batch_text(plan: Mapping[str, Any]) -> str:

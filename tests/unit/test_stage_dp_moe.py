@@ -11,7 +11,7 @@ import pytest
 
 from memx.domain.catalog import load_cluster, load_model
 from memx.domain.errors import InputError
-from memx.domain.plan import plan_from_dict, validate_plan
+from memx.domain.plan import plan_from_dict, plan_to_dict, validate_plan
 from memx.planner import moe, stage_dp
 from memx.planner.cost import AnalyticStageModel
 from memx.planner.estimate import _contexts, _predict_stages, estimate_plans
@@ -19,6 +19,7 @@ from memx.planner.network import achieved
 from memx.planner.predictions import params_per_rank
 from memx.planner.schedule import IDENTITY_ASSEMBLY
 from memx.report.flagscale import flagscale_config
+from memx.report.notation import dp_text
 from memx.simulator import simulate_plan
 from memx.simulator.schedule import _traits_for, one_f1b_order, stage_signatures
 from memx.simulator.stage import ADAM_STATIC_BYTES_PER_PARAM
@@ -126,4 +127,5 @@ def test_flagscale_config_carries_the_meshes_and_the_experts(env):
     two = flagscale_config(_plan(4, 2, 2, 4, expert_parallel=2), model, cluster)["train"]["system"]
     assert two["hetero"]["hetero_process_meshes"] == [2, 1, 2, 4, 1, 4, 1, 2, 2, 1]
     assert two["expert_model_parallel_size"] == 2
+    assert dp_text(plan_to_dict(_plan(4, 2, 2, 4, expert_parallel=2))) == "4/2 (ep 2)"
     assert train["model"]["num_experts"] == model.num_experts and train["model"]["moe_router_topk"] == model.moe_router_topk
