@@ -17,6 +17,7 @@ memx.simulator.draw_plans from the same search on the same cluster — the stage
 Usage: PYTHONPATH=. .venv/bin/python bench/stage_dp.py [--plans 150] [--seed 5]
        PYTHONPATH=. .venv/bin/python bench/stage_dp.py --accuracy-only   (the random-plan rows only)
        PYTHONPATH=. .venv/bin/python bench/stage_dp.py --time a100-v100-16 h100-h20-16 three-vendor-20 [--model M]
+                                                        [--search moe]
        PYTHONPATH=. .venv/bin/python bench/stage_dp.py --new-dims [--plans 100]   (issue #27: with cp, tied embeddings)
 (`--time`: only the search time, CPU s, the best of 2 runs each way interleaved in this process, with and without the
 option, and the ratio; goal ≤ 3×.)
@@ -24,7 +25,8 @@ option, and the ratio; goal ≤ 3×.)
 with context_parallel_options [1, 2, 4] whose cp > 1), with tied embeddings (gpt-neo-2.7b: the first ↔ last
 all-reduce along FlagScale's pipeline paths, cp 1, 2 or 4) and with a mixture-of-experts model
 (qwen1.5-moe-a2.7b) at ep 1 (session 14: every expert on every rank of a stage, cp 1, 2 or 4) and at ep > 1
-(session 15: expert_parallel_options [1, 2, 4], plans whose ep > 1, each stage's ep groups of its own), and the
+(session 15: expert_parallel_options [1, 2, 4], plans whose ep > 1, each stage's ep groups of its own, an ep per
+mesh where the layout draws one — FlagScale's), and the
 per-stage-dp search's CPU time (stage_dp_search.search_stage_dp, conf/search/default.yaml) with
 context_parallel_options [1, 2] and [1, 2, 4] against [1] (today's per-stage-dp space), and for the MoE model with
 expert_parallel_options [1, 2] and [1, 2, 4] against [1], the best of 2 runs each, interleaved; goal ≤ 3×.
@@ -48,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
 from memx.domain.plan import Recompute, plan_to_dict, plan_to_json  # noqa: E402
+from memx.domain.stage_dp import stage_eps  # noqa: E402
 from memx.planner.baselines.metis import METIS  # noqa: E402
 from memx.planner.cost import AnalyticStageModel  # noqa: E402
 from memx.planner.launcher import launcher_search  # noqa: E402
@@ -117,9 +120,9 @@ def side_by_side(cname: str, mname: str) -> None:
               f"{simulated(pk.plan, cluster, model)}; {compact_stages(d)}, dp {dp_text(d)}", flush=True)
 
 
-def timing(cname: str, mname: str = "llama2-7b") -> None:
-    """CPU s of launcher_search with and without stage_data_parallel (conf/search/default.yaml), interleaved."""
-    cluster, model, space = load_cluster(cname), load_model(mname), load_search("default")
+def timing(cname: str, mname: str = "llama2-7b", search_name: str = "default") -> None:
+    """CPU s of launcher_search with and without stage_data_parallel (conf/search/<search_name>.yaml), interleaved."""
+    cluster, model, space = load_cluster(cname), load_model(mname), load_search(search_name)
     pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
     cpu: dict[bool, list[float]] = {False: [], True: []}
     for on in (False, True, False, True):
@@ -155,7 +158,9 @@ def new_dims(n: int, seed: int, kinds: set[str] | None = None) -> None:
         keep = {"cp > 1": lambda p: p.context_parallel > 1, "MoE at ep > 1": lambda p: p.expert_parallel > 1}.get(
             kind, lambda p: True)
         plans = random_plans(cluster, model, space, n, seed, keep)
-        dims = f"cp {sorted({p.context_parallel for p in plans})}, ep {sorted({p.expert_parallel for p in plans})}"
+        mixed = sum(len(set(stage_eps(p))) > 1 for p in plans)  # FlagScale's per-mesh ep (session 15)
+        dims = (f"cp {sorted({p.context_parallel for p in plans})}, ep {sorted({e for p in plans for e in stage_eps(p)})}"
+                f", {mixed} with an ep per stage")
         print(f"{cname} {mname} per-stage dp, {kind} ({dims})  {errors(plans, cluster, model)}", flush=True)
         uniform = draw_plans(cluster, model, space, n=n, seed=seed)  # the stage model's own error, one dp, same space
         print(f"{cname} {mname} one dp (drawn, same options) {errors(uniform, cluster, model)}", flush=True)
@@ -188,6 +193,7 @@ def main() -> None:
     ap.add_argument("--accuracy-only", action="store_true", help="the random-plan accuracy rows only")
     ap.add_argument("--time", nargs="+", metavar="CLUSTER", help="only the search-time ratio on these clusters")
     ap.add_argument("--model", default="llama2-7b", help="the model of --time (e.g. qwen1.5-moe-a2.7b: MoE at ep 1)")
+    ap.add_argument("--search", default="default", help="the search space of --time (e.g. moe: expert parallelism)")
     ap.add_argument("--new-dims", action="store_true", help="issue #27's cp / tied-embedding / MoE rows and search time")
     ap.add_argument("--kinds", help="with --new-dims: only these kinds' accuracy rows, comma-separated (e.g. "
                                     "'MoE at ep > 1'), no search time")
@@ -197,7 +203,7 @@ def main() -> None:
         return
     if args.time:
         for cname in args.time:
-            timing(cname, args.model)
+            timing(cname, args.model, args.search)
         return
     for cname, mname in ([] if args.accuracy_only else SIDE_BY_SIDE):
         side_by_side(cname, mname)

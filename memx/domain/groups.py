@@ -211,6 +211,9 @@ def _group_from_dict(raw: Any, where: str) -> ReplicaGroup:
     if any(st.data_parallel is not None for st in stages):  # issue #27: a replica group has one dp
         raise InputError(f"{where}: field 'data_parallel' on a stage of a replica group; a group has one 'dp' "
                          "(a per-stage data_parallel is a schema-1 plan's)")
+    if any(st.expert_parallel is not None for st in stages):  # and no experts split: memx.planner.moe
+        raise InputError(f"{where}: field 'expert_parallel' on a stage of a replica group; a plan of replica groups "
+                         "has no expert parallelism (a per-stage expert_parallel is a per-stage-dp plan's)")
     return ReplicaGroup(dp=_need_int(where, "dp", raw["dp"]), micro_batch=_need_int(where, "micro_batch", raw["micro_batch"]),
                         micro_batches=_need_int(where, "micro_batches", raw["micro_batches"]), stages=stages)
 

@@ -14,7 +14,8 @@ plain 1F1B; v > 1: the interleaved 1F1B schedule, `interleave_problems`) and `pr
 every plan meant before issue #23; memx.domain.precision), `context_parallel` (issue #27, absent: 1; cp > 1:
 Megatron-LM's context parallelism, memx.domain.context_parallel) and `expert_parallel` (issue #27, absent: 1,
 every rank holds every expert; `moe_problems`). A stage's `data_parallel` (issue #27, absent: the plan's dp) is
-FlagScale's per-mesh dp (memx.domain.stage_dp: the plan's `dp` and `micro_batch` are then the first stage's).
+FlagScale's per-mesh dp (memx.domain.stage_dp: the plan's `dp` and `micro_batch` are then the first stage's), and in
+such a plan a stage's `expert_parallel` (absent: the plan's) FlagScale's per-mesh ep (the plan's is the first stage's).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class Stage:
     data_parallel: int | None = None
     """This stage's own data-parallel degree dp_i (issue #27, FlagScale's per-mesh dp, memx.domain.stage_dp):
     each micro batch of dp × micro_batch samples is split dp_i ways here. None: the plan's dp."""
+    expert_parallel: int | None = None
+    """This stage's own expert-parallel size ep_i in a per-stage-dp plan (FlagScale's per-mesh ep,
+    memx.domain.stage_dp.stage_eps). None: the plan's expert_parallel."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", Recompute(self.recompute))
@@ -137,6 +141,8 @@ def stage_to_dict(stage: Stage) -> dict[str, Any]:
         d["recompute_layers"] = stage.recompute_layers
     if stage.data_parallel is not None:
         d["data_parallel"] = stage.data_parallel
+    if stage.expert_parallel is not None:
+        d["expert_parallel"] = stage.expert_parallel
     return d
 
 
@@ -253,7 +259,7 @@ def _stages_from_list(raw_stages: Any, source: str) -> tuple[Stage, ...]:
         miss = [k for k in _STAGE_KEYS if k not in raw]
         if miss:
             raise InputError(f"{where}: missing field(s) {', '.join(miss)}")
-        extra = set(raw) - {"gpu", "tp", "layers", "recompute", "recompute_layers", "data_parallel"}
+        extra = set(raw) - {"gpu", "tp", "layers", "recompute", "recompute_layers", "data_parallel", "expert_parallel"}
         if extra:
             raise InputError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
         recompute = raw.get("recompute", Recompute.NONE.value)
@@ -267,10 +273,10 @@ def _stages_from_list(raw_stages: Any, source: str) -> tuple[Stage, ...]:
                 raise InputError(
                     f"{where}: field 'recompute_layers' ({rl}) needs recompute 'full' and at most 'layers' ({layers})"
                 )
-        dp = None if raw.get("data_parallel") is None else _need_int(where, "data_parallel", raw["data_parallel"])
+        dp, ep = (None if raw.get(k) is None else _need_int(where, k, raw[k]) for k in ("data_parallel", "expert_parallel"))
         stages.append(
             Stage(gpu=str(raw["gpu"]), tp=_need_int(where, "tp", raw["tp"]), layers=layers, recompute=recompute,
-                  recompute_layers=rl, data_parallel=dp)
+                  recompute_layers=rl, data_parallel=dp, expert_parallel=ep)
         )
     return tuple(stages)
 

@@ -26,6 +26,7 @@ The tied embedding's gradient all-reduce between the first and last stage follow
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -62,11 +63,14 @@ def stage_dp_problems(plan: Any, model: Any) -> list[str]:
     model combines (ep 1: session 14; ep > 1: session 15): FlagScale's meshes take an ep each (`hetero_process_meshes`
     [tp, cp, ep, dp, pp]; examples/deepseek_v3/conf/train/hetero.yaml runs ep 2 on meshes of dp 4, 2, 2) and each
     mesh builds its expert grid from its own tp · cp · dp_i ranks (hetero/parallel_context.py ProcessMesh: 'world_size
-    is not divisible by expert_tensor_model_pipeline_parallel size'), so with one ep for the plan (the plan's
-    `expert_parallel`) ep divides every stage's dp_i · cp (expert tp = tp); a stage's experts reduce over its
-    dp_i · cp / ep expert-dp ranks (memx.planner.stage_dp)."""
+    is not divisible by expert_tensor_model_pipeline_parallel size'), so each stage's ep_i (`stage_eps`: its
+    `expert_parallel`, else the plan's) divides its dp_i · cp (expert tp = tp) and the model's experts; the first
+    stage's is the plan's, and pre_validate_args asserts every mesh's ep is 1 or none is; a stage's experts reduce
+    over its dp_i · cp / ep_i expert-dp ranks (memx.planner.stage_dp). A stage's own expert_parallel needs a
+    per-stage dp (stock Megatron-LM has one ep for every stage)."""
     raw = [getattr(st, "data_parallel", None) for st in plan.stages]
-    if all(d is None for d in raw):
+    own_ep = [getattr(st, "expert_parallel", None) for st in plan.stages]
+    if all(d is None for d in raw + own_ep):
         return []
     out = []
     if raw[0] is not None and raw[0] != plan.dp:
@@ -77,14 +81,50 @@ def stage_dp_problems(plan: Any, model: Any) -> list[str]:
             f"{b} samples per micro batch; FlagScale asserts data_parallel_size * micro_batch_size % dp_i == 0)"
             for i, d in enumerate(stage_dps(plan)) if b % d]
     if not has_stage_dp(plan):
-        return out
+        given = [i for i, e in enumerate(own_ep) if e is not None and e != plan.expert_parallel]
+        return out + ([f"stages[{', '.join(map(str, given))}].expert_parallel differ from field 'expert_parallel' "
+                       f"({plan.expert_parallel}) in a plan without a per-stage data_parallel: one ep for every stage "
+                       "there (Megatron-LM); a per-stage ep needs FlagScale's meshes of their own dp"] if given else [])
     if plan.virtual_stages > 1:
         out.append(f"field 'virtual_stages' ({plan.virtual_stages}) with a per-stage data_parallel: not supported "
                    "(FlagScale: 'virtual pipeline not support now!' with heterogeneous meshes); allowed: 1")
-    dps, ep, cp = stage_dps(plan), plan.expert_parallel, plan.context_parallel
-    out += [f"field 'expert_parallel' ({ep}) does not divide stages[{i}].data_parallel × context_parallel ({d} × {cp})"
-            ": each mesh's tp × cp × dp GPUs split into expert tp (= tp) × ep × expert dp (FlagScale ProcessMesh)"
-            for i, d in enumerate(dps) if ep > 1 and (d * cp) % ep]
+    dps = stage_dps(plan)
+    return out + _stage_ep_problems(plan, model, own_ep) + _tied_problems(plan, model, dps)
+
+
+def stage_eps(plan: Any) -> tuple[int, ...]:
+    """ep_i of every stage: its `expert_parallel`, else the plan's (FlagScale's per-mesh ep; module docstring)."""
+    return tuple(getattr(plan, "expert_parallel", 1) if getattr(st, "expert_parallel", None) is None
+                 else st.expert_parallel for st in plan.stages)
+
+
+def _stage_ep_problems(plan: Any, model: Any, own_ep: list[int | None]) -> list[str]:
+    """A per-stage-dp plan's ep per stage (stage_dp_problems' docstring)."""
+    eps, dps, cp, out = stage_eps(plan), stage_dps(plan), plan.context_parallel, []
+    if own_ep[0] is not None and own_ep[0] != plan.expert_parallel:
+        out.append(f"stages[0].expert_parallel ({own_ep[0]}) must equal field 'expert_parallel' "
+                   f"({plan.expert_parallel}): the first stage's ep is the job's")
+    if 1 in eps and any(e > 1 for e in eps):
+        out.append(f"expert_parallel per stage {list(eps)}: every stage's must be 1 or none may be (FlagScale "
+                   "pre_validate_args: 'all hetero_process_meshes_ep ... should be the 1 or none ... is not 1')")
+    experts = getattr(model, "num_experts", None)
+    for i, (e, d) in enumerate(zip(eps, dps)):
+        name = f"stages[{i}].expert_parallel" if own_ep[i] is not None else "field 'expert_parallel'"
+        if e > 1 and (d * cp) % e:
+            out.append(f"{name} ({e}) does not divide stages[{i}].data_parallel × context_parallel ({d} × {cp}): "
+                       "each mesh's tp × cp × dp GPUs split into expert tp (= tp) × ep × expert dp (FlagScale "
+                       "ProcessMesh)")
+        if own_ep[i] is None or e == plan.expert_parallel or e == 1:
+            continue  # the plan's own ep: memx.domain.plan.moe_problems
+        out.append(f"{name} ({e}) needs a mixture-of-experts model; {model.name} has no 'num_experts'" if not experts
+                   else f"{name} ({e}) does not divide num_experts ({experts}) of model {model.name}" if experts % e
+                   else "")
+    return [m for m in out if m]
+    return out
+
+
+def _tied_problems(plan: Any, model: Any, dps: tuple[int, ...]) -> list[str]:
+    out = []
     if (getattr(model, "tied_embeddings", False) and plan.distributed_optimizer
             and dps[0] % dps[-1] and dps[-1] % dps[0]):
         out.append(f"tied embeddings with the distributed optimizer need the first and last stage's dp ({dps[0]}, "
@@ -122,16 +162,30 @@ def stage_groups(plan: Any) -> tuple[int, ...]:
 
 def place_stage_groups(plan: Any, cluster: Any, free: list[int] | None = None) -> list[list[int]] | None:
     """Per stage, the node of each of its dp_i · cp TP groups (`stage_groups`; first-fit, stage by stage, as
-    memx.domain.plan.place_plan packs replicas), or None when they do not fit."""
-    free = [n.count for n in cluster.nodes] if free is None else free
+    memx.domain.plan.place_plan packs replicas), or None when they do not fit; `free` (GPUs left per node) is
+    consumed where given."""
+    key = tuple((st.gpu, st.tp, g) for st, g in zip(plan.stages, stage_groups(plan)))
+    if free is not None:
+        return _first_fit(cluster, key, free)
+    placed = _placed(cluster, key)  # a search places the same few thousand layouts many times
+    return None if placed is None else [list(row) for row in placed]
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _placed(cluster: Any, key: tuple[tuple[str, int, int], ...]) -> tuple[tuple[int, ...], ...] | None:
+    out = _first_fit(cluster, key, [n.count for n in cluster.nodes])
+    return None if out is None else tuple(tuple(row) for row in out)
+
+
+def _first_fit(cluster: Any, key: tuple[tuple[str, int, int], ...], free: list[int]) -> list[list[int]] | None:
     out = []
-    for stage, groups in zip(plan.stages, stage_groups(plan)):
+    for gpu, tp, groups in key:
         row = []
         for _ in range(groups):
-            node = next((i for i, n in enumerate(cluster.nodes) if n.gpu.name == stage.gpu and free[i] >= stage.tp), None)
+            node = next((i for i, n in enumerate(cluster.nodes) if n.gpu.name == gpu and free[i] >= tp), None)
             if node is None:
                 return None
-            free[node] -= stage.tp
+            free[node] -= tp
             row.append(node)
         out.append(row)
     return out

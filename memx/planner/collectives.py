@@ -65,10 +65,11 @@ def dp_latency_ms(dp, step_latency_ms, collectives=1) -> np.ndarray:
     return np.where(n > 1, 2.0 * (n - 1) * np.asarray(step_latency_ms, dtype=np.float64) * collectives, 0.0)
 
 
-def expert_dp_latency_ms(dp: int, expert_parallel: int, expert_links: Sequence[Sequence[float]] | None,
+def expert_dp_latency_ms(dp, expert_parallel, expert_links: Sequence[Sequence[float]] | None,
                          collectives: int = 1) -> np.ndarray:
     """(pp,) the latency of each stage's expert-gradient collective (module docstring): `dp_latency_ms` over
-    n = dp / ep ranks (`dp`: the pipeline's data-parallel ranks, dp·cp) at each stage's expert-dp step latency
+    n = dp / ep ranks (`dp`: the pipeline's data-parallel ranks, dp·cp; with a per-stage dp, dp and ep per stage,
+    memx.planner.stage_dp) at each stage's expert-dp step latency
     (memx.planner.moe.a2a_links' fourth field), `collectives` of them (one per model chunk); 0 without links."""
     if expert_links is None:
         return np.zeros(0)

@@ -11,10 +11,11 @@ flagscale/train/arguments.py post_validate_args), so selective is searched on ev
 Context parallelism (SearchSpace.context_parallel_options, issue #27): `megatron` searches cp > 1 only on GPUs
 with fused attention, `flagscale` not at all (memx.planner.context_parallel.launcher_runs_cp, applied where the
 layouts are enumerated, memx.planner.space.context_parallel_layouts).
-Mixture of experts (issue #27): both take one expert-parallel size for the whole job — Megatron-LM
-`--expert-model-parallel-size`, FlagScale the ep of every process mesh, all equal ("all 1 or none 1",
-pre_validate_args) — and need ep to divide dp (expert tp = tp); a layout of memx.planner.space has one ep that
-divides its dp, so every launcher runs it; replica groups (schema 2) carry none (memx.planner.moe).
+Mixture of experts (issue #27): Megatron-LM takes one expert-parallel size for the whole job
+(`--expert-model-parallel-size`), FlagScale one per process mesh, every one 1 or none ("all 1 or none 1",
+pre_validate_args); both need ep to divide dp (expert tp = tp). A layout of memx.planner.space has one ep that
+divides its dp, so every launcher runs it; the per-stage-dp layouts (FlagScale's) take one per mesh
+(memx.planner.stage_dp_search); replica groups (schema 2) carry none (memx.planner.moe).
 
 The opt-in per-stage-dp space (`stage_data_parallel`, memx.planner.stage_dp_search; refused with `megatron`, which
 has one dp): under `flagscale` its layouts keep cp 1 (the same launcher_runs_cp rule: FlagScale's meshes may

@@ -293,8 +293,12 @@ def stage_links(cluster: Cluster, nodes: Sequence[int], ep: int, tp: int) -> tup
     """One stage's `a2a_links` entry from the node of each of its dp (× cp) TP groups in rank order (ep groups:
     `ep` consecutive ones; expert-dp rings: nodes[j::ep]); a per-stage-dp stage's groups too (memx.planner.stage_dp).
     ep 1: (0, 0, 1, 0)."""
-    if ep == 1:
-        return 0.0, 0.0, 1.0, 0.0
+    return (0.0, 0.0, 1.0, 0.0) if ep == 1 else _stage_links(cluster, tuple(nodes), ep, tp)
+
+
+@lru_cache(maxsize=1 << 14)
+def _stage_links(cluster: Cluster, nodes: tuple[int, ...], ep: int, tp: int) -> tuple[float, float, float, float]:
+    """`stage_links` at ep > 1 (a per-stage-dp search asks for the same few hundred thousands of times)."""
     nodes = list(nodes)
     dp_bw = ring_link(cluster, nodes, tp)[0]
     rings = [ring_link(cluster, nodes[j::ep], tp * ep) for j in range(ep)]
@@ -328,14 +332,22 @@ def expert_dp_size(dp: int, cp: int, ep: int) -> int:
     return dp * cp // ep
 
 
-def with_experts(ctxs: Sequence, ep: int, expert_dp: int | Sequence[int], links: Sequence[tuple[float, ...]]) -> tuple:
-    """Stage contexts carrying ep, the expert dp size (one, or one per stage with a per-stage dp) and each stage's
-    links (`a2a_links`; a MoE model's; the expert-dp latency is the pipeline's, not a context's:
-    memx.planner.collectives.expert_dp_latency_ms)."""
+def with_experts(ctxs: Sequence, ep: int | Sequence[int], expert_dp: int | Sequence[int],
+                 links: Sequence[tuple[float, ...]]) -> tuple:
+    """Stage contexts carrying ep and the expert dp size (one each, or one per stage with a per-stage dp,
+    memx.planner.stage_dp) and each stage's links (`a2a_links`; a MoE model's; the expert-dp latency is the
+    pipeline's, not a context's: memx.planner.collectives.expert_dp_latency_ms)."""
+    eps = [ep] * len(ctxs) if isinstance(ep, int) else ep
     dps = [expert_dp] * len(ctxs) if isinstance(expert_dp, int) else expert_dp
-    return tuple(dataclasses.replace(c, expert_parallel=ep, expert_dp=d, a2a_gbps=bw, a2a_latency_ms=lat,
-                                     expert_dp_slowdown=slow)
-                 for c, d, (bw, lat, slow, *_) in zip(ctxs, dps, links, strict=True))
+    return tuple(_expert_context(c, e, d, bw, lat, slow)
+                 for c, e, d, (bw, lat, slow, *_) in zip(ctxs, eps, dps, links, strict=True))
+
+
+@lru_cache(maxsize=1 << 16)
+def _expert_context(ctx, ep: int, expert_dp: int, bw: float, lat: float, slow: float):
+    """One context of `with_experts` (searches ask for the same few thousand often)."""
+    return dataclasses.replace(ctx, expert_parallel=ep, expert_dp=expert_dp, a2a_gbps=bw, a2a_latency_ms=lat,
+                               expert_dp_slowdown=slow)
 
 
 def plan_expert_contexts(ctxs: Sequence, plan: Plan, model: ModelArch, cluster: Cluster) -> tuple:

@@ -60,7 +60,8 @@ import numpy as np
 from memx.domain.plan import Plan
 from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch
-from memx.domain.stage_dp import embedding_groups, group_handoff, place_stage_groups, stage_groups, stage_micro_batches
+from memx.domain.stage_dp import (embedding_groups, group_handoff, place_stage_groups, stage_eps, stage_groups,
+                                  stage_micro_batches)
 from memx.planner import moe
 from memx.planner.collectives import dp_latency_ms, embedding_link, embedding_sync_ms, expert_dp_latency_ms
 from memx.planner.metrics import PlanMetrics, plan_metrics
@@ -90,19 +91,20 @@ def expert_links(cluster: Cluster | None, plan: Plan) -> tuple[tuple[float, floa
     an ep group is ep consecutive groups, FlagScale's expert grid 'tp-ep-dp' inside the mesh): the all-to-all's
     GB/s and latency, the expert-dp slowdown and step latency. ep 1 — no all-to-all — and without a cluster (memory
     only, as memx.planner.estimate's uniform contexts: the links do not change it): (0, 0, 1, 0)."""
-    ep = plan.expert_parallel
-    if ep == 1 or cluster is None:
+    eps = stage_eps(plan)
+    if max(eps) == 1 or cluster is None:
         return tuple((0.0, 0.0, 1.0, 0.0) for _ in plan.stages)
     where = place_stage_groups(plan, cluster)
     assert where is not None  # validated
-    return tuple(moe.stage_links(cluster, row, ep, st.tp) for row, st in zip(where, plan.stages))
+    return tuple(moe.stage_links(cluster, row, ep, st.tp) for row, ep, st in zip(where, eps, plan.stages))
 
 
 def with_stage_experts(plan: Plan, ctxs: tuple[StageContext, ...],
                        links: tuple[tuple[float, ...], ...]) -> tuple[StageContext, ...]:
-    """A MoE model's stage contexts: stage s's expert dp group is its dp_s · cp / ep ranks, its all-to-all and
-    expert-dp links `links[s]` (`expert_links`; module docstring)."""
-    return moe.with_experts(ctxs, plan.expert_parallel, [g // plan.expert_parallel for g in stage_groups(plan)], links)
+    """A MoE model's stage contexts: stage s's ep_s (memx.domain.stage_dp.stage_eps), its expert dp group of
+    dp_s · cp / ep_s ranks, its all-to-all and expert-dp links `links[s]` (`expert_links`; module docstring)."""
+    eps = stage_eps(plan)
+    return moe.with_experts(ctxs, eps, [g // e for g, e in zip(stage_groups(plan), eps)], links)
 
 
 def plan_stage_contexts(plan: Plan, cluster: Cluster | None, model: ModelArch | None = None
@@ -174,9 +176,9 @@ def stage_expert_latency_ms(plan: Plan, cluster: Cluster, model: ModelArch) -> n
     """(pp,) each stage's expert-gradient collective latency, 2(n − 1)·α over its dp_s · cp / ep expert-dp ranks at
     its expert-dp rings' step latency (memx.planner.collectives.expert_dp_latency_ms on `expert_links`); 0 for a dense
     model and at ep 1 (the experts ride the stage's dp ring: memx.planner.moe.dp_params_per_rank)."""
-    if not model.is_moe or plan.expert_parallel == 1:
+    if not model.is_moe or max(stage_eps(plan)) == 1:
         return np.zeros(plan.pp)
-    return expert_dp_latency_ms(np.asarray(stage_groups(plan)), plan.expert_parallel, expert_links(cluster, plan))
+    return expert_dp_latency_ms(np.asarray(stage_groups(plan)), np.asarray(stage_eps(plan)), expert_links(cluster, plan))
 
 
 def embedding_ms(cluster: Cluster, plan: Plan, model: ModelArch, where: list[list[int]]) -> float:

@@ -20,8 +20,9 @@ fastest eligible one at its layer count, and the tail term by an ε-constraint w
 (`_layout_best`); layouts are visited in order of a lower bound and cut off by the best plan so far and by the
 incumbent (the uniform pick). tests/unit/test_stage_dp_exact.py checks it against full enumeration (exact for the
 paper's assembly; under the default cycle-mean-drain the walk is a heuristic, `_layout_best`). A mixture-of-experts
-model is searched at every ep of `expert_parallel_options` that divides each stage's dp_s · cp (session 15): its
-contexts carry each stage's expert dp group and all-to-all links (memx.planner.stage_dp.with_stage_experts) and
+model is searched at an ep per mesh (FlagScale's; session 15): every combination of `expert_parallel_options`
+values dividing each mesh's dp_s · cp, all 1 or none (`_mesh_eps`); its contexts carry each stage's ep, expert
+dp group and all-to-all links (memx.planner.stage_dp.with_stage_experts) and
 its rows the MoE terms (memx.planner.moe.adjust), as estimate_plans scores them.
 """
 
@@ -94,14 +95,35 @@ def layouts(cluster: Cluster, model: ModelArch, space: SearchSpace) -> list[Plan
     return out
 
 
+def _mesh_eps(model: ModelArch, space: SearchSpace, meshes, cp: int) -> list[tuple[int, ...]]:
+    """Every ep per mesh (FlagScale's per-mesh ep): each of `expert_parallel_options` dividing the mesh's dp · cp,
+    every mesh's 1 or none (pre_validate_args; memx.domain.stage_dp.stage_dp_problems); (1, …) for a dense model."""
+    ones = tuple(1 for _ in meshes)
+    if not model.is_moe:
+        return [ones]
+    big = [[e for e in space.expert_parallel_options if e > 1 and dp * cp % e == 0] for _, _, dp, _ in meshes]
+    return [ones, *itertools.product(*big)]
+
+
 def _probes(cluster, model, space, meshes, seq, precision, cp) -> list[Plan]:
-    stages = tuple(Stage(gpu=g, tp=tp, layers=1, data_parallel=dp) for g, tp, dp, k in meshes for _ in range(k))
-    if not _ends_ok(space.launcher, model, tuple(st.tp for st in stages)):
+    base = tuple(Stage(gpu=g, tp=tp, layers=1, data_parallel=dp) for g, tp, dp, k in meshes for _ in range(k))
+    if not _ends_ok(space.launcher, model, tuple(st.tp for st in base)):
         return []
+    out = []
+    for eps in _mesh_eps(model, space, meshes, cp):
+        # a stage carries its mesh's ep where it differs from the first mesh's (the plan's): memx.domain.stage_dp
+        stage_ep = [e for e, (*_, k) in zip(eps, meshes) for _ in range(k)]
+        stages = tuple(dataclasses.replace(st, expert_parallel=e if e != eps[0] else None)
+                       for st, e in zip(base, stage_ep))
+        out += _probe_options(cluster, model, space, stages, seq, precision, cp, eps[0])
+    return out
+
+
+def _probe_options(cluster, model, space, stages, seq, precision, cp, ep) -> list[Plan]:
+    """One probe per micro batch, distributed-optimizer and sequence-parallel option that validates and places."""
     dp0, out = stages[0].data_parallel, []
-    eps = space.expert_parallel_options if model.is_moe else (1,)  # ep | every dp_s · cp: stage_dp_problems
-    for mb, do, sp, ep in itertools.product(space.micro_batch_options, _effective(space.distributed_optimizer, True),
-                                            _effective(space.sequence_parallel, max(st.tp for st in stages) > 1), eps):
+    for mb, do, sp in itertools.product(space.micro_batch_options, _effective(space.distributed_optimizer, True),
+                                        _effective(space.sequence_parallel, max(st.tp for st in stages) > 1)):
         if space.global_batch % (dp0 * mb):
             continue
         probe = Plan(model=model.name, cluster=cluster.name, global_batch=space.global_batch, micro_batch=mb,

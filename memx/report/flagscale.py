@@ -17,7 +17,7 @@ found" when one is unset.
 
 Mapping: the stages of one GPU type (contiguous, one tp: memx.planner.space; one dp, or the stages' own
 `data_parallel`, issue #27: FlagScale's per-mesh dp, micro_batch_size the first mesh's) are one mesh [tp, cp=1, ep, dp,
-stages] (ep: the plan's `expert_parallel`, the same on every mesh — FlagScale's ProcessMesh takes it per mesh, the
+stages] (ep: the stage's `expert_parallel`, else the plan's — FlagScale's ProcessMesh takes it per mesh, the
 expert tp defaulting to the mesh's tp: flagscale/train/hetero/parallel_context.py build_all_process_meshes); `hetero_pipeline_layer_split` is the plan's layer split; per-stage recomputation is FlagScale's
 `recompute_*_per_stage_micro_batch` (granularity 1 = full on / 0 = off, method 0 uniform / 1 block, num layers).
 What FlagScale cannot express (`flagscale_problems`): replica groups with different pipelines, selective
@@ -34,7 +34,7 @@ from memx.domain.errors import NotLaunchable
 from memx.domain.groups import AnyPlan, GroupedPlan, simplest
 from memx.domain.plan import Plan, Recompute, place_plan
 from memx.domain.specs import Cluster, ModelArch
-from memx.domain.stage_dp import has_stage_dp, place_stage_groups, stage_dps
+from memx.domain.stage_dp import has_stage_dp, place_stage_groups, stage_dps, stage_eps
 from memx.report.megatron import EXAMPLE_TRAINING_ARGS, _attention_args, _data_args, _gpu_types, _model_args
 
 FLAGSCALE_COMMIT = "da4935ec60193e735bc70b81e259ed04eefd0132"  # FlagOpen/FlagScale, 2025-11-13
@@ -69,14 +69,14 @@ class Mesh:
 
 
 def meshes(plan: Plan) -> list[Mesh]:
-    """Consecutive stages of one GPU type, tp and dp (a per-stage `data_parallel` is its mesh's dp: issue #27,
-    memx.domain.stage_dp) are one mesh."""
+    """Consecutive stages of one GPU type, tp, dp and ep (a per-stage `data_parallel` / `expert_parallel` is its
+    mesh's dp / ep: issue #27, memx.domain.stage_dp) are one mesh."""
     out: list[Mesh] = []
-    for st, dp in zip(plan.stages, stage_dps(plan)):
-        if out and (out[-1].gpu, out[-1].tp, out[-1].dp) == (st.gpu, st.tp, dp):
-            out[-1] = Mesh(gpu=st.gpu, tp=st.tp, dp=dp, stages=out[-1].stages + 1, ep=plan.expert_parallel)
+    for st, dp, ep in zip(plan.stages, stage_dps(plan), stage_eps(plan)):
+        if out and (out[-1].gpu, out[-1].tp, out[-1].dp, out[-1].ep) == (st.gpu, st.tp, dp, ep):
+            out[-1] = Mesh(gpu=st.gpu, tp=st.tp, dp=dp, stages=out[-1].stages + 1, ep=ep)
         else:
-            out.append(Mesh(gpu=st.gpu, tp=st.tp, dp=dp, stages=1, ep=plan.expert_parallel))
+            out.append(Mesh(gpu=st.gpu, tp=st.tp, dp=dp, stages=1, ep=ep))
     return out
 
 

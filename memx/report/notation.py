@@ -52,14 +52,19 @@ def stage_rows(plan: Mapping[str, Any]) -> list[tuple[int | None, int, Mapping[s
 
 def dp_text(plan: Mapping[str, Any]) -> str:
     """dp, `2+2` for replica groups, `2/1/2` for a per-stage dp; with context parallelism `dp·cpN` (issue #27: N GPUs
-    share each sequence), with expert parallelism (issue #27) `4 (ep 4)`, `4/2 (ep 2)` with a per-stage dp."""
+    share each sequence), with expert parallelism (issue #27) `4 (ep 4)`, `4/2 (ep 2)` with a per-stage dp, `4/2 (ep 4/2)` with an ep per
+    stage."""
     if is_grouped(plan):
         return "+".join(str(g["dp"]) for g in plan["groups"])
     cp, ep = int(plan.get("context_parallel", 1)), int(plan.get("expert_parallel", 1))
+    eps = {int(st.get("expert_parallel", ep)) for st in plan["stages"]}
     if any("data_parallel" in st for st in plan["stages"]):  # issue #27: per stage, e.g. 2/1/2 (2/1/2·cp2)
         dps = "/".join(str(st.get("data_parallel", plan["dp"])) for st in plan["stages"])
     else:
         dps = str(plan["dp"])
+    if len(eps) > 1:  # a per-stage ep (FlagScale's meshes): 4/2 (ep 4/2)
+        return dps + (f"·cp{cp}" if cp > 1 else "") + " (ep " + "/".join(
+            str(st.get("expert_parallel", ep)) for st in plan["stages"]) + ")"
     return dps + (f"·cp{cp}" if cp > 1 else "") + (f" (ep {ep})" if ep > 1 else "")
 
 

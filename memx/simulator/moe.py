@@ -72,13 +72,15 @@ def replica_nodes(plan: Plan, where: list[list[int]], s: int) -> list[int]:
     return [where[r][s] for r in range(plan.dp)]
 
 
-def a2a_ms(plan: Plan, cluster: Cluster, nodes: list[int], s: int, nbytes: float, traits: GpuTraits) -> float:
+def a2a_ms(plan: Plan, cluster: Cluster, nodes: list[int], s: int, nbytes: float, traits: GpuTraits,
+           ep: int | None = None) -> float:
     """One all-to-all of stage s, whose TP groups sit on `nodes` in rank order (`replica_nodes`; a per-stage-dp
     stage's groups, memx.simulator.stage_dp): every rank of an ep group (ep consecutive groups) sends nbytes/ep to
     each other member, all at once; the slowest member finishes it. A member's bytes to peers in its node share its
     intra-node link; bytes to other nodes share the node's NICs with every flow leaving that node at once (tp ranks
-    × members × off-node peers, links.shared_nic); each flow also at most its pair link (cross-vendor included)."""
-    ep, tp = plan.expert_parallel, plan.stages[s].tp
+    × members × off-node peers, links.shared_nic); each flow also at most its pair link (cross-vendor included).
+    `ep`: the stage's (a per-stage-dp plan's own, memx.simulator.stage_dp); None: the plan's."""
+    ep, tp = plan.expert_parallel if ep is None else ep, plan.stages[s].tp
     groups = [nodes[g:g + ep] for g in range(0, len(nodes), ep)]
     flows: Counter = Counter()
     for grp in groups:
@@ -224,11 +226,12 @@ def _with_dense(cost: StageCost, sig: StageSignature, offset: int, model: ModelA
 
 
 def expert_dp_ms(plan: Plan, cluster: Cluster, nodes: list[int], s: int, expert_params: float,
-                 traits: GpuTraits) -> float:
+                 traits: GpuTraits, ep: int | None = None) -> float:
     """The expert gradients' data-parallel step of stage s (its TP groups on `nodes`, as `a2a_ms`): one ring per TP
     rank and expert slot over the groups holding the same experts (g ≡ j mod ep); like the dense step, all-reduce,
-    or reduce-scatter + all-gather with the distributed optimizer. The ep rings run at once: the slowest."""
-    ep = plan.expert_parallel
+    or reduce-scatter + all-gather with the distributed optimizer. The ep rings run at once: the slowest. `ep`: as
+    `a2a_ms`'s."""
+    ep = plan.expert_parallel if ep is None else ep
     edp = len(nodes) // ep
     grad = GRAD_BYTES_OF[plan.precision]
     worst = 0.0

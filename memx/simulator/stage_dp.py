@@ -44,6 +44,7 @@ from memx.domain.stage_dp import (
     place_stage_groups,
     samples_per_micro_batch,
     stage_dps,
+    stage_eps,
     stage_groups,
     stage_micro_batches,
 )
@@ -200,15 +201,15 @@ def dp_step_ms(plan: Plan, cluster: Cluster, nodes: list[list[int]], costs: list
 def mesh_moe_costs(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]], sigs: list[StageSignature],
                    costs: list[StageCost], tr: dict[str, GpuTraits], static_bytes_per_param: float
                    ) -> tuple[list[StageCost], list[float]]:
-    """(stage costs, expert parameters per GPU) of a MoE plan's stages: stage s's ep groups are ep consecutive
-    groups of its dp_s · cp TP groups on `where[s]` (FlagScale's per-mesh expert grid), its all-to-all over their
-    links (memx.simulator.moe.a2a_ms; none at ep 1, every expert on every rank)."""
+    """(stage costs, expert parameters per GPU) of a MoE plan's stages: stage s's ep_s groups (its own ep,
+    memx.domain.stage_dp.stage_eps) are ep_s consecutive groups of its dp_s · cp TP groups on `where[s]` (FlagScale's
+    per-mesh expert grid), its all-to-all over their links (memx.simulator.moe.a2a_ms; none at ep 1, every expert on
+    every rank)."""
     out, experts = [], []
-    for s, (sig, c) in enumerate(zip(sigs, costs)):
+    for s, (sig, c, ep) in enumerate(zip(sigs, costs, stage_eps(plan))):
         t = tr[sig.gpu]
-        a2a = a2a_ms(plan, cluster, where[s], s, dispatch_bytes(model, sig), t) if plan.expert_parallel > 1 else 0.0
-        cost, e = stage_moe_cost(plan, s, c, sig, model, plan.expert_parallel, a2a, cluster.gpu(sig.gpu), t,
-                                 static_bytes_per_param)
+        a2a = a2a_ms(plan, cluster, where[s], s, dispatch_bytes(model, sig), t, ep) if ep > 1 else 0.0
+        cost, e = stage_moe_cost(plan, s, c, sig, model, ep, a2a, cluster.gpu(sig.gpu), t, static_bytes_per_param)
         out.append(cost)
         experts.append(e)
     return out, experts
@@ -255,8 +256,8 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
     pieces = [boundary_pieces(plan, model, cluster, where, s, tr) for s in range(plan.pp - 1)]
     dp_ar = dp_step_ms(plan, cluster, where, costs, tr)  # `where`: each stage's dp_s · cp group nodes
     if model.is_moe:  # the expert gradients' own rings over the groups holding the same experts
-        dp_ar = [a + expert_dp_ms(plan, cluster, where[s], s, e, tr[st.gpu])
-                 for s, (a, e, st) in enumerate(zip(dp_ar, experts, plan.stages))]
+        dp_ar = [a + expert_dp_ms(plan, cluster, where[s], s, e, tr[st.gpu], ep)
+                 for s, (a, e, st, ep) in enumerate(zip(dp_ar, experts, plan.stages, stage_eps(plan)))]
     common = dict(demand_mem_mib=tuple(demand), oom_gpus=tuple(over), stage_time_ms=tuple(c.time_ms for c in costs),
                   p2p_ms=tuple(max(ms for _, _, ms in p) for p in pieces), dp_allreduce_ms=tuple(dp_ar),
                   optimizer_ms=tuple(c.optimizer_ms for c in costs), capacity_mib=tuple(capacity))

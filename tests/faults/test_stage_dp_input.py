@@ -40,6 +40,15 @@ CASES = [
                                             "distributed_optimizer": True,
                                             "stages": [dict(s, layers=n, tp=2) for s, n in zip(_dps(2, 1, 3), (8, 8, 8))]},
      ("tied embeddings", "(2, 3)")),
+    ("expert-parallel-per-stage-one-and-not", {"model": "qwen1.5-moe-a2.7b", "expert_parallel": 2,
+                                               "sequence_parallel": True,
+                                               "stages": [dict(s, layers=8, data_parallel=d, expert_parallel=e)
+                                                          for s, d, e in zip(BASE["stages"], (2, 1, 2), (2, 1, 2))]},
+     ("expert_parallel per stage [2, 1, 2]", "every stage's must be 1 or none may be")),
+    ("expert-parallel-on-a-stage-without-a-per-stage-dp", {"model": "qwen1.5-moe-a2.7b", "sequence_parallel": True,
+                                                          "stages": [dict(s, layers=8, data_parallel=2, expert_parallel=e)
+                                                                     for s, e in zip(BASE["stages"], (1, 2, 2))]},
+     ("stages[1, 2].expert_parallel differ from field 'expert_parallel' (1)", "a per-stage ep needs")),
     ("zero", {"stages": _dps(2, 0, 2)}, ("stages[1]", "'data_parallel'", "≥ 1")),
     ("not-an-integer", {"stages": _dps(2, "1", 2)}, ("stages[1]", "'data_parallel'")),
 ]
@@ -56,6 +65,8 @@ def test_replica_group_stage_may_not_carry_its_own_dp(tmp_path):
                "groups": [{"dp": 1, "micro_batch": 1, "micro_batches": 16,
                            "stages": [{"gpu": "a100-80g", "tp": 4, "layers": 32, "data_parallel": 1}]}]}
     assert_rejected(grouped, ("groups[0]", "'data_parallel'", "one 'dp'"), tmp_path)
+    grouped["groups"][0]["stages"][0] = {"gpu": "a100-80g", "tp": 4, "layers": 32, "expert_parallel": 2}
+    assert_rejected(grouped, ("groups[0]", "'expert_parallel'", "no expert parallelism"), tmp_path)
 
 
 @pytest.mark.parametrize("raw,names", [

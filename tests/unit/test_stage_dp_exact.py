@@ -44,7 +44,7 @@ def _space(seed: int, new_dims: bool = False, moe: bool = False, assembly: str |
                                 micro_batch_options=(1, 2), recompute_levels=levels, max_pp=3,
                                 margin_floor=float(rng.choice((0.1, 0.3, 0.5, 0.7))), stage_data_parallel=True,
                                 context_parallel_options=(1, 2) if new_dims else (1,),
-                                expert_parallel_options=(1, 2) if moe else (1,))
+                                expert_parallel_options=(1, 2, 4) if moe else (1,))
     return cluster, model, space if assembly is None else dataclasses.replace(space, pipeline_assembly=assembly)
 
 
