@@ -116,10 +116,10 @@ def _stage_ep_problems(plan: Any, model: Any, own_ep: list[int | None]) -> list[
                        "ProcessMesh)")
         if own_ep[i] is None or e == plan.expert_parallel or e == 1:
             continue  # the plan's own ep: memx.domain.plan.moe_problems
-        out.append(f"{name} ({e}) needs a mixture-of-experts model; {model.name} has no 'num_experts'" if not experts
-                   else f"{name} ({e}) does not divide num_experts ({experts}) of model {model.name}" if experts % e
-                   else "")
-    return [m for m in out if m]
+        if not experts:
+            out.append(f"{name} ({e}) needs a mixture-of-experts model; {model.name} has no 'num_experts'")
+        elif experts % e:
+            out.append(f"{name} ({e}) does not divide num_experts ({experts}) of model {model.name}")
     return out
 
 

@@ -32,10 +32,11 @@ flow through the stages in 1F1B order. What changes against memx.planner.schedul
   computes b_s samples of s/cp tokens (its signature's seq_len, memx.planner.signatures) plus the ring attention's
   terms over the stage's cp rings (`cp_links`, memx.planner.context_parallel.add_ring_terms); the hand-off goes cp
   rank to cp rank with b · (s/cp) · h messages; T_dp and the optimizer shards are over dp_s · cp ranks.
-- a mixture-of-experts model (ep 1: session 14; ep > 1: session 15; memx.domain.stage_dp.stage_dp_problems: one ep
-  for the plan, dividing every stage's dp_s · cp): stage s's expert data-parallel group is its dp_s · cp / ep ranks
-  (Megatron-LM's expert dp = dp · cp / ep, memx.planner.moe.expert_dp_size, with the stage's own dp; FlagScale
-  builds each mesh's expert grid from its own ranks). Its ep groups are ep consecutive TP groups of the stage
+- a mixture-of-experts model (ep 1: session 14; ep > 1 and an ep per stage: session 15;
+  memx.domain.stage_dp.stage_dp_problems: each stage's ep, its own or the plan's, dividing its dp_s · cp): stage s's
+  expert data-parallel group is its dp_s · cp / ep ranks (Megatron-LM's expert dp = dp · cp / ep,
+  memx.planner.moe.expert_dp_size, with the stage's own dp and ep; FlagScale builds each mesh's expert grid from its
+  own ranks). Its ep groups are ep consecutive TP groups of the stage
   (`place_stage_groups` order), its expert-dp rings the groups j, j + ep, … (`expert_links`: memx.planner.moe.
   stage_links, the uniform plan's all-to-all and ring rules on the stage's own groups); `with_stage_experts` gives
   each stage context ep, its expert dp and those links, memx.planner.moe.adjust adds the router, the all-to-all,

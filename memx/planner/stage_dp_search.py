@@ -22,8 +22,8 @@ incumbent (the uniform pick). tests/unit/test_stage_dp_exact.py checks it agains
 paper's assembly; under the default cycle-mean-drain the walk is a heuristic, `_layout_best`). A mixture-of-experts
 model is searched at an ep per mesh (FlagScale's; session 15): every combination of `expert_parallel_options`
 values dividing each mesh's dp_s · cp, all 1 or none (`_mesh_eps`); its contexts carry each stage's ep, expert
-dp group and all-to-all links (memx.planner.stage_dp.with_stage_experts) and
-its rows the MoE terms (memx.planner.moe.adjust), as estimate_plans scores them.
+dp group and all-to-all links (memx.planner.stage_dp.with_stage_experts) and its rows the MoE terms
+(memx.planner.moe.adjust), as estimate_plans scores them.
 """
 
 from __future__ import annotations

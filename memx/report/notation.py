@@ -52,8 +52,8 @@ def stage_rows(plan: Mapping[str, Any]) -> list[tuple[int | None, int, Mapping[s
 
 def dp_text(plan: Mapping[str, Any]) -> str:
     """dp, `2+2` for replica groups, `2/1/2` for a per-stage dp; with context parallelism `dp·cpN` (issue #27: N GPUs
-    share each sequence), with expert parallelism (issue #27) `4 (ep 4)`, `4/2 (ep 2)` with a per-stage dp, `4/2 (ep 4/2)` with an ep per
-    stage."""
+    share each sequence), with expert parallelism (issue #27) `4 (ep 4)`, `4/2 (ep 2)` with a per-stage dp,
+    `4/2 (ep 4/2)` with an ep per stage."""
     if is_grouped(plan):
         return "+".join(str(g["dp"]) for g in plan["groups"])
     cp, ep = int(plan.get("context_parallel", 1)), int(plan.get("expert_parallel", 1))

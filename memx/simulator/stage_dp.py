@@ -18,11 +18,11 @@ With context parallelism cp (one for the plan) stage s has dp_s · cp groups (gr
 memx.domain.stage_dp.stage_groups), each a rank of s/cp tokens running the ring attention on its cp ring
 (memx.simulator.context_parallel.with_ring, `ring_costs`); cp rank c hands off to cp rank c; the gradient ring is
 the stage's dp_s · cp groups.
-A mixture-of-experts model (one ep for the plan, dividing every stage's dp_s · cp: memx.domain.stage_dp): stage s's
-ep groups are ep consecutive groups of its own (FlagScale builds each mesh's expert grid from its ranks); every rank
+A mixture-of-experts model (each stage's ep_s, its own or the plan's, dividing its dp_s · cp: memx.domain.stage_dp):
+stage s's ep groups are ep_s consecutive groups of its own (FlagScale builds each mesh's expert grid from its ranks); every rank
 computes the router and its λ·k tokens' experts over the all-to-all of its ep group on the groups' links
 (`mesh_moe_costs`: memx.simulator.moe.stage_moe_cost, a2a_ms; none at ep 1, every expert on every rank), and the
-expert gradients reduce in rings of their own over the groups holding the same experts (g ≡ j mod ep), after the
+expert gradients reduce in rings of their own over the groups holding the same experts (g ≡ j mod ep_s), after the
 dense ring (Megatron-LM's separate expert buffers; memx.simulator.moe.expert_dp_ms).
 Memory per GPU: stage s holds min(pp − s, m) micro batches of its b_s-sample activations (1F1B), GPUs
 stage-major, then group, then TP rank.
