@@ -32,6 +32,7 @@ import numpy as np
 from memx.domain.errors import InputError
 from memx.domain.plan import Plan, place_plan
 from memx.domain.moe_records import expert_group_plan, expert_model
+from memx.domain.stage_dp import stage_eps
 from memx.domain.specs import Cluster, GpuType, ModelArch
 from memx.simulator.links import link, ring, shared_nic
 from memx.simulator.physics import (BF16_BYTES, FP32_BYTES, GRAD_BYTES_OF, Device, adam_step_ms, gemm_ms,
@@ -171,32 +172,27 @@ def measure_expert_stage(sig: StageSignature, point: Mapping[str, Any], gpu: Gpu
     return run_of(cost, m_sig, gpu, traits, rng=rng)
 
 
-def moe_stage_costs(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]], sigs: list[StageSignature],
+def moe_stage_costs(plan: Plan, model: ModelArch, cluster: Cluster, nodes: list[list[int]], sigs: list[StageSignature],
                     costs: list[StageCost], chunks: list[list[StageCost]] | None, tr: dict[str, GpuTraits],
                     static_bytes_per_param: float = ADAM_STATIC_BYTES_PER_PARAM):
-    """(stage costs, chunk costs or None, per-stage expert dp step ms) of a MoE plan from its dense costs; the
-    model's first `moe_first_dense_layers` layers, wherever the split puts them, run a dense MLP (`_with_dense`)."""
+    """(stage costs, chunk costs or None, per-stage expert dp step ms) of a MoE plan from its dense costs; `nodes[s]`:
+    the node of each of stage s's TP groups in rank order (`replica_nodes`; a per-stage-dp plan's own groups,
+    memx.simulator.stage_dp), stage s at its ep (memx.domain.stage_dp.stage_eps: the plan's, or a per-stage-dp
+    stage's own). The model's first `moe_first_dense_layers` layers, wherever the split puts them, run a dense MLP
+    (`_with_dense`)."""
     out, out_chunks, dp_ms = [], None if chunks is None else [], []
     v, per_chunk = plan.virtual_stages, [st.layers // plan.virtual_stages for st in plan.stages]
-    for s, (sig, cost) in enumerate(zip(sigs, costs)):
+    for s, (sig, cost, ep) in enumerate(zip(sigs, costs, stage_eps(plan))):
         gpu, t = cluster.gpu(sig.gpu), tr[sig.gpu]
-        nodes = replica_nodes(plan, where, s)
-        a2a = a2a_ms(plan, cluster, nodes, s, dispatch_bytes(model, sig), t) if plan.expert_parallel > 1 else 0.0
-        args = (model, plan.expert_parallel, a2a, gpu, t, static_bytes_per_param)
-        new, expert = stage_moe_cost(plan, s, cost, sig, *args)
+        a2a = a2a_ms(plan, cluster, nodes[s], s, dispatch_bytes(model, sig), t, ep) if ep > 1 else 0.0
+        args = (model, ep, a2a, gpu, t, static_bytes_per_param)
+        new, expert = _with_dense(cost, sig, sum(st.layers for st in plan.stages[:s]), *args)
         out.append(new)
-        dp_ms.append(expert_dp_ms(plan, cluster, nodes, s, expert, t))
+        dp_ms.append(expert_dp_ms(plan, cluster, nodes[s], s, expert, t, ep))
         if chunks is not None:  # chunk c of rank s is virtual stage c·pp + s
             out_chunks.append([_with_dense(c, sc, c_i * sum(per_chunk) + sum(per_chunk[:s]), *args)[0]
                                for c_i, (c, sc) in enumerate(zip(chunks[s], chunk_signatures(sig, s, plan.pp, v)))])
     return out, out_chunks, dp_ms
-
-
-def stage_moe_cost(plan: Plan, s: int, cost: StageCost, sig: StageSignature, model: ModelArch, ep: int, a2a: float,
-                   gpu: GpuType, traits: GpuTraits, bpp: float) -> tuple[StageCost, float]:
-    """(stage s's MoE cost, its expert parameters per GPU) from its dense cost: `_with_dense` at the stage's
-    first model layer (`a2a`: one all-to-all's ms, 0 at ep 1)."""
-    return _with_dense(cost, sig, sum(st.layers for st in plan.stages[:s]), model, ep, a2a, gpu, traits, bpp)
 
 
 def _with_dense(cost: StageCost, sig: StageSignature, offset: int, model: ModelArch, ep: int, a2a: float,

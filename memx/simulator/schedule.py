@@ -46,7 +46,7 @@ from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.cross_sync import flat_stage_ms, schedule_sync, segment_ms, segments
 from memx.simulator.interleave import chunk_signatures, interleaved_replicas, peak_held_mib
 from memx.simulator.links import link, shared_nic
-from memx.simulator.moe import dense_ffn, moe_stage_costs
+from memx.simulator.moe import dense_ffn, moe_stage_costs, replica_nodes
 from memx.domain.stage_dp import has_stage_dp
 from memx.simulator.stage_dp import dp_step_ms, simulate_meshes
 from memx.simulator.step_sync import chunk_latency_ms, embedding_allreduce_ms, grad_norm_ms, step_end, synchronised
@@ -236,7 +236,8 @@ def _prepare(plan: Plan, where: list[list[int]], cluster: Cluster, model: ModelA
         [stage_cost(c, cluster.gpu(c.gpu), tr[c.gpu], static_bytes_per_param) for c in cs] for cs in chunk_sigs]
     expert_dp = [0.0] * plan.pp
     if plan_model(plan, model).is_moe:  # routed experts, router, all-to-all (memx.simulator.moe)
-        costs, chunks, expert_dp = moe_stage_costs(plan, plan_model(plan, model), cluster, where, sigs, costs, chunks, tr,
+        nodes = [replica_nodes(plan, where, s) for s in range(plan.pp)]
+        costs, chunks, expert_dp = moe_stage_costs(plan, plan_model(plan, model), cluster, nodes, sigs, costs, chunks, tr,
                                                    static_bytes_per_param)
     if context_parallel > 1:  # the ring's steps on top of the rank's costs, MoE layers' included (with_ring adds)
         rings = cp_ring_links(plan, cluster, where, tr, context_parallel)

@@ -21,7 +21,7 @@ the stage's dp_s · cp groups.
 A mixture-of-experts model (each stage's ep_s, its own or the plan's, dividing its dp_s · cp: memx.domain.stage_dp):
 stage s's ep groups are ep_s consecutive groups of its own (FlagScale builds each mesh's expert grid from its ranks); every rank
 computes the router and its λ·k tokens' experts over the all-to-all of its ep group on the groups' links
-(`mesh_moe_costs`: memx.simulator.moe.stage_moe_cost, a2a_ms; none at ep 1, every expert on every rank), and the
+(memx.simulator.moe.moe_stage_costs on each stage's group nodes; none at ep 1, every expert on every rank), and the
 expert gradients reduce in rings of their own over the groups holding the same experts (g ≡ j mod ep_s), after the
 dense ring (Megatron-LM's separate expert buffers; memx.simulator.moe.expert_dp_ms).
 Memory per GPU: stage s holds min(pp − s, m) micro batches of its b_s-sample activations (1F1B), GPUs
@@ -44,13 +44,12 @@ from memx.domain.stage_dp import (
     place_stage_groups,
     samples_per_micro_batch,
     stage_dps,
-    stage_eps,
     stage_groups,
     stage_micro_batches,
 )
 from memx.simulator.context_parallel import cp_ring_links, with_ring
 from memx.simulator.links import link, ring, shared_nic
-from memx.simulator.moe import a2a_ms, dispatch_bytes, expert_dp_ms, stage_moe_cost
+from memx.simulator.moe import moe_stage_costs
 from memx.simulator.physics import BF16_BYTES, GRAD_BYTES_OF, Device, ring_allreduce_ms, ring_collective_ms
 from memx.simulator.stage import StageCost, StageSignature, noise_factor, stage_cost
 from memx.simulator.step_sync import grad_norm_ms, mesh_embedding_sync, step_end
@@ -198,23 +197,6 @@ def dp_step_ms(plan: Plan, cluster: Cluster, nodes: list[list[int]], costs: list
     return out
 
 
-def mesh_moe_costs(plan: Plan, model: ModelArch, cluster: Cluster, where: list[list[int]], sigs: list[StageSignature],
-                   costs: list[StageCost], tr: dict[str, GpuTraits], static_bytes_per_param: float
-                   ) -> tuple[list[StageCost], list[float]]:
-    """(stage costs, expert parameters per GPU) of a MoE plan's stages: stage s's ep_s groups (its own ep,
-    memx.domain.stage_dp.stage_eps) are ep_s consecutive groups of its dp_s · cp TP groups on `where[s]` (FlagScale's
-    per-mesh expert grid), its all-to-all over their links (memx.simulator.moe.a2a_ms; none at ep 1, every expert on
-    every rank)."""
-    out, experts = [], []
-    for s, (sig, c, ep) in enumerate(zip(sigs, costs, stage_eps(plan))):
-        t = tr[sig.gpu]
-        a2a = a2a_ms(plan, cluster, where[s], s, dispatch_bytes(model, sig), t, ep) if ep > 1 else 0.0
-        cost, e = stage_moe_cost(plan, s, c, sig, model, ep, a2a, cluster.gpu(sig.gpu), t, static_bytes_per_param)
-        out.append(cost)
-        experts.append(e)
-    return out, experts
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshRun:
     """A per-stage-dp plan's simulated figures (schedule.simulate_plan wraps them in its PlanRun)."""
@@ -241,9 +223,9 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
     model = plan_model(plan, model)
     sigs = signatures(plan, sigs)
     costs = [stage_cost(sig, cluster.gpu(sig.gpu), tr[sig.gpu], static_bytes_per_param) for sig in sigs]
-    experts = [0.0] * plan.pp
+    expert_dp = [0.0] * plan.pp
     if model.is_moe:  # the stage's experts over its own groups' ep groups (memx.simulator.moe)
-        costs, experts = mesh_moe_costs(plan, model, cluster, where, sigs, costs, tr, static_bytes_per_param)
+        costs, _, expert_dp = moe_stage_costs(plan, model, cluster, where, sigs, costs, None, tr, static_bytes_per_param)
     costs = ring_costs(plan, cluster, where, sigs, costs, tr)
     demand, over, capacity = [], [], []
     for st, groups, sig, c in zip(plan.stages, stage_groups(plan), sigs, costs):
@@ -255,9 +237,7 @@ def simulate_meshes(plan: Plan, cluster: Cluster, model: ModelArch, sigs: list[S
             capacity.append(c.capacity_mib)
     pieces = [boundary_pieces(plan, model, cluster, where, s, tr) for s in range(plan.pp - 1)]
     dp_ar = dp_step_ms(plan, cluster, where, costs, tr)  # `where`: each stage's dp_s · cp group nodes
-    if model.is_moe:  # the expert gradients' own rings over the groups holding the same experts
-        dp_ar = [a + expert_dp_ms(plan, cluster, where[s], s, e, tr[st.gpu], ep)
-                 for s, (a, e, st, ep) in enumerate(zip(dp_ar, experts, plan.stages, stage_eps(plan)))]
+    dp_ar = [a + e for a, e in zip(dp_ar, expert_dp)]  # the expert gradients' own rings (memx.simulator.moe)
     common = dict(demand_mem_mib=tuple(demand), oom_gpus=tuple(over), stage_time_ms=tuple(c.time_ms for c in costs),
                   p2p_ms=tuple(max(ms for _, _, ms in p) for p in pieces), dp_allreduce_ms=tuple(dp_ar),
                   optimizer_ms=tuple(c.optimizer_ms for c in costs), capacity_mib=tuple(capacity))
