@@ -1,12 +1,13 @@
 """Decision quality of the pick rules on the virtual cluster (issue #22): which rule should be the default.
 
   python bench/decision_quality.py [--space catalog|paper] [--assembly paper|cycle-mean|cycle-mean-drain] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
-                                   [--reach 1.10] [--slack 0.10] [--seed 0] [--predictor analytic|learned]
+                                   [--reach 1.10] [--slack 0.10] [--seed 0] [--predictor analytic|calibrated|learned]
                                    [--rules R1,R2] [--population-worlds nominal,spike] [--dump DIR] [--nic-efficiency 0.9]
   python bench/decision_quality.py --scenarios mixed-1024/llama3-405b --sample-floors 0.1,0.2 [--fastest 5]
 
 For each scenario (cluster / model, the catalog's `default` search, weights auto) and predictor — `analytic` (the
-default): the closed form; `learned`: the product's registered predictor, i.e. the scenario profiled on the virtual
+default): the closed form; `calibrated`: the closed form calibrated on 8 random plans measured on the virtual cluster
+(what `memx plan --measured` does with a user's timed plans); `learned`: the product's registered predictor, i.e. the scenario profiled on the virtual
 cluster (memx.pipeline.local profile_step, backend simulated, seed `--seed`), train_step (held-out split, augment,
 every variant, Optuna on the best tree variant with the product's budget, memx.learn.tuning.TuneBudget: 8 trials,
 split-conformal bands, registered in MLflow) and registered_predictor (the champion), all in a temporary $MEMX_HOME
@@ -200,11 +201,26 @@ def base_space(kind: str, assembly: str | None = None):
     return sp if assembly is None else dataclasses.replace(sp, pipeline_assembly=assembly)
 
 
+CALIBRATION_PLANS = 8  # `calibrated`: the plans a user times before `memx plan --measured` (issue #16's handful)
+
+
 def predictor(cl, mo, sp, kind: str, seed: int):
-    """The closed form, or the product's registered predictor trained on a simulated profile of seed `seed` (the
-    caller points $MEMX_HOME at a temporary folder: memx.experiments.common.registered)."""
-    if kind == "analytic":
-        return AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    """The closed form; `calibrated`: the closed form calibrated on CALIBRATION_PLANS random plans of the space
+    measured on the virtual cluster (memx.simulator.sample_plans at seed 100 + `seed`, apart from the worlds' seeds;
+    memx.learn.calibration.fit_from_config_runs, guarded, as `memx plan --measured` fits it); or the product's
+    registered predictor trained on a simulated profile of seed `seed` (the caller points $MEMX_HOME at a temporary
+    folder: memx.experiments.common.registered)."""
+    if kind in ("analytic", "calibrated"):
+        base = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+        if kind == "analytic":
+            return base
+        from memx.learn.calibration import fit_from_config_runs
+        from memx.simulator import sample_plans
+
+        runs = sample_plans(cl, mo, sp, n=CALIBRATION_PLANS, seed=100 + seed)
+        cal = fit_from_config_runs(runs, cl, mo, base, pipeline_assembly=sp.pipeline_assembly)
+        print(f"{cl.name}/{mo.name} calibration: {cal.summary()}", flush=True)
+        return cal.wrap(base)
     from memx.experiments.common import get_predictor  # the experiments layer: only when a run needs it
 
     return get_predictor(cl, mo, sp, "registered", seed)
@@ -393,7 +409,7 @@ def main(argv=None) -> int:
     ap.add_argument("--slack", type=float, default=0.10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--space", choices=("catalog", "paper"), default="catalog")
-    ap.add_argument("--predictor", choices=("analytic", "learned"), default="analytic")
+    ap.add_argument("--predictor", choices=("analytic", "calibrated", "learned"), default="analytic")
     ap.add_argument("--assembly", choices=PIPELINE_ASSEMBLIES, default=None,
                     help="the search's pipeline_assembly (1F1B steady state, issues #22/#27); default: the YAML's")
     ap.add_argument("--nic-efficiency", type=float, default=None,

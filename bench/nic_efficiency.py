@@ -36,6 +36,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
+from memx.learn.calibration import calibrated_estimates, fit_plan_calibration  # noqa: E402
 from memx.planner.cost import AnalyticStageModel  # noqa: E402
 from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.simulator import draw_plans, simulate_plan  # noqa: E402
@@ -45,7 +46,13 @@ from bench.interleave import figures  # noqa: E402
 from bench.moe import with_experts  # noqa: E402
 from bench.vtrain_multi import closed_form, load_multi, scores  # noqa: E402
 
-def simulated_rows(label: str, plans, cluster, model) -> None:
+FIT_PLANS = 8  # measured plans a user calibrates on (issue #16's handful), drawn apart from the scored ones
+
+
+def simulated_rows(label: str, plans, cluster, model, fit_plans=()) -> None:
+    """The closed form's rows on `plans`; with `fit_plans` (other plans of the same draw) also the default closed
+    form calibrated on them as a user would on a cluster (memx.learn.calibration.fit_plan_calibration: per-type stage
+    and communication scales from whole-plan times, guarded), scored on `plans` only."""
     runs = [simulate_plan(p, cluster, model, seed=i) for i, p in enumerate(plans)]
     pred = AnalyticStageModel(gpus={g.name: g for g in cluster.gpu_types}, runtime="catalog")
     line = dataclasses.replace(pred, runtime={n: dataclasses.replace(p, nic_efficiency=None)
@@ -55,6 +62,13 @@ def simulated_rows(label: str, plans, cluster, model) -> None:
             (f"  default (catalog {pred.nic_efficiency(cluster.gpu_types):g}):", cluster, pred))
     out = [f"{name} {figures(plans, runs, estimate_plans(plans, c, model, p), predicted_feasible=True)}"
            for name, c, p in rows]
+    if fit_plans:
+        measured = [simulate_plan(p, cluster, model, seed=1000 + i) for i, p in enumerate(fit_plans)]
+        cal = fit_plan_calibration(list(fit_plans), [None if r.oom else r.iteration_time_ms for r in measured],
+                                   [None if r.oom else r.peak_mem_mib for r in measured], cluster, model, pred)
+        est = calibrated_estimates(plans, cluster, model, pred, cal)
+        out.append(f"  default, calibrated on {sum(not r.oom for r in measured)} other measured plans (comm scale "
+                   f"{cal.comm_scale:.3f}): {figures(plans, runs, est, predicted_feasible=True)}")
     print("\n".join(out), flush=True)
 
 
@@ -63,12 +77,13 @@ def main() -> None:
     ap.add_argument("--plans", type=int, default=200, help="random plans per context-parallel case")
     ap.add_argument("--seed", type=int, default=3)
     args = ap.parse_args()
-    rnd = random.Random(args.seed)
+    rnd, fit_rnd = random.Random(args.seed), random.Random(args.seed + 1)
     for cname, mname in (("mixed-1024", "qwen1.5-moe-a2.7b"), ("h100-mi300x-32", "mixtral-8x7b")):
         cluster, model = load_cluster(cname), load_model(mname)
         drawn = draw_plans(cluster, model, load_search("default"), n=40, seed=args.seed)
+        other = draw_plans(cluster, model, load_search("default"), n=FIT_PLANS, seed=args.seed + 1)
         simulated_rows(f"{cname} {mname} random ep", [with_experts(p, model.num_experts, rnd) for p in drawn],
-                       cluster, model)
+                       cluster, model, fit_plans=[with_experts(p, model.num_experts, fit_rnd) for p in other])
     for cname, mname in (("a100-h20-h100-256", "llama3-8b-32k"), ("h100-h20-16", "llama3-8b")):
         cluster, model = load_cluster(cname), load_model(mname)
         drawn = draw_plans(cluster, model, load_search("default"), n=4 * args.plans, seed=args.seed)

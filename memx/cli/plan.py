@@ -4,7 +4,7 @@
               [--top K] [--weights W] [--format F] [--out DIR]                  (Output)
               [--progress/--no-progress] [--log/--no-log]
               [--predictor analytic|registered|pipeline]                       (Predictor)
-              [--backend B] [--seed S] [--store URI] [--dask D] [--command ...]
+              [--measured RUNS] [--backend B] [--seed S] [--store URI] [--dask D] [--command ...]
               [--records PATH] [--jobs N]
               [--check BASELINE.json] [--min-margin X] [--summary FILE]         (CI check)
 
@@ -14,6 +14,7 @@ group's handler prints them).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -58,6 +59,10 @@ PredictorOpt = Annotated[Optional[str], typer.Option("--predictor", rich_help_pa
 BackendOpt = Annotated[str, typer.Option("--backend", rich_help_panel=PREDICTOR, help=(
     "analytic (no profiling), or a profiling backend — simulated|command|torch|records — for the learned "
     "predictor via the Prefect pipeline (--predictor pipeline)."))]
+MeasuredOpt = Annotated[Optional[Path], typer.Option("--measured", rich_help_panel=PREDICTOR, help=(
+    "With --predictor analytic: config_runs (Parquet, JSONL or CSV) of plans you timed on this cluster; the closed "
+    "form is calibrated on them first (per-type stage and communication scales, kept only where its held-out error "
+    "beats the uncalibrated one; memx.learn.calibration). For the registered predictor: `memx train --measured`."))]
 DaskOpt = Annotated[Optional[str], typer.Option("--dask", help="Explore the branch-and-bound's boxes on Dask workers (same answer): 'local' (2 worker processes), 'local:N', or a running scheduler's address (tcp://host:8786).", rich_help_panel=PREDICTOR)]
 CheckOpt = Annotated[Optional[Path], typer.Option("--check", help="Baseline plan JSON: exit 4 if the new plan is worse or its margin is below --min-margin.", rich_help_panel=CI)]
 MinMarginOpt = Annotated[float, typer.Option("--min-margin", help="With --check: the smallest acceptable memory margin.", rich_help_panel=CI)]
@@ -85,6 +90,7 @@ def plan_cmd(
     seed: PredSeed = 0,
     store: PredStore = None,
     dask: DaskOpt = None,
+    measured: MeasuredOpt = None,
     command: PredCommand = None,
     records: PredRecords = None,
     jobs: PredJobs = 1,
@@ -114,6 +120,9 @@ def plan_cmd(
         baseline = load_baseline(check, mo)
     if dask is not None:
         parse_dask(dask)  # a malformed --dask: exit 2 before any work (an unreachable one: when connecting)
+    if measured is not None and mode != "analytic":
+        raise InputError(f"--measured calibrates the closed form (--predictor analytic), not --predictor {mode}; "
+                         "for the registered predictor calibrate it with `memx train --measured`")
     warn_batch(cl, sp)
     warn_tp(mo, sp)
     show = progress_enabled(progress, json_output=fmt is Fmt.json)
@@ -122,14 +131,13 @@ def plan_cmd(
     if mode == "analytic":
         from memx.domain.home import home_path
         from memx.planner import table_cache
-        from memx.planner.cost import AnalyticStageModel
 
-        pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
-        with search_pool(dask) as pool, delayed_progress(show, "search") as cb, \
-                table_cache.use(home_path("cache", "tables")):  # the closed form's tables of an earlier run
+        pred, name = _analytic(cl, mo, sp, measured)
+        cache = contextlib.nullcontext() if measured is not None else table_cache.use(home_path("cache", "tables"))
+        with search_pool(dask) as pool, delayed_progress(show, "search") as cb, cache:  # an earlier run's tables
             res = stage_dp_option(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb, pool=pool),
                                   cl, mo, sp, pred)  # opt-in per-stage dp (issue #27)
-        obj = search_result_to_dict(res, "analytic")
+        obj = search_result_to_dict(res, name)
     elif mode == "registered":
         from memx.pipeline import registry
         from memx.pipeline.local import registered_predictor
@@ -170,6 +178,23 @@ def plan_cmd(
         _log(obj, cl, mo, sp, written, ref.get("predictor_version"))
     if baseline is not None:
         _check(obj, baseline, cl, mo, sp, pred, min_margin, summary, max_slowdown)
+
+
+def _analytic(cl: Cluster, mo: ModelArch, sp: SearchSpace, measured: Path | None) -> tuple[Any, str]:
+    """The closed form and its name in the output; with `measured` (config_runs) calibrated on those plans first
+    (memx.learn.calibration.fit_from_config_runs, guarded, in the search's 1F1B assembly), the summary on stderr. Its tables are not cached
+    (memx.planner.table_cache keys the uncalibrated closed form)."""
+    from memx.planner.cost import AnalyticStageModel
+
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    if measured is None:
+        return pred, "analytic"
+    from memx.learn.calibration import fit_from_config_runs
+    from memx.report.evaluate import read_config_runs
+
+    cal = fit_from_config_runs(read_config_runs(measured), cl, mo, pred, pipeline_assembly=sp.pipeline_assembly)
+    typer.echo(f"plan calibration: {cal.summary()}", err=True)
+    return cal.wrap(pred), f"analytic, {cal.headline()}"
 
 
 def _launcher_gain(cl: Cluster, mo: ModelArch, sp: SearchSpace, pred: Any, res: Any, weights: str | None,

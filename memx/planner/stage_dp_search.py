@@ -17,9 +17,10 @@ fastest that fits. With T = (m − 1)·max_s t_s + Σ_s t_s + fixed + max_s tail
 the compute part's least value over splits is found by a bottleneck-threshold dynamic programme (`best_splits`:
 for each candidate bottleneck τ the least Σ_s t_s over splits whose stages all take ≤ τ), each stage's option the
 fastest eligible one at its layer count, and the tail term by an ε-constraint walk over the largest tail
-(`_layout_best`); layouts are visited in order of a lower bound and cut off by the best plan so far and by the
-incumbent (the uniform pick). tests/unit/test_stage_dp_exact.py checks it against full enumeration (exact for the
-paper's assembly; under the default cycle-mean-drain the walk is a heuristic, `_layout_best`). A mixture-of-experts
+(`_walk`), exact for the paper's T; under the cycle-mean assemblies (the default cycle-mean-drain included) the walk's
+plan is the incumbent of memx.planner.exact_split's branch-and-bound over the split (`_layout_best`). Layouts are
+visited in order of a lower bound and cut off by the best plan so far and by the incumbent (the uniform pick).
+tests/unit/test_stage_dp_exact.py checks it against full enumeration under the paper's and the default assembly. A mixture-of-experts
 model is searched at an ep per mesh (FlagScale's; session 15): every combination of `expert_parallel_options`
 values dividing each mesh's dp_s · cp, all 1 or none (`_mesh_eps`); its contexts carry each stage's ep, expert
 dp group and all-to-all links (memx.planner.stage_dp.with_stage_experts) and its rows the MoE terms
@@ -29,7 +30,6 @@ dp group and all-to-all links (memx.planner.stage_dp.with_stage_experts) and its
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import time
 
@@ -40,7 +40,7 @@ from memx.domain.plan import Plan, Stage, moe_problems
 from memx.domain.runtime import usable_capacity_mib
 from memx.domain.specs import Cluster, ModelArch, SearchSpace
 from memx.domain.stage_dp import place_stage_groups, stage_dp_problems, stage_groups
-from memx.planner import moe, stage_dp
+from memx.planner import exact_split, moe, stage_dp
 from memx.planner.collectives import dp_latency_ms
 from memx.planner.context_parallel import add_ring_terms, launcher_runs_cp
 from memx.planner.estimate import estimate_plans, upper_margins
@@ -239,7 +239,7 @@ def _lower_bounds(t: np.ndarray, m: np.ndarray, total: int) -> tuple[np.ndarray,
     as its two terms. The bottleneck is at least every stage's fastest and at least the least τ at which the stages
     can hold every layer: stage s holds at most #{n ≥ 1 : g_s(n) ≤ τ} layers, g_s(n) = min_{n' ≥ n} t[s, n'] (non-
     decreasing in n), so that τ is the total-th smallest g over all stages and counts. Each stage takes at least its
-    fastest (`least_sum` is the sharper, dearer sum bound)."""
+    fastest (`exact_split.least_sums` gives the sharper, dearer sum bound)."""
     low = t[:, :, 1:].min(axis=2)  # (G, pp)
     g = np.minimum.accumulate(t[:, :, :0:-1], axis=2)  # suffix minima over n = total..1
     flat = g.reshape(len(t), -1)
@@ -248,26 +248,6 @@ def _lower_bounds(t: np.ndarray, m: np.ndarray, total: int) -> tuple[np.ndarray,
         part = np.where(m > 1, (m - 1) * np.maximum(tau, low.max(axis=1)), 0.0)
     ok = np.isfinite(low).all(axis=1) & np.isfinite(tau)
     return np.where(ok, part, np.inf), np.where(ok, low.sum(axis=1), np.inf)
-
-
-@functools.lru_cache(maxsize=8)
-def _shifts(total: int) -> tuple[np.ndarray, np.ndarray]:
-    """For every (l, n): the index l − n and 0 where n ≤ l, else 0 and inf (a min-plus step's gather)."""
-    l, n = np.arange(total + 1)[:, None], np.arange(total + 1)[None, :]
-    return np.where(n <= l, l - n, 0), np.where(n <= l, 0.0, np.inf)
-
-
-def least_sum(t: np.ndarray, total: int) -> float:
-    """The least Σ_s t[s, n_s] over splits (n_s ≥ 1, Σ n_s = total) with no bottleneck limit: one min-plus pass per
-    stage; a lower bound on the Σ term of any split."""
-    src, blocked = _shifts(total)
-    cost = t.copy()
-    cost[:, 0] = np.inf  # every stage holds at least one layer
-    least = np.full(total + 1, np.inf)
-    least[0] = 0.0
-    for row in cost:
-        least = (least[src] + blocked + row[None, :]).min(axis=1)
-    return float(least[total])
 
 
 class _Layout:
@@ -300,11 +280,10 @@ class _Layout:
         got = [_fastest(r, o & (tl < below), n_max) for r, o, tl in zip(self.rows, self.ok, self.tail)]
         return np.stack([t for t, _ in got]), np.stack([a for _, a in got])
 
-    def plan(self, split: tuple[int, ...], arg: np.ndarray) -> tuple[Plan, float, float, float, float]:
+    def plan(self, split: tuple[int, ...], picked) -> tuple[Plan, float, float, float, float]:
         """(plan, compute part + fixed as the plan is scored, the paper's compute part + fixed, its tail term, its
-        largest tail) of a split with the rows `arg` chose (the two compute parts equal unless pipeline_assembly is
-        cycle-mean; the tail term is the largest tail unless it is cycle-mean-drain)."""
-        picked = [int(arg[s, n]) for s, n in enumerate(split)]
+        largest tail) of a split with row `picked[s]` on stage s (the two compute parts equal unless
+        pipeline_assembly is cycle-mean; the tail term is the largest tail unless it is cycle-mean-drain)."""
         stages = tuple(dataclasses.replace(st, layers=n, **_recompute(int(r.codes[j]), n))
                        for st, r, n, j in zip(self.probe.stages, self.rows, split, picked))
         t = np.array([r.time_ms[j] for r, j in zip(self.rows, picked)])
@@ -317,6 +296,15 @@ class _Layout:
         paper = compute(None)
         return dataclasses.replace(self.probe, stages=stages), (paper if self.loop_ms is None else compute(
             self.loop_ms)), paper, tail, max(tails)
+
+    def split_problem(self, total: int) -> exact_split.SplitProblem:
+        """The layout as memx.planner.exact_split's problem: each stage's eligible rows, Pareto on (time, tail)."""
+        return exact_split.SplitProblem(
+            candidates=tuple(exact_split.pareto_rows(r.layers, r.time_ms, tl, o)
+                             for r, o, tl in zip(self.rows, self.ok, self.tail)),
+            micro_batches=self.probe.micro_batches, total_layers=total, fixed_ms=self.fixed_ms, drain=self.drain,
+            loop_ms=None if self.loop_ms is None else tuple(float(x) for x in self.loop_ms[:, 0]))
+
 
 
 def _tail(rows: _Rows, probe: Plan, stage: Stage, dp: int, ring: tuple[float, float], experts_ms: float,
@@ -336,23 +324,37 @@ def _tail(rows: _Rows, probe: Plan, stage: Stage, dp: int, ring: tuple[float, fl
 
 
 def _layout_best(lay: _Layout, n_max: int, best: float) -> tuple[Plan, float] | None:
-    """The fastest plan of one layout over its eligible rows if it is faster than `best`, exactly: the tail term
-    max_s tail_s is handled by the ε-constraint walk (docs/planner.md §Data parallel per stage): the least
+    """The fastest plan of one layout over its eligible rows if it is faster than `best`, exactly: the ε-constraint
+    walk (`_walk`), exact for the paper's assembly; under the cycle-mean assemblies (the default cycle-mean-drain
+    included) the walk's plan is the incumbent of memx.planner.exact_split's branch-and-bound, which finds the
+    fastest split below it."""
+    found = _walk(lay, n_max, best)
+    if lay.loop_ms is None and not lay.drain:
+        return found
+    got = exact_split.solve(lay.split_problem(n_max), best if found is None else found[1])
+    if got is None:
+        return found
+    plan, compute, _, tail, _ = lay.plan(got[1], got[2])
+    return (plan, compute + tail) if compute + tail < (best if found is None else found[1]) else found
+
+
+def _walk(lay: _Layout, n_max: int, best: float) -> tuple[Plan, float] | None:
+    """The ε-constraint walk over the largest tail (docs/planner.md §Data parallel per stage): the least
     compute part C_k = (m − 1)·max t + Σ t among splits whose rows all have tail < σ_k (σ_0 = ∞) is found by the
     bottleneck programme (`best_splits`), its plan's largest tail becomes σ_{k+1}; every split whose largest tail lies
     in [σ_{k+1}, σ_k) takes at least C_k + that tail, so the walk misses none, and it stops once
-    C_k + fixed + the least reachable largest tail cannot beat `best`. With pipeline_assembly cycle-mean each found
-    split is scored with the cycle mean (≥ C_k, so the stop stays safe) but the programme still ranks splits by
-    the paper's C_k: exact for the paper's assembly, the paper-best split per σ_k for the cycle mean's. With
-    cycle-mean-drain the found split's tail term is the drained one (memx.planner.drain) and the stop uses stage
-    0's least tail (a floor of it), but the walk still steps σ by the largest tail: a heuristic there too."""
+    C_k + fixed + the least reachable largest tail cannot beat `best`: exact for the paper's assembly. With
+    pipeline_assembly cycle-mean each found split is scored with the cycle mean (≥ C_k, so the stop stays safe) but
+    the programme still ranks splits by the paper's C_k; with cycle-mean-drain the found split's tail term is the
+    drained one (memx.planner.drain) and the stop uses stage 0's least tail (a floor of it), but the walk still steps
+    σ by the largest tail: a good incumbent there, not an exact search (`_layout_best`)."""
     m, found, below = lay.probe.micro_batches, None, np.inf
     while True:
         t, arg = lay.table(below, n_max)
         splits = best_splits(t, m, n_max, keep=1, bound=best - lay.fixed_ms - lay.tail_floor)
         if not splits:
             return found
-        plan, compute, paper, tail, largest = lay.plan(splits[0], arg)
+        plan, compute, paper, tail, largest = lay.plan(splits[0], [int(arg[s, n]) for s, n in enumerate(splits[0])])
         if compute + tail < best:
             found, best = (plan, compute + tail), compute + tail
         if paper + lay.tail_floor >= best:  # the paper's compute part: a lower bound of the cycle mean's too
@@ -394,7 +396,7 @@ def _fastest_in(sp: _Space, cluster: Cluster, model: ModelArch, predictor, floor
     for i in np.argsort(low, kind="stable"):  # most promising first: no later layout's bound is smaller
         if low[i] + slack >= bound:
             break
-        sharper = part[i] + least_sum(tables[i], model.layers)
+        sharper = part[i] + exact_split.least_sums(tables[i], model.layers)[0][model.layers]
         if sharper + slack >= bound:
             continue
         lay = _Layout(sp.probes[i], sp.rows[i], [ok[id(r)] for r in sp.rows[i]], cluster, model, assembly, tails)
@@ -410,8 +412,8 @@ def floor_then_fastest(cluster: Cluster, model: ModelArch, space: SearchSpace, p
     """The best plan of the per-stage-dp space under the floor-then-fastest rule against an
     incumbent, and the layouts enumerated: the fastest plan whose stages all clear `margin_floor` and that is faster
     than `clear_below`; when none exists, the fastest plan that fits and is faster than `fit_below` (−inf: none
-    wanted, the incumbent clears the floor). Over every level set's layouts, splits and recompute options: exact for the
-    paper's assembly, a heuristic under cycle-mean-drain (`_layout_best`)."""
+    wanted, the incumbent clears the floor). Exact over every level set's layouts, splits and recompute options
+    (`_layout_best`)."""
     cluster = achieved(cluster, predictor)  # the NICs as the predictor sees them (memx.planner.network)
     spaces = [_space(cluster, model, space, predictor, tuple(levels)) for levels in level_sets]
     n = sum(len(sp.probes) for sp in spaces)
