@@ -6,8 +6,8 @@
   python bench/decision_quality.py --scenarios mixed-1024/llama3-405b --sample-floors 0.1,0.2 [--fastest 5]
 
 For each scenario (cluster / model, the catalog's `default` search, weights auto) and predictor — `analytic` (the
-default): the closed form; `calibrated`: the closed form calibrated on 8 random plans measured on the virtual cluster
-(what `memx plan --measured` does with a user's timed plans); `learned`: the product's registered predictor, i.e. the scenario profiled on the virtual
+default): the closed form; `calibrated`: the closed form calibrated on 8 random plans that ran on the virtual
+cluster (what `memx plan --measured` does with a user's timed plans); `learned`: the product's registered predictor, i.e. the scenario profiled on the virtual
 cluster (memx.pipeline.local profile_step, backend simulated, seed `--seed`), train_step (held-out split, augment,
 every variant, Optuna on the best tree variant with the product's budget, memx.learn.tuning.TuneBudget: 8 trials,
 split-conformal bands, registered in MLflow) and registered_predictor (the champion), all in a temporary $MEMX_HOME
@@ -202,11 +202,13 @@ def base_space(kind: str, assembly: str | None = None):
 
 
 CALIBRATION_PLANS = 8  # `calibrated`: the plans a user times before `memx plan --measured` (issue #16's handful)
+CALIBRATION_DRAW = 96  # random plans drawn to find them: the first CALIBRATION_PLANS that ran
 
 
 def predictor(cl, mo, sp, kind: str, seed: int):
-    """The closed form; `calibrated`: the closed form calibrated on CALIBRATION_PLANS random plans of the space
-    measured on the virtual cluster (memx.simulator.sample_plans at seed 100 + `seed`, apart from the worlds' seeds;
+    """The closed form; `calibrated`: the closed form calibrated on CALIBRATION_PLANS random plans of the space that
+    ran on the virtual cluster (the first that ran of memx.simulator.sample_plans' CALIBRATION_DRAW at seed
+    100 + `seed`, apart from the worlds' seeds: a user times plans that fit;
     memx.learn.calibration.fit_from_config_runs, guarded, as `memx plan --measured` fits it); or the product's
     registered predictor trained on a simulated profile of seed `seed` (the caller points $MEMX_HOME at a temporary
     folder: memx.experiments.common.registered)."""
@@ -217,7 +219,8 @@ def predictor(cl, mo, sp, kind: str, seed: int):
         from memx.learn.calibration import fit_from_config_runs
         from memx.simulator import sample_plans
 
-        runs = sample_plans(cl, mo, sp, n=CALIBRATION_PLANS, seed=100 + seed)
+        runs = sample_plans(cl, mo, sp, n=CALIBRATION_DRAW, seed=100 + seed)
+        runs = runs[~runs["oom"].astype(bool)].head(CALIBRATION_PLANS)
         cal = fit_from_config_runs(runs, cl, mo, base, pipeline_assembly=sp.pipeline_assembly)
         print(f"{cl.name}/{mo.name} calibration: {cal.summary()}", flush=True)
         return cal.wrap(base)
