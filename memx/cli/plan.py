@@ -182,8 +182,8 @@ def plan_cmd(
 
 def _analytic(cl: Cluster, mo: ModelArch, sp: SearchSpace, measured: Path | None) -> tuple[Any, str]:
     """The closed form and its name in the output; with `measured` (config_runs) calibrated on those plans first
-    (memx.learn.calibration.fit_from_config_runs, guarded, in the search's 1F1B assembly), the summary on stderr. Its tables are not cached
-    (memx.planner.table_cache keys the uncalibrated closed form)."""
+    (memx.learn.calibration.fit_from_config_runs, guarded, in the search's 1F1B assembly), the summary on stderr.
+    Its tables are not cached (memx.planner.table_cache keys the uncalibrated closed form)."""
     from memx.planner.cost import AnalyticStageModel
 
     pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})

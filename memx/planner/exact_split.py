@@ -10,7 +10,8 @@ split exactly, given an incumbent (the walk's plan): a depth-first branch-and-bo
 stage s choosing its layer count n_s and one of its eligible rows at n_s.
 
 Only rows no other row at the same n beats on both time and tail are branched on: T grows with every t_s (by at
-least (1 − 2/3)·δ, the Σ term's δ less the drain's 2/3·δ; c* is non-decreasing in each t_s) and with every tail_s.
+least (1 − 2/3)·δ, the Σ term's δ less the drain's 2/3·δ; c* is non-decreasing in each t_s) and with every
+tail_s.
 A node (stages 0..s chosen, l layers used, r = L − l left for the k = pp − 1 − s stages after it) is cut when
   (m − 1)·max(c_part, τ_rest) + Σ_chosen t + LS_rest(r) + fixed + tail_lb ≥ best,
 where c_part is the largest cycle mean over windows inside the chosen stages (every window's mean is a lower bound

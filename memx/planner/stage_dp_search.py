@@ -17,14 +17,14 @@ fastest that fits. With T = (m − 1)·max_s t_s + Σ_s t_s + fixed + max_s tail
 the compute part's least value over splits is found by a bottleneck-threshold dynamic programme (`best_splits`:
 for each candidate bottleneck τ the least Σ_s t_s over splits whose stages all take ≤ τ), each stage's option the
 fastest eligible one at its layer count, and the tail term by an ε-constraint walk over the largest tail
-(`_walk`), exact for the paper's T; under the cycle-mean assemblies (the default cycle-mean-drain included) the walk's
-plan is the incumbent of memx.planner.exact_split's branch-and-bound over the split (`_layout_best`). Layouts are
-visited in order of a lower bound and cut off by the best plan so far and by the incumbent (the uniform pick).
-tests/unit/test_stage_dp_exact.py checks it against full enumeration under the paper's and the default assembly. A mixture-of-experts
-model is searched at an ep per mesh (FlagScale's; session 15): every combination of `expert_parallel_options`
-values dividing each mesh's dp_s · cp, all 1 or none (`_mesh_eps`); its contexts carry each stage's ep, expert
-dp group and all-to-all links (memx.planner.stage_dp.with_stage_experts) and its rows the MoE terms
-(memx.planner.moe.adjust), as estimate_plans scores them.
+(`_walk`), exact for the paper's T; under the cycle-mean assemblies (the default cycle-mean-drain included) the
+walk's plan is the incumbent of memx.planner.exact_split's branch-and-bound over the split (`_layout_best`).
+Layouts are visited in order of a lower bound and cut off by the best plan so far and by the incumbent (the uniform
+pick). tests/unit/test_stage_dp_exact.py checks it against full enumeration under the paper's and the default
+assembly. A mixture-of-experts model is searched at an ep per mesh (FlagScale's; session 15): every combination of
+`expert_parallel_options` values dividing each mesh's dp_s · cp, all 1 or none (`_mesh_eps`); its contexts carry
+each stage's ep, expert dp group and all-to-all links (memx.planner.stage_dp.with_stage_experts) and its rows the
+MoE terms (memx.planner.moe.adjust), as estimate_plans scores them.
 """
 
 from __future__ import annotations
@@ -306,7 +306,6 @@ class _Layout:
             loop_ms=None if self.loop_ms is None else tuple(float(x) for x in self.loop_ms[:, 0]))
 
 
-
 def _tail(rows: _Rows, probe: Plan, stage: Stage, dp: int, ring: tuple[float, float], experts_ms: float,
           cluster: Cluster, assembly: AssemblyCalibration, cache: dict) -> np.ndarray:
     """Per row, the stage's tail without the embedding's all-reduce (optimizer step + T_dp over its dp = dp_s · cp
@@ -331,11 +330,12 @@ def _layout_best(lay: _Layout, n_max: int, best: float) -> tuple[Plan, float] | 
     found = _walk(lay, n_max, best)
     if lay.loop_ms is None and not lay.drain:
         return found
-    got = exact_split.solve(lay.split_problem(n_max), best if found is None else found[1])
+    bound = best if found is None else found[1]
+    got = exact_split.solve(lay.split_problem(n_max), bound)
     if got is None:
         return found
-    plan, compute, _, tail, _ = lay.plan(got[1], got[2])
-    return (plan, compute + tail) if compute + tail < (best if found is None else found[1]) else found
+    plan, compute, _, tail, _ = lay.plan(got[1], got[2])  # scored as the walk's plans are (within rounding of got[0])
+    return (plan, compute + tail) if compute + tail < bound else found
 
 
 def _walk(lay: _Layout, n_max: int, best: float) -> tuple[Plan, float] | None:
