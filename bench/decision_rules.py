@@ -19,7 +19,10 @@ the predictor gives one; window = safe plans within (1 + balance_tolerance) × t
 * `front: least Φ(T_high)` — the same front, least Φ with the upper-bound time in place of the point time;
 * `T_high window, front, Φ` — window, front and Φ all on the upper-bound time;
 * `interval front: least Φ` — the window's plans that no plan dominates beyond the intervals (no smaller
-  margin and an upper-bound time ≤ the plan's lower-bound time), least Φ.
+  margin and an upper-bound time ≤ the plan's lower-bound time), least Φ;
+* `robust window, balanced-front` — the window's plans the closed form predicts to fit at micro batch × 2 and at
+  sequence × 2 (bench/decision_quality.py's mb2 / seq2 worlds), then balanced-front; balanced-front's pick where
+  none does (session 16: docs/results.md §The closed form calibrated on eight timed plans).
 Output: each dump's cells (bench/decision_quality.py `_cell`) and the totals per candidate (nominal misses).
 """
 
@@ -109,7 +112,31 @@ def candidates(d: dict, sp) -> dict:
     near = window(t)
     loose = [i for i in near if not any(j != i and mg[j] >= mg[i] and t_hi[j] <= t_lo[i] for j in near)]
     out["interval front: least Φ"] = min(loose, key=lambda i: (phi[i], t[i]))
+    if "scenario" in d["info"]:  # closed-form dumps: the window's plans predicted to fit with doubled activations
+        robust = [i for i in near if _fits_doubled(pool[i].plan, d["info"]["scenario"])]
+        out["robust window, balanced-front"] = out["balanced-front"] if not robust else index[id(choose(
+            [pool[robust[0]]], [pool[i] for i in robust[1:]], rule="balanced-front", margin_floor=sp.margin_floor,
+            balance_tolerance=sp.balance_tolerance, margin=lambda c: mg[index[id(c)]]).plan)]
     return out
+
+
+def _fits_doubled(plan, scenario: str) -> bool:
+    """Whether the closed form predicts `plan` to fit at micro batch × 2 and at sequence × 2 (bench/decision_quality's
+    mb2 / seq2 worlds; a variant that is no valid plan does not count against it)."""
+    from bench.decision_quality import _variant
+    from memx.domain.catalog import load_cluster, load_model
+    from memx.planner.cost import AnalyticStageModel
+
+    cl, mo = (load_cluster(scenario.split("/")[0]), load_model(scenario.split("/")[1]))
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    for w in ("mb2", "seq2"):
+        try:
+            (e,) = estimate_plans([_variant(plan, w)], cl, mo, pred)
+        except Exception:  # the variant is not a valid plan (e.g. the micro batches no longer divide)
+            continue
+        if not e.feasible:
+            return False
+    return True
 
 
 def main(argv=None) -> int:
