@@ -1,6 +1,6 @@
 """The paper's adoption steps as commands (issue #12 "Why this plan"):
 
-    memx inspect PLAN.json [--cluster C] [--model M] [--predictor analytic|registered]   (default: the plan's)
+    memx inspect PLAN.json [--cluster C] [--model M] [--predictor analytic|registered] [--measured RUNS]
         a plan you run today: per-GPU peak, margin, memory variance, iteration time
     memx rank --measured FILE [--weights W] [--top K]
         configurations you already measured (config_runs: Parquet, CSV or JSONL) re-ranked by Φ with a
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from memx.cli.options import DEFAULT_SEARCH, ConfOpt, load_specs
+from memx.cli.options import DEFAULT_SEARCH, ConfOpt, analytic_predictor, load_specs
 from memx.cli.simulate import _read_input, read_plan
 from memx.domain.errors import InputError, NothingUsable
 from memx.domain.groups import any_plan_from_json, any_plan_to_dict
@@ -38,30 +38,36 @@ PredictorOpt = Annotated[str, typer.Option("--predictor", help="analytic (closed
                                            "of this cluster's fingerprint, from `memx train`).")]
 MeasuredOpt = Annotated[Path, typer.Option("--measured", help="config_runs of measured plans (Parquet, CSV or "
                                            "JSONL; columns plan, iteration_time_ms, peak_mem_mib, oom).")]
+CalibrateOpt = Annotated[Optional[Path], typer.Option("--measured", help="With --predictor analytic: config_runs of "
+                                        "plans timed on this cluster; the closed form is calibrated on them first, as "
+                                        "`memx plan --measured` does.")]
 RankWeightsOpt = Annotated[str, typer.Option("--weights", help=f"{' | '.join(PROFILES)} | 'wT,wM,wV'.")]
 
 
 def inspect_cmd(file: PlanArg,
                 cluster: Annotated[Optional[str], typer.Option("--cluster", help="Cluster name or YAML path (default: the plan's).")] = None,
                 model: Annotated[Optional[str], typer.Option("--model", help="Model name or YAML path (default: the plan's).")] = None,
-                conf: ConfOpt = None, predictor: PredictorOpt = "analytic") -> None:
+                conf: ConfOpt = None, predictor: PredictorOpt = "analytic",
+                measured: CalibrateOpt = None) -> None:
     """A plan you run today (either plan schema): per-GPU peak, margin and memory variance as predicted."""
     from rich.console import Console
     from rich.table import Table
 
-    from memx.planner.cost import AnalyticStageModel
     from memx.planner.replicas import estimate_any_plans
 
     if predictor not in PREDICTORS:
         raise InputError(f"--predictor {predictor!r}; allowed: {', '.join(PREDICTORS)}")
+    if measured is not None and predictor != "analytic":
+        raise InputError(f"--measured calibrates the closed form (--predictor analytic), not --predictor {predictor}; "
+                         "for the registered predictor calibrate it with `memx train --measured`")
     plan = read_plan(_read_input(file, "plan"), str(file))
     cl, mo, sp = load_specs(cluster or plan.cluster, model or plan.model, DEFAULT_SEARCH, conf)
-    pred = (AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}) if predictor == "analytic"
-            else _registered(cl, mo, sp))
+    pred, name = analytic_predictor(cl, mo, sp, measured) if predictor == "analytic" else (_registered(cl, mo, sp),
+                                                                                           predictor)
     m = estimate_any_plans([plan], cl, mo, pred, reserve_gib=sp.reserve_gib, pipeline_assembly=sp.pipeline_assembly)[0]
     d = any_plan_to_dict(plan)
     console = Console(width=160)
-    console.print(f"[bold]{mo.name} on {cl.name}[/] ({predictor}): dp {dp_text(d)}, µb {micro_batch_text(d)}: "
+    console.print(f"[bold]{mo.name} on {cl.name}[/] ({name}): dp {dp_text(d)}, µb {micro_batch_text(d)}: "
                   f"{compact_stages(d)}")
     for g, gm in enumerate(m.groups if is_grouped(d) else ()):
         console.print(f"{group_line(d, g)}: {gm.iteration_time_ms:,.0f} ms alone")

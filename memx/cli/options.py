@@ -171,3 +171,21 @@ def check_out_dir(folder: Path, option: str) -> None:
             if not parent.is_dir():
                 raise InputError(f"{option} {folder}: {parent} exists and is not a folder")
             return
+
+
+def analytic_predictor(cl: Cluster, mo: ModelArch, sp: SearchSpace, measured: Path | None) -> tuple[Any, str]:
+    """The closed form and its name in the output (`memx plan`, `memx inspect`); with `measured` (`--measured`
+    config_runs) calibrated on those plans first (memx.learn.calibration.fit_from_config_runs, guarded, in the
+    search's 1F1B assembly), the summary on stderr. `memx plan` does not cache a calibrated closed form's tables
+    (memx.planner.table_cache keys the uncalibrated one)."""
+    from memx.planner.cost import AnalyticStageModel
+
+    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    if measured is None:
+        return pred, "analytic"
+    from memx.learn.calibration import fit_from_config_runs
+    from memx.report.evaluate import read_config_runs
+
+    cal = fit_from_config_runs(read_config_runs(measured), cl, mo, pred, pipeline_assembly=sp.pipeline_assembly)
+    typer.echo(f"plan calibration: {cal.summary()}", err=True)
+    return cal.wrap(pred), f"analytic, {cal.headline()}"

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from memx.cli.options import (DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_SEARCH, ClusterOpt, CommandOpt, ConfOpt,
-    JobsOpt, ModelOpt, RecordsOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt, check_out_dir, in_panel, load_specs)
+    JobsOpt, ModelOpt, RecordsOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt, analytic_predictor, check_out_dir,
+    in_panel, load_specs)
 from memx.cli.progress import delayed_progress, progress_enabled
 from memx.domain.errors import CheckFailed, InputError
 from memx.domain.io import atomic_write_text
@@ -132,7 +133,7 @@ def plan_cmd(
         from memx.domain.home import home_path
         from memx.planner import table_cache
 
-        pred, name = _analytic(cl, mo, sp, measured)
+        pred, name = analytic_predictor(cl, mo, sp, measured)
         cache = contextlib.nullcontext() if measured is not None else table_cache.use(home_path("cache", "tables"))
         with search_pool(dask) as pool, delayed_progress(show, "search") as cb, cache:  # an earlier run's tables
             res = stage_dp_option(run_search(cl, mo, sp, pred, weights=weights, top_k=top, on_progress=cb, pool=pool),
@@ -178,23 +179,6 @@ def plan_cmd(
         _log(obj, cl, mo, sp, written, ref.get("predictor_version"))
     if baseline is not None:
         _check(obj, baseline, cl, mo, sp, pred, min_margin, summary, max_slowdown)
-
-
-def _analytic(cl: Cluster, mo: ModelArch, sp: SearchSpace, measured: Path | None) -> tuple[Any, str]:
-    """The closed form and its name in the output; with `measured` (config_runs) calibrated on those plans first
-    (memx.learn.calibration.fit_from_config_runs, guarded, in the search's 1F1B assembly), the summary on stderr.
-    Its tables are not cached (memx.planner.table_cache keys the uncalibrated closed form)."""
-    from memx.planner.cost import AnalyticStageModel
-
-    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
-    if measured is None:
-        return pred, "analytic"
-    from memx.learn.calibration import fit_from_config_runs
-    from memx.report.evaluate import read_config_runs
-
-    cal = fit_from_config_runs(read_config_runs(measured), cl, mo, pred, pipeline_assembly=sp.pipeline_assembly)
-    typer.echo(f"plan calibration: {cal.summary()}", err=True)
-    return cal.wrap(pred), f"analytic, {cal.headline()}"
 
 
 def _launcher_gain(cl: Cluster, mo: ModelArch, sp: SearchSpace, pred: Any, res: Any, weights: str | None,

@@ -1,6 +1,6 @@
 """`memx plan --measured RUNS` (session 16): the closed form calibrated on plans timed on the cluster before it
-searches (memx.learn.calibration, guarded); the pick's predicted time is the calibrated estimate of that plan;
-bad input exits 2 with nothing written."""
+searches (memx.learn.calibration, guarded); the pick's predicted time is the calibrated estimate of that plan, and
+`memx inspect --measured` reports the same; bad input exits 2 with nothing written."""
 
 from __future__ import annotations
 
@@ -44,6 +44,19 @@ def test_plan_measured_searches_with_the_calibrated_closed_form(runs_file):
     assert obj["predicted"]["iteration_time_ms"] == pytest.approx(want.iteration_time_ms, rel=1e-6)
     plain = CliRunner().invoke(memx_app, ["plan", *ARGS])
     assert plain.exit_code == 0 and json.loads(plain.stdout)["predictor"] == "analytic"
+
+
+def test_inspect_measured_reports_the_calibrated_estimate(runs_file, tmp_path):
+    res = CliRunner().invoke(memx_app, ["plan", *ARGS, "--measured", str(runs_file)])
+    path = tmp_path / "plan.json"
+    path.write_text(res.stdout)
+    obj = json.loads(res.stdout)
+    out = CliRunner().invoke(memx_app, ["inspect", str(path), "--measured", str(runs_file)])
+    assert out.exit_code == 0, out.output
+    assert f"({obj['predictor']})" in out.stdout
+    assert f"iteration {obj['predicted']['iteration_time_ms']:,.0f} ms" in out.stdout
+    bad = CliRunner().invoke(memx_app, ["inspect", str(path), "--measured", str(runs_file), "--predictor", "registered"])
+    assert bad.exit_code == 2 and "memx train --measured" in bad.output
 
 
 @pytest.mark.parametrize(("extra", "words"), [
