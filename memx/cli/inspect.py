@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from memx.cli.options import DEFAULT_SEARCH, ConfOpt, analytic_predictor, load_specs
+from memx.cli.options import DEFAULT_SEARCH, ConfOpt, analytic_predictor, load_specs, measured_needs_analytic
 from memx.cli.simulate import _read_input, read_plan
 from memx.domain.errors import InputError, NothingUsable
 from memx.domain.groups import any_plan_from_json, any_plan_to_dict
@@ -57,9 +57,7 @@ def inspect_cmd(file: PlanArg,
 
     if predictor not in PREDICTORS:
         raise InputError(f"--predictor {predictor!r}; allowed: {', '.join(PREDICTORS)}")
-    if measured is not None and predictor != "analytic":
-        raise InputError(f"--measured calibrates the closed form (--predictor analytic), not --predictor {predictor}; "
-                         "for the registered predictor calibrate it with `memx train --measured`")
+    measured_needs_analytic(measured, predictor)
     plan = read_plan(_read_input(file, "plan"), str(file))
     cl, mo, sp = load_specs(cluster or plan.cluster, model or plan.model, DEFAULT_SEARCH, conf)
     pred, name = analytic_predictor(cl, mo, sp, measured) if predictor == "analytic" else (_registered(cl, mo, sp),

@@ -173,6 +173,14 @@ def check_out_dir(folder: Path, option: str) -> None:
             return
 
 
+def measured_needs_analytic(measured: Path | None, predictor: str) -> None:
+    """`--measured` (memx plan, memx inspect) calibrates the closed form only: InputError (exit 2) with another
+    predictor, naming where that one is calibrated."""
+    if measured is not None and predictor != "analytic":
+        raise InputError(f"--measured calibrates the closed form (--predictor analytic), not --predictor {predictor}; "
+                         "for the registered predictor calibrate it with `memx train --measured`")
+
+
 def analytic_predictor(cl: Cluster, mo: ModelArch, sp: SearchSpace, measured: Path | None) -> tuple[Any, str]:
     """The closed form and its name in the output (`memx plan`, `memx inspect`); with `measured` (`--measured`
     config_runs) calibrated on those plans first (memx.learn.calibration.fit_from_config_runs, guarded, in the

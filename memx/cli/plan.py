@@ -26,7 +26,7 @@ import typer
 
 from memx.cli.options import (DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_SEARCH, ClusterOpt, CommandOpt, ConfOpt,
     JobsOpt, ModelOpt, RecordsOpt, SearchOpt, SeedOpt, StoreOpt, WeightsOpt, analytic_predictor, check_out_dir,
-    in_panel, load_specs)
+    in_panel, load_specs, measured_needs_analytic)
 from memx.cli.progress import delayed_progress, progress_enabled
 from memx.domain.errors import CheckFailed, InputError
 from memx.domain.io import atomic_write_text
@@ -121,9 +121,7 @@ def plan_cmd(
         baseline = load_baseline(check, mo)
     if dask is not None:
         parse_dask(dask)  # a malformed --dask: exit 2 before any work (an unreachable one: when connecting)
-    if measured is not None and mode != "analytic":
-        raise InputError(f"--measured calibrates the closed form (--predictor analytic), not --predictor {mode}; "
-                         "for the registered predictor calibrate it with `memx train --measured`")
+    measured_needs_analytic(measured, mode)
     warn_batch(cl, sp)
     warn_tp(mo, sp)
     show = progress_enabled(progress, json_output=fmt is Fmt.json)
