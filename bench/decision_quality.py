@@ -9,9 +9,10 @@ For each scenario (cluster / model, the catalog's `default` search, weights auto
 default): the closed form; `calibrated`: the closed form calibrated on 8 random plans that ran on the virtual
 cluster (what `memx plan --measured` does with a user's timed plans); `learned`: the product's registered
 predictor, i.e. the scenario profiled on the virtual cluster (memx.pipeline.local profile_step, backend
-simulated, seed `--seed`), train_step (held-out split, augment, every variant, Optuna on the best tree variant with the product's budget, memx.learn.tuning.TuneBudget: 8 trials,
-split-conformal bands, registered in MLflow) and registered_predictor (the champion), all in a temporary $MEMX_HOME
-with its own SQLite MLflow store, deleted at the end (memx.experiments.common.get_predictor "registered").
+simulated, seed `--seed`), train_step (held-out split, augment, every variant, Optuna on the best tree variant
+with the product's budget, memx.learn.tuning.TuneBudget: 8 trials, split-conformal bands, registered in MLflow)
+and registered_predictor (the champion), all in a temporary $MEMX_HOME with its own SQLite MLflow store, deleted
+at the end (memx.experiments.common.get_predictor "registered").
 `--seed` is the simulator seed of the measured worlds and, with `learned`, of the profile and the training split.
 1. every rule of memx.planner.pick.PICK_RULES picks by its own search (the paper's `phi` and
    fastest-above-floor without a time window, the others with max_time_ratio 1.25, as docs/results.md);
