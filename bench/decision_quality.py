@@ -1,7 +1,7 @@
 """Decision quality of the pick rules on the virtual cluster (issue #22): which rule should be the default.
 
   python bench/decision_quality.py [--space catalog|paper] [--assembly paper|cycle-mean|cycle-mean-drain] [--oracle] [--scenarios v100-t4-6/llama-6l,...]
-                                   [--reach 1.10] [--slack 0.10] [--seed 0] [--predictor analytic|calibrated|learned]
+                                   [--reach 1.10] [--slack 0.10] [--seed 0] [--predictor analytic|calibrated|learned|learned-calibrated]
                                    [--rules R1,R2] [--population-worlds nominal,spike] [--dump DIR] [--nic-efficiency 0.9]
   python bench/decision_quality.py --scenarios mixed-1024/llama3-405b --sample-floors 0.1,0.2 [--fastest 5]
 
@@ -12,7 +12,8 @@ predictor, i.e. the scenario profiled on the virtual cluster (memx.pipeline.loca
 simulated, seed `--seed`), train_step (held-out split, augment, every variant, Optuna on the best tree variant
 with the product's budget, memx.learn.tuning.TuneBudget: 8 trials, split-conformal bands, registered in MLflow)
 and registered_predictor (the champion), all in a temporary $MEMX_HOME with its own SQLite MLflow store, deleted
-at the end (memx.experiments.common.get_predictor "registered").
+at the end (memx.experiments.common.get_predictor "registered"); `learned-calibrated`: that one calibrated as
+`calibrated` (what `memx train --measured` adds).
 `--seed` is the simulator seed of the measured worlds and, with `learned`, of the profile and the training split.
 1. every rule of memx.planner.pick.PICK_RULES picks by its own search (the paper's `phi` and
    fastest-above-floor without a time window, the others with max_time_ratio 1.25, as docs/results.md);
@@ -213,21 +214,26 @@ def predictor(cl, mo, sp, kind: str, seed: int):
     memx.learn.calibration.fit_from_config_runs, guarded, as `memx plan --measured` fits it); or the product's
     registered predictor trained on a simulated profile of seed `seed` (the caller points $MEMX_HOME at a temporary
     folder: memx.experiments.common.registered)."""
-    if kind in ("analytic", "calibrated"):
-        base = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
-        if kind == "analytic":
-            return base
-        from memx.learn.calibration import fit_from_config_runs
-        from memx.simulator import sample_plans
-
-        runs = sample_plans(cl, mo, sp, n=CALIBRATION_DRAW, seed=100 + seed)
-        runs = runs[~runs["oom"].astype(bool)].head(CALIBRATION_PLANS)
-        cal = fit_from_config_runs(runs, cl, mo, base, pipeline_assembly=sp.pipeline_assembly)
-        print(f"{cl.name}/{mo.name} calibration: {cal.summary()}", flush=True)
-        return cal.wrap(base)
+    if kind == "analytic":
+        return AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+    if kind == "calibrated":
+        return _calibrated(AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types}), cl, mo, sp, seed)
     from memx.experiments.common import get_predictor  # the experiments layer: only when a run needs it
 
-    return get_predictor(cl, mo, sp, "registered", seed)
+    learned = get_predictor(cl, mo, sp, "registered", seed)
+    return _calibrated(learned, cl, mo, sp, seed) if kind == "learned-calibrated" else learned
+
+
+def _calibrated(base, cl, mo, sp, seed: int):
+    """`base` calibrated on the first CALIBRATION_PLANS of CALIBRATION_DRAW random plans that ran (`predictor`)."""
+    from memx.learn.calibration import fit_from_config_runs
+    from memx.simulator import sample_plans
+
+    runs = sample_plans(cl, mo, sp, n=CALIBRATION_DRAW, seed=100 + seed)
+    runs = runs[~runs["oom"].astype(bool)].head(CALIBRATION_PLANS)
+    cal = fit_from_config_runs(runs, cl, mo, base, pipeline_assembly=sp.pipeline_assembly)
+    print(f"{cl.name}/{mo.name} calibration: {cal.summary()}", flush=True)
+    return cal.wrap(base)
 
 
 def accuracy(keys, pool, meas) -> dict:
@@ -413,7 +419,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slack", type=float, default=0.10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--space", choices=("catalog", "paper"), default="catalog")
-    ap.add_argument("--predictor", choices=("analytic", "calibrated", "learned"), default="analytic")
+    ap.add_argument("--predictor", choices=("analytic", "calibrated", "learned", "learned-calibrated"),
+                    default="analytic")
     ap.add_argument("--assembly", choices=PIPELINE_ASSEMBLIES, default=None,
                     help="the search's pipeline_assembly (1F1B steady state, issues #22/#27); default: the YAML's")
     ap.add_argument("--nic-efficiency", type=float, default=None,
@@ -432,7 +439,7 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"--population-worlds: {', '.join(bad)}; allowed: {', '.join(WORLDS)}, nominal among them")
     with contextlib.ExitStack() as stack:
-        if args.predictor == "learned":  # the registry, store and caches of this run only
+        if args.predictor.startswith("learned"):  # the registry, store and caches of this run only
             home = stack.enter_context(tempfile.TemporaryDirectory(prefix="memx-dq-"))
             stack.enter_context(_env(MEMX_HOME=home, MLFLOW_TRACKING_URI=None))
         if args.sample_floors:
