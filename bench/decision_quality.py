@@ -225,11 +225,14 @@ def predictor(cl, mo, sp, kind: str, seed: int):
 
 
 def _calibrated(base, cl, mo, sp, seed: int):
-    """`base` calibrated on the first CALIBRATION_PLANS of CALIBRATION_DRAW random plans that ran (`predictor`)."""
+    """`base` calibrated on the first CALIBRATION_PLANS of CALIBRATION_DRAW random plans that ran (`predictor`),
+    drawn with the space's distributed-optimizer and sequence-parallel options (session 16's first runs drew them
+    off, memx.simulator.sample_plans' default: another region of the space than the population's)."""
     from memx.learn.calibration import fit_from_config_runs
     from memx.simulator import sample_plans
 
-    runs = sample_plans(cl, mo, sp, n=CALIBRATION_DRAW, seed=100 + seed)
+    runs = sample_plans(cl, mo, sp, n=CALIBRATION_DRAW, seed=100 + seed, distributed_optimizer=sp.distributed_optimizer,
+                        sequence_parallel=sp.sequence_parallel)  # plans with the space's options, as users run them
     runs = runs[~runs["oom"].astype(bool)].head(CALIBRATION_PLANS)
     cal = fit_from_config_runs(runs, cl, mo, base, pipeline_assembly=sp.pipeline_assembly)
     print(f"{cl.name}/{mo.name} calibration: {cal.summary()}", flush=True)
