@@ -38,7 +38,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from memx.domain.catalog import load_search  # noqa: E402
+from memx.domain.catalog import load_cluster, load_model, load_search  # noqa: E402
+from memx.planner.cost import AnalyticStageModel  # noqa: E402
 from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.planner.objective import log_score  # noqa: E402
 from memx.planner.pick import choose  # noqa: E402
@@ -113,22 +114,20 @@ def candidates(d: dict, sp) -> dict:
     loose = [i for i in near if not any(j != i and mg[j] >= mg[i] and t_hi[j] <= t_lo[i] for j in near)]
     out["interval front: least Φ"] = min(loose, key=lambda i: (phi[i], t[i]))
     if "scenario" in d["info"]:  # closed-form dumps: the window's plans predicted to fit with doubled activations
-        robust = [i for i in near if _fits_doubled(pool[i].plan, d["info"]["scenario"])]
+        cl, mo = (f(n) for f, n in zip((load_cluster, load_model), d["info"]["scenario"].split("/")))
+        pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
+        robust = [i for i in near if _fits_doubled(pool[i].plan, cl, mo, pred)]
         out["robust window, balanced-front"] = out["balanced-front"] if not robust else index[id(choose(
             [pool[robust[0]]], [pool[i] for i in robust[1:]], rule="balanced-front", margin_floor=sp.margin_floor,
             balance_tolerance=sp.balance_tolerance, margin=lambda c: mg[index[id(c)]]).plan)]
     return out
 
 
-def _fits_doubled(plan, scenario: str) -> bool:
-    """Whether the closed form predicts `plan` to fit at micro batch × 2 and at sequence × 2 (bench/decision_quality's
-    mb2 / seq2 worlds; a variant that is no valid plan does not count against it)."""
+def _fits_doubled(plan, cl, mo, pred) -> bool:
+    """Whether the closed form `pred` predicts `plan` to fit at micro batch × 2 and at sequence × 2
+    (bench/decision_quality's mb2 / seq2 worlds; a variant that is no valid plan does not count against it)."""
     from bench.decision_quality import _variant
-    from memx.domain.catalog import load_cluster, load_model
-    from memx.planner.cost import AnalyticStageModel
 
-    cl, mo = (load_cluster(scenario.split("/")[0]), load_model(scenario.split("/")[1]))
-    pred = AnalyticStageModel(gpus={g.name: g for g in cl.gpu_types})
     for w in ("mb2", "seq2"):
         try:
             (e,) = estimate_plans([_variant(plan, w)], cl, mo, pred)

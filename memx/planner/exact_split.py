@@ -64,7 +64,7 @@ def pareto_rows(layers: np.ndarray, time_ms: np.ndarray, tail_ms: np.ndarray, ok
 
 
 @functools.lru_cache(maxsize=8)
-def _shifts(total: int) -> tuple[np.ndarray, np.ndarray]:
+def min_plus_shifts(total: int) -> tuple[np.ndarray, np.ndarray]:
     """For every (l, n): the index l − n and 0 where n ≤ l, else 0 and inf (a min-plus step's gather)."""
     l, n = np.arange(total + 1)[:, None], np.arange(total + 1)[None, :]
     return np.where(n <= l, l - n, 0), np.where(n <= l, 0.0, np.inf)
@@ -75,7 +75,7 @@ def least_sums(t: np.ndarray, total: int) -> np.ndarray:
     t: (pp, total + 1), inf where a stage cannot hold n), one min-plus pass per stage from the last; [0, total] is a
     lower bound on the Σ term of any split of the layout."""
     pp = t.shape[0]
-    src, blocked = _shifts(total)
+    src, blocked = min_plus_shifts(total)
     least = np.full((pp + 1, total + 1), np.inf)
     least[pp, 0] = 0.0
     for s in range(pp - 1, -1, -1):  # least[s, r] = min_{n ≥ 1} t[s, n] + least[s + 1, r − n]

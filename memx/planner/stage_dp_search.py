@@ -208,8 +208,8 @@ def best_splits(t: np.ndarray, m: int, total: int, keep: int, bound: float = np.
     taus = taus[(taus >= low.max()) & ((m - 1) * taus + low.sum() < bound)]
     if taus.size == 0:
         return []
-    l, n = np.arange(total + 1)[:, None], np.arange(total + 1)[None, :]
-    src, blocked = np.where(n <= l, l - n, 0), np.where(n <= l, 0.0, np.inf)[None]  # D[τ, l − n] for every (l, n)
+    src, blocked = exact_split.min_plus_shifts(total)  # D[τ, l − n] for every (l, n)
+    blocked = blocked[None]
     D = np.full((taus.size, total + 1), np.inf)
     D[:, 0] = 0.0
     arg = []
