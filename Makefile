@@ -46,12 +46,17 @@ plan: install
 # and session fixtures (profiles, the Prefect API server) are built once. TEST_WORKERS=0 runs in this process.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# Bytecode for the test run goes to $(VENV)/pycache (Python's PYTHONPYCACHEPREFIX), never into the source tree.
+# Where the environment sets PYTHONDONTWRITEBYTECODE (this project's machines do), every worker and every
+# subprocess of the tests otherwise compiled MemX from source and pytest rewrote every test module again:
+# 19 s of collection per worker, about 40 s of a 3.5 min run (docs/benchmarks.md §Test time, session 17).
+PYCACHE = env PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 
 test: install
-	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(PYCACHE) $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-all: install browser
-	$(BIN)/python -m pytest -m "slow or not slow" $(XDIST) $(PYTEST_ARGS)
+	$(PYCACHE) $(BIN)/python -m pytest -m "slow or not slow" $(XDIST) $(PYTEST_ARGS)
 
 # Headless Chromium for the report's browser test (Debian's package; skipped quietly where apt is absent).
 browser:
