@@ -23,8 +23,11 @@ group's measured best: mean and max over groups), and the mean signed error by p
 assembly errs).
 
 Usage: PYTHONPATH=. .venv/bin/python bench/vtrain_calibration.py [--models all|24] [--per-model 20]
+                                                                  [--predictor learned|analytic]
   --models 24: only the two 24-layer models; --per-model N: the last line calibrates on N measured plans
-  drawn from each other model (default 20). Results: docs/benchmarks.md §vTrain calibrated.
+  drawn from each other model (default 20); --predictor analytic: the same rows with the runtime-aware closed
+  form (catalog A100, eager attention) in place of the learned stages — what `memx plan` and `memx plan
+  --measured RUNS` use. Results: docs/benchmarks.md §vTrain calibrated, §The closed form on vTrain single-node.
 """
 
 from __future__ import annotations
@@ -45,10 +48,12 @@ if str(REPO) not in sys.path:
 
 from memx.domain.catalog import load_gpu  # noqa: E402
 from memx.domain.plan import Plan, Stage  # noqa: E402
+from memx.domain.runtime import load_runtime  # noqa: E402
 from memx.domain.specs import Cluster, ModelArch, Node, SearchSpace  # noqa: E402
 from memx.learn import fit_predictor  # noqa: E402
 from memx.learn.augment import augment  # noqa: E402
 from memx.learn.calibration import PlanCalibration, calibrated_times, fit_from_estimates  # noqa: E402
+from memx.planner.cost import AnalyticStageModel  # noqa: E402
 from memx.planner.estimate import estimate_plans  # noqa: E402
 from memx.planner.metrics import PlanMetrics  # noqa: E402
 from memx.profiling.design import dense_points, gpu_axes, grid_points, inflight_points  # noqa: E402
@@ -78,10 +83,14 @@ def load_vtrain(realdata: Path) -> pd.DataFrame:
     return df
 
 
-def model_estimates(df: pd.DataFrame) -> list[ModelRuns]:
+def model_estimates(df: pd.DataFrame, predictor: str = "learned") -> list[ModelRuns]:
     """Per (hidden, layers) model in df: profile the design on the simulator (vTrain-calibrated A100, eager
-    attention), train the hybrid-calibrated predictor, estimate every measured plan."""
+    attention), train the hybrid-calibrated predictor, estimate every measured plan. `predictor="analytic"`:
+    no profile, the runtime-aware closed form with the catalog's A100 entry (eager attention, as the stack ran),
+    what `memx plan` uses without a registered predictor; the same plans."""
     a100 = load_gpu("a100-80g")
+    closed_form = AnalyticStageModel(gpus={a100.name: a100}, runtime={a100.name: dataclasses.replace(
+        load_runtime(a100.name, a100.vendor), flash_attention=False)})
     traits = {a100.name: dataclasses.replace(load_traits("a100-80g"), flash_attention=False)}
     cluster = Cluster(name="vtrain-node", inter_node_bandwidth_gbps=25, nodes=(Node(gpu=a100, count=8),))
     # vTrain's Megatron-DeepSpeed configs (config/validation/*.json) turn on neither sequence parallelism nor a
@@ -95,12 +104,7 @@ def model_estimates(df: pd.DataFrame) -> list[ModelRuns]:
         heads, seq = int(grp.heads.iloc[0]), int(grp.seq.iloc[0])
         model = ModelArch(name="gpt", layers=int(L), hidden=int(h), ffn_hidden=4 * int(h), heads=heads,
                           query_groups=heads, vocab=51200, seq_len=seq, mlp="gelu")
-        ax = gpu_axes(cluster, model, space, a100)
-        sel = {"tp", "micro_batch", "layers"}
-        points = grid_points(ax, model, sel) + inflight_points(ax, model, sel) + dense_points(ax, model)
-        runs = measure_stages(pd.DataFrame(points), seed=int(h + L), gpus=cluster, traits=traits)
-        runs["source"] = [p["source"] for p in points]
-        pred = fit_predictor(augment(runs).stage_runs, {a100.name: a100}, variant="hybrid-calibrated", seed=0)
+        pred = closed_form if predictor == "analytic" else _learned(cluster, model, space, a100, traits, seed=int(h + L))
         plans = [Plan(model="gpt", cluster=cluster.name, global_batch=int(r.gbs), micro_batch=int(r.mbs), seq_len=seq,
                       dp=int(r.dp), stages=tuple(Stage(gpu=a100.name, tp=int(r.tp), layers=int(L) // int(r.pp),
                                                        recompute="full") for _ in range(int(r.pp))))
@@ -108,6 +112,16 @@ def model_estimates(df: pd.DataFrame) -> list[ModelRuns]:
         out.append(ModelRuns(key=f"h{int(h)}-L{int(L)}", rows=grp.reset_index(drop=True), plans=plans,
                              estimates=estimate_plans(plans, cluster, model, pred)))
     return out
+
+
+def _learned(cluster: Cluster, model: ModelArch, space: SearchSpace, gpu, traits, *, seed: int):
+    """The hybrid-calibrated predictor trained on the minimal design profiled on the simulator."""
+    ax = gpu_axes(cluster, model, space, gpu)
+    sel = {"tp", "micro_batch", "layers"}
+    points = grid_points(ax, model, sel) + inflight_points(ax, model, sel) + dense_points(ax, model)
+    runs = measure_stages(pd.DataFrame(points), seed=seed, gpus=cluster, traits=traits)
+    runs["source"] = [p["source"] for p in points]
+    return fit_predictor(augment(runs).stage_runs, {gpu.name: gpu}, variant="hybrid-calibrated", seed=0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -216,13 +230,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", choices=("all", "24"), default="all", help="24: only the two 24-layer models")
     ap.add_argument("--per-model", type=int, default=20, help="measured plans per other model for the last line")
+    ap.add_argument("--predictor", choices=("learned", "analytic"), default="learned",
+                    help="analytic: the runtime-aware closed form (no profile) in place of the learned stages")
     args = ap.parse_args()
     realdata = Path(os.environ.get("MEMX_REALDATA", REPO.parent / "shared" / "realdata"))
     df = load_vtrain(realdata)
     if args.models == "24":
         df = df[df.layers == 24]
-    models = model_estimates(df)
-    print(scores(*uncalibrated(models)).line("vTrain uncalibrated (paper assembly, learned stages)"))
+    models = model_estimates(df, args.predictor)
+    stages = "learned stages" if args.predictor == "learned" else "closed form"
+    print(scores(*uncalibrated(models)).line(f"vTrain uncalibrated (paper assembly, {stages})"))
     print("  mean signed error by pp: " + bias_by(*uncalibrated(models), "pp") + "; by (hidden, tp): "
           + bias_by(*uncalibrated(models), ["hidden", "tp"]))
     # (leave out, plans per other model, b_tp, d, plan residual); the last three: the library's defaults (per_tp
