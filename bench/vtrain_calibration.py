@@ -13,7 +13,8 @@ and tests/validation/test_predictor_vtrain.py). Then:
    held-out model's plans are predicted through it. No plan is scored by a calibration that saw it.
    Terms: a (per GPU type), c, o, then + d (per blocking p2p transfer), then + b_tp (per tp degree), then the
    plan residual (memx.learn.residual: boosted trees on log(measured / T'), setting chosen by cross-validation
-   grouped by model over the seven training models only) with and without b_tp;
+   grouped by model over the seven training models only) with and without b_tp; then the rows with e, the cost per
+   layer and micro batch (memx.learn.time_fit; the library's default since session 17), beside those without;
 3. calibrated on plans of the same model (`same_model_calibrated`, what `memx train --measured` does: its
    plans must be of the trained model): 9 folds per model, each predicted by a fit on 2 or 8 other folds.
 
@@ -184,7 +185,8 @@ def uncalibrated(models: list[ModelRuns]) -> tuple[pd.DataFrame, np.ndarray]:
 
 def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None, seed: int = 0, guard: bool = True,
                         per_tp: bool = False, per_transfer: bool = True, leave_out: str = "model",
-                        residual: bool = False) -> tuple[pd.DataFrame, np.ndarray, dict[str, PlanCalibration]]:
+                        residual: bool = False, per_layer: bool = False
+                        ) -> tuple[pd.DataFrame, np.ndarray, dict[str, PlanCalibration]]:
     """Leave one model out (`leave_out="model"`): each model's plans predicted through a calibration fitted on
     the measured plans of the other models only (all of them, or `per_model` drawn at random from each);
     `leave_out="hidden"`: on the models of the other hidden size only (no sibling of another depth)."""
@@ -202,7 +204,7 @@ def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None
             y += [float(m.rows.time_ms.iloc[i]) for i in picks[m.key]]
             groups += [m.key] * len(picks[m.key])
         cal = fit_from_estimates(est, y, guard=guard, per_tp=per_tp, per_transfer=per_transfer, residual=residual,
-                                 groups=groups)
+                                 groups=groups, per_layer=per_layer)
         cals[held.key] = cal
         preds.append(calibrated_times(held.estimates, cal))
     rows = pd.concat([m.rows for m in models], ignore_index=True)
@@ -210,7 +212,7 @@ def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None
 
 
 def same_model_calibrated(models: list[ModelRuns], *, fit_folds: int = 8, folds: int = 9, seed: int = 0,
-                          residual: bool = True) -> tuple[pd.DataFrame, np.ndarray]:
+                          residual: bool = True, per_layer: bool = False) -> tuple[pd.DataFrame, np.ndarray]:
     """What `memx train --measured` can do (its measured plans must be plans of the model it trains): each
     model's plans split into `folds` folds; each fold predicted by a calibration fitted on `fit_folds` other
     folds of the same model only (8 of 9: 160 plans; 2 of 9: 40) — never on the plans it scores."""
@@ -220,7 +222,7 @@ def same_model_calibrated(models: list[ModelRuns], *, fit_folds: int = 8, folds:
         for k in range(folds):
             fit = np.concatenate([parts[(k + 1 + j) % folds] for j in range(fit_folds)])
             cal = fit_from_estimates([m.estimates[i] for i in fit], [float(m.rows.time_ms.iloc[i]) for i in fit],
-                                     residual=residual)
+                                     residual=residual, per_layer=per_layer)
             out[parts[k]] = calibrated_times([m.estimates[i] for i in parts[k]], cal)
         preds.append(out)
     return pd.concat([m.rows for m in models], ignore_index=True), np.concatenate(preds)
@@ -242,28 +244,35 @@ def main() -> None:
     print(scores(*uncalibrated(models)).line(f"vTrain uncalibrated (paper assembly, {stages})"))
     print("  mean signed error by pp: " + bias_by(*uncalibrated(models), "pp") + "; by (hidden, tp): "
           + bias_by(*uncalibrated(models), ["hidden", "tp"]))
-    # (leave out, plans per other model, b_tp, d, plan residual); the last three: the library's defaults (per_tp
-    # off, residual on), with every other model's plans, across hidden sizes, and with --per-model plans each
-    runs = [("model", None, False, False, False), ("model", None, False, True, False), ("model", None, True, True, False),
-            ("model", None, True, True, True), ("model", None, False, True, True), ("hidden", None, False, True, True),
-            ("model", args.per_model, False, True, True)]
-    for leave_out, per_model, per_tp, per_transfer, residual in runs:
+    # (leave out, plans per other model, b_tp, d, plan residual, e); rows with e = False and residual on: the library's
+    # defaults (per_tp, per_layer off), with every other model's plans, across hidden sizes, with --per-model plans each;
+    # then the same with e, the cost per layer and micro batch (memx.learn.time_fit)
+    runs = [("model", None, False, False, False, False), ("model", None, False, True, False, False),
+            ("model", None, True, True, False, False), ("model", None, True, True, True, False),
+            ("model", None, False, True, True, False), ("hidden", None, False, True, True, False),
+            ("model", args.per_model, False, True, True, False),
+            ("model", None, False, True, False, True), ("model", None, False, True, True, True),
+            ("hidden", None, False, True, False, True), ("hidden", None, False, True, True, True),
+            ("model", args.per_model, False, True, False, True), ("model", args.per_model, False, True, True, True)]
+    for leave_out, per_model, per_tp, per_transfer, residual, per_layer in runs:
         rows, pred, cals = held_out_calibrated(models, per_model=per_model, per_tp=per_tp, per_transfer=per_transfer,
-                                               leave_out=leave_out, residual=residual)
+                                               leave_out=leave_out, residual=residual, per_layer=per_layer)
         for key, cal in cals.items():
             tp = " ".join(f"b{t}={v:.3f}" for t, v in sorted(cal.tp_time_scale.items()))
             print(f"  held out {key}: {cal.summary()}; a={cal.time_scale} {tp} c={cal.comm_scale:.3f} "
-                  f"o={cal.overhead_ms:.2f} ms d={cal.p2p_per_transfer_ms:.3f} ms")
+                  f"o={cal.overhead_ms:.2f} ms d={cal.p2p_per_transfer_ms:.3f} ms e={cal.layer_overhead_ms:.3f} ms")
         n = "all" if per_model is None else per_model
-        terms = "a, c, o" + (", d" if per_transfer else "") + (", b_tp" if per_tp else "") + (", residual" if residual else "")
+        terms = ("a, c, o" + (", d" if per_transfer else "") + (", b_tp" if per_tp else "") + (", e" if per_layer else "")
+                 + (", residual" if residual else ""))
         print(scores(rows, pred).line(f"vTrain leave-one-{leave_out}-out calibrated ({terms}; {n} plans per other model)"))
-        if (leave_out, per_model, per_tp, residual) == ("model", None, False, True):  # the library's defaults
+        if (leave_out, per_model, per_tp, residual, per_layer) == ("model", None, False, True, False):  # the defaults
             print("\n".join("  missed: " + line for line in missed_picks(rows, pred)))
     for fit_folds in (2, 8):  # the CLI's case: plans of the model itself, 40 or 160 per fit
         for residual in (False, True):
-            print(scores(*same_model_calibrated(models, fit_folds=fit_folds, residual=residual)).line(
-                f"vTrain same-model calibrated ({20 * fit_folds} plans per fit, 9 folds; a, c, o, d"
-                + (", residual)" if residual else ")")))
+            for per_layer in (False, True):
+                print(scores(*same_model_calibrated(models, fit_folds=fit_folds, residual=residual, per_layer=per_layer)).line(
+                    f"vTrain same-model calibrated ({20 * fit_folds} plans per fit, 9 folds; a, c, o, d"
+                    + (", e" if per_layer else "") + (", residual)" if residual else ")")))
         print("  mean signed error by pp (held out): " + bias_by(rows, pred, "pp"))
 
 

@@ -16,12 +16,15 @@ fitted on them corrects, on top of any stage predictor (closed form or learned):
   every micro batch's activation and gradient hops cost the bottleneck stage time, which the paper's
   Σ 2·p2p (counted once per iteration) does not charge — so the error of the paper's assembly grows with
   pp and m where a framework's send/recv carries a fixed set-up cost (Megatron-DeepSpeed on vTrain's A100s);
+- optionally (`per_layer`) a cost e ≥ 0 (ms) per layer and micro batch on every stage: host dispatch, launches and
+  small-message latencies a layer pays whatever its size, which the closed form undercounts on small layers
+  (memx.learn.time_fit; docs/results.md §The closed form on vTrain single-node);
 - per GPU type, an affine map of the predicted peak, peak' = k_g·peak + b_g (MiB; memx.learn.peak_calibration);
 - from 40 timed plans on, a plan residual T'' = T'·exp(r(x)) (memx.learn.residual: boosted trees on what the
   parametric terms leave, at plan level; `residual=False` leaves it out).
 
 The calibrated iteration time of a plan with m micro batches and stage times t_s is
-    T' = (m − 1)·max_s(a'_s·t_s) + Σ_s a'_s·t_s + c·(T − S) + o + d·blocking_transfers(pp, m),  a'_s = a_{g_s}·b_{tp_s},
+    T' = (m − 1)·max_s(t'_s) + Σ_s t'_s + c·(T − S) + o + d·blocking_transfers(pp, m),  t'_s = a_{g_s}·b_{tp_s}·t_s + e·L_s,
 where T is the uncalibrated estimate and S = (m − 1)·max_s t_s + Σ_s t_s its stage part, so T − S is
 exactly the assembly's p2p + T_dp + optimizer terms (memx.planner.schedule.iteration_time_ms). With
 `pipeline_assembly: cycle-mean` max_s is the maximum cycle mean with c·2·p2p_s in the loops (schedule.
@@ -51,7 +54,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
 
 from memx.domain.errors import InputError, NothingUsable
 from memx.domain.groups import any_plan_from_dict, simplest
@@ -60,19 +62,20 @@ from memx.domain.plan import Plan, json_document
 from memx.domain.specs import DEFAULT_PIPELINE_ASSEMBLY, MAX_GPU_MEMORY_MIB, PIPELINE_ASSEMBLIES, Cluster, ModelArch, PipelineAssembly
 from memx.learn.experts import predict_columns
 from memx.learn.guard import Guard
-from memx.learn.peak_calibration import LOSS_SCALE, fit_memory, mem_errors
+from memx.learn.peak_calibration import fit_memory, mem_errors
 from memx.learn.residual import PlanResidual, fit_residual, residual_from_dict
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics
-from memx.planner.schedule import AssemblyCalibration, assembly_of, blocking_transfers, steady_period_ms
+from memx.learn.time_fit import fit_time, time_errors, time_parts
+from memx.planner.schedule import AssemblyCalibration, assembly_of
 from memx.planner.signatures import StagePredictor
 
 TIME_RIDGE = 0.3  # prior weight: a unit of log-multiplier costs like a 30 % error on one plan (soft-L1 scale)
 MEM_RIDGE = 0.3
-D_UNIT = 0.01  # d's parameter unit: 1 % of the median measured iteration per transfer
 MEM_COLUMNS = ("peak_mem_mib", "peak_mem_mib_low", "peak_mem_mib_high")
 
 
+PER_LAYER_DEFAULT = True  # fit e (a cost per layer and micro batch): chosen by docs/results.md §The closed form on vTrain single-node
 MIN_GUARD_PLANS = 3  # fewer measured plans: nothing to cross-validate on, the part stays the identity
 MAX_LOO = 30  # up to this many plans leave-one-out, beyond it 10-fold
 FOLDS = 10
@@ -87,6 +90,7 @@ class PlanCalibration:
     comm_scale: float = 1.0  # c on p2p + DP step + optimizer step
     overhead_ms: float = 0.0  # o per iteration
     p2p_per_transfer_ms: float = 0.0  # d per blocking p2p transfer on the 1F1B critical path
+    layer_overhead_ms: float = 0.0  # e per layer and micro batch on every stage (memx.learn.time_fit)
     mem_scale: Mapping[str, float] = field(default_factory=dict)  # k_g per GPU type (missing: 1)
     mem_offset_mib: Mapping[str, float] = field(default_factory=dict)  # b_g per GPU type (missing: 0)
     plans_timed: int = 0  # measured plans with an iteration time the fit used
@@ -102,7 +106,7 @@ class PlanCalibration:
         """Whether it changes no prediction (nothing fitted, or every part kept at the identity)."""
         return (all(v == 1.0 for v in self.time_scale.values()) and all(v == 1.0 for v in self.tp_time_scale.values())
                 and self.comm_scale == 1.0 and self.overhead_ms == 0.0
-                and self.p2p_per_transfer_ms == 0.0 and self.residual is None
+                and self.p2p_per_transfer_ms == 0.0 and self.layer_overhead_ms == 0.0 and self.residual is None
                 and all(v == 1.0 for v in self.mem_scale.values()) and all(v == 0.0 for v in self.mem_offset_mib.values()))
 
     @property
@@ -155,7 +159,7 @@ class PlanCalibration:
     def to_dict(self) -> dict:
         return {"time_scale": dict(self.time_scale), "tp_time_scale": {str(t): v for t, v in self.tp_time_scale.items()},
                 "comm_scale": self.comm_scale, "overhead_ms": self.overhead_ms,
-                "p2p_per_transfer_ms": self.p2p_per_transfer_ms,
+                "p2p_per_transfer_ms": self.p2p_per_transfer_ms, "layer_overhead_ms": self.layer_overhead_ms,
                 "mem_scale": dict(self.mem_scale), "mem_offset_mib": dict(self.mem_offset_mib),
                 "plans_timed": self.plans_timed, "plans_with_peaks": self.plans_with_peaks,
                 "time_guard": self.time_guard.to_dict() if self.time_guard else None,
@@ -175,6 +179,7 @@ def calibration_from_dict(d: Mapping, *, source: str = "calibration.json") -> Pl
             time_scale={str(g): float(v) for g, v in d["time_scale"].items()},
             tp_time_scale={int(t): float(v) for t, v in d.get("tp_time_scale", {}).items()}, comm_scale=float(d["comm_scale"]),
             overhead_ms=float(d["overhead_ms"]), p2p_per_transfer_ms=float(d.get("p2p_per_transfer_ms", 0.0)),
+            layer_overhead_ms=float(d.get("layer_overhead_ms", 0.0)),
             mem_scale={str(g): float(v) for g, v in d["mem_scale"].items()},
             mem_offset_mib={str(g): float(v) for g, v in d["mem_offset_mib"].items()},
             plans_timed=int(d["plans_timed"]), plans_with_peaks=int(d["plans_with_peaks"]),
@@ -182,7 +187,7 @@ def calibration_from_dict(d: Mapping, *, source: str = "calibration.json") -> Pl
             pipeline_assembly=assembly_of(None, d.get("pipeline_assembly", "paper")).pipeline_assembly, **guards)
     except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
         raise InputError(f"{source}: not a plan calibration ({type(exc).__name__}: {exc}); fields: "
-                         "time_scale, tp_time_scale (optional), comm_scale, overhead_ms, p2p_per_transfer_ms (optional), mem_scale, mem_offset_mib, plans_timed, "
+                         "time_scale, tp_time_scale (optional), comm_scale, overhead_ms, p2p_per_transfer_ms (optional), layer_overhead_ms (optional), mem_scale, mem_offset_mib, plans_timed, "
                          "plans_with_peaks, time_guard, mem_guard, residual, residual_guard (optional), pipeline_assembly (optional: "
                          f"{', '.join(PIPELINE_ASSEMBLIES)}; absent: paper, as older files were fitted)") from None
 
@@ -229,9 +234,10 @@ class CalibratedStagePredictor:
         a = a * sigs["tp"].astype(int).map(lambda t: cal.tp_time_scale.get(t, 1.0)).to_numpy(float)
         k = gpu.map(lambda g: cal.mem_scale.get(g, 1.0)).to_numpy(float)
         b = gpu.map(lambda g: cal.mem_offset_mib.get(g, 0.0)).to_numpy(float)
+        e = cal.layer_overhead_ms * sigs["layers"].to_numpy(float)  # e·L_s (memx.learn.time_fit)
         for col in ("time_ms", "time_ms_low", "time_ms_high"):
             if col in out:
-                out[col] = out[col].to_numpy(float) * a
+                out[col] = out[col].to_numpy(float) * a + e
         for col in MEM_COLUMNS:
             if col in out:
                 out[col] = out[col].to_numpy(float) * k + b
@@ -263,7 +269,8 @@ def fit_plan_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence
 def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Sequence[float | None],
                        peak_mem_mib_measured: Sequence[Sequence[float] | None] | None = None, *,
                        time_ridge: float = TIME_RIDGE, mem_ridge: float = MEM_RIDGE, guard: bool = True,
-                       per_tp: bool = False, per_transfer: bool = True, residual: bool = True,
+                       per_tp: bool = False, per_transfer: bool = True, per_layer: bool = PER_LAYER_DEFAULT,
+                       residual: bool = True,
                        groups: Sequence[str] | None = None,
                        pipeline_assembly: str = DEFAULT_PIPELINE_ASSEMBLY) -> PlanCalibration:
     """A PlanCalibration from the uncalibrated estimates of the measured plans (`estimate_plans` with the base
@@ -285,12 +292,12 @@ def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Seque
     with_peaks = [i for i, y in enumerate(peak_mem_mib_measured) if y is not None and len(y) > 0]
     t_est, t_y = [est[i] for i in timed], np.asarray([iteration_time_ms_measured[i] for i in timed], float)
     m_est, m_y = [est[i] for i in with_peaks], [np.asarray(peak_mem_mib_measured[i], float) for i in with_peaks]
-    time_fit = _fit_time(t_est, t_y, time_ridge, per_tp, per_transfer)
+    time_fit = fit_time(t_est, t_y, time_ridge, per_tp, per_transfer, per_layer)
     mem_fit = fit_memory(m_est, m_y, mem_ridge)
     n_t, n_m, t_guard, m_guard = len(timed), len(with_peaks), None, None
     if guard:
         # a part with no measurement has nothing to guard (its summary then says "not calibrated")
-        t_guard = _guard(t_est, t_y, lambda e, y: _fit_time(e, y, time_ridge, per_tp, per_transfer), _time_errors) if n_t else None
+        t_guard = _guard(t_est, t_y, lambda e, y: fit_time(e, y, time_ridge, per_tp, per_transfer, per_layer), time_errors) if n_t else None
         m_guard = _guard(m_est, m_y, lambda e, y: fit_memory(e, y, mem_ridge), mem_errors) if n_m else None
         if t_guard is not None and not t_guard.accepted:
             time_fit, n_t = {}, 0
@@ -298,7 +305,7 @@ def fit_from_estimates(est: list[PlanMetrics], iteration_time_ms_measured: Seque
             mem_fit, n_m = {}, 0
     kept, r_guard = None, None
     if residual and timed:
-        stages, T = _time_parts(time_fit, t_est)
+        stages, T = time_parts(time_fit, t_est)
         fitted = fit_residual([e.plan for e in t_est], stages, T, t_y,
                               groups=None if groups is None else [str(groups[i]) for i in timed])
         if fitted is not None:
@@ -366,114 +373,17 @@ def _finite_positive(y) -> bool:
     return y is not None and bool(np.isfinite(y)) and float(y) > 0.0
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Base:
-    """The uncalibrated estimates of n plans as arrays (stages padded with 0 to the largest pp): stage times
-    t (n, P), micro batches m, the assembly's p2p + tail terms T − S, blocking transfers, and each stage's GPU
-    type and tp (None on padding) — so a fit evaluates T' for all plans at once."""
-
-    t: np.ndarray
-    m: np.ndarray
-    rest: np.ndarray
-    transfers: np.ndarray
-    loop: np.ndarray  # (n, P − 1) 2·p2p_s in the steady-state loops (0: the paper's assembly, and on padding)
-    gpu: list[list[str | None]]
-    tp: list[list[int | None]]
-
-    def index(self, keys: Mapping, of: str) -> np.ndarray:
-        """(n, P) positions of each stage's GPU type / tp in `keys` (len(keys) on padding: a neutral slot)."""
-        rows = self.gpu if of == "gpu" else self.tp
-        return np.asarray([[keys.get(x, len(keys)) for x in r] for r in rows], dtype=np.int64)
-
-
-def _base(est: list[PlanMetrics]) -> _Base:
-    width = max((e.plan.pp for e in est), default=1)
-    t = np.zeros((len(est), width))
-    for i, e in enumerate(est):
-        t[i, :e.plan.pp] = e.stage_time_ms
-    loop = np.zeros((len(est), max(width - 1, 0)))
-    for i, e in enumerate(est):
-        loop[i, :len(e.loop_p2p_ms)] = 2.0 * np.asarray(e.loop_p2p_ms)
-    m, pad = np.asarray([e.plan.micro_batches for e in est], dtype=np.float64), [[None] * (width - e.plan.pp) for e in est]
-    compute = (m - 1) * steady_period_ms(t.T, loop.T) + t.sum(axis=1)
-    return _Base(t=t, m=m, rest=np.asarray([e.iteration_time_ms for e in est]) - compute, loop=loop,
-                 transfers=np.asarray([blocking_transfers(e.plan.pp, e.plan.micro_batches) for e in est], dtype=np.float64),
-                 gpu=[[st.gpu for st in e.plan.stages] + p for e, p in zip(est, pad)],
-                 tp=[[st.tp for st in e.plan.stages] + p for e, p in zip(est, pad)])
-
-
-def _assembled(b: _Base, a: np.ndarray, c: float, o: float, d: float = 0.0) -> np.ndarray:
-    """T' of each plan from its base estimate: (m − 1)·P(a_s·t_s, c·2·p2p_s) + Σ_s a_s·t_s + c·(T − S) + o
-    + d·blocking_transfers(pp, m) — what memx.planner.schedule.Pipeline computes with the calibration (P:
-    schedule.steady_period_ms, max_s where the loops are 0; a: (n, P) stage-time multipliers, padding 0)."""
-    t = b.t * a
-    return (b.m - 1) * steady_period_ms(t.T, c * b.loop.T) + t.sum(axis=1) + c * b.rest + o + d * b.transfers
-
-
 def calibrated_times(est: list[PlanMetrics], calibration: PlanCalibration) -> np.ndarray:
     """The calibrated iteration times of plans from their uncalibrated estimates (equal to estimate_plans
     through `calibration.wrap(predictor)`, the plan residual included; for plans of several models, each
     estimated by its own predictor)."""
     fit = {"time_scale": calibration.time_scale, "tp_time_scale": calibration.tp_time_scale, "comm_scale": calibration.comm_scale,
-           "overhead_ms": calibration.overhead_ms, "p2p_per_transfer_ms": calibration.p2p_per_transfer_ms}
-    stages, T = _time_parts(fit, est)
+           "overhead_ms": calibration.overhead_ms, "p2p_per_transfer_ms": calibration.p2p_per_transfer_ms,
+           "layer_overhead_ms": calibration.layer_overhead_ms}
+    stages, T = time_parts(fit, est)
     if calibration.residual is None:
         return T
     return T * calibration.residual.factors([e.plan for e in est], stages, T)
-
-
-def _fit_time(est: list[PlanMetrics], y: np.ndarray, ridge: float, per_tp: bool = False,
-              per_transfer: bool = True) -> dict:
-    """θ = (log a_g per type seen, [log b_tp per tp degree seen], log c, o / median y, [d / (median y / 100) ≥ 0]);
-    residuals: soft-L1 relative errors + ridge."""
-    if not est:
-        return {}
-    b = _base(est)
-    types = sorted({st.gpu for e in est for st in e.plan.stages})
-    tps = sorted({st.tp for e in est for st in e.plan.stages}) if per_tp else []
-    idx, tdx = {g: j for j, g in enumerate(types)}, {t: j for j, t in enumerate(tps)}
-    gi, ti = b.index(idx, "gpu"), b.index(tdx, "tp")
-    scale = float(np.median(y))
-    k, q = len(types), len(tps)
-
-    def residuals(theta: np.ndarray) -> np.ndarray:
-        a = np.append(np.exp(theta[:k]), 1.0)[gi] * np.append(np.exp(theta[k:k + q]), 1.0)[ti]
-        pred = _assembled(b, a, float(np.exp(theta[k + q])), float(theta[k + q + 1] * scale), d_of(theta))
-        return np.concatenate([(pred - y) / y, np.sqrt(ridge) * theta])
-
-    n = k + q + 2 + int(per_transfer)
-
-    def d_of(theta: np.ndarray) -> float:
-        return float(theta[n - 1] * scale * D_UNIT) if per_transfer else 0.0
-
-    lower, start = np.full(n, -np.inf), np.zeros(n)
-    if per_transfer:
-        lower[n - 1] = 0.0  # a transfer costs time: d ≥ 0
-        start[n - 1] = 1e-3  # strictly inside the bound: from the bound itself the bounded solver does not move
-    th = least_squares(residuals, start, bounds=(lower, np.inf), loss="soft_l1", f_scale=LOSS_SCALE, x_scale="jac").x
-    return {"time_scale": {g: float(np.exp(th[j])) for g, j in idx.items()},
-            "tp_time_scale": {t: float(np.exp(th[k + j])) for t, j in tdx.items()}, "comm_scale": float(np.exp(th[k + q])),
-            "overhead_ms": float(th[k + q + 1] * scale), "p2p_per_transfer_ms": d_of(th)}
-
-
-def _time_predictions(fit: dict, est: list[PlanMetrics]) -> np.ndarray:
-    """T' of each plan under a time fit ({}: the identity)."""
-    return _time_parts(fit, est)[1]
-
-
-def _time_parts(fit: dict, est: list[PlanMetrics]) -> tuple[list[np.ndarray], np.ndarray]:
-    """(each plan's calibrated stage times a_s·t_s, its T') under a time fit."""
-    b = _base(est)
-    ts, tt = fit.get("time_scale", {}), fit.get("tp_time_scale", {})
-    a = np.asarray([[ts.get(g, 1.0) if g is not None else 1.0 for g in r] for r in b.gpu])
-    a = a * np.asarray([[tt.get(x, 1.0) if x is not None else 1.0 for x in r] for r in b.tp])
-    T = _assembled(b, a, fit.get("comm_scale", 1.0), fit.get("overhead_ms", 0.0), fit.get("p2p_per_transfer_ms", 0.0))
-    return [(b.t * a)[i, :e.plan.pp] for i, e in enumerate(est)], T
-
-
-def _time_errors(fit: dict, est: list[PlanMetrics], y: np.ndarray) -> np.ndarray:
-    """|T' − y| / y of each plan under a time fit ({}: the identity)."""
-    return np.abs(_time_predictions(fit, est) - y) / y
 
 
 def _guard(est: list[PlanMetrics], y, fit, errors) -> Guard:

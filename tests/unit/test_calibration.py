@@ -238,6 +238,31 @@ def test_recovers_a_planted_per_transfer_cost_and_tp_scales(setting):
     assert cal.mem_guard is None and "memory: not calibrated" in fit_from_estimates(est[:5], [1e3] * 5).summary()
 
 
+def test_recovers_a_planted_per_layer_cost_and_the_estimate_carries_it(setting):
+    """e (ms per layer and micro batch on every stage, memx.learn.time_fit): planted, fitted back from the plans'
+    times; the wrapped predictor's estimate (what the search scores) equals the fit's own T'; `per_layer=False` keeps
+    it at 0."""
+    cluster, model, flat, ran = setting
+    plans = [p for p, _ in ran[:40]]
+    planted = PlanCalibration(layer_overhead_ms=0.8, time_scale={g.name: 1.1 for g in cluster.gpu_types})
+    truth = calibrated_estimates(plans, cluster, model, flat, planted)
+    est = estimate_plans(plans, cluster, model, flat, reserve_gib=0.0)
+    for p, t, e in zip(plans, truth, est):  # every stage pays 0.8 ms per layer, and 1.1 × its time
+        want = [1.1 * s + 0.8 * st.layers for s, st in zip(e.stage_time_ms, p.stages)]
+        assert list(t.stage_time_ms) == pytest.approx(want, rel=1e-6)
+    y = [e.iteration_time_ms for e in truth]
+    cal = fit_from_estimates(est, y, time_ridge=1e-8, guard=False, residual=False)  # per_layer: the default
+    assert cal.layer_overhead_ms == pytest.approx(0.8, rel=0.1)
+    assert calibrated_times(est, cal) == pytest.approx(y, rel=0.01)
+    again = calibrated_estimates(plans[:5], cluster, model, flat, cal)
+    assert [e.iteration_time_ms for e in again] == pytest.approx(list(calibrated_times(est[:5], cal)), rel=1e-5)
+    assert fit_from_estimates(est, y, time_ridge=1e-8, guard=False, residual=False, per_layer=False).layer_overhead_ms == 0.0
+    assert calibration_from_dict(cal.to_dict()) == cal
+    chosen = search(cluster, model, NARROW, planted.wrap(flat)).chosen  # the search scores stages with e·L_s too
+    (scored,) = estimate_plans([chosen.plan], cluster, model, planted.wrap(flat))
+    assert chosen.iteration_time_ms == pytest.approx(scored.iteration_time_ms, rel=1e-5)
+
+
 def test_search_and_estimate_share_the_per_transfer_cost(setting):
     cluster, model, flat, _ = setting
     planted = PlanCalibration(p2p_per_transfer_ms=5.0, tp_time_scale={1: 1.2})
