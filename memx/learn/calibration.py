@@ -16,7 +16,7 @@ fitted on them corrects, on top of any stage predictor (closed form or learned):
   every micro batch's activation and gradient hops cost the bottleneck stage time, which the paper's
   Σ 2·p2p (counted once per iteration) does not charge — so the error of the paper's assembly grows with
   pp and m where a framework's send/recv carries a fixed set-up cost (Megatron-DeepSpeed on vTrain's A100s);
-- optionally (`per_layer`) a cost e ≥ 0 (ms) per layer and micro batch on every stage: host dispatch, launches and
+- a cost e ≥ 0 (ms) per layer and micro batch on every stage (`per_layer`, on by default): host dispatch, launches and
   small-message latencies a layer pays whatever its size, which the closed form undercounts on small layers
   (memx.learn.time_fit; docs/results.md §The closed form on vTrain single-node);
 - per GPU type, an affine map of the predicted peak, peak' = k_g·peak + b_g (MiB; memx.learn.peak_calibration);
@@ -31,7 +31,7 @@ exactly the assembly's p2p + T_dp + optimizer terms (memx.planner.schedule.itera
 steady_period_ms): d stays a set-up cost per transfer, the cycle mean adds the loop's bytes / bandwidth time.
 
 Fit: robust least squares (scipy `least_squares`, soft-L1 loss on relative errors, Huber 1964 /
-Triggs et al. 2000 §6) with a ridge prior toward identity (log a_g = log c = 0, o = d = 0; k_g = 1, b_g = 0):
+Triggs et al. 2000 §6) with a ridge prior toward identity (log a_g = log c = 0, o = d = e = 0; k_g = 1, b_g = 0):
 with a handful of plans the prior dominates, so a few plans cannot overfit; with none the calibration
 is the identity. OOM rows carry no time and no peak and are not used.
 
@@ -66,7 +66,7 @@ from memx.learn.peak_calibration import fit_memory, mem_errors
 from memx.learn.residual import PlanResidual, fit_residual, residual_from_dict
 from memx.planner.estimate import estimate_plans
 from memx.planner.metrics import PlanMetrics
-from memx.learn.time_fit import fit_time, time_errors, time_parts
+from memx.learn.time_fit import TIME_KEYS, fit_time, time_errors, time_parts
 from memx.planner.schedule import AssemblyCalibration, assembly_of
 from memx.planner.signatures import StagePredictor
 
@@ -377,10 +377,7 @@ def calibrated_times(est: list[PlanMetrics], calibration: PlanCalibration) -> np
     """The calibrated iteration times of plans from their uncalibrated estimates (equal to estimate_plans
     through `calibration.wrap(predictor)`, the plan residual included; for plans of several models, each
     estimated by its own predictor)."""
-    fit = {"time_scale": calibration.time_scale, "tp_time_scale": calibration.tp_time_scale, "comm_scale": calibration.comm_scale,
-           "overhead_ms": calibration.overhead_ms, "p2p_per_transfer_ms": calibration.p2p_per_transfer_ms,
-           "layer_overhead_ms": calibration.layer_overhead_ms}
-    stages, T = time_parts(fit, est)
+    stages, T = time_parts({k: getattr(calibration, k) for k in TIME_KEYS}, est)
     if calibration.residual is None:
         return T
     return T * calibration.residual.factors([e.plan for e in est], stages, T)
