@@ -189,7 +189,9 @@ def held_out_calibrated(models: list[ModelRuns], *, per_model: int | None = None
                         ) -> tuple[pd.DataFrame, np.ndarray, dict[str, PlanCalibration]]:
     """Leave one model out (`leave_out="model"`): each model's plans predicted through a calibration fitted on
     the measured plans of the other models only (all of them, or `per_model` drawn at random from each);
-    `leave_out="hidden"`: on the models of the other hidden size only (no sibling of another depth)."""
+    `leave_out="hidden"`: on the models of the other hidden size only (no sibling of another depth). The keywords'
+    defaults are the calibration before session 17 (no e: `per_layer=False`), which the learned path's tests hold;
+    pass per_layer=True for the library's default now."""
     rng = np.random.default_rng(seed)
     picks = {m.key: (np.arange(len(m.plans)) if per_model is None else
                      np.sort(rng.choice(len(m.plans), size=min(per_model, len(m.plans)), replace=False)))
@@ -244,9 +246,10 @@ def main() -> None:
     print(scores(*uncalibrated(models)).line(f"vTrain uncalibrated (paper assembly, {stages})"))
     print("  mean signed error by pp: " + bias_by(*uncalibrated(models), "pp") + "; by (hidden, tp): "
           + bias_by(*uncalibrated(models), ["hidden", "tp"]))
-    # (leave out, plans per other model, b_tp, d, plan residual, e); rows with e = False and residual on: the library's
-    # defaults (per_tp, per_layer off), with every other model's plans, across hidden sizes, with --per-model plans each;
-    # then the same with e, the cost per layer and micro batch (memx.learn.time_fit)
+    # (leave out, plans per other model, b_tp, d, plan residual, e); rows with e = False and residual on: the
+    # calibration before session 17 (per_tp and per_layer off), with every other model's plans, across hidden sizes,
+    # with --per-model plans each; then the same with e, the cost per layer and micro batch (memx.learn.time_fit):
+    # the library's default since (memx.learn.calibration.PER_LAYER_DEFAULT)
     runs = [("model", None, False, False, False, False), ("model", None, False, True, False, False),
             ("model", None, True, True, False, False), ("model", None, True, True, True, False),
             ("model", None, False, True, True, False), ("hidden", None, False, True, True, False),
@@ -265,7 +268,7 @@ def main() -> None:
         terms = ("a, c, o" + (", d" if per_transfer else "") + (", b_tp" if per_tp else "") + (", e" if per_layer else "")
                  + (", residual" if residual else ""))
         print(scores(rows, pred).line(f"vTrain leave-one-{leave_out}-out calibrated ({terms}; {n} plans per other model)"))
-        if (leave_out, per_model, per_tp, residual, per_layer) == ("model", None, False, True, False):  # the defaults
+        if (leave_out, per_model, per_tp, residual, per_layer) == ("model", None, False, True, True):  # the defaults
             print("\n".join("  missed: " + line for line in missed_picks(rows, pred)))
     for fit_folds in (2, 8):  # the CLI's case: plans of the model itself, 40 or 160 per fit
         for residual in (False, True):

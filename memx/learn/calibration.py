@@ -255,7 +255,7 @@ def fit_plan_calibration(plans: list[Plan], iteration_time_ms_measured: Sequence
                     peak_mem_mib_measured: Sequence[Sequence[float] | None], cluster: Cluster, model: ModelArch,
                     predictor: StagePredictor, *, pipeline_assembly: str | None = None, **kw) -> PlanCalibration:
     """Fit a PlanCalibration on measured plans (None entries: OOM / not measured, skipped); keywords as
-    fit_from_estimates (time_ridge, mem_ridge, guard, per_tp, per_transfer). pipeline_assembly: the estimates' and
+    fit_from_estimates (time_ridge, mem_ridge, guard, per_tp, per_transfer, per_layer). pipeline_assembly: the estimates' and
     so the fit's 1F1B assembly (SearchSpace.pipeline_assembly); None: the predictor's."""
     if not (len(plans) == len(iteration_time_ms_measured) == len(peak_mem_mib_measured)):
         raise InputError("fit_plan_calibration: plans, iteration times and peaks must have one entry per plan")

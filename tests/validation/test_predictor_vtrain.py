@@ -52,7 +52,8 @@ def test_vtrain_a100_calibrated_on_the_other_models_held_out(vtrain_models):
 @pytest.mark.slow  # ~25 s (8 held-out fits, each a grouped cross-validation over 6 settings); the residual's
 # mechanics stay covered in the default set by tests/unit/test_residual.py
 def test_vtrain_a100_with_the_plan_residual_held_out(vtrain_models):
-    """The library's defaults (a, c, o, d; plan residual, memx.learn.residual), each model through a fit on the
+    """The calibration's defaults before session 17 (a, c, o, d; plan residual, memx.learn.residual; without the
+    per-layer cost e, the default since: tests/validation/test_closed_form_vtrain.py), each model through a fit on the
     other seven models' measured plans only, the residual's setting chosen by cross-validation grouped by model
     over those seven: MAPE and Spearman goals (≤ 7 % / ≥ 0.98) met; the best-first goal (≥ 20 of 24) is met
     only counting near-ties: measured-best predicted first in 19 groups (20 when written, 26e625e; the group
