@@ -11,7 +11,8 @@ plan, predicted by memx.planner.estimate.estimate_plans with the runtime-aware c
 iteration time, memory (allocator-only terms, as torch.cuda.max_memory_allocated counts them) against the last
 pipeline stage's peak (the rank Megatron logs). Prints per case predicted vs measured and the MAPE per kind ×
 scale, beside the earlier flat closed form; then, where ../shared/realdata is present ($MEMX_REALDATA), the second
-source: Korthikanti et al. 2022 Table 5 iteration times (tests/validation/test_korthikanti2022_end_to_end.py).
+source: Korthikanti et al. 2022 Table 5 iteration times (tests/validation/test_korthikanti2022_end_to_end.py); then the
+third: the Megatron-Bridge performance summary's DGX-H100 Llama 3 70B rows (tests/validation/test_megatron_bridge_perf.py).
 
 Usage: PYTHONPATH=. .venv/bin/python bench/megatron_golden.py
        PYTHONPATH=. .venv/bin/python bench/megatron_golden.py --extract /path/to/Megatron-LM(.git) [--out FILE]
@@ -154,6 +155,21 @@ def report_table5() -> None:
     print(f"time MAPE {mape:.1%} (flat {mape_flat:.1%}), {len(rows)} cases")
 
 
+def report_bridge() -> None:
+    """The third source: the Megatron-Bridge performance summary's DGX-H100 Llama 3 70B rows (FP8, interleaved;
+    tests/validation/data/megatron_bridge_perf.yaml), with the catalog's TP collectives all exposed and, side by
+    side, none exposed (the recipe overlaps them with user buffers)."""
+    cases = mg.bridge_perf_cases()
+    rows, hidden = mg.evaluate_time(cases), mg.evaluate_time(cases, profile={"tp_overlap_exposed_fraction": 0.0})
+    print("\nMegatron-Bridge performance summary (DGX-H100, FP8, tp 4 pp 8 vp 5, 64 GPUs): iteration time")
+    print(f"{'config':34s} {'releases':30s} {'pred s':>7s} {'meas s':>7s} {'range s':>12s} {'err':>7s} {'TP hidden':>9s}")
+    for c, (name, rel, _, p, m), h in zip(cases, rows, hidden):
+        lo, hi = c["spread"]
+        print(f"{name:34s} {rel:30s} {p:7.2f} {m:7.2f} {lo:5.2f}–{hi:5.2f} {p / m - 1:+7.1%} {h[3] / m - 1:+9.1%}")
+    left = mg.load_data(mg.BRIDGE_DATA)["left_out"]
+    print(f"left out (not a MemX plan; the data file says why): {', '.join(left)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--extract", type=Path, help="a clone or bare mirror of NVIDIA/Megatron-LM: rebuild the data file")
@@ -162,6 +178,7 @@ def main() -> None:
     if a.extract is None:
         report()
         report_table5()
+        report_bridge()
         return
     import yaml
 

@@ -118,9 +118,15 @@ def plan_of(a: Mapping[str, Any], model: ModelArch, cluster: Cluster, gpu: GpuTy
     stages = tuple(Stage(gpu=gpu.name, tp=tp, layers=model.layers // pp, recompute=rc) for _ in range(pp))
     return Plan(model=model.name, cluster=cluster.name, global_batch=global_batch(a),
                 micro_batch=int(a["micro-batch-size"]), seq_len=model.seq_len, dp=gpus // (tp * pp * cp), stages=stages,
-                distributed_optimizer=bool(a.get("use-distributed-optimizer")),
+                distributed_optimizer=bool(a.get("use-distributed-optimizer")), precision=precision_of(a),
                 sequence_parallel=bool(a.get("sequence-parallel")) and tp > 1, virtual_stages=v if v > 1 else 1,
                 expert_parallel=int(a.get("expert-model-parallel-size", 1)), context_parallel=cp)
+
+
+def precision_of(a: Mapping[str, Any]) -> str:
+    """fp8 where the case runs Transformer Engine's fp8 GEMMs (--fp8-format, megatron/training/arguments.py), else
+    bf16: the precision every golden runs in (memx.domain.precision)."""
+    return "fp8" if a.get("fp8-format") else "bf16"
 
 
 def fused_attention(a: Mapping[str, Any]) -> bool:
@@ -273,6 +279,25 @@ def korthikanti_table5_cases(papers: Path) -> list[dict]:
             kind = "interleaved" if c.interleave_stages > 1 else "dense"
             out.append({"case": f"korthikanti2022/{name}", "golden": mode, "kind": kind, "scale": "full",
                         "gpu": "a100-80g", "gpus": int(c.gpus), "args": a, "iteration_time_s": float(t5.loc[name, col])})
+    return out
+
+
+BRIDGE_DATA = DATA.with_name("megatron_bridge_perf.yaml")
+
+
+def bridge_perf_cases(path: Path = BRIDGE_DATA) -> list[dict]:
+    """The Megatron-Bridge performance summary's DGX-H100 configs (data/megatron_bridge_perf.yaml) as time-only cases
+    (evaluate_time): the iteration time global batch × sequence / (tokens per s per GPU × GPUs) of the median release,
+    `spread` the fastest and slowest release's times."""
+    out = []
+    for c in load_data(path)["configs"]:
+        a, n = c["args"], int(c["gpus"])
+        tokens = global_batch(a) * int(a["seq-length"])
+        times = sorted(tokens / (float(v) * n) for v in c["tokens_per_s_per_gpu"].values())
+        out.append({"case": f"megatron-bridge/{c['name']}", "golden": ", ".join(c["tokens_per_s_per_gpu"]),
+                    "kind": "interleaved" if virtual_stages(a) > 1 else "dense", "scale": "full", "gpu": "h100-80g",
+                    "gpus": n, "args": a, "iteration_time_s": float(np.median(times)),
+                    "spread": (times[0], times[-1])})
     return out
 
 
