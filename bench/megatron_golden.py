@@ -159,15 +159,17 @@ def report_bridge() -> None:
     """The third source: the Megatron-Bridge performance summary's DGX-H100 Llama 3 70B rows (FP8, interleaved;
     tests/validation/data/megatron_bridge_perf.yaml), with the catalog's TP collectives all exposed and, side by
     side, none exposed (the recipe overlaps them with user buffers)."""
-    cases = mg.bridge_perf_cases()
+    data = mg.load_data(mg.BRIDGE_DATA)
+    cases = mg.bridge_perf_cases(data)
     rows, hidden = mg.evaluate_time(cases), mg.evaluate_time(cases, profile={"tp_overlap_exposed_fraction": 0.0})
     print("\nMegatron-Bridge performance summary (DGX-H100, FP8, tp 4 pp 8 vp 5, 64 GPUs): iteration time")
     print(f"{'config':34s} {'releases':30s} {'pred s':>7s} {'meas s':>7s} {'range s':>12s} {'err':>7s} {'TP hidden':>9s}")
     for c, (name, rel, _, p, m), h in zip(cases, rows, hidden):
         lo, hi = c["spread"]
         print(f"{name:34s} {rel:30s} {p:7.2f} {m:7.2f} {lo:5.2f}–{hi:5.2f} {p / m - 1:+7.1%} {h[3] / m - 1:+9.1%}")
-    left = mg.load_data(mg.BRIDGE_DATA)["left_out"]
-    print(f"left out (not a MemX plan; the data file says why): {', '.join(left)}")
+    mape = sum(abs(p / m - 1) for *_, p, m in rows) / len(rows)
+    print(f"time MAPE {mape:.1%}, {len(rows)} configs; left out (not a MemX plan; the data file says why): "
+          f"{', '.join(data['left_out'])}")
 
 
 def main() -> None:

@@ -285,12 +285,12 @@ def korthikanti_table5_cases(papers: Path) -> list[dict]:
 BRIDGE_DATA = DATA.with_name("megatron_bridge_perf.yaml")
 
 
-def bridge_perf_cases(path: Path = BRIDGE_DATA) -> list[dict]:
-    """The Megatron-Bridge performance summary's DGX-H100 configs (data/megatron_bridge_perf.yaml) as time-only cases
+def bridge_perf_cases(data: Mapping[str, Any]) -> list[dict]:
+    """The Megatron-Bridge performance summary's DGX-H100 configs (`data`: load_data(BRIDGE_DATA)) as time-only cases
     (evaluate_time): the iteration time global batch × sequence / (tokens per s per GPU × GPUs) of the median release,
     `spread` the fastest and slowest release's times."""
     out = []
-    for c in load_data(path)["configs"]:
+    for c in data["configs"]:
         a, n = c["args"], int(c["gpus"])
         tokens = global_batch(a) * int(a["seq-length"])
         times = sorted(tokens / (float(v) * n) for v in c["tokens_per_s_per_gpu"].values())

@@ -23,14 +23,19 @@ BOUND = 0.08
 
 
 @pytest.fixture(scope="module")
-def cases():
+def data():
     if not mg.BRIDGE_DATA.is_file():
         pytest.skip(f"{mg.BRIDGE_DATA} not present")
-    return mg.bridge_perf_cases()
+    return mg.load_data(mg.BRIDGE_DATA)
 
 
-def test_data_names_its_source(cases):
-    src = mg.load_data(mg.BRIDGE_DATA)["source"]
+@pytest.fixture(scope="module")
+def cases(data):
+    return mg.bridge_perf_cases(data)
+
+
+def test_data_names_its_source(data, cases):
+    src = data["source"]
     assert src["repo"] == "NVIDIA-NeMo/Megatron-Bridge" and len(src["commit"]) == 40
     assert len(cases) == 2
     for c in cases:
